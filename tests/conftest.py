@@ -1,0 +1,67 @@
+"""Session-wide service fixtures shared by every test package.
+
+Services are real: PostgreSQL and Redis are started by `scripts/services.sh`
+(the README's test command); moto's S3 server is started here as a real HTTP
+server subprocess on a free loopback port.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+
+import httpx
+import pytest
+
+DEFAULT_DATABASE_URL = (
+    "postgresql+psycopg://adapterplane:adapterplane@127.0.0.1:5432/adapterplane_test"
+)
+DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/15"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture(scope="session")
+def postgres_url() -> str:
+    """SQLAlchemy URL of the migrated Postgres test database."""
+    return os.environ.get("ADAPTERPLANE_TEST_DATABASE_URL", DEFAULT_DATABASE_URL)
+
+
+@pytest.fixture(scope="session")
+def redis_url() -> str:
+    return os.environ.get("ADAPTERPLANE_TEST_REDIS_URL", DEFAULT_REDIS_URL)
+
+
+@pytest.fixture(scope="session")
+def s3_endpoint() -> Iterator[str]:
+    """A moto S3 server over real HTTP; yields its endpoint URL."""
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            httpx.get(url, timeout=1)
+            break
+        except httpx.HTTPError:
+            if time.monotonic() > deadline or proc.poll() is not None:
+                proc.kill()
+                raise RuntimeError("moto S3 server did not start") from None
+            time.sleep(0.2)
+    try:
+        yield url
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
