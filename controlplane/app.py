@@ -1,0 +1,96 @@
+"""`create_app(settings)`: the admin REST API (FastAPI).
+
+Resources on `app.state`: settings, engine, session factory, object store, Celery app,
+job queue. One error body everywhere: `{"error", "code", "detail"}` (see errors.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.encoders import jsonable_encoder
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from controlplane.artifacts.endpoints import router as artifacts_router
+from controlplane.audit.endpoints import router as audit_router
+from controlplane.auth.endpoints import router as tokens_router
+from controlplane.bases.endpoints import router as bases_router
+from controlplane.catalog.endpoints import router as catalog_router
+from controlplane.config import Settings
+from controlplane.db import make_engine, make_session_factory
+from controlplane.errors import ERROR_RESPONSES, AdapterplaneError, ErrorBody
+from controlplane.health.endpoints import router as health_router
+from controlplane.namespaces.endpoints import router as namespaces_router
+from controlplane.storage import StorageError, store_from_settings
+from controlplane.worker.celery_app import make_celery
+from controlplane.worker.context import dispose_worker_context
+from controlplane.worker.jobs import JobQueue
+
+HTTP_CODES = {400: "BAD_REQUEST", 401: "UNAUTHENTICATED", 403: "FORBIDDEN", 404: "NOT_FOUND",
+              405: "METHOD_NOT_ALLOWED", 413: "ARTIFACT_TOO_LARGE", 415: "UNSUPPORTED_MEDIA_TYPE"}
+
+
+def create_app(settings: Settings | None = None) -> FastAPI:
+    settings = settings or Settings()
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        yield
+        dispose_worker_context(app.state.celery)
+        app.state.engine.dispose()
+
+    app = FastAPI(
+        lifespan=lifespan,
+        title="Adapterplane admin API",
+        version="1",
+        description="Registry of content-addressed LoRA artifacts and append-only alias "
+                    "generations. Every route but /healthz and /readyz needs a bearer token.",
+    )
+    engine = make_engine(settings.database_url, pool_size=settings.database_pool_size)
+    celery = make_celery(settings)
+    app.state.settings = settings
+    app.state.engine = engine
+    app.state.session_factory = make_session_factory(engine)
+    app.state.store = store_from_settings(settings)
+    app.state.celery = celery
+    app.state.jobs = JobQueue(celery, settings.celery_queue)
+
+    app.include_router(health_router)
+    for router in (bases_router, namespaces_router, artifacts_router, catalog_router,
+                   audit_router, tokens_router):
+        app.include_router(router, responses=ERROR_RESPONSES)
+    _install_error_handlers(app)
+    return app
+
+
+def _error(status_code: int, body: ErrorBody) -> JSONResponse:
+    return JSONResponse(jsonable_encoder(body), status_code=status_code)
+
+
+def _install_error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(AdapterplaneError)
+    async def _domain(_request: Request, exc: AdapterplaneError) -> JSONResponse:
+        return _error(exc.status_code, exc.body())
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation(_request: Request, exc: RequestValidationError) -> JSONResponse:
+        errors: list[Any] = [
+            {k: v for k, v in e.items() if k in ("loc", "msg", "type")} for e in exc.errors()
+        ]
+        return _error(422, ErrorBody(error="invalid request", code="VALIDATION_ERROR",
+                                     detail={"errors": jsonable_encoder(errors)}))
+
+    @app.exception_handler(StorageError)
+    async def _storage(_request: Request, exc: StorageError) -> JSONResponse:
+        return _error(502, ErrorBody(error=f"object storage failed: {exc}",
+                                     code="STORAGE_ERROR", detail={}))
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(_request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        code = HTTP_CODES.get(exc.status_code, f"HTTP_{exc.status_code}")
+        return _error(exc.status_code, ErrorBody(error=str(exc.detail), code=code, detail={}))

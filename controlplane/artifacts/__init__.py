@@ -1,0 +1,1 @@
+"""Artifacts: push (upload or import), list/get, and the validation job."""

@@ -1,0 +1,28 @@
+"""ORM -> response conversion for artifacts (shared by artifacts and catalog)."""
+
+from __future__ import annotations
+
+from typing import Literal, cast
+
+from controlplane.artifacts.schemas import ArtifactOut, ArtifactSummary, Rejection
+from controlplane.models import Artifact
+
+StateName = Literal["pending", "validating", "validated", "rejected"]
+
+
+def artifact_out(a: Artifact) -> ArtifactOut:
+    rejection = None
+    if a.rejection_code is not None:
+        rejection = Rejection(code=a.rejection_code, message=a.rejection_message or "",
+                              detail=a.rejection_detail or {})
+    return ArtifactOut(
+        id=a.id, namespace=a.namespace.name, state=cast(StateName, a.state), digest=a.digest,
+        base=a.base.h_base, method=a.method, upload_sha256=a.upload_sha256,
+        storage_key=a.storage_key, size_bytes=a.size_bytes, tensor_bytes=a.tensor_bytes,
+        files=a.files, modules=a.modules, rejection=rejection,
+        validation_attempts=a.validation_attempts, created_at=a.created_at,
+        validated_at=a.validated_at)
+
+
+def artifact_summary(a: Artifact) -> ArtifactSummary:
+    return ArtifactSummary(id=a.id, digest=a.digest, base=a.base.h_base, method=a.method)

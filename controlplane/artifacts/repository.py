@@ -1,0 +1,40 @@
+"""Artifact queries."""
+
+from __future__ import annotations
+
+from sqlalchemy import Select, select
+
+from controlplane.errors import NotFound
+from controlplane.kit.repository import Repository
+from controlplane.models import Artifact, ArtifactState
+
+DIGEST_REF_PREFIX = "sha256:"
+
+
+class ArtifactRepository(Repository[Artifact]):
+    model = Artifact
+    noun = "artifact"
+
+    def in_namespace(self, namespace_id: int, state: str | None = None) -> Select[Artifact]:
+        stmt = select(Artifact).where(Artifact.namespace_id == namespace_id)
+        if state is not None:
+            stmt = stmt.where(Artifact.state == state)
+        return stmt
+
+    def by_upload(self, namespace_id: int, base_id: int, upload_sha256: str) -> Artifact | None:
+        return self.get_one_or_none(select(Artifact).where(
+            Artifact.namespace_id == namespace_id, Artifact.base_id == base_id,
+            Artifact.upload_sha256 == upload_sha256))
+
+    def get_by_ref(self, namespace_id: int, ref: str) -> Artifact:
+        """`ref` is an artifact id, or `sha256:<H_artifact>` (the oldest validated artifact
+        with that digest in the namespace: equal digests mean equal adapters)."""
+        if ref.startswith(DIGEST_REF_PREFIX):
+            digest = ref[len(DIGEST_REF_PREFIX):]
+            stmt = (self.in_namespace(namespace_id, ArtifactState.VALIDATED.value)
+                    .where(Artifact.digest == digest).order_by(Artifact.id).limit(1))
+            return self.get_one(stmt, what=ref)
+        if ref.isdigit():
+            return self.get_one(self.in_namespace(namespace_id)
+                                .where(Artifact.id == int(ref)), what=ref)
+        raise NotFound(f"artifact not found: {ref}", detail={"kind": "artifact", "ref": ref})

@@ -1,0 +1,1 @@
+"""Audit log: written with each mutation (service.record_audit), read by admins."""

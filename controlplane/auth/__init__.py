@@ -1,0 +1,1 @@
+"""Bearer-token authentication and per-namespace scopes (read < publish < admin)."""

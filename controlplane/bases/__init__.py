@@ -1,0 +1,1 @@
+"""Base models: registered ABI records keyed by H_base."""

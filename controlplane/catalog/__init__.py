@@ -1,0 +1,1 @@
+"""Catalog: aliases -> artifacts through append-only, gapless generations."""

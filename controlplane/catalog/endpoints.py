@@ -1,0 +1,136 @@
+"""/v1/namespaces/{ns}/aliases: resolve, list, history (read); publish, retire,
+rollback (publish scope; optional `Idempotency-Key` header)."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Depends, Header, Response, status
+from sqlalchemy import and_, select
+
+from controlplane.artifacts.convert import artifact_summary
+from controlplane.auth.dependencies import CurrentPrincipal
+from controlplane.auth.scopes import Principal, Role
+from controlplane.catalog.repository import AliasRepository, GenerationRepository
+from controlplane.catalog.schemas import (
+    ALIAS_PATTERN,
+    GenerationOut,
+    PublishRequest,
+    ResolutionOut,
+    RetireRequest,
+    RollbackRequest,
+)
+from controlplane.catalog.service import CatalogRequest, apply_change, resolve
+from controlplane.errors import BadRequest, NotFound
+from controlplane.kit.deps import SessionDep
+from controlplane.kit.pagination import PageOut, PageParams, page_out, page_params
+from controlplane.models import Alias, CatalogAction, CatalogGeneration
+from controlplane.namespaces.repository import NamespaceRepository
+
+router = APIRouter(prefix="/v1/namespaces/{namespace}/aliases", tags=["catalog"])
+
+IdempotencyKey = Annotated[str | None, Header(alias="Idempotency-Key", max_length=200)]
+CREATED: dict[int | str, dict[str, Any]] = {
+    200: {"model": GenerationOut, "description": "Idempotent replay."}}
+
+
+def generation_out(gen: CatalogGeneration) -> GenerationOut:
+    return GenerationOut(
+        namespace=gen.alias.namespace.name, alias=gen.alias.name, generation=gen.generation,
+        action=gen.action,  # type: ignore[arg-type]
+        artifact=artifact_summary(gen.artifact) if gen.artifact is not None else None,
+        actor=gen.actor, reason=gen.reason, created_at=gen.created_at)
+
+
+def resolution_out(gen: CatalogGeneration) -> ResolutionOut:
+    return ResolutionOut(**generation_out(gen).model_dump(), base=gen.alias.base.h_base)
+
+
+def _check_alias(alias: str) -> None:
+    import re
+
+    if not re.fullmatch(ALIAS_PATTERN, alias):
+        raise BadRequest("invalid alias name", detail={"alias": alias, "pattern": ALIAS_PATTERN})
+
+
+def _change(session: Any, principal: Principal, response: Response,
+            req: CatalogRequest) -> GenerationOut:
+    principal.require(req.namespace, Role.PUBLISH)
+    _check_alias(req.alias)
+    gen, created = apply_change(session, req)
+    if not created:
+        response.status_code = status.HTTP_200_OK
+    return generation_out(gen)
+
+
+@router.post("/{alias}/publish", status_code=status.HTTP_201_CREATED,
+             response_model=GenerationOut, responses=CREATED)
+def publish(namespace: str, alias: str, body: PublishRequest, principal: CurrentPrincipal,
+            session: SessionDep, response: Response,
+            idempotency_key: IdempotencyKey = None) -> GenerationOut:
+    return _change(session, principal, response, CatalogRequest(
+        namespace=namespace, alias=alias, action=CatalogAction.PUBLISH, actor=principal.actor,
+        artifact_ref=body.artifact, expected_generation=body.expected_generation,
+        reason=body.reason, idempotency_key=idempotency_key))
+
+
+@router.post("/{alias}/retire", status_code=status.HTTP_201_CREATED,
+             response_model=GenerationOut, responses=CREATED)
+def retire(namespace: str, alias: str, body: RetireRequest, principal: CurrentPrincipal,
+           session: SessionDep, response: Response,
+           idempotency_key: IdempotencyKey = None) -> GenerationOut:
+    return _change(session, principal, response, CatalogRequest(
+        namespace=namespace, alias=alias, action=CatalogAction.RETIRE, actor=principal.actor,
+        expected_generation=body.expected_generation, reason=body.reason,
+        idempotency_key=idempotency_key))
+
+
+@router.post("/{alias}/rollback", status_code=status.HTTP_201_CREATED,
+             response_model=GenerationOut, responses=CREATED)
+def rollback(namespace: str, alias: str, body: RollbackRequest, principal: CurrentPrincipal,
+             session: SessionDep, response: Response,
+             idempotency_key: IdempotencyKey = None) -> GenerationOut:
+    return _change(session, principal, response, CatalogRequest(
+        namespace=namespace, alias=alias, action=CatalogAction.ROLLBACK, actor=principal.actor,
+        expected_generation=body.expected_generation, to_generation=body.to_generation,
+        reason=body.reason, idempotency_key=idempotency_key))
+
+
+@router.get("/{alias}", response_model=ResolutionOut)
+def get_resolution(namespace: str, alias: str, principal: CurrentPrincipal,
+                   session: SessionDep) -> ResolutionOut:
+    """The current generation; 404 never published, 410 ALIAS_RETIRED when retired."""
+    principal.require(namespace, Role.READ)
+    return resolution_out(resolve(session, namespace, alias))
+
+
+@router.get("", response_model=PageOut[ResolutionOut])
+def list_aliases(namespace: str, principal: CurrentPrincipal, session: SessionDep,
+                 params: Annotated[PageParams, Depends(page_params)]) -> dict[str, Any]:
+    """Every published alias with its current generation (retired ones included)."""
+    principal.require(namespace, Role.READ)
+    ns = NamespaceRepository(session).get_by_name(namespace)
+    stmt = select(CatalogGeneration).join(Alias, and_(
+        Alias.id == CatalogGeneration.alias_id,
+        Alias.current_generation == CatalogGeneration.generation,
+    )).where(Alias.namespace_id == ns.id)
+    page = GenerationRepository(session).paginate(
+        stmt, key=CatalogGeneration.alias_id, params=params)
+    return page_out(page, resolution_out)
+
+
+@router.get("/{alias}/history", response_model=PageOut[GenerationOut])
+def history(namespace: str, alias: str, principal: CurrentPrincipal, session: SessionDep,
+            params: Annotated[PageParams, Depends(page_params)]) -> dict[str, Any]:
+    """Every generation, newest first."""
+    principal.require(namespace, Role.READ)
+    ns = NamespaceRepository(session).get_by_name(namespace)
+    found = AliasRepository(session).by_name(ns.id, alias)
+    if found is None:
+        raise NotFound(f"alias {namespace}/{alias} not found",
+                       detail={"namespace": namespace, "alias": alias})
+    generations = GenerationRepository(session)
+    page = generations.paginate(generations.history(found.id),
+                                key=CatalogGeneration.generation,
+                                params=params, descending=True)
+    return page_out(page, generation_out)

@@ -1,0 +1,196 @@
+"""Publish, retire, rollback (each appends one generation) and resolve.
+
+Concurrency: every writer locks the alias row (`SELECT ... FOR UPDATE` on Postgres;
+`BEGIN IMMEDIATE` serialises SQLite), compares `expected_generation` with
+`aliases.current_generation`, then bumps it and inserts generation N+1 with its audit
+row in the same transaction. Concurrent writers with the same expectation therefore
+see exactly one success; the rest get 409 GENERATION_CONFLICT. The unique
+`(alias_id, generation)` constraint is a backstop that turns any missed race into a
+409 as well, so generations are gapless and never fork.
+
+Idempotency: a request with an `Idempotency-Key` stores the key and a digest of its
+body on the generation it created. Repeating the key with the same body returns that
+generation (created=False, HTTP 200) even after the alias moved on; with a different
+body it fails with 422 IDEMPOTENCY_MISMATCH. Keys are scoped to the alias.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
+
+from controlplane.artifacts.repository import ArtifactRepository
+from controlplane.audit.service import record_audit
+from controlplane.catalog.repository import AliasRepository, GenerationRepository
+from controlplane.db import begin_write
+from controlplane.errors import (
+    AliasRetired,
+    BaseMismatch,
+    GenerationConflict,
+    IdempotencyMismatch,
+    InvalidState,
+    NotFound,
+)
+from controlplane.models import Alias, Artifact, ArtifactState, CatalogAction, CatalogGeneration
+from controlplane.namespaces.repository import NamespaceRepository
+
+
+@dataclass(frozen=True)
+class CatalogRequest:
+    """One publish/retire/rollback as the caller sent it."""
+
+    namespace: str
+    alias: str
+    action: CatalogAction
+    actor: str
+    artifact_ref: str | None = None
+    expected_generation: int | None = None
+    to_generation: int | None = None
+    reason: str | None = None
+    idempotency_key: str | None = None
+
+    def body_sha256(self) -> str:
+        body = {"action": self.action.value, "artifact": self.artifact_ref,
+                "expected_generation": self.expected_generation,
+                "to_generation": self.to_generation, "reason": self.reason}
+        return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
+
+
+def apply_change(session: Session, req: CatalogRequest) -> tuple[CatalogGeneration, bool]:
+    """Append one generation for `req`; return `(generation, created)`. Commits."""
+    try:
+        return _apply(session, req)
+    except IntegrityError as exc:
+        session.rollback()
+        if req.idempotency_key is not None:
+            replay = _replay(session, req)
+            if replay is not None:
+                return replay, False
+        raise GenerationConflict("the alias changed concurrently; re-read and retry",
+                                 detail={"namespace": req.namespace, "alias": req.alias}) from exc
+
+
+def _apply(session: Session, req: CatalogRequest) -> tuple[CatalogGeneration, bool]:
+    begin_write(session)
+    namespace = NamespaceRepository(session).get_by_name(req.namespace)
+    aliases = AliasRepository(session)
+    artifact: Artifact | None = None
+    if req.action is CatalogAction.PUBLISH:
+        artifact = _publishable(session, namespace.id, req.artifact_ref or "")
+        aliases.ensure(namespace.id, req.alias, artifact.base_id)
+    alias = aliases.lock(namespace.id, req.alias)
+    if alias is None or (alias.current_generation == 0 and req.action is not CatalogAction.PUBLISH):
+        raise NotFound(f"alias {req.namespace}/{req.alias} was never published",
+                       detail={"namespace": req.namespace, "alias": req.alias})
+    if req.idempotency_key is not None:
+        replay = _check_idempotency(session, alias, req)
+        if replay is not None:
+            session.commit()
+            return replay, False
+    if req.expected_generation is not None and req.expected_generation != (
+        alias.current_generation
+    ):
+        raise GenerationConflict(
+            f"expected generation {req.expected_generation}, current is "
+            f"{alias.current_generation}",
+            detail={"namespace": req.namespace, "alias": req.alias,
+                    "expected_generation": req.expected_generation,
+                    "current_generation": alias.current_generation})
+    generations = GenerationRepository(session)
+    current = generations.get(alias.id, alias.current_generation)
+    target_id = _target_artifact_id(generations, alias, current, artifact, req)
+    alias.current_generation += 1
+    row = CatalogGeneration(
+        alias_id=alias.id, generation=alias.current_generation, action=req.action.value,
+        artifact_id=target_id, actor=req.actor, reason=req.reason,
+        idempotency_key=req.idempotency_key,
+        request_sha256=req.body_sha256() if req.idempotency_key is not None else None)
+    generations.add(row)
+    record_audit(session, actor=req.actor, action=f"catalog.{req.action.value}",
+                 namespace=req.namespace, target=f"alias:{req.namespace}/{req.alias}",
+                 detail={"generation": row.generation, "artifact_id": target_id,
+                         "reason": req.reason})
+    session.commit()
+    return row, True
+
+
+def _publishable(session: Session, namespace_id: int, ref: str) -> Artifact:
+    artifact = ArtifactRepository(session).get_by_ref(namespace_id, ref)
+    if artifact.state != ArtifactState.VALIDATED.value:
+        raise InvalidState(f"artifact {artifact.id} is {artifact.state}, not validated",
+                           detail={"artifact_id": artifact.id, "state": artifact.state})
+    return artifact
+
+
+def _target_artifact_id(generations: GenerationRepository, alias: Alias,
+                        current: CatalogGeneration | None, artifact: Artifact | None,
+                        req: CatalogRequest) -> int | None:
+    where = {"namespace": req.namespace, "alias": req.alias}
+    if req.action is CatalogAction.PUBLISH:
+        assert artifact is not None  # set by _apply for publish
+        if artifact.base_id != alias.base_id:
+            raise BaseMismatch("the artifact's base differs from the alias's base",
+                               detail={**where, "artifact_base": artifact.base.h_base,
+                                       "alias_base": alias.base.h_base})
+        return artifact.id
+    if req.action is CatalogAction.RETIRE:
+        if current is not None and current.artifact_id is None:
+            raise InvalidState("the alias is already retired",
+                               detail={**where, "generation": current.generation})
+        return None
+    current_artifact = current.artifact_id if current is not None else None
+    if req.to_generation is not None:
+        target = generations.get(alias.id, req.to_generation)
+        if target is None or req.to_generation >= alias.current_generation:
+            raise NotFound(f"no earlier generation {req.to_generation}",
+                           detail={**where, "to_generation": req.to_generation})
+        if target.artifact_id is None:
+            raise InvalidState(f"generation {req.to_generation} is a retire",
+                               detail={**where, "to_generation": req.to_generation})
+        return target.artifact_id
+    previous = generations.previous_target(alias.id, alias.current_generation, current_artifact)
+    if previous is None:
+        raise InvalidState("nothing to roll back to", detail=where)
+    return previous.artifact_id
+
+
+def _check_idempotency(session: Session, alias: Alias,
+                       req: CatalogRequest) -> CatalogGeneration | None:
+    assert req.idempotency_key is not None
+    found = GenerationRepository(session).by_idempotency_key(alias.id, req.idempotency_key)
+    if found is None:
+        return None
+    if found.request_sha256 != req.body_sha256() or found.action != req.action.value:
+        raise IdempotencyMismatch("Idempotency-Key reused with a different request",
+                                  detail={"idempotency_key": req.idempotency_key,
+                                          "generation": found.generation})
+    return found
+
+
+def _replay(session: Session, req: CatalogRequest) -> CatalogGeneration | None:
+    namespace = NamespaceRepository(session).by_name(req.namespace)
+    alias = AliasRepository(session).by_name(namespace.id, req.alias) if namespace else None
+    if alias is None:
+        return None
+    return _check_idempotency(session, alias, req)
+
+
+def resolve(session: Session, namespace: str, alias_name: str) -> CatalogGeneration:
+    """The alias's current generation; 404 if never published, 410 if retired."""
+    ns = NamespaceRepository(session).get_by_name(namespace)
+    alias = AliasRepository(session).by_name(ns.id, alias_name)
+    if alias is None or alias.current_generation == 0:
+        raise NotFound(f"alias {namespace}/{alias_name} was never published",
+                       detail={"namespace": namespace, "alias": alias_name})
+    current = GenerationRepository(session).get(alias.id, alias.current_generation)
+    if current is None:  # cannot happen: both rows are written in one transaction
+        raise NotFound("alias generation missing", detail={"alias": alias_name})
+    if current.artifact_id is None:
+        raise AliasRetired(f"alias {namespace}/{alias_name} is retired",
+                           detail={"namespace": namespace, "alias": alias_name,
+                                   "generation": current.generation})
+    return current

@@ -1,0 +1,114 @@
+"""Control-plane settings, read from the environment with the prefix `ADAPTERPLANE_`.
+
+Every path-like default derives from `data_dir` (default `./var`), so the embedded
+default needs no configuration at all: SQLite database, file object store and a
+SQLite-backed Celery broker/result backend all live under that one directory.
+
+Outside development/test, settings that still carry well-known default secrets are
+refused at start-up (`InsecureSettings`), and `file://` imports are off unless asked for.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field, SecretStr, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+Environment = Literal["development", "test", "staging", "production"]
+
+KNOWN_DEFAULT_SECRETS = frozenset(
+    {"", "changethis", "changeme", "secret", "password", "adapterplane", "minioadmin",
+     "testing", "postgres"}
+)
+
+
+class InsecureSettings(Exception):
+    """A non-development environment was configured with a default secret."""
+
+
+class Settings(BaseSettings):
+    """All knobs of the control plane (API, worker, migrations)."""
+
+    model_config = SettingsConfigDict(env_prefix="ADAPTERPLANE_", extra="ignore")
+
+    environment: Environment = "development"
+    data_dir: Path = Path("./var")
+
+    database_url: str = ""
+    """SQLAlchemy URL; default `sqlite:///<data_dir>/adapterplane.db`. Postgres:
+    `postgresql+psycopg://user:pass@host/db` (`postgresql://` is accepted too)."""
+    database_pool_size: int = Field(default=20, ge=1)
+
+    storage_url: str = ""
+    """`file:///abs/dir` or `s3://bucket[/prefix]`; default `file://<data_dir>/objects`."""
+    s3_bucket: str = ""
+    """Convenience: when set and `storage_url` is empty, storage is `s3://<s3_bucket>`."""
+    s3_endpoint_url: str | None = None
+    s3_region: str = "us-east-1"
+    s3_access_key_id: str | None = None
+    s3_secret_access_key: SecretStr | None = None
+    s3_retry_mode: Literal["standard", "adaptive"] = "standard"
+    s3_max_attempts: int = Field(default=5, ge=1)
+    s3_multipart_chunk_bytes: int = Field(default=8 * 1024 * 1024, ge=5 * 1024 * 1024)
+
+    celery_broker_url: str = ""
+    """Default `sqla+sqlite:///<data_dir>/celery-broker.db`; e.g. `redis://host:6379/0`."""
+    celery_result_backend: str = ""
+    """Default `db+sqlite:///<data_dir>/celery-results.db`."""
+    celery_queue: str = "adapterplane"
+    celery_task_always_eager: bool = False
+    """Run jobs inline in the sending process (tests/debugging only)."""
+    validation_max_retries: int = Field(default=8, ge=0)
+    validation_retry_backoff_s: int = Field(default=1, ge=1)
+    validation_retry_backoff_max_s: int = Field(default=60, ge=1)
+
+    max_artifact_bytes: int = Field(default=2 * 1024**3, ge=1)
+    """Upper bound on the sum of an artifact's file sizes (push and validation)."""
+    max_rank: int = Field(default=256, ge=1)
+    allow_file_uri_import: bool | None = None
+    """Whether pushes may name `file://` URIs the API server reads; default: only in
+    development/test (the server would otherwise read any local directory)."""
+
+    api_host: str = "127.0.0.1"
+    api_port: int = 8400
+
+    @model_validator(mode="after")
+    def _derive_defaults(self) -> Settings:
+        data = self.data_dir
+        if not self.database_url:
+            self.database_url = f"sqlite:///{data / 'adapterplane.db'}"
+        if not self.storage_url:
+            self.storage_url = (
+                f"s3://{self.s3_bucket}" if self.s3_bucket
+                else f"file://{(data / 'objects').resolve()}"
+            )
+        if not self.celery_broker_url:
+            self.celery_broker_url = f"sqla+sqlite:///{data / 'celery-broker.db'}"
+        if not self.celery_result_backend:
+            self.celery_result_backend = f"db+sqlite:///{data / 'celery-results.db'}"
+        if self.allow_file_uri_import is None:
+            self.allow_file_uri_import = self.is_development
+        if not self.is_development:
+            self._refuse_default_secrets()
+        return self
+
+    @property
+    def is_development(self) -> bool:
+        return self.environment in ("development", "test")
+
+    def _refuse_default_secrets(self) -> None:
+        from sqlalchemy.engine import make_url
+
+        url = make_url(self.database_url)
+        if url.get_backend_name() != "sqlite" and (url.password or "") in KNOWN_DEFAULT_SECRETS:
+            raise InsecureSettings(
+                f"environment={self.environment}: database password is a default secret"
+            )
+        if self.s3_secret_access_key is not None and (
+            self.s3_secret_access_key.get_secret_value() in KNOWN_DEFAULT_SECRETS
+        ):
+            raise InsecureSettings(
+                f"environment={self.environment}: s3_secret_access_key is a default secret"
+            )

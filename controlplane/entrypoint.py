@@ -1,0 +1,243 @@
+"""`adapterplane`: the server-side console script (`controlplane.entrypoint:main`).
+
+Subcommands: `migrate` (Alembic to head), `api` (uvicorn on `controlplane.app:create_app`),
+`worker` (Celery worker of `controlplane.worker`), `bootstrap-token` (first admin token,
+straight into the DB), `up` (the embedded stack: API + worker as real processes),
+`demo` (the README's first command) and `agent` (arrives with issue 5).
+
+Settings are `controlplane.config.Settings` (environment, prefix `ADAPTERPLANE_`); the
+embedded default keeps SQLite, file:// objects and a SQLite Celery broker under
+`ADAPTERPLANE_DATA_DIR` (default `./var`). Heavy imports happen inside the commands so
+`adapterplane --help` stays instant.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import typer
+
+if TYPE_CHECKING:
+    from fastapi import FastAPI
+
+    from controlplane.config import Settings
+
+app = typer.Typer(
+    name="adapterplane",
+    help="Adapterplane control plane: migrations, API server, worker, embedded stack, demo.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
+
+
+def _settings(**overrides: Any) -> Settings:
+    from controlplane.config import Settings
+
+    return Settings(**{k: v for k, v in overrides.items() if v is not None})
+
+
+def _fail(message: str, code: int = 1) -> typer.Exit:
+    typer.echo(f"error: {message}", err=True)
+    return typer.Exit(code)
+
+
+def create_api_app() -> FastAPI:
+    """Zero-argument factory for uvicorn (`--factory`): the app on environment settings."""
+    from controlplane.app import create_app
+
+    return create_app(_settings())
+
+
+@app.command("migrate")
+def migrate_command(
+    database_url: str | None = typer.Option(
+        None, "--database-url", help="Default: ADAPTERPLANE_DATABASE_URL or the embedded SQLite."),
+) -> None:
+    """Upgrade the database schema to the newest Alembic revision."""
+    from controlplane.migrate import upgrade_to_head
+
+    url = database_url or _settings().database_url
+    upgrade_to_head(url)
+    typer.echo(f"database at head: {_redacted(url)}", err=True)
+
+
+def _redacted(url: str) -> str:
+    from sqlalchemy.engine import make_url
+
+    return make_url(url).render_as_string(hide_password=True)
+
+
+@app.command("api")
+def api_command(
+    host: str | None = typer.Option(None, "--host", help="Default: ADAPTERPLANE_API_HOST."),
+    port: int | None = typer.Option(None, "--port", help="Default: ADAPTERPLANE_API_PORT."),
+    workers: int = typer.Option(1, "--workers", min=1, help="uvicorn worker processes."),
+    log_level: str = typer.Option("info", "--log-level"),
+    access_log: bool = typer.Option(False, "--access-log/--no-access-log"),
+) -> None:
+    """Serve the admin REST API with uvicorn (graceful shutdown on SIGTERM/SIGINT)."""
+    import uvicorn
+
+    settings = _settings()
+    uvicorn.run(
+        "controlplane.entrypoint:create_api_app",
+        factory=True,
+        host=host or settings.api_host,
+        port=port or settings.api_port,
+        workers=workers,
+        log_level=log_level,
+        access_log=access_log,
+    )
+
+
+def _celery_app() -> Any:
+    """The module-level Celery app (`controlplane.worker.celery_app`), built from settings."""
+    from controlplane.worker.celery_app import celery_app
+
+    return celery_app
+
+
+@app.command("worker")
+def worker_command(
+    concurrency: int = typer.Option(1, "--concurrency", min=1),
+    pool: str = typer.Option("prefork", "--pool", help="prefork | solo | threads"),
+    loglevel: str = typer.Option("INFO", "--loglevel"),
+    ready_file: Path | None = typer.Option(
+        None, "--ready-file", help="Touched when the worker is consuming; removed on exit."),
+) -> None:
+    """Run a Celery worker for the validation jobs (broker from settings)."""
+    celery_app = _celery_app()
+    if ready_file is not None:
+        _signal_readiness(ready_file)
+    celery_app.worker_main(argv=[
+        "worker", f"--loglevel={loglevel}", f"--concurrency={concurrency}", f"--pool={pool}",
+        "--without-gossip", "--without-mingle",
+    ])
+
+
+def _signal_readiness(ready_file: Path) -> None:
+    from celery.signals import worker_ready, worker_shutdown
+
+    def on_ready(**_: Any) -> None:
+        ready_file.parent.mkdir(parents=True, exist_ok=True)
+        ready_file.write_text(str(os.getpid()))
+
+    def on_shutdown(**_: Any) -> None:
+        ready_file.unlink(missing_ok=True)
+
+    worker_ready.connect(on_ready, weak=False)
+    worker_shutdown.connect(on_shutdown, weak=False)
+
+
+@app.command("agent")
+def agent_command() -> None:
+    """The per-GPU agent (not available yet)."""
+    raise _fail("the data-plane agent arrives with issue 5; nothing was started", 2)
+
+
+@app.command("bootstrap-token")
+def bootstrap_token_command(
+    name: str = typer.Option("admin", "--name"),
+    write_to: Path | None = typer.Option(
+        None, "--write-to", help="Write the token to this file (mode 0600) instead of stdout."),
+) -> None:
+    """Create an admin token (grant `*:admin`) directly in the database; print it once."""
+    from controlplane.auth.service import create_bootstrap_token
+    from controlplane.db import make_engine, make_session_factory
+
+    settings = _settings()
+    engine = make_engine(settings.database_url)
+    try:
+        with make_session_factory(engine)() as session:
+            token = create_bootstrap_token(session, name)
+            session.commit()
+    finally:
+        engine.dispose()
+    if write_to is None:
+        typer.echo(token)
+        return
+    write_to.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(write_to, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as handle:
+        handle.write(token + "\n")
+    typer.echo(f"admin token written to {write_to}", err=True)
+
+
+@app.command("up")
+def up_command(
+    data_dir: Path | None = typer.Option(
+        None, "--data-dir", help="Default: ADAPTERPLANE_DATA_DIR or ./var."),
+    host: str = typer.Option("127.0.0.1", "--host"),
+    port: int = typer.Option(8400, "--port", help="0 picks a free port."),
+) -> None:
+    """Run the embedded stack (API + worker) until Ctrl-C or SIGTERM, then stop it cleanly."""
+    from cli.stack import EmbeddedStack, StackError
+
+    directory = data_dir or Path(os.environ.get("ADAPTERPLANE_DATA_DIR", "./var"))
+    stack = EmbeddedStack(directory, host=host, port=port)
+    try:
+        stack.start()  # Ctrl-C while starting: start() stops what it began, then re-raises
+        stopping = _StopFlag()
+        typer.echo(f"Adapterplane is up at {stack.url}")
+        typer.echo(f"admin token: {stack.token_path}")
+        typer.echo(f"  export ADAPTERPLANE_URL={stack.url}")
+        typer.echo(f"  export ADAPTERPLANE_TOKEN=$(cat {stack.token_path})")
+        typer.echo(f"logs: {stack.log_dir}  (Ctrl-C to stop)", err=True)
+        while not stopping.requested:
+            stack.check_alive()
+            time.sleep(0.3)
+    except StackError as exc:
+        stack.stop()
+        raise _fail(str(exc)) from exc
+    except KeyboardInterrupt:
+        pass
+    report = stack.stop()
+    typer.echo(f"stopped {report.describe()}", err=True)
+    if not report.clean:
+        raise typer.Exit(1)
+
+
+class _StopFlag:
+    """Turns SIGTERM/SIGINT into a flag the supervision loop checks (no traceback)."""
+
+    def __init__(self) -> None:
+        self.requested = False
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, self._request)
+
+    def _request(self, *_: Any) -> None:
+        self.requested = True
+
+
+@app.command("demo")
+def demo_command(
+    data_dir: Path = typer.Option(Path("./var/demo"), "--data-dir",
+                                  help="Wiped and recreated for every run."),
+    models_dir: Path = typer.Option(Path("./var/models"), "--models-dir",
+                                    help="Cache of the converted base model."),
+) -> None:
+    """Run the end-to-end demo on a fresh embedded stack (see cli/demo.py)."""
+    from cli.demo import run_demo
+    from cli.errors import CliError
+    from cli.stack import StackError
+
+    try:
+        run_demo(data_dir=data_dir, models_dir=models_dir)
+    except CliError as exc:
+        raise _fail(f"{exc.code}: {exc.message}", int(exc.exit_code)) from exc
+    except StackError as exc:
+        raise _fail(str(exc)) from exc
+
+
+def main() -> None:
+    app()
+
+
+if __name__ == "__main__":
+    main()

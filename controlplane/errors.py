@@ -1,0 +1,120 @@
+"""One error base class and one JSON error body for the whole API.
+
+Every error response is `{"error": str, "code": STABLE_CODE, "detail": object}`;
+codes are stable (add, never rename) and listed in docs/API.md.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+from pydantic import BaseModel, Field
+
+
+class ErrorBody(BaseModel):
+    """The body of every 4xx/5xx response."""
+
+    error: str = Field(description="Human-readable message.")
+    code: str = Field(description="Stable machine-readable code, e.g. GENERATION_CONFLICT.")
+    detail: dict[str, Any] = Field(default_factory=dict)
+
+
+class AdapterplaneError(Exception):
+    """Base of every error the API turns into an `ErrorBody` response."""
+
+    status_code: ClassVar[int] = 500
+    code: ClassVar[str] = "INTERNAL_ERROR"
+
+    def __init__(self, message: str, *, detail: dict[str, Any] | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.detail = dict(detail or {})
+
+    def body(self) -> ErrorBody:
+        return ErrorBody(error=self.message, code=self.code, detail=self.detail)
+
+
+class Unauthenticated(AdapterplaneError):
+    status_code = 401
+    code = "UNAUTHENTICATED"
+
+
+class Forbidden(AdapterplaneError):
+    status_code = 403
+    code = "FORBIDDEN"
+
+
+class NotFound(AdapterplaneError):
+    status_code = 404
+    code = "NOT_FOUND"
+
+
+class AlreadyExists(AdapterplaneError):
+    status_code = 409
+    code = "ALREADY_EXISTS"
+
+
+class InvalidState(AdapterplaneError):
+    status_code = 409
+    code = "INVALID_STATE"
+
+
+class GenerationConflict(AdapterplaneError):
+    status_code = 409
+    code = "GENERATION_CONFLICT"
+
+
+class AliasRetired(AdapterplaneError):
+    status_code = 410
+    code = "ALIAS_RETIRED"
+
+
+class ArtifactTooLarge(AdapterplaneError):
+    status_code = 413
+    code = "ARTIFACT_TOO_LARGE"
+
+
+class BadRequest(AdapterplaneError):
+    """Well-formed JSON that fails a semantic check (bad cursor, bad ABI record...)."""
+
+    status_code = 422
+    code = "VALIDATION_ERROR"
+
+
+class BaseMismatch(AdapterplaneError):
+    status_code = 422
+    code = "BASE_MISMATCH"
+
+
+class IdempotencyMismatch(AdapterplaneError):
+    status_code = 422
+    code = "IDEMPOTENCY_MISMATCH"
+
+
+class ForbiddenFile(AdapterplaneError):
+    """A pushed artifact contains a file we never read (pickle `.bin` weights)."""
+
+    status_code = 422
+    code = "FORBIDDEN_FILE"
+
+
+class MissingFile(AdapterplaneError):
+    status_code = 422
+    code = "MISSING_FILE"
+
+
+class StorageUnavailable(AdapterplaneError):
+    status_code = 502
+    code = "STORAGE_ERROR"
+
+
+ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
+    status: {"model": ErrorBody, "description": description}
+    for status, description in (
+        (401, "Missing or unknown bearer token (UNAUTHENTICATED)."),
+        (403, "The token lacks the needed scope (FORBIDDEN)."),
+        (404, "Not found (NOT_FOUND)."),
+        (409, "Conflict (GENERATION_CONFLICT, ALREADY_EXISTS, INVALID_STATE)."),
+        (422, "Invalid input (VALIDATION_ERROR, BASE_MISMATCH, IDEMPOTENCY_MISMATCH...)."),
+    )
+}

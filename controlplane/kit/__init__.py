@@ -1,0 +1,1 @@
+"""Generic plumbing shared by every domain: repositories and keyset pagination."""

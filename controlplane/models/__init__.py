@@ -1,0 +1,30 @@
+"""All ORM models (SQLAlchemy 2.0, typed). Import from here so metadata is complete."""
+
+from __future__ import annotations
+
+from controlplane.models.api_token import ApiToken
+from controlplane.models.artifact import (
+    Artifact,
+    ArtifactState,
+    ArtifactStateError,
+)
+from controlplane.models.audit import AuditEntry
+from controlplane.models.base import Base, utcnow
+from controlplane.models.base_model import BaseModel
+from controlplane.models.catalog import Alias, CatalogAction, CatalogGeneration
+from controlplane.models.namespace import Namespace
+
+__all__ = [
+    "Alias",
+    "ApiToken",
+    "Artifact",
+    "ArtifactState",
+    "ArtifactStateError",
+    "AuditEntry",
+    "Base",
+    "BaseModel",
+    "CatalogAction",
+    "CatalogGeneration",
+    "Namespace",
+    "utcnow",
+]

@@ -1,0 +1,60 @@
+"""Catalog: aliases and their append-only list of generations.
+
+`aliases.current_generation` is the number of the newest generation (0 before the
+first); it is the compare-and-swap word every publish/retire/rollback updates under a
+row lock, and `(alias_id, generation)` is unique as a backstop, so generations stay
+gapless and never fork. Generation rows are never updated or deleted.
+"""
+
+from __future__ import annotations
+
+import enum
+
+from sqlalchemy import ForeignKey, String, Text, UniqueConstraint
+from sqlalchemy.orm import Mapped, mapped_column, relationship
+
+from controlplane.models.artifact import Artifact
+from controlplane.models.base import Base, BigId, CreatedAtMixin, IdMixin
+from controlplane.models.base_model import BaseModel
+from controlplane.models.namespace import Namespace
+
+
+class CatalogAction(enum.StrEnum):
+    PUBLISH = "publish"
+    RETIRE = "retire"
+    ROLLBACK = "rollback"
+
+
+class Alias(IdMixin, CreatedAtMixin, Base):
+    __tablename__ = "aliases"
+    __table_args__ = (UniqueConstraint("namespace_id", "name"),)
+
+    namespace_id: Mapped[int] = mapped_column(BigId, ForeignKey("namespaces.id"), nullable=False)
+    name: Mapped[str] = mapped_column(String(200), nullable=False)
+    base_id: Mapped[int] = mapped_column(BigId, ForeignKey("base_models.id"), nullable=False)
+    """An alias serves one base model for life (set by its first publish)."""
+    current_generation: Mapped[int] = mapped_column(nullable=False, default=0)
+
+    namespace: Mapped[Namespace] = relationship(lazy="joined")
+    base: Mapped[BaseModel] = relationship(lazy="joined")
+
+
+class CatalogGeneration(IdMixin, CreatedAtMixin, Base):
+    __tablename__ = "catalog_generations"
+    __table_args__ = (
+        UniqueConstraint("alias_id", "generation"),
+        UniqueConstraint("alias_id", "idempotency_key"),
+    )
+
+    alias_id: Mapped[int] = mapped_column(BigId, ForeignKey("aliases.id"), nullable=False)
+    generation: Mapped[int] = mapped_column(nullable=False)
+    action: Mapped[str] = mapped_column(String(16), nullable=False)
+    artifact_id: Mapped[int | None] = mapped_column(BigId, ForeignKey("artifacts.id"))
+    """The artifact the alias means from this generation on; None after a retire."""
+    actor: Mapped[str] = mapped_column(String(200), nullable=False)
+    reason: Mapped[str | None] = mapped_column(Text)
+    idempotency_key: Mapped[str | None] = mapped_column(String(200))
+    request_sha256: Mapped[str | None] = mapped_column(String(64))
+
+    alias: Mapped[Alias] = relationship(lazy="joined")
+    artifact: Mapped[Artifact | None] = relationship(lazy="joined")

@@ -1,0 +1,1 @@
+"""Namespaces: created by admins; scopes are granted per namespace."""

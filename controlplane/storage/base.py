@@ -1,0 +1,123 @@
+"""The object-store interface and its content-addressed blob layer.
+
+Blobs live at `blobs/sha256/<hex>` where hex is the SHA-256 of their bytes, so a
+blob is written once and every read can be checked against its own key. Data always
+moves through files on local disk in fixed-size chunks; no method holds a whole
+object in memory.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import tempfile
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO
+
+CHUNK_BYTES = 1024 * 1024
+
+
+class StorageError(Exception):
+    """Any object-store failure. `transient` failures may succeed when retried."""
+
+    transient = False
+
+
+class TransientStorageError(StorageError):
+    transient = True
+
+
+class ObjectNotFound(StorageError):
+    pass
+
+
+class ChecksumMismatch(StorageError):
+    """Bytes read back do not hash to the digest they were stored under."""
+
+    def __init__(self, key: str, expected: str, actual: str) -> None:
+        super().__init__(f"checksum mismatch for {key}: expected {expected}, got {actual}")
+        self.key, self.expected, self.actual = key, expected, actual
+
+
+class BlobTooLarge(StorageError):
+    def __init__(self, limit: int) -> None:
+        super().__init__(f"object exceeds the limit of {limit} bytes")
+        self.limit = limit
+
+
+@dataclass(frozen=True)
+class BlobRef:
+    sha256: str
+    size: int
+    key: str
+
+
+def blob_key(sha256_hex: str) -> str:
+    return f"blobs/sha256/{sha256_hex}"
+
+
+class ObjectStore(ABC):
+    """Keys are relative, `/`-separated paths; implementations map them to a backend."""
+
+    url: str
+
+    @abstractmethod
+    def put_file(self, key: str, path: Path) -> None:
+        """Store the file at `path` under `key` (atomic: readers never see a partial object)."""
+
+    @abstractmethod
+    def get_file(self, key: str, dest: Path) -> None:
+        """Write the object `key` to `dest`; `ObjectNotFound` when absent."""
+
+    @abstractmethod
+    def exists(self, key: str) -> bool: ...
+
+    @abstractmethod
+    def check(self) -> None:
+        """Raise `StorageError` when the store is unreachable (readiness probe)."""
+
+    def put_blob(self, stream: IO[bytes], *, max_bytes: int | None = None) -> BlobRef:
+        """Hash `stream` to a temp file, store it under its digest, return the reference.
+
+        Raises `BlobTooLarge` as soon as more than `max_bytes` were read.
+        """
+        digest = hashlib.sha256()
+        size = 0
+        fd, tmp_name = tempfile.mkstemp(prefix="adapterplane-blob-")
+        tmp = Path(tmp_name)
+        try:
+            with os.fdopen(fd, "wb") as out:
+                while chunk := stream.read(CHUNK_BYTES):
+                    size += len(chunk)
+                    if max_bytes is not None and size > max_bytes:
+                        raise BlobTooLarge(max_bytes)
+                    digest.update(chunk)
+                    out.write(chunk)
+            ref = BlobRef(sha256=digest.hexdigest(), size=size, key=blob_key(digest.hexdigest()))
+            if not self.exists(ref.key):
+                self.put_file(ref.key, tmp)
+            return ref
+        finally:
+            tmp.unlink(missing_ok=True)
+
+    def put_blob_bytes(self, data: bytes) -> BlobRef:
+        """Small metadata objects (manifests) only."""
+        import io
+
+        return self.put_blob(io.BytesIO(data))
+
+    def get_blob(self, key: str, dest: Path, *, expected_sha256: str) -> None:
+        """Download `key` to `dest` and verify its SHA-256; `ChecksumMismatch` otherwise.
+
+        On mismatch `dest` is removed, so a corrupt copy is never left behind.
+        """
+        self.get_file(key, dest)
+        digest = hashlib.sha256()
+        with dest.open("rb") as f:
+            while chunk := f.read(CHUNK_BYTES):
+                digest.update(chunk)
+        if digest.hexdigest() != expected_sha256:
+            dest.unlink(missing_ok=True)
+            raise ChecksumMismatch(key, expected_sha256, digest.hexdigest())

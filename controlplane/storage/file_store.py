@@ -1,0 +1,53 @@
+"""`file://` object store: a directory tree, written atomically via rename."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+from controlplane.storage.base import ObjectNotFound, ObjectStore, StorageError
+
+
+class FileObjectStore(ObjectStore):
+    def __init__(self, root: Path) -> None:
+        self.root = root.resolve()
+        self.url = f"file://{self.root}"
+
+    def _path(self, key: str) -> Path:
+        path = (self.root / key).resolve()
+        if self.root not in path.parents:
+            raise StorageError(f"key escapes the store root: {key!r}")
+        return path
+
+    def put_file(self, key: str, path: Path) -> None:
+        dest = self._path(key)
+        try:
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(dir=dest.parent, prefix=".tmp-")
+            os.close(fd)
+            shutil.copyfile(path, tmp)
+            os.replace(tmp, dest)
+        except OSError as exc:
+            raise StorageError(f"cannot write {key}: {exc}") from exc
+
+    def get_file(self, key: str, dest: Path) -> None:
+        src = self._path(key)
+        try:
+            shutil.copyfile(src, dest)
+        except FileNotFoundError as exc:
+            raise ObjectNotFound(f"no object {key}") from exc
+        except OSError as exc:
+            raise StorageError(f"cannot read {key}: {exc}") from exc
+
+    def exists(self, key: str) -> bool:
+        return self._path(key).is_file()
+
+    def check(self) -> None:
+        try:
+            self.root.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise StorageError(f"store root unusable: {exc}") from exc
+        if not os.access(self.root, os.W_OK):
+            raise StorageError(f"store root not writable: {self.root}")

@@ -1,0 +1,122 @@
+"""`s3://bucket/prefix` object store on boto3.
+
+Retries: botocore's retry modes (`standard` or `adaptive`, `max_attempts` from
+settings) handle throttling, 5xx and connection errors inside each call; what still
+fails with a connection/throttling/5xx error surfaces as `TransientStorageError` so
+callers (Celery jobs) can retry later with backoff. Transfers go through s3transfer
+(`upload_file`/`download_file`): streamed, multipart above the chunk size.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import boto3
+from boto3.s3.transfer import TransferConfig
+from botocore.config import Config
+from botocore.exceptions import (
+    BotoCoreError,
+    ClientError,
+    HTTPClientError,
+)
+from botocore.exceptions import (
+    ConnectionError as BotoConnectionError,
+)
+
+from controlplane.config import Settings
+from controlplane.storage.base import (
+    ObjectNotFound,
+    ObjectStore,
+    StorageError,
+    TransientStorageError,
+)
+
+TRANSIENT_CODES = frozenset(
+    {"SlowDown", "Throttling", "ThrottlingException", "RequestTimeout", "InternalError",
+     "ServiceUnavailable", "503", "500", "502", "504"}
+)
+NOT_FOUND_CODES = frozenset({"404", "NoSuchKey", "NotFound", "NoSuchBucket"})
+
+
+def make_s3_client(settings: Settings) -> Any:
+    config = Config(
+        region_name=settings.s3_region,
+        retries={"mode": settings.s3_retry_mode, "max_attempts": settings.s3_max_attempts},
+        connect_timeout=5,
+        read_timeout=60,
+        s3={"addressing_style": "path"} if settings.s3_endpoint_url else None,
+    )
+    secret = settings.s3_secret_access_key
+    return boto3.session.Session().client(
+        "s3",
+        endpoint_url=settings.s3_endpoint_url,
+        aws_access_key_id=settings.s3_access_key_id,
+        aws_secret_access_key=secret.get_secret_value() if secret is not None else None,
+        config=config,
+    )
+
+
+def translate_error(exc: Exception, what: str) -> StorageError:
+    """Map a boto error to our storage errors (transient vs not-found vs other)."""
+    if isinstance(exc, ClientError):
+        code = str(exc.response.get("Error", {}).get("Code", ""))
+        status = str(exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", ""))
+        if code in NOT_FOUND_CODES or status == "404":
+            return ObjectNotFound(f"{what}: not found")
+        if code in TRANSIENT_CODES or status.startswith("5"):
+            return TransientStorageError(f"{what}: {code or status}")
+        return StorageError(f"{what}: {code or status}: {exc}")
+    if isinstance(exc, BotoConnectionError | HTTPClientError):
+        return TransientStorageError(f"{what}: {exc}")
+    return StorageError(f"{what}: {exc}")
+
+
+class S3ObjectStore(ObjectStore):
+    def __init__(self, client: Any, bucket: str, prefix: str, *, chunk_bytes: int) -> None:
+        self.client = client
+        self.bucket = bucket
+        self.prefix = prefix.strip("/")
+        self.url = f"s3://{bucket}/{self.prefix}" if self.prefix else f"s3://{bucket}"
+        self.transfer = TransferConfig(
+            multipart_threshold=chunk_bytes, multipart_chunksize=chunk_bytes, use_threads=False
+        )
+
+    def _key(self, key: str) -> str:
+        return f"{self.prefix}/{key}" if self.prefix else key
+
+    def put_file(self, key: str, path: Path) -> None:
+        try:
+            self.client.upload_file(str(path), self.bucket, self._key(key), Config=self.transfer)
+        except (BotoCoreError, ClientError) as exc:
+            raise translate_error(exc, f"put {self._key(key)}") from exc
+        except Exception as exc:  # s3transfer wraps failures in its own types
+            raise translate_error(_unwrap(exc), f"put {self._key(key)}") from exc
+
+    def get_file(self, key: str, dest: Path) -> None:
+        try:
+            self.client.download_file(self.bucket, self._key(key), str(dest),
+                                      Config=self.transfer)
+        except (BotoCoreError, ClientError) as exc:
+            raise translate_error(exc, f"get {self._key(key)}") from exc
+
+    def exists(self, key: str) -> bool:
+        try:
+            self.client.head_object(Bucket=self.bucket, Key=self._key(key))
+        except (BotoCoreError, ClientError) as exc:
+            err = translate_error(exc, f"head {self._key(key)}")
+            if isinstance(err, ObjectNotFound):
+                return False
+            raise err from exc
+        return True
+
+    def check(self) -> None:
+        try:
+            self.client.head_bucket(Bucket=self.bucket)
+        except (BotoCoreError, ClientError) as exc:
+            raise translate_error(exc, f"bucket {self.bucket}") from exc
+
+
+def _unwrap(exc: Exception) -> Exception:
+    cause = exc.__cause__ or exc.__context__
+    return cause if isinstance(cause, Exception) else exc

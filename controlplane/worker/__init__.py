@@ -1,0 +1,1 @@
+"""Celery worker: app factory (`celery_app.py`) and enqueue-after-commit (`jobs.py`)."""

@@ -1,0 +1,56 @@
+"""The Celery app. `celery -A controlplane.worker.celery_app worker -Q <queue>` runs it.
+
+`make_celery(settings)` builds an app from settings (JSON only, late acks, tasks
+re-queued when a worker dies mid-task, one prefetched task per process). The
+module-level `celery_app` (alias `app`) is built lazily from the environment
+(`ADAPTERPLANE_*`) on first access.
+"""
+
+from __future__ import annotations
+
+from functools import cache
+from typing import Any
+
+from celery import Celery
+
+from controlplane.config import Settings
+
+TASK_MODULES = ("controlplane.artifacts.tasks",)
+
+
+def make_celery(settings: Settings) -> Celery:
+    if settings.celery_broker_url.startswith("sqla+sqlite") or (
+        settings.celery_result_backend.startswith("db+sqlite")
+    ):
+        settings.data_dir.mkdir(parents=True, exist_ok=True)
+    app = Celery("adapterplane", broker=settings.celery_broker_url,
+                 backend=settings.celery_result_backend, include=list(TASK_MODULES))
+    app.conf.update(
+        task_serializer="json",
+        result_serializer="json",
+        accept_content=["json"],
+        task_acks_late=True,
+        task_reject_on_worker_lost=True,
+        worker_prefetch_multiplier=1,
+        task_default_queue=settings.celery_queue,
+        task_always_eager=settings.celery_task_always_eager,
+        task_ignore_result=False,
+        result_expires=24 * 3600,
+        broker_connection_retry_on_startup=True,
+        worker_hijack_root_logger=False,
+        adapterplane_settings=settings,
+    )
+    import controlplane.artifacts.tasks  # noqa: F401  (registers the shared tasks)
+
+    return app
+
+
+@cache
+def _default_app() -> Celery:
+    return make_celery(Settings())
+
+
+def __getattr__(name: str) -> Any:
+    if name in ("celery_app", "app"):
+        return _default_app()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

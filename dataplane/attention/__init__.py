@@ -1,0 +1,1 @@
+"""Attention over packed prefill/decode rows with a paged KV cache."""

@@ -1,0 +1,127 @@
+"""Per-step attention metadata: the BatchPlan's request boundaries as device tensors.
+
+Built once per step (shared by every layer). Attention boundaries come only from
+`prefill_indptr`, `doff`, the positions and the block tables — never from adapter runs
+(seed §0x03A). Every row attends to the keys of its own request at positions
+`<= its own position` (and, for sliding-window layers, `> position - window`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from dataplane.core import BatchPlan
+
+
+@dataclass(frozen=True)
+class PrefillSegment:
+    """One prefill request's rows `[start, end)` and the KV slots of its whole context.
+
+    `key_slots` [C] int64: flat KV slot of positions 0..C-1 (C = context after this step).
+    `fresh` is True when the chunk starts at position 0: its keys are exactly this step's
+    rows, so the kernel may use them without reading the cache back.
+    `masks[w]` [q, C] bool: key visible to query, for window w (None = full causal).
+    """
+
+    start: int
+    end: int
+    key_slots: torch.Tensor
+    fresh: bool
+    masks: dict[int | None, torch.Tensor]
+
+
+@dataclass(frozen=True)
+class DecodeBatch:
+    """Decode rows `[doff, doff + D)`: padded key slots [D, L] and masks[w] [D, L] bool."""
+
+    key_slots: torch.Tensor
+    masks: dict[int | None, torch.Tensor]
+
+
+@dataclass(frozen=True)
+class AttentionMetadata:
+    positions: torch.Tensor  # [T] int64
+    slot_mapping: torch.Tensor  # [T] int64 KV slot each row's K/V is written to
+    prefills: tuple[PrefillSegment, ...]
+    doff: int
+    decode: DecodeBatch | None
+
+
+def _window_mask(q_pos: torch.Tensor, k_pos: torch.Tensor, valid: torch.Tensor,
+                 window: int | None) -> torch.Tensor:
+    mask = valid & (k_pos <= q_pos)
+    if window is not None:
+        mask = mask & (q_pos - k_pos < window)
+    return mask
+
+
+def decode_batch(block_tables: torch.Tensor, context_lens: torch.Tensor,
+                 positions: torch.Tensor, block_size: int, width: int,
+                 windows: tuple[int | None, ...], max_slot: int) -> DecodeBatch:
+    """Decode keys and masks computed on the device (no host loop; CUDA-graph capturable).
+
+    block_tables [D, >= ceil(width / block_size)] int64, context_lens [D] int64 (>= 1),
+    positions [D] int64 -> key_slots [D, width] and masks[w] [D, width] bool. Padding
+    entries (beyond a row's context) address some cache slot <= `max_slot` (the trash slot)
+    and are masked out.
+    """
+    k_pos = torch.arange(width, dtype=torch.int64, device=block_tables.device)
+    blocks = block_tables.index_select(1, k_pos // block_size)
+    key_slots = (blocks * block_size + (k_pos % block_size)[None, :]).clamp(max=max_slot)
+    valid = k_pos[None, :] < context_lens[:, None]
+    q_pos = positions[:, None]
+    masks = {w: _window_mask(q_pos, k_pos[None, :], valid, w) for w in windows}
+    return DecodeBatch(key_slots, masks)
+
+
+def distinct_windows(windows: tuple[int | None, ...]) -> tuple[int | None, ...]:
+    return tuple(sorted(set(windows), key=lambda w: -1 if w is None else w))
+
+
+def context_slots(block_table: tuple[int, ...] | list[int], length: int,
+                  block_size: int) -> list[int]:
+    """Flat KV slots of positions 0..length-1 through a block table."""
+    return [block_table[p // block_size] * block_size + p % block_size for p in range(length)]
+
+
+def build_attention_metadata(plan: BatchPlan, windows: tuple[int | None, ...],
+                             device: torch.device, max_slot: int) -> AttentionMetadata:
+    """Convert the plan's attention coordinates into tensors on `device` (one H2D per field).
+
+    `max_slot` is the cache's largest valid slot index (its trash slot).
+    """
+    bs = plan.block_size
+    positions_host = torch.tensor(plan.positions, dtype=torch.int64)
+    distinct = distinct_windows(windows)
+    prefills = []
+    for p in range(plan.num_prefills):
+        start, end = plan.prefill_indptr[p], plan.prefill_indptr[p + 1]
+        ctx = plan.context_lens[p]
+        slots = torch.tensor(context_slots(plan.block_tables[p], ctx, bs), dtype=torch.int64)
+        q_pos = positions_host[start:end, None]
+        k_pos = torch.arange(ctx, dtype=torch.int64)[None, :]
+        valid = torch.ones(1, ctx, dtype=torch.bool)
+        masks = {w: _window_mask(q_pos, k_pos, valid, w).to(device) for w in distinct}
+        prefills.append(PrefillSegment(start, end, slots.to(device),
+                                       plan.positions[start] == 0, masks))
+    decode = None
+    num_decodes = plan.num_decodes
+    if num_decodes:
+        first = plan.num_prefills
+        lens = plan.context_lens[first:first + num_decodes]
+        tables = plan.block_tables[first:first + num_decodes]
+        width = max(lens)
+        max_blocks = (width + bs - 1) // bs
+        padded = [list(t[:max_blocks]) + [0] * (max_blocks - len(t[:max_blocks]))
+                  for t in tables]
+        decode = decode_batch(
+            torch.tensor(padded, dtype=torch.int64).to(device),
+            torch.tensor(lens, dtype=torch.int64).to(device),
+            positions_host[plan.doff:].to(device), bs, width, distinct, max_slot)
+    return AttentionMetadata(
+        positions=positions_host.to(device),
+        slot_mapping=torch.tensor(plan.slot_mapping, dtype=torch.int64).to(device),
+        prefills=tuple(prefills), doff=plan.doff, decode=decode,
+    )

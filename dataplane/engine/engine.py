@@ -1,0 +1,240 @@
+"""The public multi-adapter `Engine`: register adapters, add requests, step, generate.
+
+One step = scheduler.schedule() -> build_batch_plan -> ModelRunner.execute (logits of the
+sampled rows) -> Sampler -> scheduler.postprocess (docs/ENGINE_CONTRACT.md). Every adapter
+lives in one slot of the runner's factor tables; requests bind to an adapter by handle,
+and the scheduler gives model rows only to requests whose adapter slot is loaded.
+
+Usage::
+
+    engine = Engine.from_model_dir(path, dtype="float32", device="cpu", max_slots=4)
+    h = engine.register_adapter(peft_dir)
+    outs = engine.generate([[1, 2, 3], "hello"], SamplingParams(temperature=0), [h, None])
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence as SequenceOf
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from dataplane.core import BatchPlan, InvalidRequest, SamplingParams, Sequence, build_batch_plan
+from dataplane.artifacts.base_abi import read_base_abi
+from dataplane.engine.adapters import AdapterHandle, AdapterRegistry
+from dataplane.engine.model_runner import ModelRunner
+from dataplane.engine.scheduler import ScheduleOutput, Scheduler, SchedulerConfig
+from dataplane.kvcache import BlockManager, CacheABI, FreeListPagePool
+from dataplane.models import load_model
+from dataplane.models.llama import LlamaForCausalLM
+from dataplane.sampling.sampler import Sampler, TokenLogprobs
+
+_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+@dataclass(frozen=True)
+class RequestOutput:
+    """A request's state after a step. `new_*` is what this step added (for streaming)."""
+
+    request_id: str
+    prompt_token_ids: tuple[int, ...]
+    token_ids: tuple[int, ...]
+    new_token_ids: tuple[int, ...]
+    text: str
+    new_text: str
+    finished: bool
+    finish_reason: str | None
+    logprobs: tuple[TokenLogprobs, ...] | None
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """Sizes of one engine. `num_kv_blocks` x `block_size` tokens of KV for all requests."""
+
+    max_num_seqs: int = 64
+    max_num_batched_tokens: int = 2048
+    num_kv_blocks: int = 1024
+    block_size: int = 16
+    max_slots: int = 8
+    max_rank: int = 16
+    max_model_len: int | None = None
+    enable_prefix_caching: bool = True
+    enable_cuda_graphs: bool = True
+    lora_backend: str | None = None
+    sampler_seed: int | None = 0
+
+
+class Engine:
+    """Continuous-batching multi-LoRA engine over one Llama-family base model."""
+
+    def __init__(self, model: LlamaForCausalLM, config: EngineConfig, base_digest: str,
+                 tokenizer: object | None = None) -> None:
+        self.config = config
+        self.model = model
+        self.tokenizer = tokenizer
+        mc = model.config
+        max_len = config.max_model_len or mc.max_position_embeddings
+        self.max_model_len = max_len
+        self.runner = ModelRunner(model, config.num_kv_blocks, config.block_size,
+                                  max_rows=max(config.max_num_batched_tokens, config.max_num_seqs),
+                                  max_slots=config.max_slots, max_rank=config.max_rank,
+                                  lora_backend=config.lora_backend)
+        self.adapters = AdapterRegistry(self.runner)
+        kv_dtype = str(model.dtype).removeprefix("torch.")
+        self.block_manager = BlockManager(
+            FreeListPagePool(config.num_kv_blocks),
+            CacheABI(base_digest=base_digest, kv_dtype=kv_dtype, block_size=config.block_size),
+            enable_prefix_caching=config.enable_prefix_caching)
+        self.scheduler = Scheduler(
+            SchedulerConfig(max_num_batched_tokens=config.max_num_batched_tokens,
+                            max_num_seqs=config.max_num_seqs, max_model_len=max_len),
+            self.block_manager, eos_token_ids=mc.eos_token_ids,
+            adapter_ready=self.adapters.is_ready,
+            detokenizer_factory=None)
+        self.sampler = Sampler(config.sampler_seed)
+        self._seqs: dict[str, Sequence] = {}
+        self._logprobs: dict[str, list[TokenLogprobs]] = {}
+        self._generation = 0
+        self._generate_calls = 0
+        self.num_preemptions = 0
+        """Requests preempted (by recompute) so far: a counter for tests and metrics."""
+        if (model.embed_tokens.weight.device.type == "cuda" and config.enable_cuda_graphs
+                and self.runner.graph_safe):
+            from dataplane.engine.cuda_graphs import CudaGraphRunner
+
+            graphs = CudaGraphRunner(self.runner, config.max_num_seqs, max_len)
+            graphs.capture_all()
+            self.runner.graphs = graphs
+
+    @classmethod
+    def from_model_dir(cls, path: str | Path, *, dtype: str = "float32", device: str = "cpu",
+                       **sizes: object) -> Engine:
+        """Load config.json + safetensors from `path`; `sizes` are EngineConfig fields."""
+        if dtype not in _DTYPES:
+            raise InvalidRequest(f"dtype must be one of {sorted(_DTYPES)}", dtype=dtype)
+        config = EngineConfig(**sizes)  # type: ignore[arg-type]
+        model = load_model(Path(path), _DTYPES[dtype], torch.device(device))
+        return cls(model, config, read_base_abi(Path(path)).h_base)
+
+    # ----- adapters -------------------------------------------------------------------
+    def register_adapter(self, peft_dir: str | Path) -> AdapterHandle:
+        """Load a PEFT LoRA dir into a free slot (the same content returns the same handle)."""
+        return self.adapters.register(Path(peft_dir))
+
+    def unregister_adapter(self, handle: AdapterHandle) -> None:
+        """Free the adapter's slot; refused while a live request uses it."""
+        live = {s.adapter_slot for s in self._seqs.values() if not s.is_finished}
+        self.adapters.unregister(handle, in_use=handle.slot in live)
+
+    # ----- requests -------------------------------------------------------------------
+    def add_request(self, request_id: str, prompt: str | list[int],
+                    sampling_params: SamplingParams | None = None,
+                    adapter: AdapterHandle | None = None) -> None:
+        """Queue a request. Bad input raises a typed error and changes nothing."""
+        if request_id in self._seqs:
+            raise InvalidRequest("duplicate request id", request_id=request_id)
+        if isinstance(prompt, str):
+            prompt_ids = self._encode(prompt)
+        else:
+            prompt_ids = list(prompt)
+        if any(not isinstance(t, int) or not 0 <= t < self.model.config.vocab_size
+               for t in prompt_ids):
+            raise InvalidRequest("prompt token ids must be ints in [0, vocab_size)",
+                                 request_id=request_id)
+        slot, digest = -1, None
+        if adapter is not None:
+            self.adapters.check_handle(adapter)
+            slot, digest = adapter.slot, adapter.digest
+        seq = Sequence(request_id, tuple(prompt_ids), sampling_params or SamplingParams(),
+                       adapter_slot=slot, adapter_digest=digest)
+        self.scheduler.add(seq)
+        self._seqs[request_id] = seq
+        self._logprobs[request_id] = []
+
+    def _encode(self, text: str) -> list[int]:
+        if self.tokenizer is None:
+            raise InvalidRequest("text prompts need a tokenizer; pass token ids")
+        return list(self.tokenizer.encode(text))  # type: ignore[attr-defined]
+
+    def abort(self, request_id: str) -> bool:
+        """Cancel a live request (its blocks are freed). False if it is not live."""
+        seq = self.scheduler.abort(request_id)
+        if seq is None:
+            return False
+        self._seqs.pop(request_id, None)
+        self._logprobs.pop(request_id, None)
+        return True
+
+    def has_unfinished(self) -> bool:
+        return self.scheduler.has_unfinished()
+
+    # ----- stepping -------------------------------------------------------------------
+    def build_plan(self, out: ScheduleOutput) -> BatchPlan:
+        self._generation += 1
+        return build_batch_plan(out.prefills, out.decodes, block_size=self.config.block_size,
+                                generation=self._generation)
+
+    def step(self) -> list[RequestOutput]:
+        """Run one scheduled step; outputs for every request that got a token."""
+        out = self.scheduler.schedule()
+        self.num_preemptions += len(out.preempted)
+        if out.is_empty:
+            return []
+        plan = self.build_plan(out)
+        logits = self.runner.execute(plan)
+        sampled = out.sampled
+        if [s.request_id for s in sampled] != list(plan.sample_request_ids):
+            raise InvalidRequest("plan sample order differs from the scheduler's")
+        result = self.sampler.sample(logits, sampled)
+        updates = self.scheduler.postprocess(out, result.token_ids)
+        by_id = {s.request_id: lp for s, lp in zip(sampled, result.logprobs, strict=True)}
+        outputs = []
+        for u in updates:
+            seq = u.seq
+            lp = by_id.get(seq.request_id)
+            if lp is not None:
+                self._logprobs[seq.request_id].append(lp)
+            outputs.append(self._output(seq, (u.token_id,), u.text))
+            if u.finished:
+                self._seqs.pop(seq.request_id, None)
+                self._logprobs.pop(seq.request_id, None)
+        return outputs
+
+    def _output(self, seq: Sequence, new_ids: tuple[int, ...], new_text: str) -> RequestOutput:
+        lps = self._logprobs.get(seq.request_id, [])
+        return RequestOutput(
+            request_id=seq.request_id, prompt_token_ids=seq.prompt_token_ids,
+            token_ids=tuple(seq.output_token_ids), new_token_ids=new_ids,
+            text=seq.output_text, new_text=new_text, finished=seq.is_finished,
+            finish_reason=seq.finish_reason.value if seq.finish_reason else None,
+            logprobs=tuple(lps) if seq.sampling.logprobs is not None else None)
+
+    def generate(self, prompts: SequenceOf[str | list[int]],
+                 params: SamplingParams | SequenceOf[SamplingParams] | None = None,
+                 adapters: SequenceOf[AdapterHandle | None] | None = None
+                 ) -> list[RequestOutput]:
+        """Run `prompts` to completion together; final outputs in input order."""
+        n = len(prompts)
+        plist = (list(params) if isinstance(params, list | tuple)
+                 else [params or SamplingParams()] * n)
+        alist = list(adapters) if adapters is not None else [None] * n
+        if len(plist) != n or len(alist) != n:
+            raise InvalidRequest("params and adapters must match prompts in length")
+        self._generate_calls += 1
+        ids = [f"generate-{self._generate_calls}-{i}" for i in range(n)]
+        added: list[str] = []
+        try:
+            for rid, prompt, p, a in zip(ids, prompts, plist, alist, strict=True):
+                self.add_request(rid, prompt, p, a)  # type: ignore[arg-type]
+                added.append(rid)
+        except Exception:
+            for rid in added:
+                self.abort(rid)
+            raise
+        final: dict[str, RequestOutput] = {}
+        while len(final) < n:
+            for o in self.step():
+                if o.finished and o.request_id in ids:
+                    final[o.request_id] = o
+        return [final[rid] for rid in ids]

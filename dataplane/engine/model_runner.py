@@ -1,0 +1,104 @@
+"""Runs one BatchPlan through the model: plan -> device tensors -> forward -> sampled logits.
+
+Owns the model, the paged KV cache, the LoRA backend with its per-step metadata buffers
+and workspace, and one `LoraFactorTable` per (layer, fused projection) holding every
+slot's factors. One plan per step is converted once into attention metadata and a LoRA
+row grouping that every layer shares (seed §0x03G). On CUDA, decode-only steps replay
+captured graphs (engine/cuda_graphs.py).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from dataplane.attention.kv_cache import PagedKVCache
+from dataplane.attention.metadata import build_attention_metadata
+from dataplane.core import BatchPlan, InvalidBatchPlan
+from dataplane.kernels import (
+    LoraFactorTable,
+    LoraMetaBuffers,
+    LoraWorkspace,
+    get_lora_backend,
+)
+from dataplane.layers.lora_linear import LoraStepContext
+from dataplane.models.llama import LlamaForCausalLM
+
+
+class ModelRunner:
+    """Executes plans. `max_slots == 0` disables LoRA entirely (base model only).
+
+    Args:
+        max_rows: largest T of any plan (max_num_batched_tokens, >= max_num_seqs).
+        max_slots / max_rank: adapter slot count and the largest rank a slot may hold.
+    """
+
+    def __init__(self, model: LlamaForCausalLM, num_kv_blocks: int, block_size: int,
+                 max_rows: int, max_slots: int, max_rank: int,
+                 lora_backend: str | None = None) -> None:
+        self.model = model
+        self.config = model.config
+        self.device = model.embed_tokens.weight.device
+        self.dtype = model.dtype
+        c = self.config
+        self.cache = PagedKVCache(c.num_layers, num_kv_blocks, block_size, c.num_kv_heads,
+                                  c.head_dim, self.dtype, self.device)
+        self.max_rows = max_rows
+        self.max_slots = max_slots
+        self.max_rank = max_rank
+        self.tables: dict[tuple[int, str], LoraFactorTable] = {}
+        self.graphs: object | None = None  # CudaGraphRunner, set by the engine on CUDA
+        if max_slots > 0:
+            self.backend = get_lora_backend(self.device, prefer=lora_backend)
+            self.meta_buffers = LoraMetaBuffers(max_rows, max_slots, self.device)
+            self.workspace = LoraWorkspace(
+                self.backend.workspace_numel(max_rows, 3, max_rank), self.device)
+            for layer, attr, linear in model.lora_linears():
+                table = LoraFactorTable(max_slots, linear.in_features, linear.out_features,
+                                        max_rank, self.dtype, self.device)
+                linear.factors = table
+                self.tables[(layer, attr)] = table
+
+    @property
+    def graph_safe(self) -> bool:
+        """True when a step can be captured in a CUDA graph (no host syncs in the LoRA path)."""
+        return self.max_slots == 0 or self.backend.name != "torch"
+
+    def lora_context(self, row_slot: torch.Tensor) -> LoraStepContext | None:
+        """Per-step row grouping; None when LoRA is disabled or no row has an adapter."""
+        if self.max_slots == 0:
+            return None
+        meta = self.backend.build_meta(row_slot, self.meta_buffers)
+        return LoraStepContext(self.backend, meta, self.workspace)
+
+    def check_plan(self, plan: BatchPlan) -> None:
+        if not 0 < plan.num_rows <= self.max_rows:
+            raise InvalidBatchPlan(f"plan has {plan.num_rows} rows, runner allows "
+                                   f"1..{self.max_rows}")
+        if plan.block_size != self.cache.block_size:
+            raise InvalidBatchPlan("plan block_size differs from the KV cache's")
+        if any(s >= self.max_slots for s in plan.row_slot):
+            raise InvalidBatchPlan("row slot outside the runner's slots", slots=self.max_slots)
+        if any(not 0 <= s < self.cache.num_slots for s in plan.slot_mapping):
+            raise InvalidBatchPlan("KV slot outside the cache")
+
+    @torch.inference_mode()
+    def execute(self, plan: BatchPlan) -> torch.Tensor:
+        """Run one step; returns float32 logits [N, vocab] for `plan.sample_rows` in order."""
+        self.check_plan(plan)
+        if self.graphs is not None:
+            replayed = self.graphs.try_replay(plan)  # type: ignore[attr-defined]
+            if replayed is not None:
+                return replayed
+        device = self.device
+        input_ids = torch.tensor(plan.input_ids, dtype=torch.int64).to(device)
+        attn = build_attention_metadata(plan, self.config.layer_windows, device,
+                                        self.cache.trash_slot)
+        lora = None
+        if self.max_slots > 0 and any(s >= 0 for s in plan.row_slot):
+            row_slot = torch.tensor(plan.row_slot, dtype=torch.int32).to(device)
+            lora = self.lora_context(row_slot)
+        hidden = self.model(input_ids, attn, self.cache, lora)
+        if not plan.sample_rows:
+            return torch.empty(0, self.config.vocab_size, dtype=torch.float32, device=device)
+        rows = torch.tensor(plan.sample_rows, dtype=torch.int64).to(device)
+        return self.model.compute_logits(hidden.index_select(0, rows))

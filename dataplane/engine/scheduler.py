@@ -1,0 +1,244 @@
+"""Continuous-batching scheduler: token/sequence budgets, chunked prefill, FCFS, preemption.
+
+Torch-free. One `schedule()` per engine step picks rows in this order:
+  1. one decode row for every running request whose prompt is fully computed (FCFS), growing
+     its block table; when KV blocks run out the latest-admitted running request is preempted
+     by recompute (blocks freed, back to the front of the waiting queue);
+  2. the next chunk of running requests that are still in (chunked) prefill;
+  3. waiting requests in FCFS order, admitted while blocks, `max_num_seqs` and the token
+     budget allow; a long prompt is split into chunks across steps.
+Requests whose adapter is not ready (`adapter_ready(seq)` is False) get no rows and do not
+block the requests behind them. The scheduler never touches model rows or tensors: the engine
+builds a `BatchPlan` from the `ScheduleOutput`, runs the model, samples, then calls
+`postprocess` with one token per `ScheduleOutput.sampled` sequence.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable, Iterable
+from collections.abc import Sequence as SequenceOf
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from dataplane.core import EngineError, InvalidRequest, Sequence, SequenceStatus
+from dataplane.kvcache import BlockManager
+from dataplane.sampling.stop_checker import StopChecker
+
+
+class SchedulerError(EngineError):
+    """The engine called the scheduler inconsistently (e.g. wrong number of sampled tokens)."""
+
+    code = "SCHEDULER_ERROR"
+
+
+class Detokenizer(Protocol):
+    def push(self, token_id: int) -> str:
+        """Append one generated token; return the newly final text (may be empty)."""
+        ...
+
+    def flush(self) -> str:
+        """Return any text still held back; called once when the request finishes."""
+        ...
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    """Per-step budgets. `max_model_len` bounds prompt + output tokens (None: unbounded)."""
+
+    max_num_batched_tokens: int = 2048
+    max_num_seqs: int = 64
+    max_model_len: int | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("max_num_batched_tokens", "max_num_seqs"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise InvalidRequest(f"{name} must be an int >= 1", **{name: value})
+        if self.max_model_len is not None and self.max_model_len < 2:
+            raise InvalidRequest("max_model_len must be >= 2", max_model_len=self.max_model_len)
+
+
+@dataclass
+class ScheduleOutput:
+    """Rows chosen for one step. `prefills` are (seq, num_new_tokens) chunks starting at
+    seq.num_computed_tokens; `decodes` contribute one row each. Scheduler order is prefills
+    then decodes; `sampled` lists the sequences that get a token this step, in that order
+    (prefill chunks that reach the end of their tokens, then every decode) — the same order
+    as BatchPlan.sample_request_ids."""
+
+    prefills: list[tuple[Sequence, int]] = field(default_factory=list)
+    decodes: list[Sequence] = field(default_factory=list)
+    preempted: list[Sequence] = field(default_factory=list)
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.prefills and not self.decodes
+
+    @property
+    def num_batched_tokens(self) -> int:
+        return sum(n for _, n in self.prefills) + len(self.decodes)
+
+    @property
+    def sampled(self) -> list[Sequence]:
+        done = [s for s, n in self.prefills if s.num_computed_tokens + n == s.num_tokens]
+        return done + list(self.decodes)
+
+
+@dataclass(frozen=True)
+class StepUpdate:
+    """What one sampled token did to its request; `text` is the new streamable text."""
+
+    seq: Sequence
+    token_id: int
+    text: str
+    finished: bool
+
+
+class Scheduler:
+    def __init__(
+        self,
+        config: SchedulerConfig,
+        block_manager: BlockManager,
+        *,
+        eos_token_ids: Iterable[int] = (),
+        adapter_ready: Callable[[Sequence], bool] | None = None,
+        detokenizer_factory: Callable[[Sequence], Detokenizer] | None = None,
+    ) -> None:
+        self.config = config
+        self.block_manager = block_manager
+        self.eos_token_ids = frozenset(eos_token_ids)
+        self.adapter_ready = adapter_ready or (lambda _seq: True)
+        self.detokenizer_factory = detokenizer_factory
+        self.waiting: deque[Sequence] = deque()
+        self.running: list[Sequence] = []
+        self._stops: dict[str, StopChecker] = {}
+        self._arrivals = 0
+
+    # ----- requests -----------------------------------------------------------------------
+    def add(self, seq: Sequence) -> None:
+        """Queue a fresh request (InvalidRequest / KVCapacityError: nothing changes)."""
+        rid = seq.request_id
+        if rid in self._stops:
+            raise InvalidRequest("duplicate request id", request_id=rid)
+        if seq.status is not SequenceStatus.WAITING or seq.num_output_tokens or seq.block_table:
+            raise InvalidRequest("only fresh sequences can be added", request_id=rid)
+        if seq.sampling.stop and self.detokenizer_factory is None:
+            raise InvalidRequest("stop strings need a tokenizer", request_id=rid)
+        limit = self.config.max_model_len
+        if limit is not None and seq.num_prompt_tokens >= limit:
+            raise InvalidRequest("prompt does not fit max_model_len", request_id=rid,
+                                 prompt_tokens=seq.num_prompt_tokens, max_model_len=limit)
+        self.block_manager.check_fits(seq, self._max_len(seq))
+        detok = self.detokenizer_factory(seq) if self.detokenizer_factory else None
+        self._stops[rid] = StopChecker(seq, self.eos_token_ids, detok, self._max_len(seq))
+        seq.arrival = self._arrivals
+        self._arrivals += 1
+        self.waiting.append(seq)
+
+    def abort(self, request_id: str) -> Sequence | None:
+        """Cancel a request: free its blocks, mark it finished (abort). None if not live."""
+        for seq in [*self.running, *self.waiting]:
+            if seq.request_id == request_id:
+                if seq in self.running:
+                    self.running.remove(seq)
+                else:
+                    self.waiting.remove(seq)
+                self._stops.pop(request_id).abort()
+                self.block_manager.deallocate(seq)
+                return seq
+        return None
+
+    @property
+    def num_unfinished(self) -> int:
+        return len(self.waiting) + len(self.running)
+
+    def has_unfinished(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def _max_len(self, seq: Sequence) -> int:
+        total = seq.num_prompt_tokens + seq.sampling.max_tokens
+        limit = self.config.max_model_len
+        return total if limit is None else min(total, limit)
+
+    # ----- scheduling ---------------------------------------------------------------------
+    def _preempt(self, seq: Sequence, out: ScheduleOutput) -> None:
+        self.running.remove(seq)
+        self.block_manager.deallocate(seq)
+        seq.status = SequenceStatus.PREEMPTED
+        self.waiting.appendleft(seq)
+        out.preempted.append(seq)
+
+    def schedule(self) -> ScheduleOutput:
+        out = ScheduleOutput()
+        budget = self.config.max_num_batched_tokens
+        bm = self.block_manager
+        # 1. decodes, preempting from the back of `running` when blocks run out
+        i = 0
+        while i < len(self.running) and budget > 0:
+            seq = self.running[i]
+            if seq.in_prefill or not self.adapter_ready(seq):
+                i += 1
+                continue
+            while not bm.can_append(seq):
+                self._preempt(self.running[-1], out)
+                if seq not in self.running:
+                    break
+            else:
+                bm.may_append(seq)
+                out.decodes.append(seq)
+                budget -= 1
+                i += 1
+        # 2. next chunks of running prefills
+        for seq in self.running:
+            if budget == 0:
+                break
+            if seq.in_prefill and self.adapter_ready(seq):
+                n = min(seq.num_tokens - seq.num_computed_tokens, budget)
+                out.prefills.append((seq, n))
+                budget -= n
+        # 3. admit waiting requests, FCFS among the ready ones (none in a step that preempted)
+        skipped: list[Sequence] = []
+        while (self.waiting and budget > 0 and not out.preempted
+               and len(self.running) < self.config.max_num_seqs):
+            seq = self.waiting[0]
+            if not self.adapter_ready(seq):
+                skipped.append(self.waiting.popleft())
+                continue
+            if not bm.can_allocate(seq):
+                break
+            self.waiting.popleft()
+            bm.allocate(seq)
+            seq.status = SequenceStatus.RUNNING
+            self.running.append(seq)
+            n = min(seq.num_tokens - seq.num_computed_tokens, budget)
+            out.prefills.append((seq, n))
+            budget -= n
+        self.waiting.extendleft(reversed(skipped))
+        return out
+
+    # ----- after the model ran --------------------------------------------------------------
+    def postprocess(self, out: ScheduleOutput, token_ids: SequenceOf[int]) -> list[StepUpdate]:
+        """Record computed K/V, append one sampled token per `out.sampled` sequence, apply stop
+        rules, free finished requests. Aborted-in-between requests are skipped."""
+        sampled = out.sampled  # evaluated before num_computed_tokens moves
+        if len(token_ids) != len(sampled):
+            raise SchedulerError("one sampled token per sampled sequence is required",
+                                 expected=len(sampled), got=len(token_ids))
+        for seq, n in [*out.prefills, *((s, 1) for s in out.decodes)]:
+            if seq.status is SequenceStatus.RUNNING:
+                seq.num_computed_tokens += n
+                self.block_manager.cache_computed_blocks(seq)
+        updates: list[StepUpdate] = []
+        for seq, token in zip(sampled, token_ids, strict=True):
+            if seq.status is not SequenceStatus.RUNNING:
+                continue
+            seq.token_ids.append(int(token))
+            stop = self._stops[seq.request_id]
+            text = stop.on_token(int(token))
+            updates.append(StepUpdate(seq, int(token), text, seq.is_finished))
+            if seq.is_finished:
+                del self._stops[seq.request_id]
+                self.running.remove(seq)
+                self.block_manager.deallocate(seq)
+        return updates

@@ -1,0 +1,1 @@
+"""Triton kernels of the LoRA branch (imported lazily by ``get_lora_backend``)."""

@@ -1,0 +1,93 @@
+"""Triton implementation of the LoRA backend (the GPU path).
+
+Everything a step launches — metadata build, shrink, expand — reads only
+device tensors and static shapes, so the whole step can be captured in a CUDA
+graph. On a CPU device it runs under ``TRITON_INTERPRET=1`` (tests).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from dataplane.kernels.base import (
+    LoraBackend,
+    LoraBatchMeta,
+    LoraMetaBuffers,
+    LoraModuleWeights,
+    LoraWorkspace,
+    check_call,
+)
+from dataplane.kernels.errors import LoraShapeError
+from dataplane.kernels.triton import ops
+from dataplane.kernels.triton.configs import T_BUCKETS, shrink_config
+from dataplane.kernels.triton.meta_kernel import build_meta_triton
+
+
+class TritonLoraBackend(LoraBackend):
+    """Segmented shrink/expand kernels with mixed ranks and paged factors."""
+
+    name = "triton"
+
+    def build_meta(self, row_slot: torch.Tensor, buffers: LoraMetaBuffers) -> LoraBatchMeta:
+        return build_meta_triton(row_slot, buffers)
+
+    def workspace_numel(self, max_rows: int, max_slices: int, max_rank: int) -> int:
+        need = 0
+        for edge in T_BUCKETS:
+            rows = min(edge, max_rows)
+            # split for the largest K is the upper bound: in_features only lowers it
+            split = shrink_config(rows, max_rank, 1 << 30).split_k
+            need = max(need, split * rows)
+            if edge >= max_rows:
+                break
+        return need * max_slices * max_rank
+
+    def shrink(
+        self,
+        x: torch.Tensor,
+        meta: LoraBatchMeta,
+        weights: LoraModuleWeights,
+        workspace: LoraWorkspace,
+    ) -> torch.Tensor:
+        check_call(x, None, meta, weights)
+        if weights.num_slices > ops.MAX_SLICES:
+            raise LoraShapeError(f"at most {ops.MAX_SLICES} slices per module")
+        cfg = shrink_config(meta.num_rows, weights.max_rank, weights.in_features)
+        z = workspace.bottleneck(cfg.split_k, meta.num_rows, weights.num_slices, weights.max_rank)
+        torch.ops.adapterplane.lora_shrink(
+            x,
+            weights.storage,
+            weights.a_rows,
+            weights.ranks,
+            meta.sorted_rows,
+            meta.slot_counts,
+            meta.slot_starts,
+            z,
+            weights.addr_align,
+        )
+        return z
+
+    def expand(
+        self,
+        y: torch.Tensor,
+        z: torch.Tensor,
+        meta: LoraBatchMeta,
+        weights: LoraModuleWeights,
+    ) -> None:
+        check_call(None, y, meta, weights)
+        want = (meta.num_rows, weights.num_slices, weights.max_rank)
+        if z.dim() != 4 or tuple(z.shape[1:]) != want or z.dtype != torch.float32:
+            raise LoraShapeError(f"z: want float32 [splits, {', '.join(map(str, want))}]")
+        torch.ops.adapterplane.lora_expand(
+            y,
+            z,
+            weights.storage,
+            weights.b_rows,
+            weights.ranks,
+            weights.scales,
+            meta.sorted_rows,
+            meta.slot_counts,
+            meta.slot_starts,
+            list(weights.out_features),
+            weights.addr_align,
+        )

@@ -1,0 +1,1 @@
+"""Model building blocks: LoRA-aware linear, RMSNorm, rotary embeddings."""

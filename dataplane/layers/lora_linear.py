@@ -1,0 +1,70 @@
+"""Linear projection = one shared base GEMM + the kernels' heterogeneous low-rank branch.
+
+`LoRALinear` holds the base weight of one projection, or of several fused projections
+(q/k/v, gate/up) stacked along the output axis as *slices*. Each step, rows of the packed
+batch carry an adapter slot (`row_slot`, -1 = base); the LoRA backend adds
+`scale[k, s] * (x A[k, s]^T) B[k, s]^T` to slice k of every row with slot s and leaves rows
+with slot -1 (and slices an adapter does not target, rank 0) exactly untouched. Adapters
+of different ranks and target sets share one call (rank/scale tables per slot).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from dataplane.kernels.base import LoraBackend, LoraBatchMeta, LoraWorkspace
+from dataplane.kernels.factor_table import LoraFactorTable
+
+
+@dataclass(frozen=True)
+class LoraStepContext:
+    """What every LoRA linear needs for one step: backend, row grouping, scratch.
+
+    Built once per step by the model runner (seed §0x03G: one plan, shared by all layers).
+    """
+
+    backend: LoraBackend
+    meta: LoraBatchMeta
+    workspace: LoraWorkspace
+
+
+class LoRALinear(nn.Module):
+    """y[T, sum(out_features)] = x[T, in] W^T (+ b) + LoRA delta of each row's slot.
+
+    `slice_names` are the PEFT module names of the fused slices in output order (e.g.
+    ("q_proj", "k_proj", "v_proj")); `out_features` their widths. `factors` is attached
+    by the engine when adapters are enabled (one table for every slot); None = base only.
+    """
+
+    def __init__(self, in_features: int, slice_names: tuple[str, ...],
+                 out_features: tuple[int, ...], bias: bool, dtype: torch.dtype,
+                 device: torch.device | None = None) -> None:
+        super().__init__()
+        self.in_features = in_features
+        self.slice_names = slice_names
+        self.out_features = out_features
+        total = sum(out_features)
+        self.weight = nn.Parameter(torch.empty(total, in_features, dtype=dtype, device=device),
+                                   requires_grad=False)
+        self.bias = (nn.Parameter(torch.zeros(total, dtype=dtype, device=device),
+                                  requires_grad=False) if bias else None)
+        self.factors: LoraFactorTable | None = None
+
+    def slice_rows(self, name: str) -> tuple[int, int]:
+        """[start, end) output rows of slice `name` inside the fused weight."""
+        start = 0
+        for slice_name, width in zip(self.slice_names, self.out_features, strict=True):
+            if slice_name == name:
+                return start, start + width
+            start += width
+        raise KeyError(name)
+
+    def forward(self, x: torch.Tensor, lora: LoraStepContext | None) -> torch.Tensor:
+        y = F.linear(x, self.weight, self.bias)
+        if lora is not None and self.factors is not None:
+            lora.backend.add_lora(y, x, lora.meta, self.factors.weights, lora.workspace)
+        return y

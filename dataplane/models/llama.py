@@ -1,0 +1,116 @@
+"""Llama-family decoder (Llama, Mistral, Qwen2) over packed rows with paged KV and LoRA.
+
+The forward consumes one step's packed rows (`input_ids [T]`), the step's attention
+metadata and LoRA context (built once per step by the model runner, shared by all layers)
+and the paged KV cache. q/k/v and gate/up are fused `LoRALinear`s with one slice per
+projection, so one base GEMM and one LoRA call serve each fused group.
+Numerics follow HF modeling_llama: residual stream and projections in the model dtype,
+RMSNorm statistics and RoPE angles in fp32, logits returned in fp32.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from dataplane.attention.kv_cache import PagedKVCache
+from dataplane.attention.metadata import AttentionMetadata
+from dataplane.attention.paged_attention import paged_attention
+from dataplane.layers.lora_linear import LoRALinear, LoraStepContext
+from dataplane.layers.norm import RMSNorm
+from dataplane.layers.rotary import RotaryEmbedding, apply_rotary
+from dataplane.models.config import ModelConfig
+
+QKV_SLICES = ("q_proj", "k_proj", "v_proj")
+GATE_UP_SLICES = ("gate_proj", "up_proj")
+LORA_GROUPS = {"qkv_proj": QKV_SLICES, "o_proj": ("o_proj",),
+               "gate_up_proj": GATE_UP_SLICES, "down_proj": ("down_proj",)}
+"""Fused LoRALinear attribute -> PEFT module names of its slices (output order)."""
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, config: ModelConfig, index: int, dtype: torch.dtype,
+                 device: torch.device | None) -> None:
+        super().__init__()
+        c = config
+        self.index = index
+        self.window = c.layer_windows[index]
+        self.num_heads, self.num_kv_heads, self.head_dim = c.num_heads, c.num_kv_heads, c.head_dim
+        self.scale = c.head_dim ** -0.5
+        self.input_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps, dtype, device)
+        self.post_attention_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps, dtype, device)
+        self.qkv_proj = LoRALinear(c.hidden_size, QKV_SLICES, (c.q_size, c.kv_size, c.kv_size),
+                                   c.qkv_bias, dtype, device)
+        self.o_proj = LoRALinear(c.q_size, ("o_proj",), (c.hidden_size,), c.o_bias, dtype, device)
+        self.gate_up_proj = LoRALinear(c.hidden_size, GATE_UP_SLICES,
+                                       (c.intermediate_size, c.intermediate_size), c.mlp_bias,
+                                       dtype, device)
+        self.down_proj = LoRALinear(c.intermediate_size, ("down_proj",), (c.hidden_size,),
+                                    c.mlp_bias, dtype, device)
+
+    def forward(self, h: torch.Tensor, cos_sin: tuple[torch.Tensor, torch.Tensor],
+                attn: AttentionMetadata, cache: PagedKVCache,
+                lora: LoraStepContext | None) -> torch.Tensor:
+        t = h.shape[0]
+        x = self.input_layernorm(h)
+        qkv = self.qkv_proj(x, lora)
+        q_size, kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
+        q = qkv[:, :q_size].view(t, self.num_heads, self.head_dim)
+        k = qkv[:, q_size:q_size + kv_size].view(t, self.num_kv_heads, self.head_dim)
+        v = qkv[:, q_size + kv_size:].reshape(t, self.num_kv_heads, self.head_dim)
+        cos, sin = cos_sin
+        q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+        o = paged_attention(q, k, v, self.index, cache, attn, self.window, self.scale)
+        h = h + self.o_proj(o.reshape(t, q_size), lora)
+        x = self.post_attention_layernorm(h)
+        gate_up = self.gate_up_proj(x, lora)
+        inter = gate_up.shape[1] // 2
+        act = F.silu(gate_up[:, :inter]) * gate_up[:, inter:]
+        return h + self.down_proj(act, lora)
+
+
+class LlamaForCausalLM(nn.Module):
+    """Embeddings, decoder layers, final norm and LM head (tied to embeddings when the config
+    says so). Parameters are allocated empty; fill them with `models.loader.load_weights`
+    or `init_random`."""
+
+    def __init__(self, config: ModelConfig, dtype: torch.dtype,
+                 device: torch.device | None = None) -> None:
+        super().__init__()
+        self.config, self.dtype = config, dtype
+        c = config
+        self.embed_tokens = nn.Embedding(c.vocab_size, c.hidden_size, dtype=dtype, device=device)
+        self.embed_tokens.weight.requires_grad_(False)
+        self.layers = nn.ModuleList(DecoderLayer(c, i, dtype, device)
+                                    for i in range(c.num_layers))
+        self.norm = RMSNorm(c.hidden_size, c.rms_norm_eps, dtype, device)
+        self.rotary = RotaryEmbedding(c.rope, c.head_dim, device)
+        self.lm_head_weight: torch.Tensor
+        if c.tie_word_embeddings:
+            self.lm_head_weight = self.embed_tokens.weight
+        else:
+            self.lm_head = nn.Parameter(torch.empty(c.vocab_size, c.hidden_size, dtype=dtype,
+                                                    device=device), requires_grad=False)
+            self.lm_head_weight = self.lm_head
+
+    def forward(self, input_ids: torch.Tensor, attn: AttentionMetadata, cache: PagedKVCache,
+                lora: LoraStepContext | None) -> torch.Tensor:
+        """input_ids [T] -> final hidden states [T, hidden] (before the final norm)."""
+        h = self.embed_tokens(input_ids)
+        cos_sin = self.rotary.cos_sin(attn.positions, self.dtype)
+        for layer in self.layers:
+            h = layer(h, cos_sin, attn, cache, lora)
+        return h
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """hidden [N, hidden] (rows to sample) -> logits [N, vocab] float32."""
+        return F.linear(self.norm(hidden), self.lm_head_weight).float()
+
+    def lora_linears(self) -> list[tuple[int, str, LoRALinear]]:
+        """(layer index, fused attribute name, module) of every LoRA-capable projection."""
+        out = []
+        for i, layer in enumerate(self.layers):
+            for attr in LORA_GROUPS:
+                out.append((i, attr, getattr(layer, attr)))
+        return out

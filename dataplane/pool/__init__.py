@@ -1,0 +1,18 @@
+"""Unified adapter + KV page pool, residency transactions, host tier, leases and hotswap.
+
+Layers (seed §0x04–0x05, §0x07F–0x07I, DESIGN.md §5):
+
+* bookkeeping, torch-free: :mod:`page_pool` (page states and owners, conservation),
+  :mod:`page_demand` (demand from tensor shapes, admission inequality),
+  :mod:`residency` (state machine), :mod:`eviction` (eligibility, then LRU ranking),
+  :mod:`slot_table` (slot/pointer generations, pointer-table snapshots, launches),
+  :mod:`events`, :mod:`faults`;
+* physical: :mod:`packing` (host page images), :mod:`page_storage` (the pool tensor,
+  side-stream copies), :mod:`kernel_tables` (the kernels' row-address tables),
+  :mod:`host_tier` (pinned LRU + digest-keyed disk cache);
+* orchestration: :mod:`device_pool` (state + small ops), :mod:`transactions`
+  (reserve -> copy -> validate -> publish, compensating rollback), :mod:`leases`
+  (alias leases, hotswap).
+"""
+
+from __future__ import annotations

@@ -1,0 +1,298 @@
+"""The unified device pool: pages, storage, slots, residencies and their counters.
+
+One object per worker device, owned by the engine loop (single-threaded mutation;
+other threads read :attr:`slots.table` snapshots). Load transactions
+(:mod:`dataplane.pool.transactions`) and leases (:mod:`dataplane.pool.leases`) act on
+it; this module holds the shared state and the small operations both need: KV
+allocation with eviction, references and pins, retirement and reclamation, launch
+snapshots, and the cross-structure invariant :meth:`DevicePool.check`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Protocol
+
+import torch
+
+from dataplane.pool.errors import (
+    ConservationError,
+    IllegalTransition,
+    KvCapacityExhausted,
+    NotResident,
+    PoolError,
+)
+from dataplane.pool.events import CopyEvent
+from dataplane.pool.eviction import choose_victims, ineligibility, is_eligible
+from dataplane.pool.faults import FaultInjector
+from dataplane.pool.host_tier import HostTier
+from dataplane.pool.page_demand import PageGeometry
+from dataplane.pool.page_pool import AdapterOwner, KvOwner, PagePool, PoolCounts, ReservedBy
+from dataplane.pool.page_storage import PageStorage
+from dataplane.pool.residency import HAS_PAGES, VISIBLE, Residency, ResidencyState
+from dataplane.pool.slot_table import (
+    LaunchRegistry,
+    LaunchSnapshot,
+    PointerEntry,
+    SlotHandle,
+    SlotState,
+    SlotTable,
+)
+
+S = ResidencyState
+
+
+class SlotListener(Protocol):
+    """Told about slot publication (before the snapshot swap) and reclamation (after)."""
+
+    def on_publish(self, entry: PointerEntry) -> None: ...
+
+    def on_unpublish(self, slot: int) -> None: ...
+
+
+class DevicePool:
+    """State of one device's unified pool (see module docstring)."""
+
+    def __init__(
+        self,
+        geometry: PageGeometry,
+        total_pages: int,
+        num_slots: int,
+        dtype: torch.dtype = torch.float32,
+        device: torch.device | str = "cpu",
+        *,
+        host_tier: HostTier | None = None,
+        faults: FaultInjector | None = None,
+        slot_generations: Mapping[int, tuple[int, int]] | None = None,
+        last_generations: Mapping[str, int] | None = None,
+        rehash_on_load: bool = True,
+        listeners: Sequence[SlotListener] = (),
+    ) -> None:
+        self.geometry = geometry
+        self.pages = PagePool(total_pages)
+        self.storage = PageStorage(geometry, total_pages, dtype, device)
+        self.slots = SlotTable(num_slots, slot_generations)
+        self.launches = LaunchRegistry()
+        self.host = host_tier or HostTier(1 << 40, pin_memory=False)
+        self.faults = faults or FaultInjector()
+        self.rehash_on_load = rehash_on_load
+        self.listeners = list(listeners)
+        self.residents: dict[tuple[str, int], Residency] = {}
+        self.tombstones: list[tuple[str, int]] = []
+        self._last_gen: dict[str, int] = dict(last_generations or {})
+        self._clock = 0
+        self._txn_seq = 0
+        self._txn_ids: set[str] = set()
+
+    # ---- identities and clocks ---------------------------------------------------------
+    def next_generation(self, key: str) -> int:
+        self._last_gen[key] = self._last_gen.get(key, 0) + 1
+        return self._last_gen[key]
+
+    def check_attempt_id(self, attempt_id: str | None) -> None:
+        """Refuse a load attempt id already used (one id per attempt, never reused)."""
+        if attempt_id is not None and (attempt_id in self._txn_ids or not attempt_id):
+            raise IllegalTransition(f"load attempt id {attempt_id!r} was already used",
+                                    reason="attempt_id_reused")
+
+    def next_txn_id(self, attempt_id: str | None = None) -> str:
+        """``attempt_id`` (checked unused) or the next ``txN``."""
+        self.check_attempt_id(attempt_id)
+        txn = attempt_id
+        while txn is None or txn in self._txn_ids:
+            self._txn_seq += 1
+            txn = f"tx{self._txn_seq}"
+        self._txn_ids.add(txn)
+        return txn
+
+    def touch(self, res: Residency) -> None:
+        self._clock += 1
+        res.last_touch = self._clock
+
+    # ---- lookups -----------------------------------------------------------------------
+    def visible(self, key: str) -> Residency | None:
+        """Newest generation of ``key`` that new requests may bind, if any."""
+        found = [r for r in self.residents.values() if r.key == key and r.state in VISIBLE]
+        return max(found, key=lambda r: r.generation) if found else None
+
+    def by_slot(self, slot: int) -> Residency:
+        for r in self.residents.values():
+            if r.slot == slot and r.state in (*VISIBLE, S.RETIRING):
+                return r
+        raise NotResident(f"no residency in slot {slot}")
+
+    def live_generations(self) -> frozenset[tuple[str, int]]:
+        return self.launches.live_generations()
+
+    def refresh_host_sources(self) -> None:
+        for r in self.residents.values():
+            r.host_source_verified = r.key in self.host
+
+    def candidates(self, exclude_key: str | None = None) -> list[Residency]:
+        self.refresh_host_sources()
+        return [r for r in self.residents.values() if r.key != exclude_key and r.txn is None]
+
+    def reclaimable_pages(self, exclude_key: str | None = None) -> int:
+        live = self.live_generations()
+        return sum(len(r.pages) for r in self.candidates(exclude_key) if is_eligible(r, live))
+
+    # ---- references, pins, queued reservations -------------------------------------------
+    def acquire(self, res: Residency) -> None:
+        """One more request attempt bound to ``res`` (refused unless visible)."""
+        if res.state not in VISIBLE:
+            raise NotResident(f"{res.key}@g{res.generation} is {res.state.value}")
+        res.refcount += 1
+        self.touch(res)
+        res.settle_refcount()
+
+    def release_ref(self, res: Residency, last_use: CopyEvent | None = None) -> None:
+        """Drop one reference; ``last_use`` fences device work that may still read it."""
+        if res.refcount <= 0:
+            raise IllegalTransition(f"{res.key}@g{res.generation} has no references")
+        res.refcount -= 1
+        if last_use is not None:
+            res.note_use(last_use)
+        if res.state is S.RETIRING:
+            self.try_reclaim(res)
+        else:
+            res.settle_refcount()
+
+    def pin(self, res: Residency) -> None:
+        if res.state not in VISIBLE:
+            raise NotResident(f"{res.key}@g{res.generation} is {res.state.value}")
+        res.pin_count += 1
+
+    def unpin(self, res: Residency) -> None:
+        if res.pin_count <= 0:
+            raise IllegalTransition("unpin without pin")
+        res.pin_count -= 1
+
+    def hold_for_queue(self, res: Residency) -> None:
+        """A queued request's admission assumes ``res`` stays resident."""
+        if res.state not in VISIBLE:
+            raise NotResident(f"{res.key}@g{res.generation} is {res.state.value}")
+        res.queued_reservations += 1
+
+    def release_queue_hold(self, res: Residency) -> None:
+        if res.queued_reservations <= 0:
+            raise IllegalTransition("no queued reservation to release")
+        res.queued_reservations -= 1
+
+    # ---- retirement and reclamation --------------------------------------------------------
+    def retire(self, res: Residency) -> bool:
+        """Stop new binds now; reclaim when every fence clears. Returns True if reclaimed."""
+        res.transition(S.RETIRING)
+        if res.slot is not None:
+            self.slots.retire(res.slot)
+        return self.try_reclaim(res)
+
+    def try_reclaim(self, res: Residency) -> bool:
+        """RETIRING -> ABSENT once refs, pins, queue holds, events and launches are clear."""
+        if res.state is not S.RETIRING or res.txn is not None:
+            return False
+        if (res.refcount or res.pin_count or res.queued_reservations or res.inflight_events
+                or (res.key, res.generation) in self.live_generations()):
+            return False
+        self._unpublish(res)
+        self.pages.release(AdapterOwner(res.key, res.generation))
+        self.bury(res)
+        return True
+
+    def reclaim_retired(self) -> list[tuple[str, int]]:
+        """Poll every retiring residency (call once per engine step)."""
+        done = []
+        for res in list(self.residents.values()):
+            if res.state is S.RETIRING and self.try_reclaim(res):
+                done.append((res.key, res.generation))
+        return done
+
+    def evict(self, res: Residency) -> None:
+        """Retire and reclaim an eligible idle residency now (KV growth pressure)."""
+        reason = ineligibility(res, self.live_generations())
+        if reason is not None:
+            raise IllegalTransition(f"{res.key}@g{res.generation} not evictable: {reason}")
+        if not self.retire(res):
+            raise ConservationError(f"{res.key}@g{res.generation} eligible but not reclaimed")
+
+    def retire_for_reuse(self, victim: Residency, txn: str) -> None:
+        """A proven-eligible victim: retire, unpublish now, hand its pages to ``txn``.
+
+        The caller reserves the pages in the same step; the residency stays listed
+        (``retiring``, held by ``txn``) until commit buries it or rollback restores it.
+        """
+        victim.transition(S.RETIRING)
+        if victim.slot is not None:
+            self.slots.retire(victim.slot)
+        self._unpublish(victim)
+        victim.slot = None
+        victim.txn = txn
+
+    def notify_publish(self, entry: PointerEntry) -> None:
+        for listener in self.listeners:
+            listener.on_publish(entry)
+
+    def _unpublish(self, res: Residency) -> None:
+        if res.slot is not None and self.slots.state(res.slot) is SlotState.RETIRING:
+            self.slots.reclaim(res.slot)
+            for listener in self.listeners:
+                listener.on_unpublish(res.slot)
+
+    def bury(self, res: Residency) -> None:
+        res.transition(S.ABSENT)
+        res.pages, res.slot = (), None
+        del self.residents[(res.key, res.generation)]
+        self.tombstones.append((res.key, res.generation))
+
+    # ---- KV pages ------------------------------------------------------------------------
+    def allocate_kv(self, owner: str, n: int, evict: bool = True) -> tuple[int, ...]:
+        """``n`` pages for KV owner ``owner``: free pages first, then evict eligible idle
+        adapters (LRU); :class:`KvCapacityExhausted` (nothing changed) when impossible."""
+        shortfall = n - self.pages.num_free
+        if shortfall > 0:
+            if not evict:
+                raise KvCapacityExhausted(f"{n} pages wanted, {self.pages.num_free} free")
+            try:
+                victims = choose_victims(self.candidates(), shortfall, self.live_generations())
+            except PoolError as exc:
+                raise KvCapacityExhausted(f"KV growth of {n} pages: {exc.message}") from exc
+            for v in victims:
+                self.evict(v)
+        pages = self.pages.allocate(KvOwner(owner), n)
+        self.check()
+        return pages
+
+    def free_kv(self, owner: str, pages: Iterable[int] | None = None) -> None:
+        self.pages.release(KvOwner(owner), pages)
+
+    # ---- launches ------------------------------------------------------------------------
+    def begin_launch(self, handles: Iterable[SlotHandle]) -> LaunchSnapshot:
+        """Snapshot the pointer table for a launch; any stale handle refuses the launch."""
+        return self.launches.begin(self.slots.table, handles)
+
+    def end_launch(self, snap: LaunchSnapshot, last_use: CopyEvent) -> None:
+        self.launches.end(snap, last_use)
+
+    # ---- invariant -----------------------------------------------------------------------
+    def check(self) -> PoolCounts:
+        """Page conservation plus agreement of residencies, page owners and pointer table."""
+        counts = self.pages.check()
+        for res in self.residents.values():
+            if res.state not in HAS_PAGES:
+                raise ConservationError(f"{res.key}@g{res.generation} {res.state.value} listed")
+            owner: ReservedBy | AdapterOwner | KvOwner = (
+                ReservedBy(res.txn) if res.txn else AdapterOwner(res.key, res.generation))
+            held = set(self.pages.pages_of(owner))
+            ok = set(res.pages) <= held if res.txn else set(res.pages) == held
+            if not ok or not res.pages:
+                raise ConservationError(f"{res.key}@g{res.generation} pages {res.pages} "
+                                        f"disagree with {owner!r} {sorted(held)}")
+        for owner in self.pages.owners():
+            if isinstance(owner, AdapterOwner) and (
+                (owner.key, owner.generation) not in self.residents
+            ):
+                raise ConservationError(f"{owner!r} owns pages but has no residency")
+        for slot, entry in self.slots.table.entries.items():
+            named = self.residents.get((entry.key, entry.residency_generation))
+            if named is None or named.slot != slot or named.pages != entry.pages:
+                raise ConservationError(f"pointer entry of slot {slot} names no live pages")
+        return counts

@@ -1,0 +1,119 @@
+"""The kernels' per-slot row-address tables, written from page placement at publication.
+
+``dataplane.kernels.base.LoraModuleWeights`` wants, per (layer, fused module): the pool
+viewed flat (``storage``), int64 ``a_rows`` / ``b_rows`` ``[NS, S, R]`` element offsets of
+every rank row, int32 ``ranks`` and float32 ``scales`` ``[NS, S]``. :class:`KernelTables`
+allocates those tensors once, over the pool's own storage (no per-step copies, no
+packed duplicate of the factors), and rewrites one slot's column when that slot is
+published (before the pointer-table swap, while no launch can name the slot) or
+reclaimed (rank 0 = exact zero delta). Register it as a
+:class:`~dataplane.pool.device_pool.SlotListener` of the :class:`DevicePool`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from dataplane.kernels.base import LoraModuleWeights
+from dataplane.pool.errors import LayoutError
+from dataplane.pool.packing import row_offsets
+from dataplane.pool.page_demand import ModuleRows
+from dataplane.pool.page_storage import PageStorage
+from dataplane.pool.slot_table import PointerEntry
+
+
+@dataclass(frozen=True)
+class ModuleGroup:
+    """One kernel call site: ``slices`` are the adapter module names fused into it,
+    e.g. ``("q_proj", "k_proj", "v_proj")`` with ``out_features`` their widths."""
+
+    layer: int
+    name: str
+    slices: tuple[str, ...]
+    in_features: int
+    out_features: tuple[int, ...]
+
+    def __post_init__(self) -> None:
+        if len(self.slices) != len(self.out_features) or not self.slices:
+            raise LayoutError(f"{self.name}: slices and out_features disagree")
+
+
+class KernelTables:
+    """Address tables for every module group over ``num_slots`` slots."""
+
+    def __init__(self, storage: PageStorage, groups: Sequence[ModuleGroup], num_slots: int,
+                 max_rank: int) -> None:
+        self.storage = storage
+        self.max_rank = max_rank
+        self.groups = {(g.layer, g.name): g for g in groups}
+        dev = storage.device
+        self._weights: dict[tuple[int, str], LoraModuleWeights] = {}
+        for key, g in self.groups.items():
+            ns = len(g.slices)
+            self._weights[key] = LoraModuleWeights(
+                storage=storage.flat,
+                a_rows=torch.zeros(ns, num_slots, max_rank, dtype=torch.int64, device=dev),
+                b_rows=torch.zeros(ns, num_slots, max_rank, dtype=torch.int64, device=dev),
+                ranks=torch.zeros(ns, num_slots, dtype=torch.int32, device=dev),
+                scales=torch.zeros(ns, num_slots, dtype=torch.float32, device=dev),
+                in_features=g.in_features,
+                out_features=g.out_features,
+                max_rank=max_rank,
+            )
+
+    def weights(self, layer: int, name: str) -> LoraModuleWeights:
+        return self._weights[(layer, name)]
+
+    def _rows(self, entry: PointerEntry) -> dict[tuple[int, str], list[ModuleRows | None]]:
+        """Validate the whole entry against every group before writing anything."""
+        found: dict[tuple[int, str], list[ModuleRows | None]] = {}
+        known = {(m.shape.layer, m.shape.module) for m in entry.plan.modules}
+        placed = set()
+        for key, g in self.groups.items():
+            rows: list[ModuleRows | None] = []
+            for k, module in enumerate(g.slices):
+                if (g.layer, module) not in known:
+                    rows.append(None)
+                    continue
+                m = entry.plan.module(g.layer, module)
+                s = m.shape
+                if s.d_in != g.in_features or s.d_out != g.out_features[k]:
+                    raise LayoutError(f"{s.key}: [{s.d_out}x{s.d_in}] does not fit group "
+                                      f"{g.name} slice {k}")
+                if s.physical_rank > self.max_rank:
+                    raise LayoutError(f"{s.key}: physical rank {s.physical_rank} > table "
+                                      f"max rank {self.max_rank}")
+                placed.add(s.key)
+                rows.append(m)
+            found[key] = rows
+        missing = known - placed
+        if missing:
+            raise LayoutError(f"adapter modules with no kernel call site: {sorted(missing)}")
+        return found
+
+    def on_publish(self, entry: PointerEntry) -> None:
+        slot = entry.handle.slot_id
+        elems = self.storage.geometry.page_elems
+        for key, rows in self._rows(entry).items():
+            w = self._weights[key]
+            for k, m in enumerate(rows):
+                if m is None:
+                    w.ranks[k, slot] = 0
+                    w.scales[k, slot] = 0.0
+                    continue
+                a_off, b_off = row_offsets(m, entry.pages, elems)
+                n = len(a_off)
+                w.a_rows[k, slot, :n] = torch.tensor(a_off, dtype=torch.int64)
+                w.b_rows[k, slot, :n] = torch.tensor(b_off, dtype=torch.int64)
+                w.ranks[k, slot] = m.shape.rank
+                w.scales[k, slot] = float(m.shape.scale)
+
+    def on_unpublish(self, slot: int) -> None:
+        for w in self._weights.values():
+            w.ranks[:, slot] = 0
+            w.scales[:, slot] = 0.0
+            w.a_rows[:, slot] = 0
+            w.b_rows[:, slot] = 0

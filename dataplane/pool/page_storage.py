@@ -1,0 +1,120 @@
+"""Physical storage of the unified pool: one ``[total_pages, page_elems]`` tensor.
+
+The kernels read adapter rank rows through element offsets into ``flat`` (the same
+tensor viewed 1-D, see ``dataplane.kernels.base.LoraModuleWeights.storage``); the KV
+block manager addresses whole pages. Nothing here copies per step.
+
+Copies: on CUDA the host payload (pinned) goes to the device on a side stream that
+first waits for the compute stream, and a recorded event marks completion; on CPU the
+copy is synchronous and the event is born complete. A *deferred* copy (fault
+injection "delay copy", or tests of in-flight transfers) performs its writes only when
+the event is waited on, which is how a CPU run models a DMA still in flight.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from dataplane.pool.errors import PageOwnershipError, ValidationFailed
+from dataplane.pool.events import CompletedEvent, CopyEvent, PendingEvent
+from dataplane.pool.packing import PackedAdapter, plan_page_tails
+from dataplane.pool.page_demand import PageGeometry
+
+
+class CudaEvent:
+    """A recorded ``torch.cuda.Event``; keeps the copy's source tensors alive until done."""
+
+    def __init__(self, event: torch.cuda.Event, keep: tuple[torch.Tensor, ...]) -> None:
+        self._event = event
+        self._keep: tuple[torch.Tensor, ...] | None = keep
+
+    def query(self) -> bool:
+        done = bool(self._event.query())
+        if done:
+            self._keep = None
+        return done
+
+    def synchronize(self) -> None:
+        self._event.synchronize()
+        self._keep = None
+
+
+class PageStorage:
+    """The pool tensor. ``data[p]`` is page ``p``; ``flat`` is the same memory 1-D."""
+
+    def __init__(self, geometry: PageGeometry, total_pages: int, dtype: torch.dtype,
+                 device: torch.device | str = "cpu") -> None:
+        if torch.tensor([], dtype=dtype).element_size() != geometry.elem_bytes:
+            raise ValidationFailed(f"dtype {dtype} is not {geometry.elem_bytes} bytes")
+        self.geometry = geometry
+        self.device = torch.device(device)
+        self.data = torch.zeros(total_pages, geometry.page_elems, dtype=dtype, device=self.device)
+        self.flat = self.data.view(-1)
+        self._copy_stream = (torch.cuda.Stream(device=self.device)
+                             if self.device.type == "cuda" else None)
+
+    @property
+    def total_pages(self) -> int:
+        return int(self.data.shape[0])
+
+    def _index(self, pages: tuple[int, ...]) -> torch.Tensor:
+        if any(not 0 <= p < self.total_pages for p in pages):
+            raise PageOwnershipError(f"pages {pages} outside the pool")
+        return torch.tensor(pages, dtype=torch.int64, device=self.device)
+
+    def copy_in(self, pages: tuple[int, ...], payload: torch.Tensor,
+                deferred: bool = False) -> CopyEvent:
+        """Write ``payload [len(pages), page_elems]`` into ``pages``; returns its event."""
+        if tuple(payload.shape) != (len(pages), self.geometry.page_elems):
+            raise ValidationFailed(f"payload {list(payload.shape)} does not fit "
+                                   f"{len(pages)} pages")
+        idx = self._index(pages)
+        if self._copy_stream is not None:
+            src = payload if payload.is_pinned() else payload.pin_memory()
+            self._copy_stream.wait_stream(torch.cuda.current_stream(self.device))
+            with torch.cuda.stream(self._copy_stream):
+                staged = src.to(self.device, non_blocking=True)
+                self.data.index_copy_(0, idx, staged)
+                event = torch.cuda.Event()
+                event.record(self._copy_stream)
+            return CudaEvent(event, (src, staged, idx))
+        if deferred:
+            def land() -> None:
+                self.data.index_copy_(0, idx, payload.to(self.data.dtype))
+            return PendingEvent(land)
+        self.data.index_copy_(0, idx, payload.to(self.data.dtype))
+        return CompletedEvent()
+
+    def read(self, pages: tuple[int, ...]) -> torch.Tensor:
+        """The pages' current contents (a device tensor, not a view)."""
+        return self.data[self._index(pages)]
+
+    def zero(self, pages: tuple[int, ...]) -> None:
+        if pages:
+            self.data[self._index(pages)] = 0
+
+    def check_staged(self, pages: tuple[int, ...], packed: PackedAdapter) -> None:
+        """Layout + content + padded-tail check of staged pages (after the copy event).
+
+        Compares on the device against the verified payload and checks every page
+        tail and every zero-padded rank row is exactly zero.
+        """
+        if len(pages) != packed.num_pages:
+            raise ValidationFailed(f"{len(pages)} pages staged, plan needs {packed.num_pages}",
+                                   reason="layout")
+        staged = self.read(pages)
+        for local, start in plan_page_tails(packed.plan):
+            if bool((staged[local, start:] != 0).any()):
+                raise ValidationFailed(f"page {pages[local]} tail is not zero",
+                                       reason="padded_tail")
+        for m in packed.plan.modules:
+            s = m.shape
+            for i in range(s.rank, s.physical_rank):
+                for (p, off), w in ((m.a[i], s.d_in), (m.b[i], s.d_out)):
+                    if bool((staged[p, off : off + w] != 0).any()):
+                        raise ValidationFailed(f"{s.key} padded rank row {i} is not zero",
+                                               reason="padded_tail")
+        expected = packed.payload.to(self.device, self.data.dtype, non_blocking=True)
+        if not torch.equal(staged, expected):
+            raise ValidationFailed("staged bytes differ from the verified payload",
+                                   reason="content")

@@ -1,0 +1,129 @@
+"""Sampler over float32 logits [N, vocab]: greedy, temperature, top-k, top-p, seeds, logprobs.
+
+Row i is sampled with seqs[i].sampling. Processing order (as HF/vLLM): temperature, top-k
+(keep logits >= the k-th largest, ties kept), top-p (keep the smallest descending-probability
+prefix whose mass reaches p; the most likely token always stays), softmax.
+
+Reproducibility: each sampled row draws one float64 uniform u from its own CPU
+`torch.Generator` seeded from (request seed, output-step index), then takes the first token
+whose cumulative probability exceeds u * total mass. A request's draw therefore depends only
+on its own seed, step and logits row — not on batch composition, row position or device RNG
+— and survives preemption (the step index is the number of tokens already generated).
+Unseeded rows draw from the sampler's own generator.
+
+Logprobs are the model's raw log-softmax (before temperature / top-k / top-p), as OpenAI
+reports them: the chosen token's, plus the top `logprobs` alternatives.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence as SequenceOf
+from dataclasses import dataclass
+
+import torch
+
+from dataplane.core import EngineError, SamplingParams, Sequence
+
+
+class SamplerError(EngineError):
+    code = "SAMPLER_ERROR"
+
+
+@dataclass(frozen=True)
+class TokenLogprobs:
+    token_id: int
+    logprob: float
+    top: tuple[tuple[int, float], ...]  # (token id, logprob), most likely first
+
+
+@dataclass(frozen=True)
+class SampleResult:
+    token_ids: list[int]
+    logprobs: list[TokenLogprobs | None]  # None where the request asked for none
+
+
+def step_seed(seed: int, step: int) -> int:
+    """Seed of a request's `step`-th draw: 63 bits of BLAKE2b(seed, step)."""
+    digest = hashlib.blake2b(f"{seed}:{step}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") & (2**63 - 1)
+
+
+def processed_probs(logits: torch.Tensor, params: SequenceOf[SamplingParams]) -> torch.Tensor:
+    """Sampling distribution [N, V] float32 after temperature, top-k and top-p.
+
+    Greedy rows (temperature 0) are returned as a one-hot at the argmax.
+    """
+    v = logits.shape[1]
+    dev = logits.device
+    temps = torch.tensor([p.temperature for p in params], dtype=torch.float32, device=dev)
+    greedy = temps == 0
+    scaled = logits / torch.where(greedy, torch.ones_like(temps), temps).unsqueeze(1)
+    ks = [p.top_k if 0 < p.top_k < v else v for p in params]
+    if any(k < v for k in ks):
+        sorted_desc = scaled.sort(dim=-1, descending=True).values
+        kth = sorted_desc.gather(1, torch.tensor(ks, device=dev).unsqueeze(1) - 1)
+        scaled = scaled.masked_fill(scaled < kth, float("-inf"))
+    top_p = torch.tensor([p.top_p for p in params], dtype=torch.float32, device=dev)
+    if bool((top_p < 1.0).any()):
+        probs = scaled.softmax(dim=-1)
+        sp, idx = probs.sort(dim=-1, descending=True, stable=True)
+        before = sp.cumsum(dim=-1) - sp  # mass strictly before each token
+        drop_sorted = before >= top_p.unsqueeze(1)
+        drop = torch.zeros_like(drop_sorted).scatter(1, idx, drop_sorted)
+        scaled = scaled.masked_fill(drop & (top_p < 1.0).unsqueeze(1), float("-inf"))
+    probs = scaled.softmax(dim=-1)
+    if bool(greedy.any()):
+        onehot = torch.zeros_like(probs).scatter(1, logits.argmax(dim=-1, keepdim=True), 1.0)
+        probs = torch.where(greedy.unsqueeze(1), onehot, probs)
+    return probs
+
+
+class Sampler:
+    def __init__(self, seed: int | None = None) -> None:
+        self._rng = torch.Generator()
+        if seed is None:
+            self._rng.seed()
+        else:
+            self._rng.manual_seed(seed)
+
+    def _uniforms(self, seqs: SequenceOf[Sequence]) -> torch.Tensor:
+        out = torch.empty(len(seqs), dtype=torch.float64)
+        for i, seq in enumerate(seqs):
+            seed = seq.sampling.seed
+            if seed is None:
+                gen = self._rng
+            else:
+                gen = torch.Generator().manual_seed(step_seed(seed, seq.num_output_tokens))
+            out[i] = torch.rand((), generator=gen, dtype=torch.float64)
+        return out
+
+    def sample(self, logits: torch.Tensor, seqs: SequenceOf[Sequence]) -> SampleResult:
+        """logits [N, V] (any float dtype, any device) for seqs [N] -> N token ids (+logprobs)."""
+        if logits.dim() != 2 or logits.shape[0] != len(seqs):
+            raise SamplerError("logits must be [len(seqs), vocab]", shape=tuple(logits.shape),
+                               num_seqs=len(seqs))
+        logits = logits.float()
+        params = [s.sampling for s in seqs]
+        tokens = logits.argmax(dim=-1)
+        if any(not p.greedy for p in params):
+            cdf = processed_probs(logits, params).double().cumsum(dim=-1)
+            target = self._uniforms(seqs).to(logits.device) * cdf[:, -1]
+            drawn = torch.searchsorted(cdf, target.unsqueeze(1), right=True).squeeze(1)
+            drawn = drawn.clamp_(max=logits.shape[1] - 1)
+            is_greedy = torch.tensor([p.greedy for p in params], device=logits.device)
+            tokens = torch.where(is_greedy, tokens, drawn)
+        token_list = [int(t) for t in tokens.tolist()]
+        want = [p.logprobs for p in params]
+        logprobs: list[TokenLogprobs | None] = [None] * len(seqs)
+        if any(w is not None for w in want):
+            lp = logits.log_softmax(dim=-1)
+            chosen = lp.gather(1, tokens.unsqueeze(1)).squeeze(1).tolist()
+            n_top = max(w or 0 for w in want)
+            top_v, top_i = lp.topk(n_top, dim=-1)
+            top_v_l, top_i_l = top_v.tolist(), top_i.tolist()
+            for i, w in enumerate(want):
+                if w is not None:
+                    top = tuple(zip(top_i_l[i][:w], top_v_l[i][:w], strict=True))
+                    logprobs[i] = TokenLogprobs(token_list[i], float(chosen[i]), top)
+        return SampleResult(token_list, logprobs)

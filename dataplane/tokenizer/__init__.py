@@ -1,0 +1,15 @@
+"""Tokenizer, chat template and incremental detokenisation (HF `tokenizers` + jinja2)."""
+
+from __future__ import annotations
+
+from dataplane.tokenizer.chat_template import ChatTemplateError, render_chat_template
+from dataplane.tokenizer.detokenizer import IncrementalDetokenizer
+from dataplane.tokenizer.tokenizer import Tokenizer, TokenizerLoadError
+
+__all__ = [
+    "ChatTemplateError",
+    "IncrementalDetokenizer",
+    "Tokenizer",
+    "TokenizerLoadError",
+    "render_chat_template",
+]

@@ -1,0 +1,103 @@
+"""A real control plane for the adapterctl end-to-end tests.
+
+One session-wide stack, started through the same `EmbeddedStack` that `adapterplane up`
+uses: `adapterplane migrate` + `bootstrap-token`, then the API (uvicorn, free port) and
+one Celery worker as real subprocesses. The database is the Postgres test DB; objects
+live under a temporary file:// store and the worker's broker is a private SQLite file
+in the same directory, so no other test session's worker can take our jobs. Tests
+isolate themselves by creating their own uniquely named namespace.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+from typer.testing import CliRunner, Result
+
+from cli.main import app
+from cli.stack import EmbeddedStack
+from dataplane.assets import make_peft_adapter, make_tiny_llama
+
+BASE_SEED = 4242
+
+
+@dataclass(frozen=True)
+class CliAssets:
+    base: Path
+    adapter_a: Path
+    adapter_b: Path
+    adapter_nan: Path
+    """adapter_a with one lora_B value replaced by NaN: must be rejected."""
+
+
+@pytest.fixture(scope="session")
+def cli_assets(tmp_path_factory: pytest.TempPathFactory) -> CliAssets:
+    root = tmp_path_factory.mktemp("cli-assets")
+    base = make_tiny_llama(root / "base", seed=BASE_SEED)
+    adapter_a = make_peft_adapter(base, root / "a", seed=1, rank=4, alpha=8,
+                                  target_modules=["q_proj", "v_proj"])
+    adapter_b = make_peft_adapter(base, root / "b", seed=2, rank=2, alpha=4,
+                                  target_modules=["q_proj", "k_proj", "o_proj"])
+    adapter_nan = root / "nan"
+    adapter_nan.mkdir()
+    (adapter_nan / "adapter_config.json").write_bytes(
+        (adapter_a / "adapter_config.json").read_bytes())
+    tensors = load_file(adapter_a / "adapter_model.safetensors")
+    name = sorted(k for k in tensors if "lora_B" in k)[0]
+    tensors[name] = tensors[name].clone()
+    tensors[name][0, 0] = torch.nan
+    save_file(tensors, adapter_nan / "adapter_model.safetensors")
+    return CliAssets(base, adapter_a, adapter_b, adapter_nan)
+
+
+@pytest.fixture(scope="session")
+def control_plane(tmp_path_factory: pytest.TempPathFactory,
+                  postgres_url: str) -> Iterator[EmbeddedStack]:
+    stack = EmbeddedStack(
+        tmp_path_factory.mktemp("control-plane"), port=0, embedded_only=True,
+        extra_env={"ADAPTERPLANE_DATABASE_URL": postgres_url,
+                   "ADAPTERPLANE_ENVIRONMENT": "test"},
+    )
+    with stack:
+        yield stack
+
+
+Invoke = Callable[..., Result]
+
+
+@pytest.fixture(scope="session")
+def adapterctl(control_plane: EmbeddedStack) -> Invoke:
+    """Run adapterctl in-process (real Typer app, real HTTP); admin token by default."""
+    runner = CliRunner()
+    admin = control_plane.token()
+
+    def invoke(*args: str, token: str | None = None) -> Result:
+        env = {"ADAPTERPLANE_URL": control_plane.url,
+               "ADAPTERPLANE_TOKEN": admin if token is None else token}
+        return runner.invoke(app, list(args), env=env, catch_exceptions=False)
+
+    return invoke
+
+
+@pytest.fixture(scope="session")
+def h_base(adapterctl: Invoke, cli_assets: CliAssets) -> str:
+    import json
+
+    result = adapterctl("-o", "json", "bases", "register", str(cli_assets.base),
+                        "--name", "cli-tests-tiny")
+    assert result.exit_code == 0, result.output
+    return str(json.loads(result.stdout)["h_base"])
+
+
+@pytest.fixture
+def namespace(adapterctl: Invoke) -> str:
+    name = f"cli-{uuid.uuid4().hex[:10]}"
+    result = adapterctl("namespaces", "create", name)
+    assert result.exit_code == 0, result.output
+    return name

@@ -1,0 +1,77 @@
+"""Test helpers: hand-built single-request plans and HF reference runs (independent oracle)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from dataplane.core import BatchPlan
+
+
+def plan_for_chunk(token_ids: list[int], start: int, block_table: tuple[int, ...],
+                   block_size: int, slot: int = -1, sample_all: bool = False,
+                   decode: bool = False) -> BatchPlan:
+    """One request computing tokens [start, start + len(token_ids)) as a prefill chunk
+    (or one decode row). Samples every row when `sample_all`, else the last row."""
+    t = len(token_ids)
+    positions = tuple(range(start, start + t))
+    slots = tuple(block_table[p // block_size] * block_size + p % block_size for p in positions)
+    samples = tuple(range(t)) if sample_all else (t - 1,)
+    return BatchPlan(
+        generation=0, input_ids=tuple(token_ids), positions=positions, row_request=(0,) * t,
+        row_slot=(slot,) * t, request_ids=("r",), prefill_indptr=(0,) if decode else (0, t),
+        doff=0 if decode else t, context_lens=(start + t,), block_tables=(block_table,),
+        slot_mapping=slots, sample_rows=samples, sample_request_ids=("r",) * len(samples),
+        block_size=block_size)
+
+
+def hf_logits(model_dir: Path, token_ids: list[int], adapter_dir: Path | None = None
+              ) -> torch.Tensor:
+    """HF transformers (+ PEFT) fp32 logits [len, vocab] for one sequence."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    if adapter_dir is not None:
+        from peft import PeftModel
+
+        model = PeftModel.from_pretrained(model, adapter_dir).eval()
+    with torch.no_grad():
+        return model(torch.tensor([token_ids])).logits[0].float()
+
+
+class HFReference:
+    """HF transformers + PEFT, loaded once with every adapter; runs one request alone."""
+
+    def __init__(self, model_dir: Path, adapters: dict[str, Path]) -> None:
+        from peft import PeftModel
+        from transformers import AutoModelForCausalLM
+
+        base = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+        self.model = None
+        for name, path in adapters.items():
+            if self.model is None:
+                self.model = PeftModel.from_pretrained(base, path, adapter_name=name).eval()
+            else:
+                self.model.load_adapter(path, adapter_name=name)
+        self.base = base
+
+    def greedy(self, prompt: list[int], max_new_tokens: int, adapter: str | None
+               ) -> tuple[list[int], torch.Tensor]:
+        """(new tokens, per-step logits [n, vocab]) of greedy generate for one request."""
+        import contextlib
+
+        model = self.model if self.model is not None else self.base
+        ctx: contextlib.AbstractContextManager[object] = contextlib.nullcontext()
+        if self.model is not None:
+            if adapter is None:
+                ctx = self.model.disable_adapter()
+            else:
+                self.model.set_adapter(adapter)
+        with torch.no_grad(), ctx:
+            out = model.generate(torch.tensor([prompt]), max_new_tokens=max_new_tokens,
+                                 min_new_tokens=max_new_tokens, do_sample=False,
+                                 output_logits=True, return_dict_in_generate=True,
+                                 pad_token_id=0)
+        tokens = out.sequences[0, len(prompt):].tolist()
+        return tokens, torch.stack([x[0] for x in out.logits]).float()

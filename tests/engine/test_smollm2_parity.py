@@ -1,0 +1,46 @@
+"""SmolLM2-135M (the demo model, tied embeddings, GQA 9/3) with two PEFT adapters: a mixed
+batch gives HF transformers + PEFT's greedy tokens for each request run alone."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from dataplane.assets import make_peft_adapter, prepare_smollm2
+from dataplane.core import SamplingParams
+from dataplane.engine.engine import Engine
+
+from .helpers import HFReference
+
+
+@pytest.fixture(scope="session")
+def smollm2(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Converted once and kept across sessions (prepare_smollm2 is cached by a marker)."""
+    cache = os.environ.get("ADAPTERPLANE_ASSET_CACHE")
+    root = Path(cache) if cache else tmp_path_factory.getbasetemp().parent / "adapterplane-assets"
+    return prepare_smollm2(root / "smollm2")
+
+
+def test_smollm2_mixed_adapters_match_hf(smollm2: Path, tmp_path: Path) -> None:
+    adapters = {
+        "qv8": make_peft_adapter(smollm2, tmp_path / "qv8", seed=1, rank=8, alpha=16,
+                                 target_modules=["q_proj", "v_proj"]),
+        "all4": make_peft_adapter(smollm2, tmp_path / "all4", seed=2, rank=4, alpha=4,
+                                  target_modules=["q_proj", "k_proj", "v_proj", "o_proj",
+                                                  "gate_proj", "up_proj", "down_proj"],
+                                  use_rslora=True),
+    }
+    engine = Engine.from_model_dir(smollm2, max_num_seqs=4, max_num_batched_tokens=32,
+                                   num_kv_blocks=32, block_size=8, max_slots=2, max_rank=8)
+    handles = {n: engine.register_adapter(p) for n, p in adapters.items()}
+    requests = [([1, 504, 3458, 314, 260, 1167, 30], "qv8"), ([1, 19556, 28, 1431], None),
+                ([2683, 253, 2777, 16945, 282, 4196, 30, 1431, 2683, 253], "all4")]
+    params = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)
+    outs = engine.generate([p for p, _ in requests], params,
+                           [handles[a] if a else None for _, a in requests])
+    hf = HFReference(smollm2, adapters)
+    for (prompt, name), out in zip(requests, outs, strict=True):
+        ref, _ = hf.greedy(prompt, 4, name)
+        assert list(out.token_ids) == ref, name

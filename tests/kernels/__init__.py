@@ -1,0 +1,1 @@
+"""Tests of the LoRA kernels (dataplane.kernels)."""

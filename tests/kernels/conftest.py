@@ -1,0 +1,32 @@
+"""Backends under test: torch everywhere; Triton through the interpreter on CPU."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+from dataplane.kernels import LoraBackend, get_lora_backend
+
+if not torch.cuda.is_available():
+    # CI runs the Triton kernels on the CPU through the interpreter (the test
+    # script sets this too); must happen before anything imports triton.
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+CPU_BACKENDS = ["torch"]
+if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
+    CPU_BACKENDS.append("triton")
+
+
+@pytest.fixture(params=CPU_BACKENDS)
+def cpu_backend(request: pytest.FixtureRequest) -> LoraBackend:
+    """Each backend that can run on this machine's CPU."""
+    return get_lora_backend("cpu", prefer=request.param)
+
+
+@pytest.fixture
+def cuda_device() -> torch.device:
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    return torch.device("cuda")

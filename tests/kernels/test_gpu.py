@@ -1,0 +1,104 @@
+"""GPU tests: the big matrix on CUDA and CUDA-graph capture of a whole step.
+
+Marked ``gpu``; skipped without CUDA. Run on the device with
+``python3 -m pytest tests/kernels -m gpu``.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+
+from dataplane.kernels import LoraMetaBuffers, LoraWorkspace, get_lora_backend
+from dataplane.kernels.reference import lora_delta_reference_grouped
+
+from .lora_cases import DISTRIBUTIONS, TOLERANCE, make_case
+
+pytestmark = pytest.mark.gpu
+
+DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+SHAPES = [  # (in, out slices, rows)
+    (4096, (4096,), 1),
+    (4096, (4096,), 64),
+    (4000, (4100,), 256),  # not multiples of any tile
+    (4096, (4096, 1024, 1024), 256),  # GQA q/k/v
+    (2048, (5632, 5632), 1024),  # gate/up
+    (4096, (4096,), 4096),  # prefill
+]
+RANK_SETS = ([16], [64], [8, 16, 32, 64], [1, 128, 7, 33])
+CASES = list(itertools.product(DTYPES, range(len(SHAPES))))
+
+
+@pytest.mark.parametrize(("dtype", "shape_i"), CASES)
+def test_big_matrix_on_cuda(cuda_device: torch.device, dtype: torch.dtype, shape_i: int) -> None:
+    d_in, outs, rows = SHAPES[shape_i]
+    i = CASES.index((dtype, shape_i))
+    dist = DISTRIBUTIONS[i % len(DISTRIBUTIONS)]
+    case = make_case(
+        dtype=dtype,
+        in_features=d_in,
+        out_features=outs,
+        ranks=RANK_SETS[i % len(RANK_SETS)],
+        num_rows=rows,
+        dist=dist,
+        none_share=(0.0, 0.25)[i % 2],
+        seed=i,
+        device=cuda_device,
+        layout=("scattered", "stacked")[i % 2],
+        absent_every=3 if len(outs) > 1 else 0,
+    )
+    y = case.run(get_lora_backend(cuda_device)).double()
+    ref = case.y0.double() + lora_delta_reference_grouped(
+        case.x, case.row_slot, case.factors, outs, cuda_device
+    )
+    err = float((y - ref).norm() / ref.norm())
+    assert torch.isfinite(y).all()
+    assert err < TOLERANCE[dtype], err
+    untouched = torch.tensor([s < 0 for s in case.row_slot], device=cuda_device)
+    assert torch.equal(y[untouched], case.y0.double()[untouched])
+
+
+def test_step_is_cuda_graph_capturable(cuda_device: torch.device) -> None:
+    """Capture metadata build + two modules; replay with new row slots."""
+    backend = get_lora_backend(cuda_device)
+    t, s = 64, 8
+    cases = [
+        make_case(dtype=torch.bfloat16, in_features=1024, out_features=outs, ranks=[8, 64, 16],
+                  num_rows=t, dist="uniform", none_share=0.2, seed=k, device=cuda_device)
+        for k, outs in enumerate([(1024, 256, 256), (1024,)])
+    ]  # fmt: skip
+    buffers = LoraMetaBuffers(t, cases[0].table.num_slots, cuda_device)
+    ws = LoraWorkspace(backend.workspace_numel(t, 3, 64), cuda_device)
+    static_slots = torch.zeros(t, dtype=torch.int32, device=cuda_device)
+    ys = [c.y0.clone() for c in cases]
+
+    def step() -> None:
+        meta = backend.build_meta(static_slots, buffers)
+        for c, y in zip(cases, ys, strict=True):
+            backend.add_lora(y, c.x, meta, c.table.weights, ws)
+
+    static_slots.copy_(torch.tensor(cases[0].row_slot, dtype=torch.int32))
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        step()  # warm-up compiles the kernels outside the capture
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step()
+    gen = torch.Generator().manual_seed(7)
+    for _ in range(3):
+        new_slots = torch.randint(-1, s, (t,), generator=gen).tolist()
+        static_slots.copy_(torch.tensor(new_slots, dtype=torch.int32))
+        for c, y in zip(cases, ys, strict=True):
+            y.copy_(c.y0)
+        graph.replay()
+        torch.cuda.synchronize()
+        for c, y in zip(cases, ys, strict=True):
+            ref = c.y0.double() + lora_delta_reference_grouped(
+                c.x, new_slots, c.factors, c.out_features, cuda_device
+            )
+            err = float((y.double() - ref).norm() / ref.norm())
+            assert err < TOLERANCE[torch.bfloat16], err

@@ -1,0 +1,161 @@
+"""Tokenizer, chat template and incremental detokenisation vs transformers as the reference."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+from tokenizers import Tokenizer as HFTokenizer
+from tokenizers import decoders, models, pre_tokenizers, trainers
+from transformers import AutoTokenizer
+
+from dataplane.tokenizer import ChatTemplateError, Tokenizer, TokenizerLoadError
+
+TEXTS = [
+    "Hello, world! How are you?",
+    "  leading spaces and\ttabs\nnew lines",
+    "naïve café — 東京タワー 🚀🤖 emoji, Ελληνικά",
+    "<|im_start|>user\nhi<|im_end|>",
+    "",
+]
+
+CONVERSATIONS = [
+    [{"role": "user", "content": "What is 2+2?"}],
+    [{"role": "system", "content": "Be terse."}, {"role": "user", "content": "Hi 🚀"},
+     {"role": "assistant", "content": "Hello."}, {"role": "user", "content": "Again"}],
+]
+
+
+@pytest.fixture(scope="module")
+def smol_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """SmolLM2's tokenizer files, written by transformers from the packaged GGUF."""
+    from dataplane.assets import smollm2_gguf_path
+
+    gguf = smollm2_gguf_path()
+    dest = tmp_path_factory.mktemp("smol-tok")
+    AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name).save_pretrained(dest)
+    return dest
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A small byte-level BPE trained here: emoji and CJK split into several tokens."""
+    tok = HFTokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=300, special_tokens=["<s>", "</s>", "<unk>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
+    tok.train_from_iterator(TEXTS * 3 + ["the quick brown fox jumps over the lazy dog"] * 5,
+                            trainer=trainer)
+    dest = tmp_path_factory.mktemp("tiny-tok")
+    tok.save(str(dest / "tokenizer.json"))
+    template = (
+        "{{ bos_token }}{% set ns = namespace(n=0) %}"
+        "{% for m in messages %}{% if m['role'] not in ['user', 'assistant', 'system'] %}"
+        "{{ raise_exception('bad role ' + m['role']) }}{% endif %}"
+        "{% if m['role'] == 'system' %}{% continue %}{% endif %}{% set ns.n = ns.n + 1 %}"
+        "[{{ ns.n }}:{{ m['role'] }}]{% if m['role'] == 'assistant' %}{% generation %}"
+        "{{ m['content'] }}{% endgeneration %}{{ eos_token }}{% else %}{{ m['content'] }}"
+        "{% endif %}\n{% endfor %}"
+        "{% if tools %}TOOLS {{ tools | tojson }}\n{% endif %}"
+        "{% if add_generation_prompt %}[assistant]{% endif %}"
+    )
+    (dest / "tokenizer_config.json").write_text(json.dumps({
+        "tokenizer_class": "PreTrainedTokenizerFast", "bos_token": "<s>",
+        "eos_token": {"__type": "AddedToken", "content": "</s>", "lstrip": False,
+                      "normalized": False, "rstrip": False, "single_word": False,
+                      "special": True},
+        "unk_token": "<unk>",
+        "chat_template": template,
+    }))
+    return dest
+
+
+def test_encode_decode_match_transformers(smol_dir: Path) -> None:
+    ours, ref = Tokenizer.from_dir(smol_dir), AutoTokenizer.from_pretrained(smol_dir)
+    for text in TEXTS:
+        ids = ours.encode(text)
+        assert ids == ref(text)["input_ids"]
+        assert ours.decode(ids) == ref.decode(ids, skip_special_tokens=True)
+        assert ours.decode(ids, skip_special_tokens=False) == ref.decode(ids)
+    assert ours.vocab_size == len(ref)
+
+
+def test_special_tokens_and_eos_policy(smol_dir: Path, tmp_path: Path) -> None:
+    tok = Tokenizer.from_dir(smol_dir)
+    ref = AutoTokenizer.from_pretrained(smol_dir)
+    assert tok.special_tokens["eos_token"] == ref.eos_token
+    assert tok.eos_token_ids == {ref.eos_token_id}
+    assert tok.token_id("bos_token") == ref.bos_token_id
+    copy = tmp_path / "with-gen"
+    shutil.copytree(smol_dir, copy)
+    (copy / "generation_config.json").write_text(json.dumps({"eos_token_id": [0, 2]}))
+    assert Tokenizer.from_dir(copy).eos_token_ids == {0, 2}
+
+
+@pytest.mark.parametrize("add_generation_prompt", [False, True])
+def test_chat_template_matches_transformers(smol_dir: Path, add_generation_prompt: bool) -> None:
+    ours, ref = Tokenizer.from_dir(smol_dir), AutoTokenizer.from_pretrained(smol_dir)
+    for conv in CONVERSATIONS:
+        text = ours.apply_chat_template(conv, add_generation_prompt=add_generation_prompt)
+        expected = ref.apply_chat_template(conv, tokenize=False,
+                                           add_generation_prompt=add_generation_prompt)
+        assert text == expected
+        ids = ours.encode_chat(conv, add_generation_prompt=add_generation_prompt)
+        assert ids == ref(expected, add_special_tokens=False)["input_ids"]
+
+
+def test_template_globals_match_transformers(tiny_dir: Path) -> None:
+    ours, ref = Tokenizer.from_dir(tiny_dir), AutoTokenizer.from_pretrained(tiny_dir)
+    tools = [{"type": "function", "function": {"name": "f", "description": "é <b>"}}]
+    for conv in CONVERSATIONS:
+        for kw in ({}, {"add_generation_prompt": True, "tools": tools}):
+            got = ours.apply_chat_template(conv, **kw)  # type: ignore[arg-type]
+            assert got == ref.apply_chat_template(conv, tokenize=False, **kw)
+    with pytest.raises(ChatTemplateError, match="bad role tool"):
+        ours.apply_chat_template([{"role": "tool", "content": "x"}])
+    with pytest.raises(ChatTemplateError):
+        ours.apply_chat_template(CONVERSATIONS[0], chat_template="{% if %}")
+
+
+def _stream(tok: Tokenizer, prompt: list[int], out: list[int], skip: bool = True) -> str:
+    detok = tok.detokenizer(prompt, skip_special_tokens=skip)
+    pieces = [detok.push(t) for t in out]
+    return "".join(pieces) + detok.flush()
+
+
+def test_incremental_detok_equals_full_decode(tiny_dir: Path, smol_dir: Path) -> None:
+    for d in (tiny_dir, smol_dir):
+        tok = Tokenizer.from_dir(d)
+        prompt = tok.encode("prompt: ")
+        for text in TEXTS:
+            out = tok.encode(text, add_special_tokens=False)
+            for skip in (True, False):
+                assert _stream(tok, prompt, out, skip) == tok.decode(out, skip_special_tokens=skip)
+
+
+def test_incremental_detok_never_emits_partial_characters(tiny_dir: Path) -> None:
+    tok = Tokenizer.from_dir(tiny_dir)
+    out = tok.encode("🚀東", add_special_tokens=False)
+    assert len(out) > 2  # multi-byte characters split over byte tokens
+    detok = tok.detokenizer([])
+    pieces = [detok.push(t) for t in out]
+    assert all("\ufffd" not in p for p in pieces)
+    assert "".join(pieces) == "🚀東" and detok.flush() == ""
+    # a stream cut inside a character flushes the replacement character at the end
+    detok = tok.detokenizer([])
+    pieces = [detok.push(t) for t in out[:1]]
+    assert pieces == [""] and detok.flush() == tok.decode(out[:1])
+
+
+def test_load_errors(tmp_path: Path) -> None:
+    with pytest.raises(TokenizerLoadError) as exc:
+        Tokenizer.from_dir(tmp_path)
+    assert exc.value.code == "TOKENIZER_LOAD_ERROR"
+    (tmp_path / "tokenizer.json").write_text("{}")
+    with pytest.raises(TokenizerLoadError):
+        Tokenizer.from_dir(tmp_path)
