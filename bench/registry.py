@@ -162,10 +162,11 @@ def main(argv: list[str] | None = None) -> None:
     finally:
         server.terminate()
         server.wait(timeout=30)
+    load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
     print(
         f"\n{layout.aliases:,} aliases, API `adapterplane api --workers "
-        f"{args.server_workers}`, {os.cpu_count()} CPUs ({platform.processor() or 'cpu'}), "
-        f"Python {platform.python_version()}\n"
+        f"{args.server_workers}`, {os.cpu_count()} CPUs, Python {platform.python_version()}, "
+        f"load average at the end {load} (shared machine)\n"
     )
     print(table(results))
     resolve = max((r for r in results if r.op == "resolve"), key=lambda r: r.throughput)

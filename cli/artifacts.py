@@ -47,27 +47,34 @@ def push_directory(client: ApiClient, namespace: str, h_base: str, directory: Pa
     """Upload `directory`'s adapter_config.json + adapter_model.safetensors (streamed)."""
     if not directory.is_dir():
         raise usage_error(f"{directory} is not a directory")
-    missing = [name for name in (ADAPTER_CONFIG, ADAPTER_WEIGHTS)
-               if not (directory / name).is_file()]
+    missing = [
+        name for name in (ADAPTER_CONFIG, ADAPTER_WEIGHTS) if not (directory / name).is_file()
+    ]
     if missing:
         hint = " (pickle .bin weights are not accepted)" if ADAPTER_WEIGHTS in missing else ""
         raise usage_error(f"{directory} has no {', '.join(missing)}{hint}")
     with ExitStack() as stack:
         files = {
-            name: (name, stack.enter_context((directory / name).open("rb")),
-                   "application/octet-stream")
+            name: (
+                name,
+                stack.enter_context((directory / name).open("rb")),
+                "application/octet-stream",
+            )
             for name in (ADAPTER_CONFIG, ADAPTER_WEIGHTS)
         }
         return client.request(
-            "POST", f"/v1/namespaces/{segment(namespace)}/artifacts",
-            data={"base": h_base}, files=files,
+            "POST",
+            f"/v1/namespaces/{segment(namespace)}/artifacts",
+            data={"base": h_base},
+            files=files,
         )
 
 
 def push_uri(client: ApiClient, namespace: str, h_base: str, uri: str) -> Any:
     """Ask the server to import the adapter stored at `uri` (s3:// or file://)."""
-    return client.post(f"/v1/namespaces/{segment(namespace)}/artifacts",
-                       json={"base": h_base, "uri": uri})
+    return client.post(
+        f"/v1/namespaces/{segment(namespace)}/artifacts", json={"base": h_base, "uri": uri}
+    )
 
 
 def push_source(client: ApiClient, namespace: str, h_base: str, source: str) -> Any:
@@ -109,8 +116,9 @@ def wait_for_validation(
         if state in TERMINAL_STATES:
             return artifact
         if time.monotonic() + delay > deadline:
-            raise CliError("WAIT_TIMEOUT",
-                           f"artifact {artifact_id} still {state} after {timeout_s:g}s")
+            raise CliError(
+                "WAIT_TIMEOUT", f"artifact {artifact_id} still {state} after {timeout_s:g}s"
+            )
         time.sleep(delay)
         delay = min(delay * 1.5, 2.0)
 
@@ -130,14 +138,17 @@ def rejection_error(artifact: dict[str, Any]) -> CliError | None:
 
 def push_command(
     ctx: typer.Context,
-    source: str = typer.Argument(..., metavar="DIR|URI",
-                                 help="Local PEFT directory, s3://bucket/prefix or file:///dir."),
+    source: str = typer.Argument(
+        ..., metavar="DIR|URI", help="Local PEFT directory, s3://bucket/prefix or file:///dir."
+    ),
     namespace: str = typer.Option(..., "--namespace", "-n", help="Target namespace."),
-    base: str = typer.Option(..., "--base", "-b",
-                             help="h_base of the base model (or its registered name)."),
+    base: str = typer.Option(
+        ..., "--base", "-b", help="h_base of the base model (or its registered name)."
+    ),
     wait: bool = typer.Option(False, "--wait", help="Wait until validated or rejected."),
-    timeout: float = typer.Option(DEFAULT_WAIT_TIMEOUT_S, "--timeout",
-                                  help="Seconds to wait with --wait."),
+    timeout: float = typer.Option(
+        DEFAULT_WAIT_TIMEOUT_S, "--timeout", help="Seconds to wait with --wait."
+    ),
 ) -> None:
     """Push a PEFT LoRA adapter; with --wait, exit 5 with the rejection code if rejected."""
     cli = current(ctx)
@@ -146,7 +157,10 @@ def push_command(
         if wait and artifact.get("state") not in TERMINAL_STATES:
             output.note(f"pushed artifact {artifact.get('id')}; waiting for validation")
             artifact = wait_for_validation(
-                client, namespace, str(artifact["id"]), timeout_s=timeout,
+                client,
+                namespace,
+                str(artifact["id"]),
+                timeout_s=timeout,
                 on_state=lambda state: output.note(f"  state: {state}"),
             )
     output.emit(cli, artifact, output.render_artifact)
@@ -159,8 +173,7 @@ def push_command(
 def list_command(
     ctx: typer.Context,
     namespace: str = typer.Argument(..., metavar="NS"),
-    state: str | None = typer.Option(None, "--state",
-                                     help="pending|validating|validated|rejected"),
+    state: str | None = typer.Option(None, "--state", help="pending|validating|validated|rejected"),
     limit: int | None = typer.Option(None, "--limit", min=1),
     cursor: str | None = typer.Option(None, "--cursor"),
     all_pages: bool = typer.Option(False, "--all", help="Follow next_cursor to the end."),
@@ -170,7 +183,8 @@ def list_command(
     with cli.client() as client:
         page = client.paginate(
             f"/v1/namespaces/{segment(namespace)}/artifacts",
-            params={"state": state, "limit": limit, "cursor": cursor}, follow=all_pages,
+            params={"state": state, "limit": limit, "cursor": cursor},
+            follow=all_pages,
         )
     output.emit(cli, page, output.render_artifacts)
 

@@ -20,6 +20,9 @@ def register(app: typer.Typer) -> None:
         """Show audit entries, newest first (admin on `*`, or on NS with --namespace)."""
         cli = current(ctx)
         with cli.client() as client:
-            page = client.paginate("/v1/audit", params={
-                "namespace": namespace, "limit": limit, "cursor": cursor}, follow=all_pages)
+            page = client.paginate(
+                "/v1/audit",
+                params={"namespace": namespace, "limit": limit, "cursor": cursor},
+                follow=all_pages,
+            )
         output.emit(cli, page, output.render_audit)

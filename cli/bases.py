@@ -30,8 +30,12 @@ def base_abi_record(model_dir: Path) -> dict[str, Any]:
     try:
         abi = read_base_abi(model_dir)
     except ArtifactRejected as exc:
-        raise CliError(exc.code.value, f"base model in {model_dir} refused: {exc.message}",
-                       detail=exc.detail, exit_code=ExitCode.INVALID) from exc
+        raise CliError(
+            exc.code.value,
+            f"base model in {model_dir} refused: {exc.message}",
+            detail=exc.detail,
+            exit_code=ExitCode.INVALID,
+        ) from exc
     except (OSError, ValueError) as exc:
         raise usage_error(f"cannot read base model in {model_dir}: {exc}") from exc
     record: dict[str, Any] = abi.to_record()
@@ -66,8 +70,9 @@ def list_command(
     """List registered base models."""
     cli = current(ctx)
     with cli.client() as client:
-        page = client.paginate("/v1/bases", params={"limit": limit, "cursor": cursor},
-                               follow=all_pages)
+        page = client.paginate(
+            "/v1/bases", params={"limit": limit, "cursor": cursor}, follow=all_pages
+        )
     output.emit(cli, page, output.render_bases)
 
 

@@ -25,6 +25,10 @@ def parse_alias_ref(ref: str) -> tuple[str, str]:
     return namespace, alias
 
 
+def _idempotency(key: str | None) -> dict[str, str] | None:
+    return {"Idempotency-Key": key} if key else None
+
+
 def _alias_path(namespace: str, alias: str) -> str:
     return f"/v1/namespaces/{segment(namespace)}/aliases/{segment(alias)}"
 
@@ -40,38 +44,79 @@ def publish(
     idempotency_key: str | None = None,
 ) -> Any:
     """Point `namespace/alias` at `artifact` (id or sha256:<H_artifact>); returns the generation."""
-    headers = {"Idempotency-Key": idempotency_key} if idempotency_key else None
     body = {"artifact": artifact, "expected_generation": expected_generation, "reason": reason}
-    return client.post(f"{_alias_path(namespace, alias)}/publish", json=body, headers=headers)
+    return client.post(
+        f"{_alias_path(namespace, alias)}/publish", json=body, headers=_idempotency(idempotency_key)
+    )
 
 
-def retire(client: ApiClient, namespace: str, alias: str, *,
-           expected_generation: int | None = None, reason: str | None = None) -> Any:
+def retire(
+    client: ApiClient,
+    namespace: str,
+    alias: str,
+    *,
+    expected_generation: int | None = None,
+    reason: str | None = None,
+    idempotency_key: str | None = None,
+) -> Any:
     body = {"expected_generation": expected_generation, "reason": reason}
-    return client.post(f"{_alias_path(namespace, alias)}/retire", json=body)
+    return client.post(
+        f"{_alias_path(namespace, alias)}/retire", json=body, headers=_idempotency(idempotency_key)
+    )
 
 
-def rollback(client: ApiClient, namespace: str, alias: str, *, to_generation: int | None = None,
-             expected_generation: int | None = None, reason: str | None = None) -> Any:
-    body = {"to_generation": to_generation, "expected_generation": expected_generation,
-            "reason": reason}
-    return client.post(f"{_alias_path(namespace, alias)}/rollback", json=body)
+def rollback(
+    client: ApiClient,
+    namespace: str,
+    alias: str,
+    *,
+    to_generation: int | None = None,
+    expected_generation: int | None = None,
+    reason: str | None = None,
+    idempotency_key: str | None = None,
+) -> Any:
+    body = {
+        "to_generation": to_generation,
+        "expected_generation": expected_generation,
+        "reason": reason,
+    }
+    return client.post(
+        f"{_alias_path(namespace, alias)}/rollback",
+        json=body,
+        headers=_idempotency(idempotency_key),
+    )
 
 
 def resolve(client: ApiClient, namespace: str, alias: str) -> Any:
     return client.get(_alias_path(namespace, alias))
 
 
-def history(client: ApiClient, namespace: str, alias: str, *, limit: int | None = None,
-            cursor: str | None = None, follow: bool = False) -> dict[str, Any]:
-    return client.paginate(f"{_alias_path(namespace, alias)}/history",
-                           params={"limit": limit, "cursor": cursor}, follow=follow)
+def history(
+    client: ApiClient,
+    namespace: str,
+    alias: str,
+    *,
+    limit: int | None = None,
+    cursor: str | None = None,
+    follow: bool = False,
+) -> dict[str, Any]:
+    return client.paginate(
+        f"{_alias_path(namespace, alias)}/history",
+        params={"limit": limit, "cursor": cursor},
+        follow=follow,
+    )
 
 
 _ALIAS_ARG = typer.Argument(..., metavar="NS/ALIAS")
-_EXPECTED = typer.Option(None, "--expected-generation",
-                         help="Fail with exit 4 unless the alias is at this generation.")
+_EXPECTED = typer.Option(
+    None, "--expected-generation", help="Fail with exit 4 unless the alias is at this generation."
+)
 _REASON = typer.Option(None, "--reason", help="Recorded in history and audit.")
+_IDEMPOTENCY = typer.Option(
+    None,
+    "--idempotency-key",
+    help="Retry-safe: the same key and request return the original generation.",
+)
 
 
 def register(app: typer.Typer) -> None:
@@ -81,32 +126,48 @@ def register(app: typer.Typer) -> None:
     def publish_command(
         ctx: typer.Context,
         ref: str = _ALIAS_ARG,
-        artifact: str = typer.Argument(..., metavar="ARTIFACT",
-                                       help="Artifact id or sha256:<H_artifact>."),
+        artifact: str = typer.Argument(
+            ..., metavar="ARTIFACT", help="Artifact id or sha256:<H_artifact>."
+        ),
         expected_generation: int | None = _EXPECTED,
         reason: str | None = _REASON,
-        idempotency_key: str | None = typer.Option(
-            None, "--idempotency-key", help="Retry-safe: the same key returns the same result."),
+        idempotency_key: str | None = _IDEMPOTENCY,
     ) -> None:
         """Publish ARTIFACT (validated, same namespace) under NS/ALIAS."""
         cli = current(ctx)
         namespace, alias = parse_alias_ref(ref)
         with cli.client() as client:
-            gen = publish(client, namespace, alias, artifact,
-                          expected_generation=expected_generation, reason=reason,
-                          idempotency_key=idempotency_key)
+            gen = publish(
+                client,
+                namespace,
+                alias,
+                artifact,
+                expected_generation=expected_generation,
+                reason=reason,
+                idempotency_key=idempotency_key,
+            )
         output.emit(cli, gen, output.render_generation)
 
     @app.command("retire")
-    def retire_command(ctx: typer.Context, ref: str = _ALIAS_ARG,
-                       expected_generation: int | None = _EXPECTED,
-                       reason: str | None = _REASON) -> None:
+    def retire_command(
+        ctx: typer.Context,
+        ref: str = _ALIAS_ARG,
+        expected_generation: int | None = _EXPECTED,
+        reason: str | None = _REASON,
+        idempotency_key: str | None = _IDEMPOTENCY,
+    ) -> None:
         """Retire NS/ALIAS: resolving it answers 410 ALIAS_RETIRED (exit 8) afterwards."""
         cli = current(ctx)
         namespace, alias = parse_alias_ref(ref)
         with cli.client() as client:
-            gen = retire(client, namespace, alias, expected_generation=expected_generation,
-                         reason=reason)
+            gen = retire(
+                client,
+                namespace,
+                alias,
+                expected_generation=expected_generation,
+                reason=reason,
+                idempotency_key=idempotency_key,
+            )
         output.emit(cli, gen, output.render_generation)
 
     @app.command("rollback")
@@ -114,18 +175,28 @@ def register(app: typer.Typer) -> None:
         ctx: typer.Context,
         ref: str = _ALIAS_ARG,
         to_generation: int | None = typer.Option(
-            None, "--to-generation",
-            help="Generation whose artifact to restore (default: the publish before the "
-                 "current one)."),
+            None,
+            "--to-generation",
+            help="Generation whose artifact to restore (default: the newest earlier "
+            "generation with a different artifact).",
+        ),
         expected_generation: int | None = _EXPECTED,
         reason: str | None = _REASON,
+        idempotency_key: str | None = _IDEMPOTENCY,
     ) -> None:
         """Append a rollback generation pointing at an older artifact (history is kept)."""
         cli = current(ctx)
         namespace, alias = parse_alias_ref(ref)
         with cli.client() as client:
-            gen = rollback(client, namespace, alias, to_generation=to_generation,
-                           expected_generation=expected_generation, reason=reason)
+            gen = rollback(
+                client,
+                namespace,
+                alias,
+                to_generation=to_generation,
+                expected_generation=expected_generation,
+                reason=reason,
+                idempotency_key=idempotency_key,
+            )
         output.emit(cli, gen, output.render_generation)
 
     @app.command("resolve")
@@ -149,8 +220,7 @@ def register(app: typer.Typer) -> None:
         cli = current(ctx)
         namespace, alias = parse_alias_ref(ref)
         with cli.client() as client:
-            page = history(client, namespace, alias, limit=limit, cursor=cursor,
-                           follow=all_pages)
+            page = history(client, namespace, alias, limit=limit, cursor=cursor, follow=all_pages)
         output.emit(cli, page, output.render_history)
 
     @app.command("aliases")
@@ -164,6 +234,9 @@ def register(app: typer.Typer) -> None:
         """List the aliases of NS with their current generation."""
         cli = current(ctx)
         with cli.client() as client:
-            page = client.paginate(f"/v1/namespaces/{segment(namespace)}/aliases",
-                                   params={"limit": limit, "cursor": cursor}, follow=all_pages)
+            page = client.paginate(
+                f"/v1/namespaces/{segment(namespace)}/aliases",
+                params={"limit": limit, "cursor": cursor},
+                follow=all_pages,
+            )
         output.emit(cli, page, output.render_aliases)

@@ -106,10 +106,11 @@ class ApiClient:
     def get(self, path: str, *, params: Mapping[str, Any] | None = None) -> Any:
         return self.request("GET", path, params=params)
 
-    def post(
-        self, path: str, *, json: Any = None, headers: Mapping[str, str] | None = None
-    ) -> Any:
+    def post(self, path: str, *, json: Any = None, headers: Mapping[str, str] | None = None) -> Any:
         return self.request("POST", path, json=json, headers=headers)
+
+    def delete(self, path: str) -> Any:
+        return self.request("DELETE", path)
 
     def paginate(
         self, path: str, *, params: Mapping[str, Any] | None = None, follow: bool = False

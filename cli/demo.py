@@ -26,7 +26,7 @@ from rich.rule import Rule
 from cli import artifacts, bases, catalog, namespaces, output
 from cli.client import ApiClient
 from cli.errors import CliError
-from cli.stack import EmbeddedStack
+from cli.stack import EmbeddedStack, StackError
 
 NAMESPACE = "demo"
 ALIAS = "support-bot"
@@ -46,8 +46,13 @@ class DemoAdapter:
 
 ADAPTERS = (
     DemoAdapter("adapter-1", seed=1, rank=8, alpha=16, target_modules=("q_proj", "v_proj")),
-    DemoAdapter("adapter-2", seed=2, rank=16, alpha=16,
-                target_modules=("q_proj", "k_proj", "v_proj", "o_proj", "down_proj")),
+    DemoAdapter(
+        "adapter-2",
+        seed=2,
+        rank=16,
+        alpha=16,
+        target_modules=("q_proj", "k_proj", "v_proj", "o_proj", "down_proj"),
+    ),
 )
 
 
@@ -74,22 +79,40 @@ def run_demo(*, data_dir: Path, models_dir: Path, port: int = 0) -> dict[str, An
     """
     say = _Narrator()
     started = time.monotonic()
+    _quiet_model_loading()
     say.step("1. base model: SmolLM2-135M-Instruct")
     base_dir = _prepare_base(models_dir / "smollm2", say)
     data_dir = data_dir.expanduser().resolve()
     if data_dir.exists():
         shutil.rmtree(data_dir)
     say.step("2. two PEFT LoRA adapters, made offline with fixed seeds")
-    adapter_dirs = [_make_adapter(base_dir, data_dir / "adapters", spec, say)
-                    for spec in ADAPTERS]
+    adapter_dirs = [_make_adapter(base_dir, data_dir / "adapters", spec, say) for spec in ADAPTERS]
     say.step("3. embedded stack: API + Celery worker (SQLite, file:// storage)")
-    with EmbeddedStack(data_dir, port=port, embedded_only=True) as stack:
+    stack = EmbeddedStack(data_dir, port=port, embedded_only=True)
+    stack.start()
+    try:
         say.info(f"API {stack.url}   admin token in {stack.token_path}   logs {stack.log_dir}")
         with ApiClient(stack.url, stack.token()) as client:
             result = _lifecycle(client, base_dir, adapter_dirs, say)
+    finally:
         say.step("6. stopping the stack")
+        report = stack.stop()
+        say.info(f"stopped {report.describe()}")
+    if not report.clean:
+        raise StackError(f"the stack did not stop cleanly: {report.describe()}")
     say.info(f"demo finished in {time.monotonic() - started:.1f}s")
     return result
+
+
+def _quiet_model_loading() -> None:
+    """Keep the narration readable: no transformers progress bars or deprecation noise."""
+    import warnings
+
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
+    warnings.filterwarnings("ignore", category=FutureWarning, module="transformers")
 
 
 def _prepare_base(dest: Path, say: _Narrator) -> Path:
@@ -103,15 +126,24 @@ def _prepare_base(dest: Path, say: _Narrator) -> Path:
 def _make_adapter(base_dir: Path, root: Path, spec: DemoAdapter, say: _Narrator) -> Path:
     from dataplane.assets import make_peft_adapter
 
-    dest = make_peft_adapter(base_dir, root / spec.name, seed=spec.seed, rank=spec.rank,
-                             alpha=spec.alpha, target_modules=list(spec.target_modules))
-    say.info(f"{spec.name}: seed={spec.seed} rank={spec.rank} alpha={spec.alpha} "
-             f"targets={','.join(spec.target_modules)} -> {dest}")
+    dest = make_peft_adapter(
+        base_dir,
+        root / spec.name,
+        seed=spec.seed,
+        rank=spec.rank,
+        alpha=spec.alpha,
+        target_modules=list(spec.target_modules),
+    )
+    say.info(
+        f"{spec.name}: seed={spec.seed} rank={spec.rank} alpha={spec.alpha} "
+        f"targets={','.join(spec.target_modules)} -> {dest}"
+    )
     return dest
 
 
-def _lifecycle(client: ApiClient, base_dir: Path, adapter_dirs: list[Path],
-               say: _Narrator) -> dict[str, Any]:
+def _lifecycle(
+    client: ApiClient, base_dir: Path, adapter_dirs: list[Path], say: _Narrator
+) -> dict[str, Any]:
     say.step("4. register the base, create the namespace, push and validate")
     say.command(f"bases register {base_dir} --name {BASE_NAME}")
     base = bases.register_base(client, BASE_NAME, base_dir)
@@ -123,8 +155,12 @@ def _lifecycle(client: ApiClient, base_dir: Path, adapter_dirs: list[Path],
         say.command(f"push {directory} --namespace {NAMESPACE} --base {base['h_base']} --wait")
         artifact = artifacts.push_source(client, NAMESPACE, base["h_base"], str(directory))
         artifact = artifacts.wait_for_validation(
-            client, NAMESPACE, str(artifact["id"]), timeout_s=300.0,
-            on_state=lambda state: say.info(f"  state: {state}"))
+            client,
+            NAMESPACE,
+            str(artifact["id"]),
+            timeout_s=300.0,
+            on_state=lambda state: say.info(f"  state: {state}"),
+        )
         rejected = artifacts.rejection_error(artifact)
         if rejected is not None:
             raise rejected
@@ -137,10 +173,17 @@ def _lifecycle(client: ApiClient, base_dir: Path, adapter_dirs: list[Path],
     say.command(f"publish {ref} {first} --reason 'first release'")
     gen = catalog.publish(client, NAMESPACE, ALIAS, first, reason="first release")
     output.render_generation(gen)
-    say.command(f"publish {ref} {second} --expected-generation {gen['generation']} "
-                "--reason 'new adapter'")
-    gen = catalog.publish(client, NAMESPACE, ALIAS, second,
-                          expected_generation=gen["generation"], reason="new adapter")
+    say.command(
+        f"publish {ref} {second} --expected-generation {gen['generation']} --reason 'new adapter'"
+    )
+    gen = catalog.publish(
+        client,
+        NAMESPACE,
+        ALIAS,
+        second,
+        expected_generation=gen["generation"],
+        reason="new adapter",
+    )
     output.render_generation(gen)
     say.command(f"rollback {ref} --reason 'regression in adapter-2'")
     gen = catalog.rollback(client, NAMESPACE, ALIAS, reason="regression in adapter-2")
@@ -148,10 +191,9 @@ def _lifecycle(client: ApiClient, base_dir: Path, adapter_dirs: list[Path],
     say.command(f"resolve {ref}")
     resolution = catalog.resolve(client, NAMESPACE, ALIAS)
     output.render_generation(resolution)
-    if (resolution.get("artifact") or {}).get("id") != first:
+    if str((resolution.get("artifact") or {}).get("id")) != first:
         raise CliError("INVALID_STATE", f"{ref} should resolve to {first} after the rollback")
     say.command(f"history {ref}")
     page = catalog.history(client, NAMESPACE, ALIAS, follow=True)
     output.render_history(page)
     return {"resolution": resolution, "history": page, "artifacts": artifact_ids}
-

@@ -45,13 +45,19 @@ app = typer.Typer(
 def root(
     ctx: typer.Context,
     url: str = typer.Option(DEFAULT_URL, "--url", envvar=URL_ENV, help="Control-plane URL."),
-    token: str | None = typer.Option(None, "--token", envvar=TOKEN_ENV,
-                                     help="API token (Bearer).", show_default=False),
+    token: str | None = typer.Option(
+        None, "--token", envvar=TOKEN_ENV, help="API token (Bearer).", show_default=False
+    ),
     output_format: OutputFormat = typer.Option(
-        OutputFormat.TABLE, "--output", "-o", case_sensitive=False,
-        help="table for humans, json for the API's exact JSON."),
-    timeout: float = typer.Option(DEFAULT_TIMEOUT_S, "--http-timeout",
-                                  help="Per-request HTTP timeout in seconds."),
+        OutputFormat.TABLE,
+        "--output",
+        "-o",
+        case_sensitive=False,
+        help="table for humans, json for the API's exact JSON.",
+    ),
+    timeout: float = typer.Option(
+        DEFAULT_TIMEOUT_S, "--http-timeout", help="Per-request HTTP timeout in seconds."
+    ),
 ) -> None:
     ctx.obj = CliContext(url=url, token=token, output=output_format, timeout_s=timeout)
 

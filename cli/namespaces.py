@@ -27,9 +27,16 @@ def create_command(ctx: typer.Context, name: str = typer.Argument(..., metavar="
 
 
 @app.command("list")
-def list_command(ctx: typer.Context) -> None:
-    """List namespaces."""
+def list_command(
+    ctx: typer.Context,
+    limit: int | None = typer.Option(None, "--limit", min=1),
+    cursor: str | None = typer.Option(None, "--cursor"),
+    all_pages: bool = typer.Option(False, "--all", help="Follow next_cursor to the end."),
+) -> None:
+    """List the namespaces this token can read."""
     cli = current(ctx)
     with cli.client() as client:
-        page = client.get("/v1/namespaces")
+        page = client.paginate(
+            "/v1/namespaces", params={"limit": limit, "cursor": cursor}, follow=all_pages
+        )
     output.emit(cli, page, output.render_namespaces)

@@ -118,8 +118,12 @@ def render_artifact(artifact: dict[str, Any]) -> None:
             ("size_bytes", artifact.get("size_bytes")),
             ("modules", len(modules) if isinstance(modules, list) else None),
             ("upload_sha256", artifact.get("upload_sha256")),
-            ("rejection", f"{rejection.get('code')}: {rejection.get('message')}"
-             if rejection else None),
+            (
+                "rejection",
+                f"{rejection.get('code')}: {rejection.get('message')}" if rejection else None,
+            ),
+            ("validation_attempts", artifact.get("validation_attempts")),
+            ("last_error", artifact.get("last_error")),
             ("created_at", artifact.get("created_at")),
             ("validated_at", artifact.get("validated_at")),
         ],
@@ -128,13 +132,23 @@ def render_artifact(artifact: dict[str, Any]) -> None:
 
 def render_artifacts(page: dict[str, Any]) -> None:
     rows = [
-        (a.get("id"), a.get("state"), short(a.get("digest")), short(a.get("base")),
-         a.get("method"), a.get("size_bytes"),
-         (a.get("rejection") or {}).get("code"), a.get("created_at"))
+        (
+            a.get("id"),
+            a.get("state"),
+            short(a.get("digest")),
+            short(a.get("base")),
+            a.get("method"),
+            a.get("size_bytes"),
+            (a.get("rejection") or {}).get("code"),
+            a.get("created_at"),
+        )
         for a in page.get("items", [])
     ]
-    _table("artifacts", ["id", "state", "digest", "base", "method", "bytes", "rejection",
-                         "created"], rows)
+    _table(
+        "artifacts",
+        ["id", "state", "digest", "base", "method", "bytes", "rejection", "created"],
+        rows,
+    )
     _next_cursor(page)
 
 
@@ -147,15 +161,24 @@ def render_generation(gen: dict[str, Any]) -> None:
     ]
     if "base" in gen:
         pairs.append(("base", gen.get("base")))
-    pairs += [("actor", gen.get("actor")), ("reason", gen.get("reason")),
-              ("created_at", gen.get("created_at"))]
+    pairs += [
+        ("actor", gen.get("actor")),
+        ("reason", gen.get("reason")),
+        ("created_at", gen.get("created_at")),
+    ]
     _fields(f"{gen.get('namespace')}/{gen.get('alias')} @ {gen.get('generation')}", pairs)
 
 
 def _generation_rows(items: Sequence[dict[str, Any]]) -> list[tuple[Any, ...]]:
     return [
-        (g.get("generation"), g.get("action"), _artifact_ref(g.get("artifact")),
-         g.get("actor"), g.get("reason"), g.get("created_at"))
+        (
+            g.get("generation"),
+            g.get("action"),
+            _artifact_ref(g.get("artifact")),
+            g.get("actor"),
+            g.get("reason"),
+            g.get("created_at"),
+        )
         for g in items
     ]
 
@@ -163,15 +186,22 @@ def _generation_rows(items: Sequence[dict[str, Any]]) -> list[tuple[Any, ...]]:
 def render_history(page: dict[str, Any]) -> None:
     items = page.get("items", [])
     title = f"history {items[0].get('namespace')}/{items[0].get('alias')}" if items else "history"
-    _table(title, ["gen", "action", "artifact", "actor", "reason", "created"],
-           _generation_rows(items))
+    _table(
+        title, ["gen", "action", "artifact", "actor", "reason", "created"], _generation_rows(items)
+    )
     _next_cursor(page)
 
 
 def render_aliases(page: dict[str, Any]) -> None:
     rows = [
-        (g.get("alias"), g.get("generation"), g.get("action"),
-         _artifact_ref(g.get("artifact")), short(g.get("base")), g.get("created_at"))
+        (
+            g.get("alias"),
+            g.get("generation"),
+            g.get("action"),
+            _artifact_ref(g.get("artifact")),
+            short(g.get("base")),
+            g.get("created_at"),
+        )
         for g in page.get("items", [])
     ]
     _table("aliases", ["alias", "gen", "action", "artifact", "base", "updated"], rows)
@@ -181,14 +211,20 @@ def render_aliases(page: dict[str, Any]) -> None:
 def render_base(base: dict[str, Any]) -> None:
     _fields(
         f"base {base.get('name')}",
-        [("id", base.get("id")), ("h_base", base.get("h_base")),
-         ("architecture", base.get("architecture")), ("created_at", base.get("created_at"))],
+        [
+            ("id", base.get("id")),
+            ("h_base", base.get("h_base")),
+            ("architecture", base.get("architecture")),
+            ("created_at", base.get("created_at")),
+        ],
     )
 
 
 def render_bases(page: dict[str, Any]) -> None:
-    rows = [(b.get("name"), b.get("h_base"), b.get("architecture"), b.get("created_at"))
-            for b in page.get("items", [])]
+    rows = [
+        (b.get("name"), b.get("h_base"), b.get("architecture"), b.get("created_at"))
+        for b in page.get("items", [])
+    ]
     _table("bases", ["name", "h_base", "architecture", "created"], rows)
     _next_cursor(page)
 
@@ -206,17 +242,31 @@ def render_namespaces(page: dict[str, Any]) -> None:
 
 def render_token(token: dict[str, Any]) -> None:
     grants = ", ".join(f"{g.get('namespace')}:{g.get('role')}" for g in token.get("grants", []))
-    _fields(
-        f"token {token.get('name')}",
-        [("id", token.get("id")), ("grants", grants), ("is_agent", token.get("is_agent"))],
-    )
-    # The plaintext is shown once by the server: print it alone on stdout, easy to capture.
-    note("token (shown once, store it now):")
-    typer.echo(token.get("token"))
+    pairs: list[tuple[str, Any]] = [
+        ("id", token.get("id")),
+        ("grants", grants),
+        ("is_agent", token.get("is_agent")),
+    ]
+    if "revoked" in token:
+        pairs.append(("revoked", token.get("revoked")))
+    _fields(f"token {token.get('name')}", pairs)
+    if token.get("token"):
+        # The plaintext is shown once by the server: alone on its stdout line, easy to capture.
+        note("token (shown once, store it now):")
+        typer.echo(token["token"])
 
 
 def render_audit(page: dict[str, Any]) -> None:
-    rows = [(e.get("created_at"), e.get("actor"), e.get("action"), e.get("namespace"),
-             e.get("target"), e.get("detail")) for e in page.get("items", [])]
+    rows = [
+        (
+            e.get("created_at"),
+            e.get("actor"),
+            e.get("action"),
+            e.get("namespace"),
+            e.get("target"),
+            e.get("detail"),
+        )
+        for e in page.get("items", [])
+    ]
     _table("audit", ["time", "actor", "action", "namespace", "target", "detail"], rows)
     _next_cursor(page)

@@ -33,8 +33,11 @@ import httpx
 ENTRYPOINT = [sys.executable, "-m", "controlplane.entrypoint"]
 TOKEN_FILE = "admin.token"
 STORE_ENV_VARS = (
-    "ADAPTERPLANE_DATABASE_URL", "ADAPTERPLANE_STORAGE_URL", "ADAPTERPLANE_S3_BUCKET",
-    "ADAPTERPLANE_CELERY_BROKER_URL", "ADAPTERPLANE_CELERY_RESULT_BACKEND",
+    "ADAPTERPLANE_DATABASE_URL",
+    "ADAPTERPLANE_STORAGE_URL",
+    "ADAPTERPLANE_S3_BUCKET",
+    "ADAPTERPLANE_CELERY_BROKER_URL",
+    "ADAPTERPLANE_CELERY_RESULT_BACKEND",
     "ADAPTERPLANE_CELERY_TASK_ALWAYS_EAGER",
 )
 
@@ -121,6 +124,11 @@ class EmbeddedStack:
         env.update(self.extra_env)
         return env
 
+    @property
+    def running(self) -> bool:
+        """True between a successful `start()` and `stop()`."""
+        return bool(self._procs)
+
     def token(self) -> str:
         return self.token_path.read_text().strip()
 
@@ -136,8 +144,18 @@ class EmbeddedStack:
             self._bootstrap_token()
         try:
             self._spawn("api", ["api", "--host", self.host, "--port", str(self.port)])
-            self._spawn("worker", ["worker", "--pool", "solo", "--concurrency", "1",
-                                   "--ready-file", str(self.worker_ready_file)])
+            self._spawn(
+                "worker",
+                [
+                    "worker",
+                    "--pool",
+                    "solo",
+                    "--concurrency",
+                    "1",
+                    "--ready-file",
+                    str(self.worker_ready_file),
+                ],
+            )
             self._wait_ready()
             if not self._token_accepted():  # a stale token file from a wiped database
                 self._bootstrap_token()
@@ -192,23 +210,35 @@ class EmbeddedStack:
     def _run_once(self, name: str, args: list[str]) -> None:
         log_path = self.log_dir / f"{name}.log"
         with log_path.open("ab") as log:
-            result = subprocess.run([*ENTRYPOINT, *args], env=self.env(), stdout=log,
-                                    stderr=subprocess.STDOUT, check=False)
+            result = subprocess.run(
+                [*ENTRYPOINT, *args],
+                env=self.env(),
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                check=False,
+            )
         if result.returncode != 0:
-            raise StackError(f"adapterplane {' '.join(args)} failed ({result.returncode}):\n"
-                             f"{_tail(log_path)}")
+            raise StackError(
+                f"adapterplane {' '.join(args)} failed ({result.returncode}):\n{_tail(log_path)}"
+            )
 
     def _bootstrap_token(self) -> None:
         self.token_path.unlink(missing_ok=True)
-        self._run_once("bootstrap-token", ["bootstrap-token", "--name", "admin",
-                                           "--write-to", str(self.token_path)])
+        self._run_once(
+            "bootstrap-token",
+            ["bootstrap-token", "--name", "admin", "--write-to", str(self.token_path)],
+        )
 
     def _spawn(self, name: str, args: list[str]) -> None:
         log = (self.log_dir / f"{name}.log").open("ab")
         self._logs.append(log)
         self._procs[name] = subprocess.Popen(
-            [*ENTRYPOINT, *args], env=self.env(), stdout=log, stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL, start_new_session=True,
+            [*ENTRYPOINT, *args],
+            env=self.env(),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
         )
 
     def _wait_ready(self) -> None:
@@ -230,6 +260,9 @@ class EmbeddedStack:
                 time.sleep(0.2)
 
     def _token_accepted(self) -> bool:
-        response = httpx.get(f"{self.url}/v1/namespaces", timeout=5.0,
-                             headers={"Authorization": f"Bearer {self.token()}"})
+        response = httpx.get(
+            f"{self.url}/v1/namespaces",
+            timeout=5.0,
+            headers={"Authorization": f"Bearer {self.token()}"},
+        )
         return response.status_code != 401

@@ -1,4 +1,4 @@
-"""`adapterctl tokens create`: API tokens with per-namespace grants.
+"""`adapterctl tokens create|revoke`: API tokens with per-namespace grants.
 
 A grant is `NS:ROLE` with ROLE in read < publish < admin and NS `*` for every namespace.
 The server stores only the token's hash; the plaintext is printed once.
@@ -17,7 +17,7 @@ from cli.errors import usage_error
 
 ROLES = ("read", "publish", "admin")
 
-app = typer.Typer(help="Create API tokens.", no_args_is_help=True)
+app = typer.Typer(help="Create and revoke API tokens.", no_args_is_help=True)
 
 
 def parse_grant(text: str) -> dict[str, str]:
@@ -37,8 +37,12 @@ def create_token(client: ApiClient, name: str, grants: list[str], *, is_agent: b
 def create_command(
     ctx: typer.Context,
     name: str = typer.Option(..., "--name"),
-    grant: list[str] = typer.Option([], "--grant", metavar="NS:ROLE",
-                                    help="Repeatable, e.g. --grant acme:publish --grant '*:read'."),
+    grant: list[str] = typer.Option(
+        [],
+        "--grant",
+        metavar="NS:ROLE",
+        help="Repeatable, e.g. --grant acme:publish --grant '*:read'.",
+    ),
     agent: bool = typer.Option(False, "--agent", help="Agent token (reads desired state)."),
 ) -> None:
     """Create a token (admin on `*`); the plaintext token is shown once."""
@@ -47,4 +51,15 @@ def create_command(
         raise usage_error("give at least one --grant NS:ROLE (or --agent)")
     with cli.client() as client:
         token = create_token(client, name, grant, is_agent=agent)
+    output.emit(cli, token, output.render_token)
+
+
+@app.command("revoke")
+def revoke_command(
+    ctx: typer.Context, token_id: int = typer.Argument(..., metavar="ID", help="Token id.")
+) -> None:
+    """Revoke a token (admin on `*`); it stops authenticating at once."""
+    cli = current(ctx)
+    with cli.client() as client:
+        token = client.delete(f"/v1/tokens/{token_id}")
     output.emit(cli, token, output.render_token)

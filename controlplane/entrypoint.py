@@ -57,7 +57,8 @@ def create_api_app() -> FastAPI:
 @app.command("migrate")
 def migrate_command(
     database_url: str | None = typer.Option(
-        None, "--database-url", help="Default: ADAPTERPLANE_DATABASE_URL or the embedded SQLite."),
+        None, "--database-url", help="Default: ADAPTERPLANE_DATABASE_URL or the embedded SQLite."
+    ),
 ) -> None:
     """Upgrade the database schema to the newest Alembic revision."""
     from controlplane.migrate import upgrade_to_head
@@ -109,16 +110,23 @@ def worker_command(
     pool: str = typer.Option("prefork", "--pool", help="prefork | solo | threads"),
     loglevel: str = typer.Option("INFO", "--loglevel"),
     ready_file: Path | None = typer.Option(
-        None, "--ready-file", help="Touched when the worker is consuming; removed on exit."),
+        None, "--ready-file", help="Touched when the worker is consuming; removed on exit."
+    ),
 ) -> None:
     """Run a Celery worker for the validation jobs (broker from settings)."""
     celery_app = _celery_app()
     if ready_file is not None:
         _signal_readiness(ready_file)
-    celery_app.worker_main(argv=[
-        "worker", f"--loglevel={loglevel}", f"--concurrency={concurrency}", f"--pool={pool}",
-        "--without-gossip", "--without-mingle",
-    ])
+    celery_app.worker_main(
+        argv=[
+            "worker",
+            f"--loglevel={loglevel}",
+            f"--concurrency={concurrency}",
+            f"--pool={pool}",
+            "--without-gossip",
+            "--without-mingle",
+        ]
+    )
 
 
 def _signal_readiness(ready_file: Path) -> None:
@@ -145,7 +153,8 @@ def agent_command() -> None:
 def bootstrap_token_command(
     name: str = typer.Option("admin", "--name"),
     write_to: Path | None = typer.Option(
-        None, "--write-to", help="Write the token to this file (mode 0600) instead of stdout."),
+        None, "--write-to", help="Write the token to this file (mode 0600) instead of stdout."
+    ),
 ) -> None:
     """Create an admin token (grant `*:admin`) directly in the database; print it once."""
     from controlplane.auth.service import create_bootstrap_token
@@ -164,6 +173,7 @@ def bootstrap_token_command(
         return
     write_to.parent.mkdir(parents=True, exist_ok=True)
     fd = os.open(write_to, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    os.fchmod(fd, 0o600)  # an existing file keeps its mode otherwise
     with os.fdopen(fd, "w") as handle:
         handle.write(token + "\n")
     typer.echo(f"admin token written to {write_to}", err=True)
@@ -172,7 +182,8 @@ def bootstrap_token_command(
 @app.command("up")
 def up_command(
     data_dir: Path | None = typer.Option(
-        None, "--data-dir", help="Default: ADAPTERPLANE_DATA_DIR or ./var."),
+        None, "--data-dir", help="Default: ADAPTERPLANE_DATA_DIR or ./var."
+    ),
     host: str = typer.Option("127.0.0.1", "--host"),
     port: int = typer.Option(8400, "--port", help="0 picks a free port."),
 ) -> None:
@@ -181,8 +192,10 @@ def up_command(
 
     directory = data_dir or Path(os.environ.get("ADAPTERPLANE_DATA_DIR", "./var"))
     stack = EmbeddedStack(directory, host=host, port=port)
+    # SIGTERM while starting behaves like Ctrl-C: start() stops what it began, re-raises.
+    signal.signal(signal.SIGTERM, _interrupt)
     try:
-        stack.start()  # Ctrl-C while starting: start() stops what it began, then re-raises
+        stack.start()
         stopping = _StopFlag()
         typer.echo(f"Adapterplane is up at {stack.url}")
         typer.echo(f"admin token: {stack.token_path}")
@@ -196,11 +209,16 @@ def up_command(
         stack.stop()
         raise _fail(str(exc)) from exc
     except KeyboardInterrupt:
-        pass
+        if not stack.running:
+            raise _fail("interrupted while starting; everything started was stopped", 130) from None
     report = stack.stop()
     typer.echo(f"stopped {report.describe()}", err=True)
     if not report.clean:
         raise typer.Exit(1)
+
+
+def _interrupt(*_: Any) -> None:
+    raise KeyboardInterrupt
 
 
 class _StopFlag:
@@ -217,10 +235,12 @@ class _StopFlag:
 
 @app.command("demo")
 def demo_command(
-    data_dir: Path = typer.Option(Path("./var/demo"), "--data-dir",
-                                  help="Wiped and recreated for every run."),
-    models_dir: Path = typer.Option(Path("./var/models"), "--models-dir",
-                                    help="Cache of the converted base model."),
+    data_dir: Path = typer.Option(
+        Path("./var/demo"), "--data-dir", help="Wiped and recreated for every run."
+    ),
+    models_dir: Path = typer.Option(
+        Path("./var/models"), "--models-dir", help="Cache of the converted base model."
+    ),
 ) -> None:
     """Run the end-to-end demo on a fresh embedded stack (see cli/demo.py)."""
     from cli.demo import run_demo

@@ -2,10 +2,11 @@
 
 Torch-free. One `BatchPlan` is built per engine step and shared by every layer. Rows are packed
 phase-major: all prefill rows (request by request, each a contiguous chunk), then one row per
-decode request. Five coordinates stay distinct (seed §0x02C): packed row, owning request
-(`row_request`), adapter slot (`row_slot`), and output (`sample_rows`, an inverse map that
-restores scheduler request order). Adapter runs never define attention boundaries: attention
-uses `prefill_indptr`, `doff` and the block tables only.
+decode request. The row coordinates of seed §0x02C stay distinct: packed row, owning request
+(`row_request`), adapter slot (`row_slot`; the LoRA kernels derive their grouped/segment-local
+rows from it) and output (`sample_rows`, an inverse map that restores scheduler request
+order). Adapter runs never define attention boundaries: attention uses `prefill_indptr`,
+`doff` and the block tables only.
 """
 
 from __future__ import annotations
@@ -21,6 +22,9 @@ BASE_SLOT = -1
 
 MAX_LOGPROBS = 20
 """Largest number of top log-probabilities a request may ask for."""
+
+GREEDY_TEMPERATURE = 1e-5
+"""Temperatures below this sample greedily (dividing logits by them overflows float32)."""
 
 
 class EngineError(Exception):
@@ -56,9 +60,10 @@ def _is_int(value: object) -> bool:
 class SamplingParams:
     """How to pick each next token and when to stop. Validated on construction.
 
-    temperature 0 means greedy. top_k 0 and top_p 1.0 disable those filters. `seed` makes the
-    request's draws reproducible independently of batch composition. `logprobs` is the number
-    of top alternatives returned with each token (None: no logprobs; 0: only the chosen one).
+    temperature 0 (or below GREEDY_TEMPERATURE) means greedy. top_k 0 and top_p 1.0 disable
+    those filters. `seed` makes the request's draws reproducible independently of batch
+    composition. `logprobs` is the number of top alternatives returned with each token
+    (None: no logprobs; 0: only the chosen one).
     """
 
     temperature: float = 1.0
@@ -104,7 +109,7 @@ class SamplingParams:
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0.0
+        return self.temperature < GREEDY_TEMPERATURE
 
 
 class SequenceStatus(enum.Enum):
@@ -148,7 +153,7 @@ class Sequence:
     num_cached_tokens: int = 0
     block_table: list[int] = field(default_factory=list)
     output_text: str = ""
-    isolation_namespace: str = ""
+    isolation_namespace: str = "default"
 
     def __post_init__(self) -> None:
         if not isinstance(self.request_id, str) or not self.request_id:
@@ -278,6 +283,7 @@ def build_batch_plan(
     block_size: int,
     generation: int,
     adapter_aware: bool = True,
+    check: bool = True,
 ) -> BatchPlan:
     """Pack one step's rows phase-major and derive the sampling inverse map.
 
@@ -287,7 +293,8 @@ def build_batch_plan(
     follows it, skipping prefill chunks that stop short of the sequence end. With
     `adapter_aware`, prefills are packed in `adapter_aware_prefill_order`; decodes stay stable.
     Block tables must already cover each request's context after this step. Does not mutate
-    the sequences. Raises InvalidBatchPlan on any inconsistency.
+    the sequences. Raises InvalidBatchPlan on any inconsistency; `check` also re-verifies the
+    finished plan with `check_batch_plan` (O(T) Python; benchmarks may turn it off).
     """
     if not _is_int(block_size) or block_size < 1:
         raise InvalidBatchPlan("block_size must be an int >= 1", block_size=block_size)
@@ -372,7 +379,8 @@ def build_batch_plan(
         sample_rows=tuple(sample_rows), sample_request_ids=tuple(sample_ids),
         block_size=block_size,
     )
-    check_batch_plan(plan)
+    if check:
+        check_batch_plan(plan)
     return plan
 
 

@@ -19,8 +19,10 @@ def artifact_out(a: Artifact) -> ArtifactOut:
         id=a.id, namespace=a.namespace.name, state=cast(StateName, a.state), digest=a.digest,
         base=a.base.h_base, method=a.method, upload_sha256=a.upload_sha256,
         storage_key=a.storage_key, size_bytes=a.size_bytes, tensor_bytes=a.tensor_bytes,
-        files=a.files, modules=a.modules, rejection=rejection,
-        validation_attempts=a.validation_attempts, created_at=a.created_at,
+        files=a.files, modules=a.modules, validated_record=a.validated_record,
+        rejection=rejection,
+        validation_attempts=a.validation_attempts, last_error=a.last_error,
+        created_at=a.created_at,
         validated_at=a.validated_at)
 
 

@@ -10,18 +10,19 @@ from starlette.concurrency import run_in_threadpool
 from starlette.datastructures import UploadFile
 
 from controlplane.artifacts.convert import artifact_out
-from controlplane.artifacts.push import push_artifact
 from controlplane.artifacts.repository import ArtifactRepository
 from controlplane.artifacts.schemas import ArtifactImport, ArtifactOut
+from controlplane.artifacts.service import push_artifact
 from controlplane.auth.dependencies import CurrentPrincipal
-from controlplane.bases.repository import BaseModelRepository
 from controlplane.auth.scopes import Role
-from controlplane.errors import BadRequest
+from controlplane.bases.repository import BaseModelRepository
+from controlplane.errors import ArtifactTooLarge, BadRequest
 from controlplane.kit.deps import JobsDep, SessionDep, SettingsDep, StoreDep
 from controlplane.kit.pagination import PageOut, PageParams, page_out, page_params
 from controlplane.models import Artifact
 from controlplane.namespaces.repository import NamespaceRepository
 from controlplane.storage import ADAPTER_FILES, import_prefix
+from controlplane.storage.importing import check_listing
 
 router = APIRouter(prefix="/v1/namespaces/{namespace}/artifacts", tags=["artifacts"])
 
@@ -52,6 +53,7 @@ async def push(namespace: str, request: Request, principal: CurrentPrincipal,
                response: Response) -> ArtifactOut:
     """Upload (multipart) or import (JSON `{base, uri}`) an adapter; validation runs later."""
     principal.require(namespace, Role.PUBLISH)
+    _refuse_oversized(request, settings.max_artifact_bytes)
     content_type = request.headers.get("content-type", "")
     if content_type.startswith("multipart/form-data"):
         form = await request.form(max_files=4, max_fields=8)
@@ -61,13 +63,16 @@ async def push(namespace: str, request: Request, principal: CurrentPrincipal,
                 raise BadRequest("multipart field 'base' (H_base) is required")
             unexpected = sorted(set(form.keys()) - {"base", *ADAPTER_FILES})
             if unexpected:
+                check_listing([*unexpected, *form.keys()], "multipart")  # pickle -> 422
                 raise BadRequest("unexpected multipart fields", detail={"fields": unexpected})
+            check_listing([k for k, v in form.multi_items() if isinstance(v, UploadFile)],
+                          "multipart")
             streams: dict[str, IO[bytes]] = {}
             for name in ADAPTER_FILES:
                 part = form.get(name)
                 if not isinstance(part, UploadFile):
-                    raise BadRequest(f"multipart file {name!r} is required",
-                                     detail={"missing": name})
+                    raise BadRequest(f"multipart field {name!r} must be a file",
+                                     detail={"field": name})
                 streams[name] = part.file
             artifact, created = await run_in_threadpool(
                 push_artifact, session, store, jobs, settings, namespace=namespace, h_base=base,
@@ -86,6 +91,18 @@ async def push(namespace: str, request: Request, principal: CurrentPrincipal,
     if not created:
         response.status_code = status.HTTP_200_OK
     return artifact_out(artifact)
+
+
+MULTIPART_OVERHEAD_BYTES = 64 * 1024
+
+
+def _refuse_oversized(request: Request, max_bytes: int) -> None:
+    """413 before reading a body whose declared length cannot fit the limit."""
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > max_bytes + MULTIPART_OVERHEAD_BYTES:
+        raise ArtifactTooLarge(f"artifact exceeds {max_bytes} bytes",
+                               detail={"limit_bytes": max_bytes,
+                                       "content_length": int(declared)})
 
 
 def _push_uri(session: Any, store: Any, jobs: Any, settings: Any, namespace: str,

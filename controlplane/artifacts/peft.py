@@ -62,7 +62,8 @@ def validate_adapter_dir(directory: Path, base_record: dict[str, Any],
         validate_peft_dir,
     )
 
-    limits = _limits(ArtifactLimits, settings)
+    limits = ArtifactLimits(max_rank=settings.max_rank,
+                            max_file_bytes=settings.max_artifact_bytes)
     try:
         result = validate_peft_dir(directory, BaseModelABI.from_record(base_record), limits)
     except ArtifactRejected as exc:
@@ -75,20 +76,6 @@ def validate_adapter_dir(directory: Path, base_record: dict[str, Any],
         modules = _jsonable(list(getattr(result, "modules", []) or []))
     return Validated(digest=str(result.h_artifact), method=str(result.method),
                      modules=modules, tensor_bytes=int(result.total_bytes), record=record)
-
-
-def _limits(limits_cls: Any, settings: Settings) -> Any:
-    import dataclasses
-    import inspect
-
-    wanted = {"max_rank": settings.max_rank, "max_total_bytes": settings.max_artifact_bytes,
-              "max_bytes": settings.max_artifact_bytes,
-              "max_file_bytes": settings.max_artifact_bytes}
-    if dataclasses.is_dataclass(limits_cls):
-        names = {f.name for f in dataclasses.fields(limits_cls)}
-    else:
-        names = set(inspect.signature(limits_cls).parameters)
-    return limits_cls(**{k: v for k, v in wanted.items() if k in names})
 
 
 def _opt_str(value: object) -> str | None:

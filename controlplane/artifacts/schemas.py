@@ -36,8 +36,11 @@ class ArtifactOut(BaseModel):
     tensor_bytes: int | None
     files: dict[str, Any]
     modules: list[Any] | None
+    validated_record: dict[str, Any] | None = Field(
+        description="`ValidatedArtifact.to_record()` (digests re-derivable from it).")
     rejection: Rejection | None
     validation_attempts: int
+    last_error: str | None = Field(description="Last transient failure while validating.")
     created_at: datetime
     validated_at: datetime | None
 

@@ -56,9 +56,13 @@ def validate_artifact_now(
     _state, files, base_abi = claimed
     with tempfile.TemporaryDirectory(prefix=f"adapterplane-validate-{artifact_id}-") as tmp:
         fetch_failure = _fetch(session_factory, store, artifact_id, files, Path(tmp))
-        outcome: Validated | Rejected = (
-            fetch_failure if fetch_failure is not None
-            else validate_adapter_dir(Path(tmp), base_abi, settings))
+        try:
+            outcome: Validated | Rejected = (
+                fetch_failure if fetch_failure is not None
+                else validate_adapter_dir(Path(tmp), base_abi, settings))
+        except Exception as exc:  # a bug or an environment fault, not a bad artifact
+            _record_error(session_factory, artifact_id, f"{type(exc).__name__}: {exc}")
+            raise
     return _finish(session_factory, artifact_id, outcome)
 
 
@@ -123,6 +127,7 @@ def _finish(factory: sessionmaker[Session], artifact_id: int,
             artifact.method = outcome.method
             artifact.modules = outcome.modules
             artifact.tensor_bytes = outcome.tensor_bytes
+            artifact.validated_record = outcome.record
             artifact.validated_at = utcnow()
             artifact.last_error = None
             record_audit(session, actor=WORKER_ACTOR, action="artifact.validated",

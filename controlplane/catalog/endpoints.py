@@ -3,6 +3,7 @@ rollback (publish scope; optional `Idempotency-Key` header)."""
 
 from __future__ import annotations
 
+import re
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Header, Response, status
@@ -47,8 +48,6 @@ def resolution_out(gen: CatalogGeneration) -> ResolutionOut:
 
 
 def _check_alias(alias: str) -> None:
-    import re
-
     if not re.fullmatch(ALIAS_PATTERN, alias):
         raise BadRequest("invalid alias name", detail={"alias": alias, "pattern": ALIAS_PATTERN})
 

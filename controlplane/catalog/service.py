@@ -20,6 +20,7 @@ import hashlib
 import json
 from dataclasses import dataclass
 
+from sqlalchemy import func, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -114,8 +115,23 @@ def _apply(session: Session, req: CatalogRequest) -> tuple[CatalogGeneration, bo
                  namespace=req.namespace, target=f"alias:{req.namespace}/{req.alias}",
                  detail={"generation": row.generation, "artifact_id": target_id,
                          "reason": req.reason})
+    notify_catalog_change(session, req.namespace, req.alias, row.generation)
     session.commit()
     return row, True
+
+
+CATALOG_CHANNEL = "adapterplane_catalog"
+"""Postgres NOTIFY channel; payload `{"namespace","alias","generation"}` (JSON)."""
+
+
+def notify_catalog_change(session: Session, namespace: str, alias: str, generation: int) -> None:
+    """Queue a NOTIFY that Postgres delivers only if and when this transaction commits,
+    so listeners (agents) learn of a new generation at once. No-op on SQLite."""
+    if session.get_bind().dialect.name != "postgresql":
+        return
+    payload = json.dumps({"namespace": namespace, "alias": alias, "generation": generation},
+                         sort_keys=True)
+    session.execute(select(func.pg_notify(CATALOG_CHANNEL, payload)))
 
 
 def _publishable(session: Session, namespace_id: int, ref: str) -> Artifact:

@@ -4,7 +4,8 @@ Content columns (namespace, base, upload digest, storage key, files, size) never
 change after insert. Validation columns (digest H_artifact, method, modules, tensor
 bytes) are filled exactly once, on the transition to `validated`. The state machine
 is `pending -> validating -> validated | rejected` (`validating -> validating` is a
-re-claim by a retried or redelivered job). Both rules are enforced on flush.
+re-claim by a retried or redelivered job). Both rules are enforced on flush, one
+transition per flush (the guard compares with the value last loaded or flushed).
 """
 
 from __future__ import annotations
@@ -42,7 +43,9 @@ IMMUTABLE_COLUMNS = (
     "namespace_id", "base_id", "upload_sha256", "storage_key", "files", "size_bytes",
     "created_at",
 )
-WRITE_ONCE_COLUMNS = ("digest", "method", "modules", "tensor_bytes", "validated_at")
+WRITE_ONCE_COLUMNS = (
+    "digest", "method", "modules", "tensor_bytes", "validated_record", "validated_at",
+)
 
 
 class ArtifactStateError(Exception):
@@ -76,6 +79,8 @@ class Artifact(IdMixin, CreatedAtMixin, Base):
     method: Mapped[str | None] = mapped_column(String(32))
     modules: Mapped[list[Any] | None] = mapped_column(JsonDoc)
     tensor_bytes: Mapped[int | None] = mapped_column(BigInteger)
+    validated_record: Mapped[dict[str, Any] | None] = mapped_column(JsonDoc)
+    """`dataplane.artifacts.ValidatedArtifact.to_record()`: re-derivable by its readers."""
     validated_at: Mapped[datetime | None] = mapped_column()
 
     rejection_code: Mapped[str | None] = mapped_column(String(64))

@@ -57,6 +57,7 @@ def import_prefix(uri: str, settings: Settings) -> Iterator[dict[str, Path]]:
 
 @contextmanager
 def _import_s3(uri: str, settings: Settings) -> Iterator[dict[str, Path]]:
+    from boto3.exceptions import RetriesExceededError
     from botocore.exceptions import BotoCoreError, ClientError
 
     from controlplane.storage.s3_store import make_s3_client, translate_error
@@ -78,7 +79,7 @@ def _import_s3(uri: str, settings: Settings) -> Iterator[dict[str, Path]]:
             dest = Path(tmp) / name
             try:
                 client.download_file(bucket, base + name, str(dest))
-            except (BotoCoreError, ClientError) as exc:
+            except (BotoCoreError, ClientError, RetriesExceededError) as exc:
                 raise translate_error(exc, f"get {uri}/{name}") from exc
             out[name] = dest
         yield out

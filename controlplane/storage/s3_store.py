@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import boto3
+from boto3.exceptions import RetriesExceededError, S3UploadFailedError
 from boto3.s3.transfer import TransferConfig
 from botocore.config import Config
 from botocore.exceptions import (
@@ -67,7 +68,9 @@ def translate_error(exc: Exception, what: str) -> StorageError:
         if code in TRANSIENT_CODES or status.startswith("5"):
             return TransientStorageError(f"{what}: {code or status}")
         return StorageError(f"{what}: {code or status}: {exc}")
-    if isinstance(exc, BotoConnectionError | HTTPClientError):
+    if isinstance(exc, BotoConnectionError | HTTPClientError | RetriesExceededError):
+        return TransientStorageError(f"{what}: {exc}")
+    if isinstance(exc, S3UploadFailedError):  # wraps the ClientError's message only
         return TransientStorageError(f"{what}: {exc}")
     return StorageError(f"{what}: {exc}")
 
@@ -88,16 +91,14 @@ class S3ObjectStore(ObjectStore):
     def put_file(self, key: str, path: Path) -> None:
         try:
             self.client.upload_file(str(path), self.bucket, self._key(key), Config=self.transfer)
-        except (BotoCoreError, ClientError) as exc:
+        except (BotoCoreError, ClientError, S3UploadFailedError) as exc:
             raise translate_error(exc, f"put {self._key(key)}") from exc
-        except Exception as exc:  # s3transfer wraps failures in its own types
-            raise translate_error(_unwrap(exc), f"put {self._key(key)}") from exc
 
     def get_file(self, key: str, dest: Path) -> None:
         try:
             self.client.download_file(self.bucket, self._key(key), str(dest),
                                       Config=self.transfer)
-        except (BotoCoreError, ClientError) as exc:
+        except (BotoCoreError, ClientError, RetriesExceededError) as exc:
             raise translate_error(exc, f"get {self._key(key)}") from exc
 
     def exists(self, key: str) -> bool:
@@ -115,8 +116,3 @@ class S3ObjectStore(ObjectStore):
             self.client.head_bucket(Bucket=self.bucket)
         except (BotoCoreError, ClientError) as exc:
             raise translate_error(exc, f"bucket {self.bucket}") from exc
-
-
-def _unwrap(exc: Exception) -> Exception:
-    cause = exc.__cause__ or exc.__context__
-    return cause if isinstance(cause, Exception) else exc

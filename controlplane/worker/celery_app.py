@@ -38,8 +38,10 @@ def make_celery(settings: Settings) -> Celery:
         result_expires=24 * 3600,
         broker_connection_retry_on_startup=True,
         worker_hijack_root_logger=False,
-        adapterplane_settings=settings,
     )
+    # Kept off app.conf so configuration dumps (`celery inspect conf`) never show the
+    # database URL or storage credentials.
+    app.adapterplane_settings = settings
     import controlplane.artifacts.tasks  # noqa: F401  (registers the shared tasks)
 
     return app

@@ -1,7 +1,7 @@
 """Per-process resources for tasks: settings, DB session factory, object store.
 
 Built once per worker process from the settings the Celery app was made with
-(`app.conf.adapterplane_settings`), or from the environment.
+(`app.adapterplane_settings`, set by `make_celery`), or from the environment.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ def worker_context(app: Any) -> WorkerContext:
     with _lock:
         ctx: WorkerContext | None = getattr(app, _ATTR, None)
         if ctx is None:
-            settings = app.conf.get("adapterplane_settings") or Settings()
+            settings = getattr(app, "adapterplane_settings", None) or Settings()
             engine = make_engine(settings.database_url, pool_size=2)
             ctx = WorkerContext(settings, make_session_factory(engine),
                                 store_from_settings(settings))

@@ -14,6 +14,8 @@ Identity records (ModuleSpec, digests) come from dataplane.identity and are re-e
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from dataplane.artifacts.base_abi import BaseModelABI, read_base_abi
 from dataplane.artifacts.errors import ArtifactRejected, RejectionCode
 from dataplane.artifacts.json_files import read_json_object
@@ -29,11 +31,9 @@ from dataplane.artifacts.validation import (
 from dataplane.identity import SCALING_ALPHA_OVER_R, SCALING_RSLORA, ModuleSpec
 
 
-def read_adapter_config(adapter_dir: object) -> LoraSettings:
+def read_adapter_config(adapter_dir: Path) -> LoraSettings:
     """Parse and check `adapter_dir/adapter_config.json` (no tensors read)."""
-    from pathlib import Path
-
-    return parse_lora_config(read_json_object(Path(str(adapter_dir)) / CONFIG_FILE,
+    return parse_lora_config(read_json_object(Path(adapter_dir) / CONFIG_FILE,
                                               what="adapter config"))
 
 

@@ -93,7 +93,11 @@ def prepare_smollm2(dest: Path) -> Path:
             if is_prepared(dest):  # a concurrent caller finished first
                 return dest
             shutil.rmtree(dest)
-        os.replace(staging, dest)
+        try:
+            os.replace(staging, dest)
+        except OSError:
+            if not is_prepared(dest):  # lost a race to a caller that did finish: fine
+                raise
     finally:
         if staging.exists():
             shutil.rmtree(staging, ignore_errors=True)

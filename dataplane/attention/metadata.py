@@ -22,7 +22,8 @@ class PrefillSegment:
     `key_slots` [C] int64: flat KV slot of positions 0..C-1 (C = context after this step).
     `fresh` is True when the chunk starts at position 0: its keys are exactly this step's
     rows, so the kernel may use them without reading the cache back.
-    `masks[w]` [q, C] bool: key visible to query, for window w (None = full causal).
+    `masks[w]` [q, C] bool: key visible to query, for window w (None = full causal); absent
+    when the chunk is fresh and the window does not bite, i.e. the mask is plain causal.
     """
 
     start: int
@@ -34,10 +35,18 @@ class PrefillSegment:
 
 @dataclass(frozen=True)
 class DecodeBatch:
-    """Decode rows `[doff, doff + D)`: padded key slots [D, L] and masks[w] [D, L] bool."""
+    """Decode rows `[doff, doff + D)`.
 
-    key_slots: torch.Tensor
-    masks: dict[int | None, torch.Tensor]
+    Always: block_tables [D, max_blocks] int64, context_lens [D], positions [D] (int64) —
+    what the Triton paged kernel reads in place. Torch path only: padded key slots [D, L]
+    and masks[w] [D, L] bool for a gather + SDPA (None when the Triton kernel runs).
+    """
+
+    block_tables: torch.Tensor
+    context_lens: torch.Tensor
+    positions: torch.Tensor
+    key_slots: torch.Tensor | None
+    masks: dict[int | None, torch.Tensor] | None
 
 
 @dataclass(frozen=True)
@@ -47,6 +56,8 @@ class AttentionMetadata:
     prefills: tuple[PrefillSegment, ...]
     doff: int
     decode: DecodeBatch | None
+    decode_kernel: str = "torch"
+    """"torch" (gather + SDPA, any device) or "triton" (paged kernel, reads K/V in place)."""
 
 
 def _window_mask(q_pos: torch.Tensor, k_pos: torch.Tensor, valid: torch.Tensor,
@@ -59,21 +70,24 @@ def _window_mask(q_pos: torch.Tensor, k_pos: torch.Tensor, valid: torch.Tensor,
 
 def decode_batch(block_tables: torch.Tensor, context_lens: torch.Tensor,
                  positions: torch.Tensor, block_size: int, width: int,
-                 windows: tuple[int | None, ...], max_slot: int) -> DecodeBatch:
-    """Decode keys and masks computed on the device (no host loop; CUDA-graph capturable).
+                 windows: tuple[int | None, ...], max_slot: int,
+                 gather: bool = True) -> DecodeBatch:
+    """Decode metadata computed on the device (no host loop; CUDA-graph capturable).
 
     block_tables [D, >= ceil(width / block_size)] int64, context_lens [D] int64 (>= 1),
-    positions [D] int64 -> key_slots [D, width] and masks[w] [D, width] bool. Padding
-    entries (beyond a row's context) address some cache slot <= `max_slot` (the trash slot)
-    and are masked out.
+    positions [D] int64. With `gather`, also key_slots [D, width] and masks[w] [D, width]
+    bool for the torch path; padding entries (beyond a row's context) address some cache
+    slot <= `max_slot` (the trash slot) and are masked out.
     """
+    if not gather:
+        return DecodeBatch(block_tables, context_lens, positions, None, None)
     k_pos = torch.arange(width, dtype=torch.int64, device=block_tables.device)
     blocks = block_tables.index_select(1, k_pos // block_size)
     key_slots = (blocks * block_size + (k_pos % block_size)[None, :]).clamp(max=max_slot)
     valid = k_pos[None, :] < context_lens[:, None]
     q_pos = positions[:, None]
     masks = {w: _window_mask(q_pos, k_pos[None, :], valid, w) for w in windows}
-    return DecodeBatch(key_slots, masks)
+    return DecodeBatch(block_tables, context_lens, positions, key_slots, masks)
 
 
 def distinct_windows(windows: tuple[int | None, ...]) -> tuple[int | None, ...]:
@@ -87,7 +101,8 @@ def context_slots(block_table: tuple[int, ...] | list[int], length: int,
 
 
 def build_attention_metadata(plan: BatchPlan, windows: tuple[int | None, ...],
-                             device: torch.device, max_slot: int) -> AttentionMetadata:
+                             device: torch.device, max_slot: int,
+                             decode_kernel: str = "torch") -> AttentionMetadata:
     """Convert the plan's attention coordinates into tensors on `device` (one H2D per field).
 
     `max_slot` is the cache's largest valid slot index (its trash slot).
@@ -99,13 +114,15 @@ def build_attention_metadata(plan: BatchPlan, windows: tuple[int | None, ...],
     for p in range(plan.num_prefills):
         start, end = plan.prefill_indptr[p], plan.prefill_indptr[p + 1]
         ctx = plan.context_lens[p]
+        fresh = plan.positions[start] == 0
         slots = torch.tensor(context_slots(plan.block_tables[p], ctx, bs), dtype=torch.int64)
         q_pos = positions_host[start:end, None]
         k_pos = torch.arange(ctx, dtype=torch.int64)[None, :]
         valid = torch.ones(1, ctx, dtype=torch.bool)
-        masks = {w: _window_mask(q_pos, k_pos, valid, w).to(device) for w in distinct}
-        prefills.append(PrefillSegment(start, end, slots.to(device),
-                                       plan.positions[start] == 0, masks))
+        # A fresh chunk with no effective window is plain causal: no mask (flash kernels).
+        masks = {w: _window_mask(q_pos, k_pos, valid, w).to(device) for w in distinct
+                 if not (fresh and (w is None or w >= ctx))}
+        prefills.append(PrefillSegment(start, end, slots.to(device), fresh, masks))
     decode = None
     num_decodes = plan.num_decodes
     if num_decodes:
@@ -119,9 +136,10 @@ def build_attention_metadata(plan: BatchPlan, windows: tuple[int | None, ...],
         decode = decode_batch(
             torch.tensor(padded, dtype=torch.int64).to(device),
             torch.tensor(lens, dtype=torch.int64).to(device),
-            positions_host[plan.doff:].to(device), bs, width, distinct, max_slot)
+            positions_host[plan.doff:].to(device), bs, width, distinct, max_slot,
+            gather=decode_kernel == "torch")
     return AttentionMetadata(
         positions=positions_host.to(device),
         slot_mapping=torch.tensor(plan.slot_mapping, dtype=torch.int64).to(device),
-        prefills=tuple(prefills), doff=plan.doff, decode=decode,
+        prefills=tuple(prefills), doff=plan.doff, decode=decode, decode_kernel=decode_kernel,
     )

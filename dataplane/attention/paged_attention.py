@@ -3,7 +3,8 @@
 Works on CPU and CUDA. Per layer: write this step's K/V into their KV slots, then
 - each prefill request: its rows attend to its own context (this chunk's fresh keys when the
   chunk starts at position 0, else the cache gathered through its block table);
-- all decode rows in one padded batch: each row attends to its own cached keys.
+- all decode rows at once: each row attends to its own cached keys, either through the
+  Triton paged kernel (K/V read in place, CUDA) or a padded gather + SDPA (torch path).
 Masks come from `AttentionMetadata` (built once per step). GQA through `enable_gqa`.
 """
 
@@ -29,18 +30,39 @@ def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: in
             ks, vs = k[seg.start:seg.end], v[seg.start:seg.end]
         else:
             ks, vs = k_all[seg.key_slots], v_all[seg.key_slots]
-        mask = seg.masks[window]
+        mask = seg.masks.get(window)
         res = F.scaled_dot_product_attention(
             qs.transpose(0, 1)[None], ks.transpose(0, 1)[None], vs.transpose(0, 1)[None],
-            attn_mask=mask[None, None], scale=scale, enable_gqa=True)
+            attn_mask=None if mask is None else mask[None, None], is_causal=mask is None,
+            scale=scale, enable_gqa=True)
         out[seg.start:seg.end] = res[0].transpose(0, 1)
-    if meta.decode is not None:
+    if meta.decode is not None and meta.decode_kernel == "triton":
+        from dataplane.attention.triton_decode import paged_decode_attention
+
+        dec = meta.decode
+        out[meta.doff:] = paged_decode_attention(
+            q[meta.doff:], k_all, v_all, dec.block_tables, dec.context_lens, dec.positions,
+            cache.block_size, scale, window)
+    elif meta.decode is not None:
+        if meta.decode.key_slots is None or meta.decode.masks is None:
+            raise ValueError("torch decode path needs gathered key slots and masks")
         slots = meta.decode.key_slots  # [D, L]
-        kd = k_all[slots].transpose(1, 2)  # [D, Hkv, L, hd]
-        vd = v_all[slots].transpose(1, 2)
-        qd = q[meta.doff:, :, None, :]  # [D, Hq, 1, hd]
-        mask = meta.decode.masks[window][:, None, None, :]
-        res = F.scaled_dot_product_attention(qd, kd, vd, attn_mask=mask, scale=scale,
-                                             enable_gqa=True)
-        out[meta.doff:] = res[:, :, 0, :]
+        out[meta.doff:] = grouped_decode(q[meta.doff:], k_all[slots], v_all[slots],
+                                         meta.decode.masks[window], scale)
     return out
+
+
+def grouped_decode(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor,
+                   scale: float) -> torch.Tensor:
+    """One query row per request, GQA without repeating K/V (torch path).
+
+    q [D, Hq, Dh], k/v [D, L, Hkv, Dh] (gathered context), mask [D, L] bool -> [D, Hq, Dh].
+    Softmax in fp32; the G = Hq / Hkv query heads of a KV head share one matmul.
+    """
+    d, hq, dh = q.shape
+    hkv = k.shape[2]
+    qg = q.view(d, hkv, hq // hkv, dh)
+    scores = torch.matmul(qg, k.permute(0, 2, 3, 1)).float() * scale  # [D, Hkv, G, L]
+    scores = scores.masked_fill(~mask[:, None, None, :], float("-inf"))
+    probs = torch.softmax(scores, dim=-1).to(v.dtype)
+    return torch.matmul(probs, v.permute(0, 2, 1, 3)).reshape(d, hq, dh)

@@ -15,6 +15,7 @@ Only used on CUDA with a graph-safe LoRA backend (not the torch one, which syncs
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -45,10 +46,12 @@ class CudaGraphRunner:
         self.runner = runner
         self.device = runner.device
         self.block_size = runner.cache.block_size
-        self.batch_sizes = tuple(b for b in batch_sizes if b <= max_batch) or (max_batch,)
+        self.batch_sizes = tuple(sorted({b for b in batch_sizes if b < max_batch} | {max_batch}))
         self.max_batch = self.batch_sizes[-1]
+        # The Triton decode kernel reads context lengths on the device: one width serves
+        # all; the torch gather path pads to the width, so it gets doubling buckets.
         buckets, width = [], MIN_CONTEXT_BUCKET
-        while width < max_context:
+        while width < max_context and runner.decode_kernel == "torch":
             buckets.append(width)
             width *= 2
         buckets.append(max_context)
@@ -66,7 +69,8 @@ class CudaGraphRunner:
                              if runner.max_slots > 0 else None)
         self.windows = distinct_windows(runner.config.layer_windows)
         self.graphs: dict[tuple[int, int], _Graph] = {}
-        self.pool: object | None = None
+        self.replays = 0
+        self.pool: Any = None  # the graphs' shared memory pool handle
         # Pad rows reach the trash slot (= num_blocks * bs) as position 0 of block num_blocks;
         # decode_batch clamps every key slot to the trash slot, so that block id is safe.
         self._pad_block = trash // self.block_size
@@ -76,13 +80,13 @@ class CudaGraphRunner:
         r = self.runner
         decode = decode_batch(self.block_tables[:batch], self.context_lens[:batch],
                               self.positions[:batch], self.block_size, width, self.windows,
-                              r.cache.trash_slot)
+                              r.cache.trash_slot, gather=r.decode_kernel == "torch")
         attn = AttentionMetadata(self.positions[:batch], self.slot_mapping[:batch], (), 0,
-                                 decode)
+                                 decode, r.decode_kernel)
         lora = None
         if self.lora_buffers is not None:
             meta = r.backend.build_meta(self.row_slot[:batch], self.lora_buffers)
-            lora = LoraStepContext(r.backend, meta, r.workspace)
+            lora = LoraStepContext(r.backend, meta, r.workspace, skip_empty=False)
         hidden = r.model(self.input_ids[:batch], attn, r.cache, lora)
         return r.model.compute_logits(hidden)
 
@@ -127,6 +131,7 @@ class CudaGraphRunner:
         self._fill(plan, batch)
         entry = self.graphs[picked]
         entry.graph.replay()
+        self.replays += 1
         order = torch.tensor(plan.sample_rows, dtype=torch.int64, device=self.device)
         return entry.logits.index_select(0, order)
 

@@ -20,15 +20,22 @@ from pathlib import Path
 
 import torch
 
+from dataplane.artifacts import BaseModelABI, read_base_abi
 from dataplane.core import BatchPlan, InvalidRequest, SamplingParams, Sequence, build_batch_plan
-from dataplane.artifacts.base_abi import read_base_abi
-from dataplane.engine.adapters import AdapterHandle, AdapterRegistry
+from dataplane.engine.adapters import (
+    AdapterError,
+    AdapterHandle,
+    AdapterRegistry,
+    LoadedAdapter,
+    load_peft_adapter,
+)
 from dataplane.engine.model_runner import ModelRunner
 from dataplane.engine.scheduler import ScheduleOutput, Scheduler, SchedulerConfig
 from dataplane.kvcache import BlockManager, CacheABI, FreeListPagePool
 from dataplane.models import load_model
 from dataplane.models.llama import LlamaForCausalLM
 from dataplane.sampling.sampler import Sampler, TokenLogprobs
+from dataplane.tokenizer import Tokenizer
 
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
@@ -62,15 +69,33 @@ class EngineConfig:
     enable_prefix_caching: bool = True
     enable_cuda_graphs: bool = True
     lora_backend: str | None = None
+    attention_backend: str | None = None
+    max_graph_context: int = 4096
     sampler_seed: int | None = 0
+
+    def __post_init__(self) -> None:
+        minimum = {"max_num_seqs": 1, "max_num_batched_tokens": 1, "num_kv_blocks": 1,
+                   "block_size": 1, "max_slots": 0, "max_rank": 1, "max_graph_context": 1}
+        for name, low in minimum.items():
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < low:
+                raise InvalidRequest(f"{name} must be an int >= {low}", **{name: value})
+        if self.max_model_len is not None and (
+                not isinstance(self.max_model_len, int) or self.max_model_len < 2):
+            raise InvalidRequest("max_model_len must be an int >= 2",
+                                 max_model_len=self.max_model_len)
 
 
 class Engine:
     """Continuous-batching multi-LoRA engine over one Llama-family base model."""
 
     def __init__(self, model: LlamaForCausalLM, config: EngineConfig, base_digest: str,
-                 tokenizer: object | None = None) -> None:
+                 base_abi: BaseModelABI | None = None, tokenizer: Tokenizer | None = None
+                 ) -> None:
+        """`base_digest` is H_base (keys the prefix cache); `base_abi` validates PEFT dirs
+        (None: only pre-loaded adapters via `register_loaded_adapter`)."""
         self.config = config
+        self.base_abi = base_abi
         self.model = model
         self.tokenizer = tokenizer
         mc = model.config
@@ -79,7 +104,8 @@ class Engine:
         self.runner = ModelRunner(model, config.num_kv_blocks, config.block_size,
                                   max_rows=max(config.max_num_batched_tokens, config.max_num_seqs),
                                   max_slots=config.max_slots, max_rank=config.max_rank,
-                                  lora_backend=config.lora_backend)
+                                  lora_backend=config.lora_backend,
+                                  attention_backend=config.attention_backend)
         self.adapters = AdapterRegistry(self.runner)
         kv_dtype = str(model.dtype).removeprefix("torch.")
         self.block_manager = BlockManager(
@@ -89,9 +115,12 @@ class Engine:
         self.scheduler = Scheduler(
             SchedulerConfig(max_num_batched_tokens=config.max_num_batched_tokens,
                             max_num_seqs=config.max_num_seqs, max_model_len=max_len),
-            self.block_manager, eos_token_ids=mc.eos_token_ids,
+            self.block_manager,
+            eos_token_ids=(tokenizer.eos_token_ids if tokenizer is not None
+                           and tokenizer.eos_token_ids else mc.eos_token_ids),
             adapter_ready=self.adapters.is_ready,
-            detokenizer_factory=None)
+            detokenizer_factory=(None if tokenizer is None
+                                 else lambda seq: tokenizer.detokenizer(seq.prompt_token_ids)))
         self.sampler = Sampler(config.sampler_seed)
         self._seqs: dict[str, Sequence] = {}
         self._logprobs: dict[str, list[TokenLogprobs]] = {}
@@ -103,7 +132,8 @@ class Engine:
                 and self.runner.graph_safe):
             from dataplane.engine.cuda_graphs import CudaGraphRunner
 
-            graphs = CudaGraphRunner(self.runner, config.max_num_seqs, max_len)
+            graphs = CudaGraphRunner(self.runner, config.max_num_seqs,
+                                     min(max_len, config.max_graph_context))
             graphs.capture_all()
             self.runner.graphs = graphs
 
@@ -113,14 +143,27 @@ class Engine:
         """Load config.json + safetensors from `path`; `sizes` are EngineConfig fields."""
         if dtype not in _DTYPES:
             raise InvalidRequest(f"dtype must be one of {sorted(_DTYPES)}", dtype=dtype)
+        unknown = set(sizes) - set(EngineConfig.__dataclass_fields__)
+        if unknown:
+            raise InvalidRequest(f"unknown engine options {sorted(unknown)}")
         config = EngineConfig(**sizes)  # type: ignore[arg-type]
         model = load_model(Path(path), _DTYPES[dtype], torch.device(device))
-        return cls(model, config, read_base_abi(Path(path)).h_base)
+        abi = read_base_abi(Path(path))
+        tokenizer = (Tokenizer.from_dir(path) if (Path(path) / "tokenizer.json").is_file()
+                     else None)
+        return cls(model, config, abi.h_base, abi, tokenizer)
 
     # ----- adapters -------------------------------------------------------------------
     def register_adapter(self, peft_dir: str | Path) -> AdapterHandle:
         """Load a PEFT LoRA dir into a free slot (the same content returns the same handle)."""
-        return self.adapters.register(Path(peft_dir))
+        if self.base_abi is None:
+            raise AdapterError("this engine has no base ABI to validate PEFT dirs against")
+        return self.adapters.register(
+            load_peft_adapter(Path(peft_dir), self.base_abi, self.config.max_rank))
+
+    def register_loaded_adapter(self, adapter: LoadedAdapter) -> AdapterHandle:
+        """Register factors already in memory (benchmarks with synthetic adapters)."""
+        return self.adapters.register(adapter)
 
     def unregister_adapter(self, handle: AdapterHandle) -> None:
         """Free the adapter's slot; refused while a live request uses it."""
@@ -134,10 +177,7 @@ class Engine:
         """Queue a request. Bad input raises a typed error and changes nothing."""
         if request_id in self._seqs:
             raise InvalidRequest("duplicate request id", request_id=request_id)
-        if isinstance(prompt, str):
-            prompt_ids = self._encode(prompt)
-        else:
-            prompt_ids = list(prompt)
+        prompt_ids = self._encode(prompt) if isinstance(prompt, str) else list(prompt)
         if any(not isinstance(t, int) or not 0 <= t < self.model.config.vocab_size
                for t in prompt_ids):
             raise InvalidRequest("prompt token ids must be ints in [0, vocab_size)",
@@ -155,7 +195,7 @@ class Engine:
     def _encode(self, text: str) -> list[int]:
         if self.tokenizer is None:
             raise InvalidRequest("text prompts need a tokenizer; pass token ids")
-        return list(self.tokenizer.encode(text))  # type: ignore[attr-defined]
+        return self.tokenizer.encode(text)
 
     def abort(self, request_id: str) -> bool:
         """Cancel a live request (its blocks are freed). False if it is not live."""

@@ -13,14 +13,14 @@ import torch
 
 from dataplane.attention.kv_cache import PagedKVCache
 from dataplane.attention.metadata import build_attention_metadata
-from dataplane.core import BatchPlan, InvalidBatchPlan
+from dataplane.core import BatchPlan, InvalidBatchPlan, InvalidRequest
 from dataplane.kernels import (
     LoraFactorTable,
     LoraMetaBuffers,
     LoraWorkspace,
     get_lora_backend,
 )
-from dataplane.layers.lora_linear import LoraStepContext
+from dataplane.layers.lora_linear import LoRALinear, LoraStepContext
 from dataplane.models.llama import LlamaForCausalLM
 
 
@@ -30,11 +30,15 @@ class ModelRunner:
     Args:
         max_rows: largest T of any plan (max_num_batched_tokens, >= max_num_seqs).
         max_slots / max_rank: adapter slot count and the largest rank a slot may hold.
+        lora_backend: kernels backend name (None: Triton on CUDA, torch on CPU).
+        attention_backend: decode attention, "triton" (paged kernel) or "torch" (gather +
+            SDPA); None: Triton on CUDA, torch on CPU.
     """
 
     def __init__(self, model: LlamaForCausalLM, num_kv_blocks: int, block_size: int,
                  max_rows: int, max_slots: int, max_rank: int,
-                 lora_backend: str | None = None) -> None:
+                 lora_backend: str | None = None, attention_backend: str | None = None
+                 ) -> None:
         self.model = model
         self.config = model.config
         self.device = model.embed_tokens.weight.device
@@ -45,8 +49,15 @@ class ModelRunner:
         self.max_rows = max_rows
         self.max_slots = max_slots
         self.max_rank = max_rank
+        self.decode_kernel = attention_backend or (
+            "triton" if self.device.type == "cuda" else "torch")
+        if self.decode_kernel not in ("torch", "triton"):
+            raise InvalidRequest(f"unknown attention backend {self.decode_kernel!r}")
         self.tables: dict[tuple[int, str], LoraFactorTable] = {}
+        self.linears: dict[tuple[int, str], LoRALinear] = {}
         self.graphs: object | None = None  # CudaGraphRunner, set by the engine on CUDA
+        for _layer, _attr, linear in model.lora_linears():  # detach a previous runner's tables
+            linear.factors, linear.has_factors = None, False
         if max_slots > 0:
             self.backend = get_lora_backend(self.device, prefer=lora_backend)
             self.meta_buffers = LoraMetaBuffers(max_rows, max_slots, self.device)
@@ -57,6 +68,7 @@ class ModelRunner:
                                         max_rank, self.dtype, self.device)
                 linear.factors = table
                 self.tables[(layer, attr)] = table
+                self.linears[(layer, attr)] = linear
 
     @property
     def graph_safe(self) -> bool:
@@ -92,7 +104,7 @@ class ModelRunner:
         device = self.device
         input_ids = torch.tensor(plan.input_ids, dtype=torch.int64).to(device)
         attn = build_attention_metadata(plan, self.config.layer_windows, device,
-                                        self.cache.trash_slot)
+                                        self.cache.trash_slot, self.decode_kernel)
         lora = None
         if self.max_slots > 0 and any(s >= 0 for s in plan.row_slot):
             row_slot = torch.tensor(plan.row_slot, dtype=torch.int32).to(device)

@@ -63,13 +63,14 @@ class SchedulerConfig:
 class ScheduleOutput:
     """Rows chosen for one step. `prefills` are (seq, num_new_tokens) chunks starting at
     seq.num_computed_tokens; `decodes` contribute one row each. Scheduler order is prefills
-    then decodes; `sampled` lists the sequences that get a token this step, in that order
-    (prefill chunks that reach the end of their tokens, then every decode) — the same order
-    as BatchPlan.sample_request_ids."""
+    then decodes. `sampled` (fixed when the step is scheduled) lists the sequences that get a
+    token this step, in that order: prefill chunks that reach the end of their tokens, then
+    every decode — the same order as BatchPlan.sample_request_ids."""
 
     prefills: list[tuple[Sequence, int]] = field(default_factory=list)
     decodes: list[Sequence] = field(default_factory=list)
     preempted: list[Sequence] = field(default_factory=list)
+    sampled: list[Sequence] = field(default_factory=list)
 
     @property
     def is_empty(self) -> bool:
@@ -78,11 +79,6 @@ class ScheduleOutput:
     @property
     def num_batched_tokens(self) -> int:
         return sum(n for _, n in self.prefills) + len(self.decodes)
-
-    @property
-    def sampled(self) -> list[Sequence]:
-        done = [s for s, n in self.prefills if s.num_computed_tokens + n == s.num_tokens]
-        return done + list(self.decodes)
 
 
 @dataclass(frozen=True)
@@ -129,7 +125,7 @@ class Scheduler:
         if limit is not None and seq.num_prompt_tokens >= limit:
             raise InvalidRequest("prompt does not fit max_model_len", request_id=rid,
                                  prompt_tokens=seq.num_prompt_tokens, max_model_len=limit)
-        self.block_manager.check_fits(seq, self._max_len(seq))
+        self.block_manager.check_request(seq, self._max_len(seq))
         detok = self.detokenizer_factory(seq) if self.detokenizer_factory else None
         self._stops[rid] = StopChecker(seq, self.eos_token_ids, detok, self._max_len(seq))
         seq.arrival = self._arrivals
@@ -215,13 +211,15 @@ class Scheduler:
             out.prefills.append((seq, n))
             budget -= n
         self.waiting.extendleft(reversed(skipped))
+        out.sampled = [s for s, n in out.prefills if s.num_computed_tokens + n == s.num_tokens]
+        out.sampled.extend(out.decodes)
         return out
 
     # ----- after the model ran --------------------------------------------------------------
     def postprocess(self, out: ScheduleOutput, token_ids: SequenceOf[int]) -> list[StepUpdate]:
         """Record computed K/V, append one sampled token per `out.sampled` sequence, apply stop
         rules, free finished requests. Aborted-in-between requests are skipped."""
-        sampled = out.sampled  # evaluated before num_computed_tokens moves
+        sampled = out.sampled
         if len(token_ids) != len(sampled):
             raise SchedulerError("one sampled token per sampled sequence is required",
                                  expected=len(sampled), got=len(token_ids))

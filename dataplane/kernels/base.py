@@ -74,9 +74,9 @@ class LoraMetaBuffers:
             raise LoraShapeError(f"max_rows={max_rows} and num_slots={num_slots} must be > 0")
         self.max_rows = max_rows
         self.num_slots = num_slots
-        self.device = torch.device(device)
         i32 = torch.int32
-        self.row_slot = torch.full((max_rows,), -1, dtype=i32, device=self.device)
+        self.row_slot = torch.full((max_rows,), -1, dtype=i32, device=device)
+        self.device = self.row_slot.device  # normalised ("cuda" -> "cuda:0")
         self.sorted_rows = torch.zeros(max_rows, dtype=i32, device=self.device)
         self.slot_counts = torch.zeros(num_slots, dtype=i32, device=self.device)
         self.slot_starts = torch.zeros(num_slots, dtype=i32, device=self.device)
@@ -228,9 +228,13 @@ class LoraBackend(ABC):
         Args:
             x: ``[T, in_features]``, row stride free, unit column stride,
                 dtype of ``weights.storage``.
-        Returns ``z`` float32 ``[splits, T, NS, R]`` (partial sums over
-        ``splits``; entries of rows without a slot or beyond the rank are
-        unspecified and never read by :meth:`expand`).
+        Returns ``z`` float32 ``[splits, T, NS, R]``: split-K partial sums in
+        a backend-private layout, meant only for the same backend's
+        :meth:`expand`. With ``splits == 1`` (always for torch; for Triton when
+        K fits one tile) ``z[0]`` is the bottleneck itself. The Triton backend
+        picks how many leading splits to write on the device, so summing all
+        of axis 0 is not valid there. Entries of rows without a slot or beyond
+        the rank are unspecified and never read.
         """
 
     @abstractmethod
@@ -277,6 +281,10 @@ def check_call(
     """Host-side shape checks shared by backends (no device sync)."""
     if w.num_slots != meta.num_slots:
         raise LoraShapeError(f"weights have {w.num_slots} slots, metadata {meta.num_slots}")
+    if meta.sorted_rows.device != w.storage.device:
+        raise LoraShapeError(
+            f"metadata on {meta.sorted_rows.device}, factors on {w.storage.device}"
+        )
     for name, t, width in (("x", x, w.in_features), ("y", y, w.total_out)):
         if t is None:
             continue

@@ -3,7 +3,12 @@
 from __future__ import annotations
 
 from dataplane.kvcache.block_manager import BlockManager
-from dataplane.kvcache.errors import InvalidPageOperation, KVCapacityError, PoolExhausted
+from dataplane.kvcache.errors import (
+    InvalidCacheABI,
+    InvalidPageOperation,
+    KVCapacityError,
+    PoolExhausted,
+)
 from dataplane.kvcache.page_pool import FreeListPagePool, PageKind, PagePool
 from dataplane.kvcache.prefix_cache import PrefixCache
 from dataplane.kvcache.prefix_key import CacheABI, chain_keys
@@ -12,6 +17,7 @@ __all__ = [
     "BlockManager",
     "CacheABI",
     "FreeListPagePool",
+    "InvalidCacheABI",
     "InvalidPageOperation",
     "KVCapacityError",
     "PageKind",

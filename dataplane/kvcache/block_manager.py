@@ -13,11 +13,16 @@ writes into is private to the sequence.
 
 from __future__ import annotations
 
-from dataplane.core import Sequence
-from dataplane.kvcache.errors import InvalidPageOperation, KVCapacityError, PoolExhausted
+from dataplane.core import InvalidRequest, Sequence
+from dataplane.kvcache.errors import (
+    InvalidCacheABI,
+    InvalidPageOperation,
+    KVCapacityError,
+    PoolExhausted,
+)
 from dataplane.kvcache.page_pool import PageKind, PagePool
 from dataplane.kvcache.prefix_cache import PrefixCache
-from dataplane.kvcache.prefix_key import CacheABI, chain_keys
+from dataplane.kvcache.prefix_key import CacheABI, chain_keys, chain_root
 
 
 class BlockManager:
@@ -48,8 +53,14 @@ class BlockManager:
     def blocks_for(self, num_tokens: int) -> int:
         return (num_tokens + self.block_size - 1) // self.block_size
 
-    def check_fits(self, seq: Sequence, max_tokens: int) -> None:
-        """Raise KVCapacityError if the sequence could never fit even in an empty pool."""
+    def check_request(self, seq: Sequence, max_tokens: int) -> None:
+        """Admission check, before a request is queued: its cache identity is valid
+        (InvalidRequest) and `max_tokens` tokens fit an empty pool (KVCapacityError)."""
+        try:
+            chain_root(self.abi, seq.adapter_digest, seq.isolation_namespace)
+        except InvalidCacheABI as exc:
+            raise InvalidRequest(f"request has no valid cache identity: {exc.message}",
+                                 request_id=seq.request_id) from exc
         need = self.blocks_for(max_tokens)
         if need > self.pool.num_pages:
             raise KVCapacityError("request needs more KV blocks than the pool has",
@@ -71,9 +82,7 @@ class BlockManager:
         if not self.enable_prefix_caching:
             return []
         bs = self.block_size
-        max_hits = (seq.num_tokens - 1) // bs
-        chain = chain_keys(self.abi, seq.token_ids, adapter_digest=seq.adapter_digest,
-                           namespace=seq.isolation_namespace, stop=max_hits)
+        chain = self._chain(seq, (seq.num_tokens - 1) // bs)
         hits: list[int] = []
         for i, (prev, key) in enumerate(chain):
             block = self.cache.lookup(prev, key, tuple(seq.token_ids[i * bs:(i + 1) * bs]))

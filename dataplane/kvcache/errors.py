@@ -21,3 +21,9 @@ class KVCapacityError(EngineError):
     """A request can never fit in the KV pool (e.g. its prompt needs more blocks than exist)."""
 
     code = "KV_CAPACITY"
+
+
+class InvalidCacheABI(EngineError):
+    """The engine's cache ABI fields do not form a valid identity (dataplane.identity)."""
+
+    code = "INVALID_CACHE_ABI"

@@ -30,6 +30,9 @@ class LoraStepContext:
     backend: LoraBackend
     meta: LoraBatchMeta
     workspace: LoraWorkspace
+    skip_empty: bool = True
+    """Skip projections no loaded adapter targets (host-side check). False inside CUDA-graph
+    capture, so that an adapter registered after capture still reaches every projection."""
 
 
 class LoRALinear(nn.Module):
@@ -53,6 +56,8 @@ class LoRALinear(nn.Module):
         self.bias = (nn.Parameter(torch.zeros(total, dtype=dtype, device=device),
                                   requires_grad=False) if bias else None)
         self.factors: LoraFactorTable | None = None
+        self.has_factors = False
+        """Host-side: some slot has rank > 0 in `factors` (kept by the adapter loader)."""
 
     def slice_rows(self, name: str) -> tuple[int, int]:
         """[start, end) output rows of slice `name` inside the fused weight."""
@@ -65,6 +70,7 @@ class LoRALinear(nn.Module):
 
     def forward(self, x: torch.Tensor, lora: LoraStepContext | None) -> torch.Tensor:
         y = F.linear(x, self.weight, self.bias)
-        if lora is not None and self.factors is not None:
+        if lora is not None and self.factors is not None and (
+                self.has_factors or not lora.skip_empty):
             lora.backend.add_lora(y, x, lora.meta, self.factors.weights, lora.workspace)
         return y

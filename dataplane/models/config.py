@@ -174,7 +174,7 @@ def _parse_rope(raw: dict[str, Any], max_pos: int) -> RopeConfig:
     if rope_type in ("linear", "llama3") and factor is None:
         raise ModelLoadError(f"rope_type {rope_type!r} needs a factor")
     if rope_type == "yarn" and factor is None:
-        factor = max_pos / float(original)
+        factor = max_pos / float(original if original is not None else max_pos)
     return RopeConfig(
         rope_type=rope_type, theta=float(theta),
         factor=1.0 if factor is None else float(factor),

@@ -11,6 +11,7 @@ snapshots, and the cross-structure invariant :meth:`DevicePool.check`.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Protocol
 
 import torch
@@ -42,6 +43,18 @@ from dataplane.pool.slot_table import (
 S = ResidencyState
 
 
+@dataclass
+class PoolStats:
+    """Monotonic counters for metrics (bounded labels only; no adapter ids)."""
+
+    loads_committed: int = 0
+    loads_rolled_back: int = 0
+    victims_restored: int = 0
+    restore_failures: int = 0
+    evictions: int = 0
+    h2d_bytes: int = 0
+
+
 class SlotListener(Protocol):
     """Told about slot publication (before the snapshot swap) and reclamation (after)."""
 
@@ -66,6 +79,7 @@ class DevicePool:
         slot_generations: Mapping[int, tuple[int, int]] | None = None,
         last_generations: Mapping[str, int] | None = None,
         rehash_on_load: bool = True,
+        full_audit: bool = True,
         listeners: Sequence[SlotListener] = (),
     ) -> None:
         self.geometry = geometry
@@ -76,11 +90,13 @@ class DevicePool:
         self.host = host_tier or HostTier(1 << 40, pin_memory=False)
         self.faults = faults or FaultInjector()
         self.rehash_on_load = rehash_on_load
+        self.full_audit = full_audit
         self.listeners = list(listeners)
         self.residents: dict[tuple[str, int], Residency] = {}
         self.tombstones: list[tuple[str, int]] = []
         self._last_gen: dict[str, int] = dict(last_generations or {})
         self._clock = 0
+        self.stats = PoolStats()
         self._txn_seq = 0
         self._txn_ids: set[str] = set()
 
@@ -92,8 +108,8 @@ class DevicePool:
     def check_attempt_id(self, attempt_id: str | None) -> None:
         """Refuse a load attempt id already used (one id per attempt, never reused)."""
         if attempt_id is not None and (attempt_id in self._txn_ids or not attempt_id):
-            raise IllegalTransition(f"load attempt id {attempt_id!r} was already used",
-                                    reason="attempt_id_reused")
+            raise IllegalTransition(f"load attempt id {attempt_id!r} is empty or was already "
+                                    "used", reason="attempt_id_reused")
 
     def next_txn_id(self, attempt_id: str | None = None) -> str:
         """``attempt_id`` (checked unused) or the next ``txN``."""
@@ -166,6 +182,7 @@ class DevicePool:
         if res.pin_count <= 0:
             raise IllegalTransition("unpin without pin")
         res.pin_count -= 1
+        self.try_reclaim(res)
 
     def hold_for_queue(self, res: Residency) -> None:
         """A queued request's admission assumes ``res`` stays resident."""
@@ -177,6 +194,7 @@ class DevicePool:
         if res.queued_reservations <= 0:
             raise IllegalTransition("no queued reservation to release")
         res.queued_reservations -= 1
+        self.try_reclaim(res)
 
     # ---- retirement and reclamation --------------------------------------------------------
     def retire(self, res: Residency) -> bool:
@@ -257,6 +275,7 @@ class DevicePool:
                 raise KvCapacityExhausted(f"KV growth of {n} pages: {exc.message}") from exc
             for v in victims:
                 self.evict(v)
+            self.stats.evictions += len(victims)
         pages = self.pages.allocate(KvOwner(owner), n)
         self.check()
         return pages
@@ -272,10 +291,25 @@ class DevicePool:
     def end_launch(self, snap: LaunchSnapshot, last_use: CopyEvent) -> None:
         self.launches.end(snap, last_use)
 
+    def gauges(self) -> dict[str, dict[str, int]]:
+        """Current pages by class, residencies by state, slots by state (for /metrics)."""
+        states = {s.value: 0 for s in ResidencyState if s is not S.ABSENT}
+        for r in self.residents.values():
+            states[r.state.value] += 1
+        slots = {s.value: 0 for s in SlotState}
+        for i in range(self.slots.num_slots):
+            slots[self.slots.state(i).value] += 1
+        return {"pages": self.pages.counts().as_dict(), "residency": states, "slots": slots}
+
     # ---- invariant -----------------------------------------------------------------------
     def check(self) -> PoolCounts:
-        """Page conservation plus agreement of residencies, page owners and pointer table."""
-        counts = self.pages.check()
+        """Page conservation plus agreement of residencies, page owners and pointer table.
+
+        Runs after every transaction, committed or rolled back, and every KV allocation.
+        ``full_audit=False`` (large production pools) keeps the per-page scan out and
+        checks counters and per-owner page sets only.
+        """
+        counts = self.pages.check(full=self.full_audit)
         for res in self.residents.values():
             if res.state not in HAS_PAGES:
                 raise ConservationError(f"{res.key}@g{res.generation} {res.state.value} listed")

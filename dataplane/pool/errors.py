@@ -92,6 +92,12 @@ class UnknownAlias(PoolError):
     code = "UNKNOWN_ALIAS"
 
 
+class AliasRetired(PoolError):
+    """The alias was retired on this worker (HTTP 410 upstream), never a fallback."""
+
+    code = "ALIAS_RETIRED"
+
+
 class CatalogConflict(PoolError):
     """compare-and-publish saw a different current generation than expected."""
 

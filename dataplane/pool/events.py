@@ -9,6 +9,7 @@ work when first waited on).
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from typing import Protocol
 
@@ -46,3 +47,31 @@ class PendingEvent:
             if self._work is not None:
                 self._work()
             self._done = True
+
+
+class HeldEvent:
+    """Fault injection "delay copy": incomplete until waited on; the wait sleeps
+    ``delay_s`` (a slow transfer) and then waits for the real event."""
+
+    def __init__(self, inner: CopyEvent, delay_s: float = 0.0) -> None:
+        self._inner = inner
+        self._delay_s = delay_s
+        self._waited = False
+
+    def query(self) -> bool:
+        return self._waited and self._inner.query()
+
+    def synchronize(self) -> None:
+        if not self._waited and self._delay_s:
+            time.sleep(self._delay_s)
+        self._waited = True
+        self._inner.synchronize()
+
+    @property
+    def inner(self) -> CopyEvent:
+        return self._inner
+
+    @property
+    def staged(self) -> object:
+        return getattr(self._inner, "staged", None)
+

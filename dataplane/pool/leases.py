@@ -20,20 +20,28 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
+from dataplane.identity import SlotBinding
 from dataplane.pool.device_pool import DevicePool
-from dataplane.pool.errors import CatalogConflict, LeaseError, Retiring, UnknownAlias
+from dataplane.pool.errors import AliasRetired, CatalogConflict, LeaseError, UnknownAlias
 from dataplane.pool.events import CopyEvent
-from dataplane.pool.residency import Residency, ResidencyState
+from dataplane.pool.residency import VISIBLE, Residency
 from dataplane.pool.slot_table import LaunchSnapshot, SlotHandle
 from dataplane.pool.transactions import Admission, LoadRequest, LoadTransaction
 
 
 @dataclass(frozen=True)
 class CatalogEntry:
+    """``alias`` at catalog ``generation`` names artifact ``key``; ``handle`` is where it
+    was published on this worker (a later cold reload binds a newer handle)."""
+
     alias: str
     generation: int
     handle: SlotHandle
     residency_generation: int
+
+    @property
+    def key(self) -> str:
+        return self.handle.artifact_digest
 
 
 class AliasCatalog:
@@ -42,9 +50,13 @@ class AliasCatalog:
     def __init__(self, generations: Mapping[str, int] | None = None) -> None:
         self._gen: dict[str, int] = dict(generations or {})
         self._entries: dict[str, CatalogEntry] = {}
+        self._retired: set[str] = set()
 
     def resolve(self, alias: str) -> CatalogEntry:
         entry = self._entries.get(alias)
+        if entry is None and alias in self._retired:
+            raise AliasRetired(f"alias {alias!r} was retired at generation "
+                               f"{self._gen[alias]}")
         if entry is None:
             raise UnknownAlias(f"alias {alias!r} is not published on this worker")
         return entry
@@ -60,12 +72,17 @@ class AliasCatalog:
         entry = CatalogEntry(alias, current + 1, handle, residency_generation)
         self._gen[alias] = entry.generation
         self._entries[alias] = entry
+        self._retired.discard(alias)
         return entry
+
+    def entries(self) -> tuple[CatalogEntry, ...]:
+        return tuple(self._entries.values())
 
     def remove(self, alias: str) -> CatalogEntry:
         entry = self.resolve(alias)
         del self._entries[alias]
         self._gen[alias] = entry.generation + 1
+        self._retired.add(alias)
         return entry
 
 
@@ -78,6 +95,7 @@ class Lease:
     catalog_generation: int
     handle: SlotHandle
     residency_generation: int
+    kv_pages: tuple[int, ...] = ()
 
 
 class LeaseManager:
@@ -88,7 +106,7 @@ class LeaseManager:
         self.catalog = catalog or AliasCatalog()
         self._leases: dict[str, Lease] = {}
 
-    def residency(self, lease: Lease | CatalogEntry) -> Residency:
+    def residency(self, lease: Lease) -> Residency:
         key = (lease.handle.artifact_digest, lease.residency_generation)
         res = self.pool.residents.get(key)
         if res is None:
@@ -100,6 +118,10 @@ class LeaseManager:
         """Stage ``key`` in a shadow slot, then CAS the catalog; the old generation retires.
 
         ``expected_generation`` defaults to the current one (no concurrent publisher).
+        ``fresh`` loads a new residency generation even if ``key`` is resident (recovery
+        after a post-publication failure). The previous target retires unless another
+        alias still names it. If the CAS loses a race, the staged copy stays resident as
+        an ordinary idle (evictable) adapter and :class:`CatalogConflict` is raised.
         """
         expected = self.catalog.generation(alias) if expected_generation is None else (
             expected_generation)
@@ -109,29 +131,45 @@ class LeaseManager:
         request = LoadRequest(key, slot=slot, fresh=fresh)
         admission: Admission = LoadTransaction(self.pool, request).run()
         try:
-            old = self.catalog.resolve(alias)
+            old: CatalogEntry | None = self.catalog.resolve(alias)
         except UnknownAlias:
             old = None
         entry = self.catalog.compare_and_publish(alias, expected, admission.handle,
                                                  admission.generation)
-        if old is not None and old.handle != entry.handle:
-            old_res = self.residency(old)
-            if old_res.state is not ResidencyState.RETIRING:
-                self.pool.retire(old_res)
+        if old is not None:
+            self._retire_previous(old.key, keep=(key, admission.generation))
         return entry
 
-    def bind(self, request_id: str, alias: str) -> Lease:
-        """Resolve ``alias`` once and take a reference on that generation."""
+    def _retire_previous(self, key: str, keep: tuple[str, int]) -> None:
+        named = {e.key for e in self.catalog.entries()}
+        for res in list(self.pool.residents.values()):
+            if res.key != key or (res.key, res.generation) == keep:
+                continue
+            if res.key in named and res.key != keep[0]:
+                continue  # another alias still serves this artifact
+            if res.state in VISIBLE:
+                self.pool.retire(res)
+
+    def retire_alias(self, alias: str) -> CatalogEntry:
+        """Remove ``alias`` (new binds get :class:`AliasRetired`); its artifact retires
+        unless another alias serves it. Running leases finish on their generation."""
+        entry = self.catalog.remove(alias)
+        self._retire_previous(entry.key, keep=("", 0))
+        return entry
+
+    def bind(self, request_id: str, alias: str, kv_initial: int = 0, kv_growth: int = 0,
+             guard: int = 0, attempt_id: str | None = None) -> Lease:
+        """Resolve ``alias`` once, make its artifact resident if cold (one admission
+        transaction, jointly with the request's KV pages) and take a reference on
+        that exact generation. Raises a typed error with nothing held on refusal."""
         if request_id in self._leases:
             raise LeaseError(f"request {request_id!r} already holds a lease")
         entry = self.catalog.resolve(alias)
-        res = self.residency(entry)
-        if res.state is ResidencyState.RETIRING:
-            raise Retiring(f"{alias}@{entry.generation} is retiring")
-        self.pool.slots.validate(entry.handle)
-        self.pool.acquire(res)
-        lease = Lease(request_id, alias, entry.generation, entry.handle,
-                      entry.residency_generation)
+        request = LoadRequest(entry.key, request_id, kv_initial, kv_growth, guard,
+                              attempt_id=attempt_id)
+        admission = LoadTransaction(self.pool, request).run()
+        lease = Lease(request_id, alias, entry.generation, admission.handle,
+                      admission.generation, admission.kv_pages)
         self._leases[request_id] = lease
         return lease
 
@@ -158,3 +196,12 @@ class LeaseManager:
             res = self.pool.residents.get((entry.key, entry.residency_generation))
             if res is not None:
                 res.note_use(last_use)
+
+
+def slot_binding(handle: SlotHandle, *, worker_epoch: int, device_id: str,
+                 adapter_semantic: str, kernel_local: str) -> SlotBinding:
+    """The identity record (DESIGN.md §3) of a published slot handle on this worker."""
+    return SlotBinding(worker_epoch=worker_epoch, device_id=device_id,
+                       slot_index=handle.slot_id, slot_generation=handle.slot_generation,
+                       pointer_table_generation=handle.pointer_generation,
+                       adapter_semantic=adapter_semantic, kernel_local=kernel_local)

@@ -11,9 +11,10 @@ is what "digest-checked before the copy" checks.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from fractions import Fraction
+from typing import Protocol
 
 import torch
 
@@ -27,6 +28,38 @@ Factors = Mapping[ModuleKey, tuple[torch.Tensor, torch.Tensor, Fraction]]
 """``(A [r, d_in], B [d_out, r] (PEFT orientation), scale)`` per module of every layer."""
 
 _SUPPORTED = (torch.float16, torch.bfloat16, torch.float32)
+
+
+class ModuleFactorsLike(Protocol):
+    """One adapted projection as the engine's PEFT reader returns it."""
+
+    @property
+    def layer(self) -> int: ...
+
+    @property
+    def module(self) -> str: ...
+
+    @property
+    def a(self) -> torch.Tensor: ...
+
+    @property
+    def b(self) -> torch.Tensor: ...
+
+    @property
+    def scale(self) -> float: ...
+
+
+def factors_from_modules(modules: Iterable[ModuleFactorsLike]) -> dict[ModuleKey, tuple[
+        torch.Tensor, torch.Tensor, Fraction]]:
+    """``Factors`` from ``(layer, module, A, B, scale)`` records (e.g. the engine's
+    ``LoadedAdapter.modules``); a float scale converts exactly (binary fraction)."""
+    out: dict[ModuleKey, tuple[torch.Tensor, torch.Tensor, Fraction]] = {}
+    for m in modules:
+        key = (m.layer, m.module)
+        if key in out:
+            raise LayoutError(f"module {key} appears twice")
+        out[key] = (m.a, m.b, Fraction(m.scale))
+    return out
 
 
 @dataclass(frozen=True)
@@ -117,9 +150,3 @@ def read_module(
     a = torch.stack([flat[o : o + s.d_in] for o in a_off])
     bt = torch.stack([flat[o : o + s.d_out] for o in b_off])
     return a, bt.t()
-
-
-def plan_page_tails(plan: RowPlan) -> list[tuple[int, int]]:
-    """``(local_page, first_unused_element)`` for pages with tail padding."""
-    e = plan.geometry.page_elems
-    return [(p, u) for p, u in enumerate(plan.used) if u < e]

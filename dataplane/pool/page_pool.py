@@ -183,8 +183,12 @@ class PagePool:
             self._clear(p)
 
     # ---- invariant -------------------------------------------------------------------
-    def check(self) -> PoolCounts:
-        """Full audit: every page in exactly one state, indexes agree, counts conserve."""
+    def check(self, full: bool = True) -> PoolCounts:
+        """Audit conservation. ``full``: every page in exactly one state and the page and
+        owner indexes agree (O(pages)); otherwise the class counters are checked against
+        the owner index (O(owners)), cheap enough for every KV growth step."""
+        if not full:
+            return self._check_counts()
         seen: dict[int, Owner] = {}
         for owner, pages in self._members.items():
             for p in pages:
@@ -198,10 +202,18 @@ class PagePool:
                 or counts.free + counts.reserved + counts.adapter + counts.kv != self.total):
             raise ConservationError(f"conservation broken: {counts} (audited free={free}, "
                                     f"owned={len(seen)})")
+        return self._check_counts()
+
+    def _check_counts(self) -> PoolCounts:
+        owned = 0
         for cls in (PageClass.RESERVED, PageClass.ADAPTER, PageClass.KV):
             n = sum(len(v) for k, v in self._members.items() if _CLASS_OF[type(k)] is cls)
             if n != self._class_count[cls]:
                 raise ConservationError(f"{cls.value} counter {self._class_count[cls]} != {n}")
+            owned += n
+        counts = self.counts()
+        if owned + counts.free != self.total:
+            raise ConservationError(f"conservation broken: {counts}")
         return counts
 
     # ---- internals -------------------------------------------------------------------

@@ -17,16 +17,22 @@ import torch
 
 from dataplane.pool.errors import PageOwnershipError, ValidationFailed
 from dataplane.pool.events import CompletedEvent, CopyEvent, PendingEvent
-from dataplane.pool.packing import PackedAdapter, plan_page_tails
-from dataplane.pool.page_demand import PageGeometry
+from dataplane.pool.packing import PackedAdapter
+from dataplane.pool.page_demand import PageGeometry, RowPlan
 
 
 class CudaEvent:
-    """A recorded ``torch.cuda.Event``; keeps the copy's source tensors alive until done."""
+    """A recorded ``torch.cuda.Event``; keeps the copy's source tensors alive until done.
 
-    def __init__(self, event: torch.cuda.Event, keep: tuple[torch.Tensor, ...]) -> None:
+    ``staged`` is the device-side copy of the payload, kept for validation until the
+    transaction drops the event.
+    """
+
+    def __init__(self, event: torch.cuda.Event, keep: tuple[torch.Tensor, ...],
+                 staged: torch.Tensor) -> None:
         self._event = event
         self._keep: tuple[torch.Tensor, ...] | None = keep
+        self.staged: torch.Tensor | None = staged
 
     def query(self) -> bool:
         done = bool(self._event.query())
@@ -37,6 +43,13 @@ class CudaEvent:
     def synchronize(self) -> None:
         self._event.synchronize()
         self._keep = None
+
+
+def drop_staging(event: CopyEvent) -> None:
+    """Release the device staging copy a validated CUDA copy kept for comparison."""
+    inner = getattr(event, "inner", event)
+    if isinstance(inner, CudaEvent):
+        inner.staged = None
 
 
 class PageStorage:
@@ -67,7 +80,10 @@ class PageStorage:
         """Write ``payload [len(pages), page_elems]`` into ``pages``; returns its event."""
         if tuple(payload.shape) != (len(pages), self.geometry.page_elems):
             raise ValidationFailed(f"payload {list(payload.shape)} does not fit "
-                                   f"{len(pages)} pages")
+                                   f"{len(pages)} pages", reason="layout")
+        if payload.dtype != self.data.dtype:
+            raise ValidationFailed(f"payload dtype {payload.dtype} is not the pool's "
+                                   f"{self.data.dtype}", reason="layout")
         idx = self._index(pages)
         if self._copy_stream is not None:
             src = payload if payload.is_pinned() else payload.pin_memory()
@@ -77,12 +93,12 @@ class PageStorage:
                 self.data.index_copy_(0, idx, staged)
                 event = torch.cuda.Event()
                 event.record(self._copy_stream)
-            return CudaEvent(event, (src, staged, idx))
+            return CudaEvent(event, (src, idx), staged)
         if deferred:
             def land() -> None:
-                self.data.index_copy_(0, idx, payload.to(self.data.dtype))
+                self.data.index_copy_(0, idx, payload)
             return PendingEvent(land)
-        self.data.index_copy_(0, idx, payload.to(self.data.dtype))
+        self.data.index_copy_(0, idx, payload)
         return CompletedEvent()
 
     def read(self, pages: tuple[int, ...]) -> torch.Tensor:
@@ -93,28 +109,41 @@ class PageStorage:
         if pages:
             self.data[self._index(pages)] = 0
 
-    def check_staged(self, pages: tuple[int, ...], packed: PackedAdapter) -> None:
-        """Layout + content + padded-tail check of staged pages (after the copy event).
+    def check_staged(self, pages: tuple[int, ...], packed: PackedAdapter,
+                     reference: torch.Tensor | None = None) -> None:
+        """Layout + content + zero-padding check of staged pages (after the copy event).
 
-        Compares on the device against the verified payload and checks every page
-        tail and every zero-padded rank row is exactly zero.
+        The host payload's padding (page tails, rank rows beyond the logical rank) is
+        checked on the host; the staged pages are then compared with ``reference`` (the
+        device-side copy source, or the payload) in one device comparison. On a
+        mismatch the failure is classified (``padded_tail`` or ``content``).
         """
         if len(pages) != packed.num_pages:
             raise ValidationFailed(f"{len(pages)} pages staged, plan needs {packed.num_pages}",
                                    reason="layout")
+        if not padding_is_zero(packed.plan, packed.payload):
+            raise ValidationFailed("host payload has non-zero padding", reason="padded_tail")
         staged = self.read(pages)
-        for local, start in plan_page_tails(packed.plan):
-            if bool((staged[local, start:] != 0).any()):
-                raise ValidationFailed(f"page {pages[local]} tail is not zero",
-                                       reason="padded_tail")
-        for m in packed.plan.modules:
-            s = m.shape
-            for i in range(s.rank, s.physical_rank):
-                for (p, off), w in ((m.a[i], s.d_in), (m.b[i], s.d_out)):
-                    if bool((staged[p, off : off + w] != 0).any()):
-                        raise ValidationFailed(f"{s.key} padded rank row {i} is not zero",
-                                               reason="padded_tail")
-        expected = packed.payload.to(self.device, self.data.dtype, non_blocking=True)
-        if not torch.equal(staged, expected):
-            raise ValidationFailed("staged bytes differ from the verified payload",
-                                   reason="content")
+        ref = reference if reference is not None else packed.payload.to(self.device)
+        if torch.equal(staged, ref.to(self.data.dtype)):
+            return
+        if not padding_is_zero(packed.plan, staged.cpu()):
+            raise ValidationFailed("staged pages have non-zero padding", reason="padded_tail")
+        raise ValidationFailed("staged bytes differ from the verified payload",
+                               reason="content")
+
+
+def padding_is_zero(plan: RowPlan, pages: torch.Tensor) -> bool:
+    """True iff every page tail and every padded rank row of ``pages [P, E]`` is zero (CPU)."""
+    e = plan.geometry.page_elems
+    used = torch.tensor(plan.used, dtype=torch.int64)
+    tail = torch.arange(e, dtype=torch.int64)[None, :] >= used[:, None]
+    if bool((pages[tail] != 0).any()):
+        return False
+    for m in plan.modules:
+        s = m.shape
+        for i in range(s.rank, s.physical_rank):
+            for (p, off), w in ((m.a[i], s.d_in), (m.b[i], s.d_out)):
+                if bool((pages[p, off : off + w] != 0).any()):
+                    return False
+    return True

@@ -25,21 +25,22 @@ from dataclasses import dataclass, field
 
 from dataplane.pool.device_pool import DevicePool
 from dataplane.pool.errors import (
-    HostTierError,
+    AdmissionRefused,
     IllegalTransition,
     InjectedFault,
     PoolError,
     PublishBeforeCopy,
     RestoreFailed,
-    ValidationFailed,
 )
-from dataplane.pool.events import CopyEvent
+from dataplane.pool.events import CopyEvent, HeldEvent
 from dataplane.pool.eviction import choose_victims, is_eligible
 from dataplane.pool.faults import FaultAction, FaultPoint
-from dataplane.pool.packing import PackedAdapter, payload_digest
+from dataplane.pool.packing import PackedAdapter
 from dataplane.pool.page_demand import AdmissionDemand, check_admission
 from dataplane.pool.page_pool import AdapterOwner, KvOwner
-from dataplane.pool.residency import VISIBLE, Residency, ResidencyState
+from dataplane.pool.page_storage import drop_staging
+from dataplane.pool.residency import Residency, ResidencyState
+from dataplane.pool.rollback import publish_residency, restore_victim, verified_host_source
 from dataplane.pool.slot_table import SlotHandle
 
 S = ResidencyState
@@ -98,7 +99,7 @@ class LoadTransaction:
         pool.check_attempt_id(req.attempt_id)
         self.target = None if req.fresh else pool.visible(req.key)
         if self.target is None:
-            self.packed = self._verified_host_source(req.key)
+            self.packed = verified_host_source(pool, req.key)
         incremental = 0 if self.target else self.packed.num_pages if self.packed else 0
         demand = AdmissionDemand(incremental, req.kv_initial, req.kv_growth, req.guard)
         free = pool.pages.num_free
@@ -107,15 +108,18 @@ class LoadTransaction:
         check_admission(free, sum(len(r.pages) for r in candidates if is_eligible(r, live)),
                         demand)
         victims = choose_victims(candidates, demand.total - free, live)
-        slot = None
         if self.target is None:
-            if req.slot is None and not pool.slots.free_slots():
-                spare = [r for r in candidates if r not in victims and is_eligible(r, live)]
-                victims += choose_victims(spare, 1, live)[:1] if spare else []
+            if req.slot is None and not pool.slots.free_slots() and not victims:
+                spare = [r for r in candidates if is_eligible(r, live)]
+                if not spare:
+                    raise AdmissionRefused("every adapter slot is busy", reason="no_free_slot")
+                victims = choose_victims(spare, 1, live)
             elif req.slot is not None and req.slot not in pool.slots.free_slots():
                 raise IllegalTransition(f"slot {req.slot} is not free", slot=req.slot)
         # ---- mutation starts: nothing above changed any state ----
         self.txn = pool.next_txn_id(req.attempt_id)
+        if self.target is not None:
+            pool.hold_for_queue(self.target)  # keeps it resident until commit or abort
         for v in victims:
             pool.retire_for_reuse(v, self.txn)
         self.victims = victims
@@ -136,14 +140,6 @@ class LoadTransaction:
         self.phase = "reserved"
         pool.check()
 
-    def _verified_host_source(self, key: str) -> PackedAdapter:
-        packed = self.pool.host.get(key)
-        if packed is None:
-            raise HostTierError(f"{key} is not in the host tier", reason="host_miss")
-        if self.pool.rehash_on_load and payload_digest(packed.payload) != packed.bytes_digest:
-            raise ValidationFailed(f"{key}: host bytes digest mismatch", reason="digest")
-        return packed
-
     # ---- step 2 ------------------------------------------------------------------------
     def start_copy(self) -> None:
         self._expect("reserved")
@@ -156,10 +152,10 @@ class LoadTransaction:
         pages, payload = self.new.pages, self.packed.payload
         if spec is not None and spec.action is FaultAction.FAIL:
             k = min(spec.after_pages, len(pages))
-            self.pool.storage.copy_in(pages[:k], payload[:k])
+            self.new.note_use(self.pool.storage.copy_in(pages[:k], payload[:k]))
             raise InjectedFault(f"copy failed after {k} pages", point="copy", pages=k)
-        deferred = spec is not None and spec.action is FaultAction.DELAY
-        self.event = self.pool.storage.copy_in(pages, payload, deferred=deferred)
+        event = self.pool.storage.copy_in(pages, payload, deferred=spec is not None)
+        self.event = HeldEvent(event, spec.delay_s) if spec is not None else event
         self.new.note_use(self.event)
         self.phase = "copied"
 
@@ -171,7 +167,9 @@ class LoadTransaction:
             assert self.event is not None  # set by start_copy when new is set
             self.event.synchronize()
             self.pool.faults.hit(FaultPoint.VALIDATE, key=self.new.key)
-            self.pool.storage.check_staged(self.new.pages, self.packed)
+            staged = getattr(self.event, "staged", None)
+            self.pool.storage.check_staged(self.new.pages, self.packed, staged)
+            drop_staging(self.event)
             self.new.transition(S.VALIDATED)
         self.phase = "validated"
 
@@ -188,10 +186,12 @@ class LoadTransaction:
                 raise IllegalTransition("publish before validation", key=self.new.key)
             pool.faults.hit(FaultPoint.PUBLISH, key=self.new.key)
             res = self.new
-            self._publish(res, self.packed, self.event)
+            publish_residency(pool, self.txn, res, self.packed, self.event)
         assert res is not None
         self.phase = "published"
         # ---- after publication: no rollback, only forward ----
+        if self.target is not None:
+            pool.release_queue_hold(self.target)
         if req.request_id is not None:
             pool.acquire(res)
             pool.pages.assign(self.txn, self.kv_pages, KvOwner(req.request_id))
@@ -205,20 +205,15 @@ class LoadTransaction:
             pool.bury(v)
         pool.check()
         self.phase = "committed"
+        pool.stats.loads_committed += 1
+        pool.stats.evictions += len(self.victims)
+        if self.new is not None and self.packed is not None:
+            pool.stats.h2d_bytes += self.packed.nbytes
         assert res.slot is not None
         return Admission(self.txn, res.key, res.generation,
                          pool.slots.table.entries[res.slot].handle, res.pages,
                          self.kv_pages if req.request_id is not None else (), victims,
                          self.new is not None)
-
-    def _publish(self, res: Residency, packed: PackedAdapter, event: CopyEvent) -> None:
-        pool = self.pool
-        assert res.slot is not None
-        pool.slots.publish(res.slot, res.key, res.generation, res.pages, packed.plan, event,
-                           prepare=pool.notify_publish)
-        pool.pages.assign(self.txn, res.pages, AdapterOwner(res.key, res.generation))
-        res.txn = None
-        res.transition(S.PUBLISHED)
 
     def run(self) -> Admission:
         """All steps; any failure before publication rolls back, then re-raises."""
@@ -241,6 +236,8 @@ class LoadTransaction:
         if self.phase in ("new", "aborted"):
             return
         pool = self.pool
+        if self.target is not None:
+            pool.release_queue_hold(self.target)
         if self.new is not None:
             for ev in self.new.events:
                 ev.synchronize()  # never reuse pages under an in-flight copy
@@ -253,44 +250,19 @@ class LoadTransaction:
         failures = []
         for v in self.victims:
             try:
-                self.restored.append(self._restore(v))
+                self.restored.append(restore_victim(pool, self.txn, v))
             except PoolError as exc:
                 failures.append(f"{v.key}@g{v.generation}: {exc.message}")
             v.txn = None
             pool.bury(v)
         pool.pages.release_reservation(self.txn)
         self.phase = "aborted"
+        pool.stats.loads_rolled_back += 1
+        pool.stats.victims_restored += len(self.restored)
+        pool.stats.restore_failures += len(failures)
         pool.check()
         if failures:
             raise RestoreFailed("; ".join(failures))
-
-    def _restore(self, victim: Residency) -> tuple[str, int]:
-        """Reload ``victim`` from its verified host copy into its own pages, new generation."""
-        pool = self.pool
-        packed = self._verified_host_source(victim.key)
-        if packed.num_pages != len(victim.pages):
-            raise RestoreFailed(f"{victim.key}: host image does not match its pages")
-        res = Residency(victim.key, pool.next_generation(victim.key), txn=self.txn,
-                        host_source_verified=True, pages=victim.pages)
-        res.transition(S.HOST_READY)
-        res.transition(S.RESERVED)
-        res.slot = pool.slots.reserve()
-        pool.residents[(res.key, res.generation)] = res
-        try:
-            res.transition(S.LOADING)
-            event = pool.storage.copy_in(res.pages, packed.payload)
-            event.synchronize()
-            pool.storage.check_staged(res.pages, packed)
-            res.transition(S.VALIDATED)
-            self._publish(res, packed, event)
-        except PoolError:
-            pool.slots.discard(res.slot)
-            res.transition(S.ABSENT)
-            del pool.residents[(res.key, res.generation)]
-            raise
-        res.last_touch = victim.last_touch
-        res.settle_refcount()
-        return (res.key, res.generation)
 
     def _expect(self, *phases: str) -> None:
         if self.phase not in phases:
@@ -302,7 +274,3 @@ def admit(pool: DevicePool, request: LoadRequest) -> Admission:
     """Run one whole transaction (see :class:`LoadTransaction`)."""
     return LoadTransaction(pool, request).run()
 
-
-def is_ready(pool: DevicePool, key: str) -> bool:
-    res = pool.visible(key)
-    return res is not None and res.state in VISIBLE

@@ -52,13 +52,14 @@ def step_seed(seed: int, step: int) -> int:
 def processed_probs(logits: torch.Tensor, params: SequenceOf[SamplingParams]) -> torch.Tensor:
     """Sampling distribution [N, V] float32 after temperature, top-k and top-p.
 
-    Greedy rows (temperature 0) are returned as a one-hot at the argmax.
+    Greedy rows (SamplingParams.greedy) are returned as a one-hot at the argmax.
     """
     v = logits.shape[1]
     dev = logits.device
-    temps = torch.tensor([p.temperature for p in params], dtype=torch.float32, device=dev)
-    greedy = temps == 0
-    scaled = logits / torch.where(greedy, torch.ones_like(temps), temps).unsqueeze(1)
+    greedy = torch.tensor([p.greedy for p in params], device=dev)
+    temps = torch.tensor([1.0 if p.greedy else p.temperature for p in params],
+                         dtype=torch.float32, device=dev)
+    scaled = logits / temps.unsqueeze(1)
     ks = [p.top_k if 0 < p.top_k < v else v for p in params]
     if any(k < v for k in ks):
         sorted_desc = scaled.sort(dim=-1, descending=True).values

@@ -26,6 +26,7 @@ from dataplane.artifacts import (
     validate_peft_dir,
 )
 from dataplane.assets import make_tiny_llama
+
 from . import safetensors_files as st
 
 P = "base_model.model.model.layers."
@@ -59,7 +60,9 @@ def cfg(**changes: Any) -> Callable[[Ctx], None]:
 
 
 def drop_cfg(key: str) -> Callable[[Ctx], None]:
-    return lambda c: c.cfg.pop(key) and None
+    def mutate(c: Ctx) -> None:
+        del c.cfg[key]
+    return mutate
 
 
 def tensor(key: str, value: np.ndarray | None) -> Callable[[Ctx], None]:
@@ -99,7 +102,9 @@ def set_offsets(key: str, begin: int, end: int) -> Callable[[dict[str, Any], byt
 
 
 def extra_file(name: str, content: bytes) -> Callable[[Ctx], None]:
-    return lambda c: (c.dir / name).write_bytes(content) and None
+    def mutate(c: Ctx) -> None:
+        (c.dir / name).write_bytes(content)
+    return mutate
 
 
 def raw_config(text: str) -> Callable[[Ctx], None]:
@@ -138,6 +143,12 @@ def duplicate_key(c: Ctx) -> None:
     text = json.dumps(header)
     entry = json.dumps({Q0A: header[Q0A]})[1:-1]
     c.raw(text[:-1].encode() + b", " + entry.encode() + b"}", data)
+
+
+def half_precision_v1(c: Ctx) -> None:
+    """Layer 1's v_proj in float16, every other factor float32."""
+    for key in (V1A, V1B):
+        c.tensors[key] = c.tensors[key].astype(np.float16)
 
 
 def huge_header_length(c: Ctx) -> None:
@@ -198,8 +209,7 @@ CASES: list[tuple[str, RejectionCode, Callable[[Ctx], None]]] = [
     ("duplicate-header-key", C.DUPLICATE_MODULE, duplicate_key),
     ("float64-factors", C.UNSUPPORTED_DTYPE, edit(Q0A, lambda a: a.astype(np.float64))),
     ("int8-factors", C.UNSUPPORTED_DTYPE, edit(Q0B, lambda a: a.astype(np.int8))),
-    ("mixed-dtypes", C.UNSUPPORTED_DTYPE, lambda c: [edit(k, lambda a: a.astype(np.float16))(c)
-                                                     for k in (V1A, V1B)] and None),
+    ("mixed-dtypes", C.UNSUPPORTED_DTYPE, half_precision_v1),
     ("lora-b-missing", C.MISSING_FACTOR, tensor(Q0B, None)),
     ("lora-a-missing", C.MISSING_FACTOR, tensor(V1A, None)),
     ("no-factors-at-all", C.MISSING_FACTOR, lambda c: c.tensors.clear()),

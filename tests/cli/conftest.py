@@ -2,10 +2,11 @@
 
 One session-wide stack, started through the same `EmbeddedStack` that `adapterplane up`
 uses: `adapterplane migrate` + `bootstrap-token`, then the API (uvicorn, free port) and
-one Celery worker as real subprocesses. The database is the Postgres test DB; objects
-live under a temporary file:// store and the worker's broker is a private SQLite file
-in the same directory, so no other test session's worker can take our jobs. Tests
-isolate themselves by creating their own uniquely named namespace.
+one Celery worker as real subprocesses. The database is the Postgres test DB, in a
+private schema of this session; objects live under a temporary file:// store and the
+worker's broker is a private SQLite file in the same directory, so no other test
+session's worker can take our jobs. Tests isolate themselves further by creating
+their own uniquely named namespace.
 """
 
 from __future__ import annotations
@@ -18,13 +19,17 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
+from sqlalchemy import text
+from sqlalchemy.engine import make_url
 from typer.testing import CliRunner, Result
 
 from cli.main import app
 from cli.stack import EmbeddedStack
+from controlplane.db import make_engine
 from dataplane.assets import make_peft_adapter, make_tiny_llama
 
 BASE_SEED = 4242
+S3_KEY = "testing"
 
 
 @dataclass(frozen=True)
@@ -40,14 +45,17 @@ class CliAssets:
 def cli_assets(tmp_path_factory: pytest.TempPathFactory) -> CliAssets:
     root = tmp_path_factory.mktemp("cli-assets")
     base = make_tiny_llama(root / "base", seed=BASE_SEED)
-    adapter_a = make_peft_adapter(base, root / "a", seed=1, rank=4, alpha=8,
-                                  target_modules=["q_proj", "v_proj"])
-    adapter_b = make_peft_adapter(base, root / "b", seed=2, rank=2, alpha=4,
-                                  target_modules=["q_proj", "k_proj", "o_proj"])
+    adapter_a = make_peft_adapter(
+        base, root / "a", seed=1, rank=4, alpha=8, target_modules=["q_proj", "v_proj"]
+    )
+    adapter_b = make_peft_adapter(
+        base, root / "b", seed=2, rank=2, alpha=4, target_modules=["q_proj", "k_proj", "o_proj"]
+    )
     adapter_nan = root / "nan"
     adapter_nan.mkdir()
     (adapter_nan / "adapter_config.json").write_bytes(
-        (adapter_a / "adapter_config.json").read_bytes())
+        (adapter_a / "adapter_config.json").read_bytes()
+    )
     tensors = load_file(adapter_a / "adapter_model.safetensors")
     name = sorted(k for k in tensors if "lora_B" in k)[0]
     tensors[name] = tensors[name].clone()
@@ -57,12 +65,41 @@ def cli_assets(tmp_path_factory: pytest.TempPathFactory) -> CliAssets:
 
 
 @pytest.fixture(scope="session")
-def control_plane(tmp_path_factory: pytest.TempPathFactory,
-                  postgres_url: str) -> Iterator[EmbeddedStack]:
+def cli_database_url(postgres_url: str) -> Iterator[str]:
+    """The Postgres test database, confined to a private schema (dropped at the end).
+
+    Other test packages TRUNCATE the test database's tables between their tests; our
+    server lives for the whole session, so it gets its own `search_path` schema.
+    """
+    schema = f"cli_{uuid.uuid4().hex[:12]}"
+    engine = make_engine(postgres_url, pool_size=1)
+    with engine.begin() as conn:
+        conn.execute(text(f'CREATE SCHEMA "{schema}"'))
+    url = make_url(postgres_url).update_query_dict({"options": f"-csearch_path={schema}"})
+    try:
+        yield url.render_as_string(hide_password=False)
+    finally:
+        with engine.begin() as conn:
+            conn.execute(text(f'DROP SCHEMA "{schema}" CASCADE'))
+        engine.dispose()
+
+
+@pytest.fixture(scope="session")
+def control_plane(
+    tmp_path_factory: pytest.TempPathFactory, cli_database_url: str, s3_endpoint: str
+) -> Iterator[EmbeddedStack]:
+    """API + worker; storage is file://, and s3:// imports read from the moto server."""
     stack = EmbeddedStack(
-        tmp_path_factory.mktemp("control-plane"), port=0, embedded_only=True,
-        extra_env={"ADAPTERPLANE_DATABASE_URL": postgres_url,
-                   "ADAPTERPLANE_ENVIRONMENT": "test"},
+        tmp_path_factory.mktemp("control-plane"),
+        port=0,
+        embedded_only=True,
+        extra_env={
+            "ADAPTERPLANE_DATABASE_URL": cli_database_url,
+            "ADAPTERPLANE_ENVIRONMENT": "test",
+            "ADAPTERPLANE_S3_ENDPOINT_URL": s3_endpoint,
+            "ADAPTERPLANE_S3_ACCESS_KEY_ID": S3_KEY,
+            "ADAPTERPLANE_S3_SECRET_ACCESS_KEY": S3_KEY,
+        },
     )
     with stack:
         yield stack
@@ -78,8 +115,10 @@ def adapterctl(control_plane: EmbeddedStack) -> Invoke:
     admin = control_plane.token()
 
     def invoke(*args: str, token: str | None = None) -> Result:
-        env = {"ADAPTERPLANE_URL": control_plane.url,
-               "ADAPTERPLANE_TOKEN": admin if token is None else token}
+        env = {
+            "ADAPTERPLANE_URL": control_plane.url,
+            "ADAPTERPLANE_TOKEN": admin if token is None else token,
+        }
         return runner.invoke(app, list(args), env=env, catch_exceptions=False)
 
     return invoke
@@ -89,8 +128,9 @@ def adapterctl(control_plane: EmbeddedStack) -> Invoke:
 def h_base(adapterctl: Invoke, cli_assets: CliAssets) -> str:
     import json
 
-    result = adapterctl("-o", "json", "bases", "register", str(cli_assets.base),
-                        "--name", "cli-tests-tiny")
+    result = adapterctl(
+        "-o", "json", "bases", "register", str(cli_assets.base), "--name", "cli-tests-tiny"
+    )
     assert result.exit_code == 0, result.output
     return str(json.loads(result.stdout)["h_base"])
 

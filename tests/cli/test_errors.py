@@ -6,17 +6,25 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
+
+from typer.testing import Result
 
 from cli.stack import EmbeddedStack, free_port
-from tests.cli.conftest import CliAssets, Invoke
+
+Invoke = Callable[..., Result]
+CliAssets = Any
+"""tests/cli/conftest.py's CliAssets (base, adapter_a, adapter_b, adapter_nan)."""
 
 
 def test_generation_conflict_exits_4_and_changes_nothing(
     adapterctl: Invoke, cli_assets: CliAssets, h_base: str, namespace: str
 ) -> None:
-    pushed = adapterctl("-o", "json", "push", str(cli_assets.adapter_a), "-n", namespace,
-                        "-b", h_base, "--wait")
+    pushed = adapterctl(
+        "-o", "json", "push", str(cli_assets.adapter_a), "-n", namespace, "-b", h_base, "--wait"
+    )
     artifact = json.loads(pushed.stdout)
     ref = f"{namespace}/cas"
     assert adapterctl("publish", ref, str(artifact["id"])).exit_code == 0
@@ -37,8 +45,19 @@ def test_not_found_exits_3(adapterctl: Invoke, namespace: str) -> None:
 def test_rejected_artifact_exits_5_with_its_rejection_code(
     adapterctl: Invoke, cli_assets: CliAssets, h_base: str, namespace: str
 ) -> None:
-    result = adapterctl("-o", "json", "push", str(cli_assets.adapter_nan), "-n", namespace,
-                        "-b", h_base, "--wait", "--timeout", "60")
+    result = adapterctl(
+        "-o",
+        "json",
+        "push",
+        str(cli_assets.adapter_nan),
+        "-n",
+        namespace,
+        "-b",
+        h_base,
+        "--wait",
+        "--timeout",
+        "60",
+    )
     assert result.exit_code == 5, result.output
     artifact = json.loads(result.stdout)
     assert artifact["state"] == "rejected"
@@ -54,12 +73,14 @@ def test_rejected_artifact_exits_5_with_its_rejection_code(
 def test_scopes_forbid_and_bad_tokens_are_unauthenticated(
     adapterctl: Invoke, cli_assets: CliAssets, h_base: str, namespace: str
 ) -> None:
-    created = adapterctl("-o", "json", "tokens", "create", "--name", "reader",
-                         "--grant", f"{namespace}:read")
+    created = adapterctl(
+        "-o", "json", "tokens", "create", "--name", "reader", "--grant", f"{namespace}:read"
+    )
     assert created.exit_code == 0, created.output
     reader = json.loads(created.stdout)["token"]
-    pushed = adapterctl("push", str(cli_assets.adapter_a), "-n", namespace, "-b", h_base,
-                        token=reader)
+    pushed = adapterctl(
+        "push", str(cli_assets.adapter_a), "-n", namespace, "-b", h_base, token=reader
+    )
     assert pushed.exit_code == 6
     assert pushed.stderr.startswith("error: FORBIDDEN: ")
     assert adapterctl("resolve", f"{namespace}/x", token=reader).exit_code == 3
@@ -68,6 +89,14 @@ def test_scopes_forbid_and_bad_tokens_are_unauthenticated(
     bogus = adapterctl("bases", "list", token="not-a-token")
     assert bogus.exit_code == 6
     assert bogus.stderr.startswith("error: UNAUTHENTICATED: ")
+
+    token_id = json.loads(created.stdout)["id"]
+    revoked = adapterctl("-o", "json", "tokens", "revoke", str(token_id))
+    assert revoked.exit_code == 0, revoked.output
+    assert json.loads(revoked.stdout)["revoked"] is True
+    after = adapterctl("resolve", f"{namespace}/x", token=reader)
+    assert after.exit_code == 6
+    assert after.stderr.startswith("error: UNAUTHENTICATED: ")
 
 
 def test_usage_errors_exit_2_without_a_request(adapterctl: Invoke, tmp_path: Path) -> None:
@@ -81,14 +110,23 @@ def test_usage_errors_exit_2_without_a_request(adapterctl: Invoke, tmp_path: Pat
 def test_console_script_exit_code_and_unreachable_server(control_plane: EmbeddedStack) -> None:
     """The installed `adapterctl` script itself (a subprocess) maps errors to exit codes."""
     script = Path(sys.executable).with_name("adapterctl")
-    env = {**os.environ, "ADAPTERPLANE_URL": control_plane.url,
-           "ADAPTERPLANE_TOKEN": control_plane.token()}
-    found = subprocess.run([str(script), "-o", "json", "bases", "list"], env=env,
-                           capture_output=True, text=True, timeout=60)
+    env = {
+        **os.environ,
+        "ADAPTERPLANE_URL": control_plane.url,
+        "ADAPTERPLANE_TOKEN": control_plane.token(),
+    }
+    found = subprocess.run(
+        [str(script), "-o", "json", "bases", "list"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert found.returncode == 0, found.stderr
     assert isinstance(json.loads(found.stdout)["items"], list)
     env["ADAPTERPLANE_URL"] = f"http://127.0.0.1:{free_port()}"
-    down = subprocess.run([str(script), "bases", "list"], env=env, capture_output=True,
-                          text=True, timeout=60)
+    down = subprocess.run(
+        [str(script), "bases", "list"], env=env, capture_output=True, text=True, timeout=60
+    )
     assert down.returncode == 7
     assert down.stderr.startswith("error: UNREACHABLE: ")

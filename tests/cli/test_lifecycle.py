@@ -4,9 +4,14 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from typing import Any
 
-from tests.cli.conftest import CliAssets, Invoke
+from typer.testing import Result
+
+Invoke = Callable[..., Result]
+CliAssets = Any
+"""tests/cli/conftest.py's CliAssets (base, adapter_a, adapter_b, adapter_nan)."""
 
 
 def ok_json(result: Any) -> Any:
@@ -15,8 +20,23 @@ def ok_json(result: Any) -> Any:
 
 
 def push(adapterctl: Invoke, namespace: str, h_base: str, source: str) -> dict[str, Any]:
-    return dict(ok_json(adapterctl("-o", "json", "push", source, "--namespace", namespace,
-                                   "--base", h_base, "--wait", "--timeout", "60")))
+    return dict(
+        ok_json(
+            adapterctl(
+                "-o",
+                "json",
+                "push",
+                source,
+                "--namespace",
+                namespace,
+                "--base",
+                h_base,
+                "--wait",
+                "--timeout",
+                "60",
+            )
+        )
+    )
 
 
 def test_push_publish_retire_rollback_history(
@@ -33,15 +53,30 @@ def test_push_publish_retire_rollback_history(
     assert again["id"] == a["id"]
 
     ref = f"{namespace}/bot"
-    g1 = ok_json(adapterctl("-o", "json", "publish", ref, str(a["id"]), "--reason", "v1"))
+    g1 = ok_json(
+        adapterctl(
+            "-o",
+            "json",
+            "publish",
+            ref,
+            str(a["id"]),
+            "--reason",
+            "v1",
+            "--expected-generation",
+            "0",
+        )
+    )
     assert (g1["generation"], g1["action"], g1["artifact"]["id"]) == (1, "publish", a["id"])
     resolved = ok_json(adapterctl("-o", "json", "resolve", ref))
     assert (resolved["generation"], resolved["artifact"]["id"]) == (1, a["id"])
     assert resolved["base"] == h_base
 
     # Publish by content digest with compare-and-swap on the current generation.
-    g2 = ok_json(adapterctl("-o", "json", "publish", ref, f"sha256:{b['digest']}",
-                            "--expected-generation", "1"))
+    g2 = ok_json(
+        adapterctl(
+            "-o", "json", "publish", ref, f"sha256:{b['digest']}", "--expected-generation", "1"
+        )
+    )
     assert (g2["generation"], g2["artifact"]["id"]) == (2, b["id"])
 
     g3 = ok_json(adapterctl("-o", "json", "retire", ref, "--reason", "incident"))
@@ -57,8 +92,7 @@ def test_push_publish_retire_rollback_history(
 
     history = ok_json(adapterctl("-o", "json", "history", ref))
     assert [g["generation"] for g in history["items"]] == [4, 3, 2, 1]
-    assert [g["action"] for g in history["items"]] == ["rollback", "retire", "publish",
-                                                       "publish"]
+    assert [g["action"] for g in history["items"]] == ["rollback", "retire", "publish", "publish"]
     assert history["next_cursor"] is None
     paged = ok_json(adapterctl("-o", "json", "history", ref, "--limit", "3", "--all"))
     assert paged["items"] == history["items"]
@@ -69,8 +103,9 @@ def test_push_publish_retire_rollback_history(
     for word in ("rollback", "retire", "publish", "incident"):
         assert word in table.stdout
 
-    listed = ok_json(adapterctl("-o", "json", "artifacts", "list", namespace,
-                                "--state", "validated"))
+    listed = ok_json(
+        adapterctl("-o", "json", "artifacts", "list", namespace, "--state", "validated")
+    )
     assert {item["id"] for item in listed["items"]} == {a["id"], b["id"]}
     shown = ok_json(adapterctl("-o", "json", "artifacts", "show", namespace, str(b["id"])))
     assert shown == {**shown, "id": b["id"], "digest": b["digest"]}
@@ -88,13 +123,33 @@ def test_idempotency_key_returns_the_original_generation(
     a = push(adapterctl, namespace, h_base, str(cli_assets.adapter_a))
     b = push(adapterctl, namespace, h_base, str(cli_assets.adapter_b))
     ref = f"{namespace}/idem"
-    first = ok_json(adapterctl("-o", "json", "publish", ref, str(a["id"]),
-                               "--idempotency-key", "k-1"))
-    repeat = ok_json(adapterctl("-o", "json", "publish", ref, str(a["id"]),
-                                "--idempotency-key", "k-1"))
+    first = ok_json(
+        adapterctl("-o", "json", "publish", ref, str(a["id"]), "--idempotency-key", "k-1")
+    )
+    repeat = ok_json(
+        adapterctl("-o", "json", "publish", ref, str(a["id"]), "--idempotency-key", "k-1")
+    )
     assert repeat["generation"] == first["generation"] == 1
     clash = adapterctl("publish", ref, str(b["id"]), "--idempotency-key", "k-1")
     assert clash.exit_code == 5
     assert clash.stderr.startswith("error: IDEMPOTENCY_MISMATCH: ")
     history = ok_json(adapterctl("-o", "json", "history", ref))
     assert [g["generation"] for g in history["items"]] == [1]
+
+
+def test_push_by_base_name_and_table_output(
+    adapterctl: Invoke, cli_assets: CliAssets, h_base: str, namespace: str
+) -> None:
+    base = ok_json(adapterctl("-o", "json", "bases", "show", h_base))
+    pushed = adapterctl(
+        "push", str(cli_assets.adapter_b), "-n", namespace, "-b", base["name"], "--wait"
+    )
+    assert pushed.exit_code == 0, pushed.output
+    assert "validated" in pushed.stdout and "state: validated" in pushed.stderr
+    listed = ok_json(adapterctl("-o", "json", "artifacts", "list", namespace))
+    assert [item["base"] for item in listed["items"]] == [h_base]
+    unknown = adapterctl(
+        "push", str(cli_assets.adapter_b), "-n", namespace, "-b", "no-such-base-name"
+    )
+    assert unknown.exit_code == 3
+    assert unknown.stderr.startswith("error: NOT_FOUND: ")

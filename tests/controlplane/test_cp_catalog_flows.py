@@ -37,6 +37,10 @@ def test_push_validates_and_dedupes(api: Api, assets: Assets) -> None:
     assert art["method"] == "lora" and art["base"] == assets.h_base
     assert art["modules"] and art["validation_attempts"] == 1
     assert art["storage_key"].startswith("blobs/sha256/")
+    # the stored record re-derives the digest independently of the registry
+    from dataplane.artifacts import ValidatedArtifact
+
+    assert ValidatedArtifact.from_record(art["validated_record"]).h_artifact == art["digest"]
     again = push_dir(api.client, api.admin, "acme", assets.h_base, assets.adapter_a)
     assert again.status_code == 200 and again.json()["id"] == art["id"]
     by_digest = api.client.get(f"/v1/namespaces/acme/artifacts/sha256:{art['digest']}",
@@ -225,3 +229,54 @@ def test_alias_listing(api: Api, assets: Assets) -> None:
                           headers=api.admin).json()
     rows = {r["alias"]: (r["generation"], r["action"]) for r in page["items"] + rest["items"]}
     assert rows == {"one": (1, "publish"), "two": (2, "retire"), "three": (1, "publish")}
+
+
+def test_size_limit_refuses_push_without_rows(sqlite_url: str, tmp_path: Any,
+                                              assets: Assets) -> None:
+    """The limit is enforced while streaming: the config fits, the weights do not."""
+    from cp_helpers import bootstrap_token, close_app, make_settings
+    from fastapi.testclient import TestClient
+
+    from controlplane.app import create_app
+
+    limit = (assets.adapter_a / "adapter_config.json").stat().st_size + 10
+    settings = make_settings(sqlite_url, tmp_path / "var", max_artifact_bytes=limit)
+    app = create_app(settings)
+    admin = {"Authorization": f"Bearer {bootstrap_token(settings)}"}
+    try:
+        client = TestClient(app)
+        setup_namespace(Api(app=app, client=client, settings=settings, admin=admin), assets.abi)
+        upload = push_dir(client, admin, "acme", assets.h_base, assets.adapter_a)
+        by_uri = client.post("/v1/namespaces/acme/artifacts", headers=admin,
+                             json={"base": assets.h_base, "uri": assets.adapter_a.as_uri()})
+        for resp in (upload, by_uri):
+            assert resp.status_code == 413, resp.text
+            assert resp.json()["code"] == "ARTIFACT_TOO_LARGE"
+        assert client.get("/v1/namespaces/acme/artifacts", headers=admin).json()["items"] == []
+    finally:
+        close_app(app)
+
+
+def test_bad_multipart_pushes_store_nothing(api: Api, assets: Assets) -> None:
+    setup_namespace(api, assets.abi)
+    cfg = (assets.adapter_a / "adapter_config.json").read_bytes()
+    weights = (assets.adapter_a / "adapter_model.safetensors").read_bytes()
+    cases = [
+        ({"adapter_config.json": cfg}, "MISSING_FILE"),
+        ({"adapter_config.json": cfg, "adapter_model.safetensors": weights,
+          "adapter_model.bin": b"pickle"}, "FORBIDDEN_FILE"),
+        ({"adapter_config.json": cfg, "adapter_model.safetensors": weights,
+          "notes.txt": b"x"}, "VALIDATION_ERROR"),
+    ]
+    for files, code in cases:
+        r = api.client.post("/v1/namespaces/acme/artifacts", headers=api.admin,
+                            data={"base": assets.h_base},
+                            files={n: (n, b) for n, b in files.items()})
+        assert (r.status_code, r.json()["code"]) == (422, code), r.text
+    no_base = api.client.post("/v1/namespaces/acme/artifacts", headers=api.admin,
+                              files={"adapter_config.json": ("c", cfg)})
+    assert no_base.status_code == 422
+    assert api.client.get("/v1/namespaces/acme/artifacts", headers=api.admin).json() == {
+        "items": [], "next_cursor": None}
+    objects = api.settings.data_dir / "objects"
+    assert not objects.exists() or not any(p.is_file() for p in objects.rglob("*"))

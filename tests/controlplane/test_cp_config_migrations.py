@@ -53,7 +53,7 @@ def test_production_accepts_real_secrets_and_disables_file_imports() -> None:
 def test_migrations_match_models(backend: str, request: pytest.FixtureRequest) -> None:
     url = str(request.getfixturevalue("pg_migrated" if backend == "postgres" else "sqlite_url"))
     upgrade_to_head(url)  # idempotent at head
-    assert current_revision(url) == "0001"
+    assert current_revision(url) == "0002"
     engine = make_engine(url, pool_size=1)
     try:
         with engine.connect() as conn:

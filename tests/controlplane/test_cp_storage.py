@@ -106,3 +106,23 @@ def test_import_prefix_s3_and_file(s3_endpoint: str, tmp_path: Path) -> None:
     (local / "adapter_config.json").write_bytes(files["adapter_config.json"])
     with pytest.raises(MissingFile), import_prefix(local.as_uri(), settings):
         pass
+
+
+def test_readyz_reports_unreachable_storage(s3_endpoint: str, tmp_path: Path,
+                                            sqlite_url: str) -> None:
+    from fastapi.testclient import TestClient
+
+    from controlplane.app import create_app
+
+    settings = s3_settings(s3_endpoint, "no-such-bucket", tmp_path, database_url=sqlite_url)
+    app = create_app(settings)
+    try:
+        r = TestClient(app).get("/readyz")
+        assert r.status_code == 503
+        assert r.json()["status"] == "not_ready"
+        assert r.json()["checks"]["database"] == "ok"
+        assert r.json()["checks"]["storage"].startswith("error")
+        make_bucket(s3_endpoint, "no-such-bucket")
+        assert TestClient(app).get("/readyz").status_code == 200
+    finally:
+        app.state.engine.dispose()

@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
+import os
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import torch
 
 from dataplane.assets import make_peft_adapter, make_tiny_llama
+
+if not torch.cuda.is_available():  # Triton kernels run in the interpreter on CPU
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 ADAPTER_SPECS = {
     # name: (seed, rank, alpha, target_modules, extra kwargs)
@@ -31,3 +37,23 @@ def tiny_adapters(tiny_llama: Path, tmp_path_factory: pytest.TempPathFactory
     root = tmp_path_factory.mktemp("tiny-adapters")
     return {name: make_peft_adapter(tiny_llama, root / name, **spec)  # type: ignore[arg-type]
             for name, spec in ADAPTER_SPECS.items()}
+
+
+@pytest.fixture(autouse=True)
+def _single_torch_thread() -> Iterator[None]:
+    """One intra-op thread: on the shared 2-core CI box, OpenMP spin-waiting across
+    contended cores makes small GEMMs ~8x slower with 2 threads. Restored afterwards."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture
+def cuda_device() -> torch.device:
+    """The CUDA device for `gpu`-marked tests (skipped without CUDA)."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    return torch.device("cuda")

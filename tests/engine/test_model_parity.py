@@ -11,6 +11,7 @@ import torch
 
 from dataplane.engine.model_runner import ModelRunner
 from dataplane.models import ModelLoadError, UnsupportedModel, load_model
+
 from .helpers import hf_logits, plan_for_chunk
 
 TOL = dict(atol=2e-5, rtol=1e-4)
@@ -110,5 +111,5 @@ def test_unsupported_and_broken_checkpoints_are_rejected(tiny_llama: Path, tmp_p
         load_model(shrunk, torch.float32, torch.device("cpu"))
     (tmp_path / "empty").mkdir()
     (tmp_path / "empty" / "config.json").write_text(json.dumps(config))
-    with pytest.raises(ModelLoadError, match="no model.safetensors"):
+    with pytest.raises(ModelLoadError, match=r"no model\.safetensors"):
         load_model(tmp_path / "empty", torch.float32, torch.device("cpu"))

@@ -44,3 +44,10 @@ def test_smollm2_mixed_adapters_match_hf(smollm2: Path, tmp_path: Path) -> None:
     for (prompt, name), out in zip(requests, outs, strict=True):
         ref, _ = hf.greedy(prompt, 4, name)
         assert list(out.token_ids) == ref, name
+    # Text in, text out through the model directory's tokenizer.
+    [text_out] = engine.generate(["The capital of France is"], params, [handles["qv8"]])
+    assert engine.tokenizer is not None
+    ids = engine.tokenizer.encode("The capital of France is")
+    ref, _ = hf.greedy(ids, 4, "qv8")
+    assert list(text_out.token_ids) == ref
+    assert text_out.text == engine.tokenizer.decode(ref)

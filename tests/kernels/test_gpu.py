@@ -29,9 +29,10 @@ SHAPES = [  # (in, out slices, rows)
 ]
 RANK_SETS = ([16], [64], [8, 16, 32, 64], [1, 128, 7, 33])
 CASES = list(itertools.product(DTYPES, range(len(SHAPES))))
+IDS = [f"{str(d).removeprefix('torch.')}-shape{i}" for d, i in CASES]
 
 
-@pytest.mark.parametrize(("dtype", "shape_i"), CASES)
+@pytest.mark.parametrize(("dtype", "shape_i"), CASES, ids=IDS)
 def test_big_matrix_on_cuda(cuda_device: torch.device, dtype: torch.dtype, shape_i: int) -> None:
     d_in, outs, rows = SHAPES[shape_i]
     i = CASES.index((dtype, shape_i))

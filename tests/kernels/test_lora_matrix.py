@@ -19,7 +19,7 @@ from .lora_cases import DISTRIBUTIONS, check_case, make_case
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 NONE_SHARES = (0.0, 0.3)
-HIDDEN = (40, 136, 72)
+HIDDEN = (40, 136, 37, 72)  # 37: no 16-byte alignment (addr_align 1)
 RANK_SETS = ([1, 3, 8, 16], [16], [5, 33, 64, 128], [2, 128, 7])
 ROWS = (1, 9, 24, 13, 4)
 
@@ -81,5 +81,22 @@ def test_rank_above_one_rank_chunk_and_many_slots(cpu_backend: LoraBackend) -> N
         dist="distinct",
         none_share=0.1,
         seed=99,
+    )
+    check_case(case, cpu_backend)
+
+
+@pytest.mark.parametrize("num_rows", [1, 6])
+def test_split_k_partials_sum_to_the_full_product(cpu_backend: LoraBackend, num_rows: int) -> None:
+    """K = 1000 spans 8 K tiles: the device picks several split-K partials
+    (more for fewer live row tiles), and expand must sum exactly those."""
+    case = make_case(
+        dtype=torch.float32,
+        in_features=1000,
+        out_features=(24,),
+        ranks=[16, 3],
+        num_rows=num_rows,
+        dist="distinct",
+        none_share=0.0,
+        seed=5 + num_rows,
     )
     check_case(case, cpu_backend)

@@ -3,6 +3,8 @@ the device metadata sort against torch's stable sort, typed input errors."""
 
 from __future__ import annotations
 
+import functools
+
 import pytest
 import torch
 
@@ -21,20 +23,32 @@ from .conftest import CPU_BACKENDS
 TRITON_DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
 
-@pytest.mark.parametrize(("num_rows", "num_slots"), [(1, 1), (37, 5), (300, 70), (129, 200)])
+@pytest.mark.parametrize(
+    ("num_rows", "num_slots"), [(1, 1), (37, 5), (300, 70), (129, 200), (16500, 3)]
+)
 def test_meta_sort_matches_torch_stable_sort(num_rows: int, num_slots: int) -> None:
+    from dataplane.kernels.torch_backend import build_meta_torch
+    from dataplane.kernels.triton.meta_kernel import build_meta_triton
+
     gen = torch.Generator().manual_seed(num_rows)
     row_slot = torch.randint(-1, num_slots, (num_rows,), generator=gen, dtype=torch.int32)
-    for name in CPU_BACKENDS:
-        meta = get_lora_backend("cpu", prefer=name).build_meta(
-            row_slot, LoraMetaBuffers(num_rows + 5, num_slots, "cpu")
-        )
-        key = torch.where(row_slot < 0, num_slots, row_slot.long())
+    builders = [build_meta_torch] + [
+        functools.partial(build_meta_triton, method=m)
+        for m in ("pairwise", "sort", "chunked")
+        if (m != "pairwise" or num_rows <= 256) and (num_rows <= 16384 or m == "chunked")
+    ]
+    if TRITON_DEVICE != "cpu":
+        row_slot = row_slot.to(TRITON_DEVICE)
+    for build in builders:
+        dev = "cpu" if build is build_meta_torch else TRITON_DEVICE
+        meta = build(row_slot.to(dev), LoraMetaBuffers(num_rows + 5, num_slots, dev))
+        row_slot_cpu = row_slot.cpu()
+        key = torch.where(row_slot_cpu < 0, num_slots, row_slot_cpu.long())
         assert meta.sorted_rows.tolist() == torch.sort(key, stable=True).indices.tolist()
         counts = torch.bincount(key, minlength=num_slots + 1)[:num_slots]
         assert meta.slot_counts.tolist() == counts.tolist()
         assert meta.slot_starts.tolist() == (torch.cumsum(counts, 0) - counts).tolist()
-        assert meta.row_slot.tolist() == row_slot.tolist()
+        assert meta.row_slot.tolist() == row_slot_cpu.tolist()
 
 
 def test_custom_ops_pass_opcheck() -> None:

@@ -16,7 +16,7 @@ from dataplane.pool.errors import (
     StaleGeneration,
     ValidationFailed,
 )
-from dataplane.pool.events import CompletedEvent, PendingEvent
+from dataplane.pool.events import PendingEvent
 from dataplane.pool.faults import FaultAction, FaultInjector, FaultPoint, FaultSpec
 from dataplane.pool.host_tier import HostTier
 from dataplane.pool.page_demand import PageGeometry
@@ -227,4 +227,72 @@ def test_kv_pages_are_not_adapter_pages() -> None:
     with pytest.raises(Exception, match="PAGE_OWNERSHIP"):
         fx.pool.pages.release(KvOwner("r0"), [4])
     assert fx.pool.check().kv == 4
-    assert isinstance(CompletedEvent().query(), bool)
+
+
+def test_guard_pages_are_part_of_the_inequality() -> None:
+    fx = sixteen_slot_fixture()
+    before = snapshot(fx)
+    with pytest.raises(AdmissionRefused):
+        admit(fx.pool, LoadRequest("c", request_id="r1#1", kv_initial=2, kv_growth=2, guard=1))
+    assert snapshot(fx) == before
+
+
+def test_no_free_slot_and_no_eligible_slot_holder_changes_nothing() -> None:
+    geo = PageGeometry(page_elems=32, elem_bytes=2)
+    host = HostTier(1 << 20, pin_memory=False)
+    for i, key in enumerate("pqr"):
+        host.put(packed(key, i, geo))
+    pool = DevicePool(geo, 32, 2, torch.float16, host_tier=host)
+    admit(pool, LoadRequest("p", request_id="x"))
+    admit(pool, LoadRequest("q"))
+    admit(pool, LoadRequest("r"))  # pages are plentiful; q's slot is reclaimed for r
+    assert pool.visible("q") is None and pool.stats.evictions == 1
+    before = (pool.pages.counts(), pool.slots.table, sorted(pool.residents))
+    pool.pin(pool.visible("r"))  # type: ignore[arg-type]
+    with pytest.raises(AdmissionRefused, match="slot"):
+        admit(pool, LoadRequest("q"))
+    assert (pool.pages.counts(), pool.slots.table, sorted(pool.residents)) == before
+    assert pool.gauges()["slots"] == {"free": 0, "staging": 0, "published": 2, "retiring": 0}
+    assert pool.gauges()["residency"]["active"] == 1
+
+
+def test_resident_target_is_held_for_an_open_admission() -> None:
+    fx = sixteen_slot_fixture()
+    txn = LoadTransaction(fx.pool, LoadRequest("b", request_id="r5", kv_initial=1))
+    txn.begin()  # b already resident: only KV is reserved, b is held meanwhile
+    assert fx.res("b").queued_reservations == 1
+    with pytest.raises(KvCapacityExhausted):
+        fx.pool.allocate_kv("r6", 4)  # would need b's pages
+    txn.start_copy()
+    txn.validate()
+    adm = txn.publish()
+    assert (adm.loaded, adm.kv_pages, adm.generation) == (False, (12,), 4)
+    b = fx.res("b")
+    assert (b.queued_reservations, b.refcount, b.state) == (0, 1, ResidencyState.ACTIVE)
+    fx.pool.check()
+
+
+def test_wrong_dtype_image_is_refused_before_the_copy() -> None:
+    host = HostTier(1 << 20, pin_memory=False)
+    geo = PageGeometry(page_elems=32, elem_bytes=2)
+    host.put(packed("bf", 0, geo, dtype=torch.bfloat16))
+    pool = DevicePool(geo, 8, 2, torch.float16, host_tier=host)
+    with pytest.raises(ValidationFailed) as err:
+        admit(pool, LoadRequest("bf"))
+    assert err.value.detail["reason"] == "layout"
+    assert pool.pages.num_free == 8 and pool.residents == {} and pool.stats.loads_rolled_back == 0
+    pool.check()
+
+
+def test_retiring_adapter_is_reclaimed_when_the_last_fence_clears() -> None:
+    fx = sixteen_slot_fixture()
+    b = fx.res("b")
+    fx.pool.hold_for_queue(b)
+    fx.pool.pin(b)
+    assert fx.pool.retire(b) is False  # stop new binds; pages stay
+    assert fx.pool.pages.pages_of(AdapterOwner("b", 4)) == (8, 9, 10, 11)
+    fx.pool.unpin(b)
+    assert ("b", 4) in fx.pool.residents
+    fx.pool.release_queue_hold(b)  # last fence: reclaimed now
+    assert ("b", 4) not in fx.pool.residents and fx.pool.pages.num_free == 8
+    fx.pool.check()

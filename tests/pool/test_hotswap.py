@@ -155,3 +155,60 @@ def test_copy_failure_before_publication_leaves_generation_8() -> None:
         sw.pool.begin_launch([SlotHandle(8, 21, 41, "new")])
     assert sw.leases.bind("request-2", "tenant-a").handle.slot_id == 7
     sw.pool.check()
+
+
+def test_slot_binding_digest_changes_with_every_generation() -> None:
+    from dataplane.pool.leases import slot_binding
+
+    sem, kern = "1" * 64, "2" * 64
+    a = slot_binding(SlotHandle(7, 12, 31, "old"), worker_epoch=1, device_id="cuda:0",
+                     adapter_semantic=sem, kernel_local=kern)
+    b = slot_binding(SlotHandle(7, 13, 32, "old"), worker_epoch=1, device_id="cuda:0",
+                     adapter_semantic=sem, kernel_local=kern)
+    assert (a.slot_index, a.slot_generation, a.pointer_table_generation) == (7, 12, 31)
+    assert a.sha256 != b.sha256
+
+
+def test_retired_alias_refuses_new_binds_while_old_lease_finishes() -> None:
+    from dataplane.pool.errors import AliasRetired, UnknownAlias
+
+    sw = build()
+    lease = sw.leases.bind("request-old", "tenant-a")
+    sw.leases.retire_alias("tenant-a")
+    with pytest.raises(AliasRetired):
+        sw.leases.bind("request-new", "tenant-a")
+    with pytest.raises(UnknownAlias):
+        sw.leases.bind("request-new", "never-published")
+    assert run_request(sw, lease, X_OLD) == [float(v) for v in Y_OLD]
+    sw.leases.release("request-old")
+    for res in list(sw.pool.residents.values()):
+        for ev in res.events:
+            ev.synchronize()
+    sw.pool.live_generations()
+    assert sw.pool.reclaim_retired() == [("old", 1)]
+    assert sw.pool.residents == {} and sw.pool.pages.num_free == 32
+    sw.pool.check()
+
+
+def test_cold_bind_loads_jointly_with_kv() -> None:
+    sw = build()
+    res = sw.pool.visible("old")
+    assert res is not None
+    sw.pool.evict(res)  # idle alias target evicted by pressure
+    lease = sw.leases.bind("r", "tenant-a", kv_initial=2, kv_growth=1)
+    assert lease.handle != SlotHandle(7, 12, 31, "old") and len(lease.kv_pages) == 3
+    assert run_request(sw, lease, X_OLD) == [float(v) for v in Y_OLD]
+    sw.pool.check()
+
+
+def test_pointer_table_readers_see_old_or_new_whole_mapping() -> None:
+    sw = build()
+    old = sw.pool.slots.table
+    before = dict(old.entries)
+    sw.leases.publish("tenant-a", "new", slot=8)
+    new = sw.pool.slots.table
+    assert dict(old.entries) == before and 8 not in old.entries  # old snapshot untouched
+    # slot 7 had no lease and no pending event: retired and reclaimed in the same swap
+    assert new.generation > old.generation and set(new.entries) == {8}
+    with pytest.raises(TypeError):
+        old.entries[8] = new.entries[8]  # type: ignore[index]

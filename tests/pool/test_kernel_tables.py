@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from fractions import Fraction
 
+import pytest
 import torch
 
 from dataplane.kernels.base import LoraMetaBuffers
@@ -75,3 +76,23 @@ def test_tables_drive_the_kernel_to_the_float64_reference() -> None:
     meta = backend.build_meta(torch.tensor([slots["y"]]), LoraMetaBuffers(8, 4, "cpu"))
     backend.add_lora(y, x[:1], meta, w)
     assert torch.equal(y, torch.zeros_like(y))
+
+
+def test_adapter_module_without_a_kernel_call_site_is_never_published() -> None:
+    from dataplane.pool.errors import LayoutError
+
+    geo = PageGeometry(page_elems=16, elem_bytes=4)
+    host = HostTier(1 << 20, pin_memory=False)
+    bad = factors(1, 2, SLICES)
+    bad[(0, "gate_proj")] = (torch.ones(2, D_IN), torch.ones(8, 2), Fraction(1))
+    host.put(pack_adapter("bad", bad, geo, torch.float32))
+    pool = DevicePool(geo, 64, 2, torch.float32, host_tier=host)
+    tables = KernelTables(pool.storage, [ModuleGroup(0, "qkv", SLICES, D_IN, WIDTHS),
+                                         ModuleGroup(1, "qkv", SLICES, D_IN, WIDTHS)], 2, 4)
+    pool.listeners.append(tables)
+    with pytest.raises(LayoutError, match="no kernel call site"):
+        admit(pool, LoadRequest("bad"))
+    assert pool.slots.table.entries == {} and pool.residents == {}
+    assert int(tables.weights(0, "qkv").ranks.abs().sum()) == 0
+    assert pool.pages.num_free == 64
+    pool.check()

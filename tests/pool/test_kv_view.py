@@ -16,7 +16,7 @@ from dataplane.pool.transactions import LoadRequest, admit
 
 from .builders import SLORA_GEOMETRY, packed
 
-ABI = CacheABI(base_digest="hbase", kv_dtype="float16", block_size=4)
+ABI = CacheABI(base_digest="b" * 64, kv_dtype="float16", block_size=4)
 
 
 def test_block_manager_over_the_unified_pool() -> None:

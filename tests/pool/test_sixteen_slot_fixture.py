@@ -4,16 +4,17 @@ from __future__ import annotations
 
 import pytest
 import torch
-from .builders import SLORA_GEOMETRY, sixteen_slot_fixture
 
 from dataplane.pool.errors import InjectedFault, ValidationFailed
 from dataplane.pool.eviction import ineligibility
 from dataplane.pool.faults import FaultAction, FaultInjector, FaultPoint, FaultSpec
-from dataplane.pool.page_demand import AdmissionDemand, adapter_page_demand
 from dataplane.pool.packing import factor_shapes
+from dataplane.pool.page_demand import AdmissionDemand, adapter_page_demand
 from dataplane.pool.page_pool import AdapterOwner, KvOwner, PageClass, ReservedBy
 from dataplane.pool.residency import ResidencyState
 from dataplane.pool.transactions import LoadRequest, LoadTransaction
+
+from .builders import SLORA_GEOMETRY, sixteen_slot_fixture, square_factors
 
 R1 = LoadRequest("c", request_id="r1#1", kv_initial=2, kv_growth=2, attempt_id="tx7")
 
@@ -39,8 +40,6 @@ def test_geometry_and_demand_match_the_fixture() -> None:
 
 def test_demand_counts_tensors_not_rank() -> None:
     fx = sixteen_slot_fixture()
-    from .builders import square_factors
-
     shapes = factor_shapes(square_factors(0, 8, 2, rank=1))
     assert len(shapes) == 8  # 4 modules x 2 layers
     assert adapter_page_demand(shapes, SLORA_GEOMETRY) == 4

@@ -47,7 +47,7 @@ def test_page_pool_verbs_lowest_first_and_atomic() -> None:
         pool.release(KvOwner("r"), [0, 0])
     with pytest.raises(PageOwnershipError):
         pool.release(KvOwner("r"), [0, 3])  # 3 is an adapter page
-    assert pool.check().as_dict() == {"free": 3, "reserved": 0, "adapter": 2, "kv": 2}
+    assert pool.check().as_dict() == {"free": 4, "reserved": 0, "adapter": 2, "kv": 2}
     got = pool.reserve("t", 2, [AdapterOwner("a", 1)])
     assert got == (1, 3, 4, 5)
     assert pool.pages_of(ReservedBy("t")) == got and pool.pages_of(AdapterOwner("a", 1)) == ()
@@ -71,3 +71,15 @@ def test_fault_spec_parsing_and_injector() -> None:
     assert inj.armed and inj.take(FaultPoint.PUBLISH) and inj.take(FaultPoint.PUBLISH)
     assert inj.take(FaultPoint.PUBLISH) is None
     assert not FaultInjector.from_env({}).armed
+
+
+def test_bookkeeping_modules_are_torch_free() -> None:
+    import subprocess
+    import sys
+
+    code = ("import sys\n"
+            "import dataplane.pool.page_pool, dataplane.pool.page_demand\n"
+            "import dataplane.pool.residency, dataplane.pool.eviction\n"
+            "import dataplane.pool.slot_table, dataplane.pool.faults\n"
+            "sys.exit(1 if 'torch' in sys.modules else 0)\n")
+    assert subprocess.run([sys.executable, "-c", code], check=False).returncode == 0

@@ -3,16 +3,17 @@
 from __future__ import annotations
 
 import hashlib
-import json
 import struct
 
 import pytest
 
-from dataplane.core import Sequence
+from dataplane import identity
+from dataplane.core import InvalidRequest, Sequence
 from dataplane.kvcache import (
     BlockManager,
     CacheABI,
     FreeListPagePool,
+    InvalidCacheABI,
     PageKind,
     PoolExhausted,
     PrefixCache,
@@ -20,7 +21,14 @@ from dataplane.kvcache import (
 )
 
 BS = 4
-ABI = CacheABI(base_digest="hbase", kv_dtype="float32", block_size=BS)
+
+
+def D(name: str) -> str:
+    """A stand-in semantic digest (64 hex) named for readability."""
+    return hashlib.sha256(name.encode()).hexdigest()
+
+
+ABI = CacheABI(base_digest=D("base"), kv_dtype="float32", block_size=BS)
 
 
 def _mgr(pages: int = 16) -> tuple[BlockManager, FreeListPagePool]:
@@ -29,9 +37,10 @@ def _mgr(pages: int = 16) -> tuple[BlockManager, FreeListPagePool]:
 
 
 def _seq(rid: str, tokens: list[int], digest: str | None = None, slot: int = 0,
-         ns: str = "") -> Sequence:
+         ns: str = "default") -> Sequence:
     return Sequence(rid, tuple(tokens), adapter_slot=slot if digest else -1,
-                    adapter_digest=digest, isolation_namespace=ns)
+                    adapter_digest=None if digest is None else D(digest),
+                    isolation_namespace=ns)
 
 
 def _computed(mgr: BlockManager, seq: Sequence) -> None:
@@ -104,7 +113,7 @@ def test_prefix_miss_across_execution_identity(other: dict[str, str | None]) -> 
     a = _seq("a", prompt, "sem-1")
     mgr.allocate(a)
     _computed(mgr, a)
-    b = _seq("b", prompt, other["digest"], ns=other.get("ns") or "")
+    b = _seq("b", prompt, other["digest"], ns=other.get("ns") or "default")
     mgr.allocate(b)
     assert b.num_cached_tokens == 0
     assert not set(a.block_table) & set(b.block_table)
@@ -191,22 +200,29 @@ def test_hit_is_verified_against_stored_tokens() -> None:
 
 def test_chain_keys_match_independent_spec() -> None:
     tokens = [5, 6, 7, 8, 9, 10, 11, 12, 13]
-    root = hashlib.sha256(json.dumps({
-        "cache_abi": {"base_digest": "hbase", "block_size": 4, "kv_dtype": "float32",
-                      "layout": "paged-kv-v1"},
-        "execution": {"digest": "sem", "kind": "adapter"},
-        "namespace": "", "schema": "adapterplane.prefix-cache.v1",
-    }, sort_keys=True, separators=(",", ":")).encode()).digest()
+    abi = identity.CacheABI(D("base"), D("sem"), "float32", 4)
+    root = bytes.fromhex(identity.prefix_key(abi.sha256, [], isolation_namespace="acme"))
     k0 = hashlib.sha256(b"blk" + root + struct.pack("<4q", 5, 6, 7, 8)).digest()
     k1 = hashlib.sha256(b"blk" + k0 + struct.pack("<4q", 9, 10, 11, 12)).digest()
-    assert chain_keys(ABI, tokens, adapter_digest="sem") == [(root, k0), (k0, k1)]
+    got = chain_keys(ABI, tokens, adapter_digest=D("sem"), namespace="acme")
+    assert got == [(root, k0), (k0, k1)]
+
+
+def test_invalid_identities_are_typed_errors() -> None:
+    with pytest.raises(InvalidCacheABI) as exc:
+        CacheABI(base_digest="not-a-digest", kv_dtype="float32", block_size=4)
+    assert exc.value.code == "INVALID_CACHE_ABI"
+    mgr, _ = _mgr()
+    bad = Sequence("bad", (1, 2), adapter_slot=0, adapter_digest="alias-name")
+    with pytest.raises(InvalidRequest):
+        mgr.check_request(bad, 4)
 
 
 def test_alora_blocks_before_activation_share_base_identity() -> None:
     tokens = list(range(12))
-    base = chain_keys(ABI, tokens, adapter_digest=None)
-    x = chain_keys(ABI, tokens, adapter_digest="x", active_from=6)
-    y = chain_keys(ABI, tokens, adapter_digest="y", active_from=6)
+    base = chain_keys(ABI, tokens, adapter_digest=None, namespace="ns")
+    x = chain_keys(ABI, tokens, adapter_digest=D("x"), namespace="ns", active_from=6)
+    y = chain_keys(ABI, tokens, adapter_digest=D("y"), namespace="ns", active_from=6)
     assert x[0] == y[0] == base[0]  # block [0,4) wholly before activation at 6
     assert x[1] != y[1] and x[1] != base[1]  # block [4,8) touches activation: adapter-keyed
     assert x[2] != y[2]

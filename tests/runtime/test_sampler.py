@@ -164,3 +164,11 @@ def test_sampling_params_normalise_sequences() -> None:
     sp = SamplingParams(stop_token_ids=[3, 4], stop="END")  # type: ignore[arg-type]
     assert sp.stop_token_ids == (3, 4) and sp.stop == ("END",)
     assert hash(sp) == hash(SamplingParams(stop_token_ids=(3, 4), stop=("END",)))
+
+
+def test_tiny_temperatures_are_greedy() -> None:
+    logits = torch.tensor([[0.0, 1e-3, 2.0, 1.0]])
+    seq = _seq("t", SamplingParams(temperature=1e-7, seed=3))
+    assert seq.sampling.greedy
+    assert Sampler().sample(logits, [seq]).token_ids == [2]
+    assert not SamplingParams(temperature=1e-3).greedy

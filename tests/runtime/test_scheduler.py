@@ -7,9 +7,12 @@ on batching, chunking or preemption — any difference is a scheduler bug.
 
 from __future__ import annotations
 
+import hashlib
 from collections import Counter
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from dataplane.core import (
     FinishReason,
@@ -35,9 +38,14 @@ def next_token(tokens: list[int]) -> int:
     return (sum(t * (i + 1) for i, t in enumerate(tokens)) % 89) + 10
 
 
+def D(name: str) -> str:
+    """A stand-in digest (64 hex) named for readability."""
+    return hashlib.sha256(name.encode()).hexdigest()
+
+
 def make_block_manager(pages: int) -> BlockManager:
     return BlockManager(FreeListPagePool(pages),
-                        CacheABI(base_digest="hbase", kv_dtype="float32", block_size=BS))
+                        CacheABI(base_digest=D("base"), kv_dtype="float32", block_size=BS))
 
 
 def run_step(sched: Scheduler, generation: int = 0) -> tuple[ScheduleOutput, list[StepUpdate]]:
@@ -86,7 +94,7 @@ def _seq(rid: str, n_prompt: int, max_tokens: int = 4, slot: int = -1, start: in
          **sp: object) -> Sequence:
     return Sequence(rid, tuple(range(start, start + n_prompt)),
                     SamplingParams(max_tokens=max_tokens, **sp),  # type: ignore[arg-type]
-                    adapter_slot=slot, adapter_digest=None if slot < 0 else f"sem-{slot}")
+                    adapter_slot=slot, adapter_digest=None if slot < 0 else D(f"sem-{slot}"))
 
 
 def _sched(pages: int = 64, tokens: int = 64, seqs: int = 8, **kw: object) -> Scheduler:
@@ -202,7 +210,7 @@ def test_prefix_hits_same_digest_miss_other_digest() -> None:
     sched.add(first)
     run_step(sched)  # prefill computes 10 tokens: blocks [0,4) [4,8) publishable
     same = Sequence("same", first.prompt_token_ids, SamplingParams(max_tokens=1),
-                    adapter_slot=5, adapter_digest="sem-3")  # another slot, same semantic digest
+                    adapter_slot=5, adapter_digest=D("sem-3"))  # another slot, same semantic digest
     other = _seq("other", 10, max_tokens=1, slot=4)
     sched.add(same)
     sched.add(other)
@@ -270,3 +278,79 @@ def test_bad_requests_change_nothing() -> None:
         sched.postprocess(out, [])
     with pytest.raises(InvalidRequest):
         SchedulerConfig(max_num_seqs=0)
+
+
+def test_max_model_len_finishes_with_length() -> None:
+    sched = Scheduler(SchedulerConfig(max_model_len=8), make_block_manager(16))
+    seq = _seq("r", 5, max_tokens=10)
+    sched.add(seq)
+    run_to_completion(sched)
+    assert seq.num_tokens == 8 and seq.finish_reason is FinishReason.LENGTH
+    with pytest.raises(InvalidRequest):
+        sched.add(_seq("too-long", 8))
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    pages=st.integers(8, 24),
+    token_budget=st.integers(4, 24),
+    max_seqs=st.integers(1, 5),
+    requests=st.lists(
+        st.tuples(st.integers(1, 14), st.integers(1, 8), st.integers(-1, 2), st.integers(0, 6)),
+        min_size=1, max_size=8,
+    ),
+    events=st.lists(st.tuples(st.integers(0, 30), st.sampled_from(["abort", "cold", "warm"]),
+                              st.integers(0, 7)), max_size=6),
+)
+def test_random_workloads_keep_invariants_and_reference_outputs(
+    pages: int, token_budget: int, max_seqs: int,
+    requests: list[tuple[int, int, int, int]], events: list[tuple[int, str, int]],
+) -> None:
+    """Arrivals over time, shared prefixes, adapters going cold and warm, aborts, tiny pools:
+    every step's plan is valid and within budget, pages are conserved, and every request
+    that was not aborted ends with exactly the reference output."""
+    cold: set[int] = set()
+    sched = Scheduler(SchedulerConfig(max_num_batched_tokens=token_budget, max_num_seqs=max_seqs),
+                      make_block_manager(pages), adapter_ready=lambda s: s.adapter_slot not in cold)
+    seqs = [_seq(f"r{i}", n, max_tokens=m, slot=slot, start=(i % 2) * 3)
+            for i, (n, m, slot, _) in enumerate(requests)]
+    arrivals = {i: at for i, (*_, at) in enumerate(requests)}
+    aborted: set[str] = set()
+    for step in range(400):
+        for i, at in arrivals.items():
+            if at == step:
+                sched.add(seqs[i])
+        for at, what, k in events:
+            if at == step and what == "abort" and k < len(seqs):
+                if sched.abort(seqs[k].request_id) is not None:
+                    aborted.add(seqs[k].request_id)
+            elif at == step:
+                (cold.add if what == "cold" else cold.discard)(k % 3)
+        if step > 40:
+            cold.clear()  # adapters eventually load
+        if step > max(arrivals.values()) and not sched.has_unfinished():
+            break
+        run_step(sched, step)
+    else:
+        raise AssertionError("workload did not finish")
+    for seq in seqs:
+        if seq.request_id not in aborted:
+            assert seq.output_token_ids == reference_output(seq)
+            assert seq.finish_reason is FinishReason.LENGTH
+    bm = sched.block_manager
+    assert bm.num_free_blocks == pages and not sched.running and not sched.waiting
+
+
+def test_abort_of_a_prefill_chunk_between_schedule_and_postprocess() -> None:
+    sched = _sched(tokens=6)
+    a, b = _seq("a", 4, max_tokens=3), _seq("b", 2, max_tokens=3, start=20)
+    sched.add(a)
+    sched.add(b)
+    out = sched.schedule()
+    assert [(s.request_id, n) for s, n in out.prefills] == [("a", 4), ("b", 2)]
+    assert sched.abort("a") is a
+    ups = sched.postprocess(out, [11, 12])  # the engine sampled both rows before the abort
+    assert [(u.seq.request_id, u.token_id) for u in ups] == [("b", 12)]
+    assert a.num_output_tokens == 0 and b.num_computed_tokens == 2
+    run_to_completion(sched)
+    assert sched.block_manager.num_free_blocks == 64

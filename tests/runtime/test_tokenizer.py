@@ -5,12 +5,15 @@ from __future__ import annotations
 import json
 import shutil
 from pathlib import Path
+from typing import Any
 
 import pytest
 from tokenizers import Tokenizer as HFTokenizer
 from tokenizers import decoders, models, pre_tokenizers, trainers
 from transformers import AutoTokenizer
 
+from dataplane.core import FinishReason, SamplingParams, Sequence
+from dataplane.sampling import StopChecker
 from dataplane.tokenizer import ChatTemplateError, Tokenizer, TokenizerLoadError
 
 TEXTS = [
@@ -29,14 +32,28 @@ CONVERSATIONS = [
 
 
 @pytest.fixture(scope="module")
-def smol_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """SmolLM2's tokenizer files, written by transformers from the packaged GGUF."""
+def smol_dir(request: pytest.FixtureRequest) -> Path:
+    """SmolLM2's tokenizer files, written by transformers from the packaged GGUF.
+
+    Cached in pytest's cache dir (keyed by the GGUF's name and size): the conversion costs
+    seconds, the files never change for one GGUF.
+    """
     from dataplane.assets import smollm2_gguf_path
 
     gguf = smollm2_gguf_path()
-    dest = tmp_path_factory.mktemp("smol-tok")
-    AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name).save_pretrained(dest)
+    dest = Path(request.config.cache.mkdir("adapterplane-smollm2-tokenizer"))
+    marker = dest / "source.json"
+    source = json.dumps({"gguf": gguf.name, "bytes": gguf.stat().st_size})
+    if not marker.is_file() or marker.read_text() != source:
+        AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name).save_pretrained(dest)
+        marker.write_text(source)
     return dest
+
+
+@pytest.fixture(scope="module")
+def smol_ref(smol_dir: Path) -> Any:
+    """transformers' reading of the same files: the reference."""
+    return AutoTokenizer.from_pretrained(smol_dir)
 
 
 @pytest.fixture(scope="module")
@@ -75,8 +92,8 @@ def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return dest
 
 
-def test_encode_decode_match_transformers(smol_dir: Path) -> None:
-    ours, ref = Tokenizer.from_dir(smol_dir), AutoTokenizer.from_pretrained(smol_dir)
+def test_encode_decode_match_transformers(smol_dir: Path, smol_ref: Any) -> None:
+    ours, ref = Tokenizer.from_dir(smol_dir), smol_ref
     for text in TEXTS:
         ids = ours.encode(text)
         assert ids == ref(text)["input_ids"]
@@ -85,9 +102,8 @@ def test_encode_decode_match_transformers(smol_dir: Path) -> None:
     assert ours.vocab_size == len(ref)
 
 
-def test_special_tokens_and_eos_policy(smol_dir: Path, tmp_path: Path) -> None:
-    tok = Tokenizer.from_dir(smol_dir)
-    ref = AutoTokenizer.from_pretrained(smol_dir)
+def test_special_tokens_and_eos_policy(smol_dir: Path, smol_ref: Any, tmp_path: Path) -> None:
+    tok, ref = Tokenizer.from_dir(smol_dir), smol_ref
     assert tok.special_tokens["eos_token"] == ref.eos_token
     assert tok.eos_token_ids == {ref.eos_token_id}
     assert tok.token_id("bos_token") == ref.bos_token_id
@@ -98,8 +114,9 @@ def test_special_tokens_and_eos_policy(smol_dir: Path, tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("add_generation_prompt", [False, True])
-def test_chat_template_matches_transformers(smol_dir: Path, add_generation_prompt: bool) -> None:
-    ours, ref = Tokenizer.from_dir(smol_dir), AutoTokenizer.from_pretrained(smol_dir)
+def test_chat_template_matches_transformers(smol_dir: Path, smol_ref: Any,
+                                            add_generation_prompt: bool) -> None:
+    ours, ref = Tokenizer.from_dir(smol_dir), smol_ref
     for conv in CONVERSATIONS:
         text = ours.apply_chat_template(conv, add_generation_prompt=add_generation_prompt)
         expected = ref.apply_chat_template(conv, tokenize=False,
@@ -159,3 +176,41 @@ def test_load_errors(tmp_path: Path) -> None:
     (tmp_path / "tokenizer.json").write_text("{}")
     with pytest.raises(TokenizerLoadError):
         Tokenizer.from_dir(tmp_path)
+
+
+def _feed(tok: Tokenizer, seq: Sequence, out: list[int]) -> list[str]:
+    stop = StopChecker(seq, tok.eos_token_ids, tok.detokenizer(seq.prompt_token_ids),
+                       max_len=1000)
+    pieces = []
+    for t in out:
+        if seq.is_finished:
+            break
+        seq.token_ids.append(t)
+        pieces.append(stop.on_token(t))
+    return pieces
+
+
+def test_stop_string_across_multibyte_tokens(tiny_dir: Path) -> None:
+    tok = Tokenizer.from_dir(tiny_dir)
+    out = tok.encode("the fox 🚀 jumps over", add_special_tokens=False)
+    seq = Sequence("s", (1,), SamplingParams(max_tokens=50, stop=["🚀 j", "zzz"]))
+    pieces = _feed(tok, seq, out)
+    assert seq.finish_reason is FinishReason.STOP and seq.stop_reason == "🚀 j"
+    assert seq.output_text == "the fox " == "".join(pieces)
+    assert all("\ufffd" not in p for p in pieces)
+
+
+def test_eos_and_length_flush_held_text(tiny_dir: Path) -> None:
+    tok = Tokenizer.from_dir(tiny_dir)
+    eos = tok.token_id("eos_token")
+    assert eos is not None and tok.eos_token_ids == {eos}
+    out = tok.encode("ok 🚀", add_special_tokens=False)
+    assert tok.decode(out[:-1]).endswith("\ufffd")  # the cut leaves an incomplete character
+    seq = Sequence("e", (1,), SamplingParams(max_tokens=50))
+    pieces = _feed(tok, seq, [*out[:-1], eos])  # eos cuts the emoji: held bytes are flushed
+    assert seq.finish_reason is FinishReason.STOP and seq.stop_reason == eos
+    assert "".join(pieces) == seq.output_text == tok.decode(out[:-1])
+    seq = Sequence("l", (1,), SamplingParams(max_tokens=len(out) - 1))
+    pieces = _feed(tok, seq, out)
+    assert seq.finish_reason is FinishReason.LENGTH
+    assert "".join(pieces) == seq.output_text == tok.decode(out[:-1])

@@ -10,7 +10,7 @@ winning table, which is pasted into ``SHRINK_TABLE`` / ``EXPAND_TABLE``.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 T_BUCKETS = (16, 64, 256, 1024, 4096, 1 << 30)
 R_BUCKETS = (16, 32, 64, 128, 256)
@@ -18,7 +18,9 @@ R_BUCKETS = (16, 32, 64, 128, 256)
 
 @dataclass(frozen=True)
 class ShrinkConfig:
-    """``z = x @ A^T`` tiles: rows × rank × K; ``split_k`` partial sums over K."""
+    """``z = x @ A^T`` tiles: rows × rank × K. ``split_k`` is the most K splits
+    (fp32 partials) a launch may use; the kernel picks the actual number on the
+    device from the live row tiles."""
 
     block_m: int
     block_r: int
@@ -30,13 +32,15 @@ class ShrinkConfig:
 
 @dataclass(frozen=True)
 class ExpandConfig:
-    """``y += s z @ Bt`` tiles: rows × output columns × rank chunk."""
+    """``y += s z @ Bt`` tiles: rows × output columns × rank chunk; each program
+    covers ``n_iters`` consecutive column tiles (pipelined loads)."""
 
     block_m: int
     block_n: int
     block_r: int
     num_warps: int
     num_stages: int
+    n_iters: int = 1
 
 
 def bucket(value: int, edges: tuple[int, ...]) -> int:
@@ -46,30 +50,50 @@ def bucket(value: int, edges: tuple[int, ...]) -> int:
     return edges[-1]
 
 
-# Filled from `bench/lora_kernels.py --tune` on the H200 (see docs/PERFORMANCE.md).
+# Winners of `bench/lora_kernels.py --tune` on the H200, 2026-11-29 (docs/PERFORMANCE.md):
+# swept per T class at r = 64, installed for every rank bucket with block_r capped at
+# the bucket. T classes 16 and > 4096 were not swept: they take the nearest swept class.
+_TUNED_SHRINK = {
+    64: ShrinkConfig(16, 64, 256, 32, 4, 3),
+    256: ShrinkConfig(16, 64, 128, 32, 4, 3),
+    4096: ShrinkConfig(32, 64, 128, 8, 4, 3),
+}
+_TUNED_EXPAND = {
+    64: ExpandConfig(16, 256, 64, 4, 2, 1),
+    256: ExpandConfig(16, 256, 64, 4, 2, 1),
+    4096: ExpandConfig(64, 128, 64, 4, 3, 4),
+}
+_NEAREST = {16: 64, 64: 64, 256: 256, 4096: 4096, 1 << 30: 4096}
+
 # Keys: (T bucket, R bucket). Entries missing here fall back to `default_*`.
-SHRINK_TABLE: dict[tuple[int, int], ShrinkConfig] = {}
-EXPAND_TABLE: dict[tuple[int, int], ExpandConfig] = {}
+SHRINK_TABLE: dict[tuple[int, int], ShrinkConfig] = {
+    (t, r): replace(_TUNED_SHRINK[src], block_r=min(64, r))
+    for t, src in _NEAREST.items()
+    for r in R_BUCKETS
+}
+EXPAND_TABLE: dict[tuple[int, int], ExpandConfig] = {
+    (t, r): replace(_TUNED_EXPAND[src], block_r=min(64, r))
+    for t, src in _NEAREST.items()
+    for r in R_BUCKETS
+}
 
 
 def default_shrink(t_bucket: int, r_bucket: int) -> ShrinkConfig:
     block_r = min(r_bucket, 64)
-    if t_bucket <= 64:
-        return ShrinkConfig(16, block_r, 128, 16, 4, 3)
     if t_bucket <= 256:
-        return ShrinkConfig(16, block_r, 128, 8, 4, 3)
+        return ShrinkConfig(16, block_r, 128, 32, 4, 3)
     if t_bucket <= 1024:
-        return ShrinkConfig(32, block_r, 128, 4, 4, 3)
-    return ShrinkConfig(64, block_r, 64, 2, 4, 3)
+        return ShrinkConfig(32, block_r, 128, 16, 4, 3)
+    return ShrinkConfig(64, block_r, 128, 8, 4, 3)
 
 
 def default_expand(t_bucket: int, r_bucket: int) -> ExpandConfig:
     block_r = min(r_bucket, 64)
     if t_bucket <= 256:
-        return ExpandConfig(16, 128, block_r, 4, 2)
+        return ExpandConfig(16, 256, block_r, 4, 2, 1)
     if t_bucket <= 1024:
-        return ExpandConfig(32, 128, block_r, 4, 2)
-    return ExpandConfig(64, 128, block_r, 4, 2)
+        return ExpandConfig(32, 128, block_r, 4, 3, 2)
+    return ExpandConfig(64, 128, block_r, 4, 3, 2)
 
 
 def shrink_config(num_rows: int, max_rank: int, in_features: int) -> ShrinkConfig:
@@ -90,7 +114,9 @@ def expand_config(num_rows: int, max_rank: int) -> ExpandConfig:
     cfg = EXPAND_TABLE.get(key) or default_expand(*key)
     block_r = min(cfg.block_r, max(16, key[1]))
     if block_r != cfg.block_r:
-        cfg = ExpandConfig(cfg.block_m, cfg.block_n, block_r, cfg.num_warps, cfg.num_stages)
+        cfg = ExpandConfig(
+            cfg.block_m, cfg.block_n, block_r, cfg.num_warps, cfg.num_stages, cfg.n_iters
+        )
     return cfg
 
 

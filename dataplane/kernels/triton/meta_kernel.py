@@ -1,12 +1,15 @@
 # mypy: disable-error-code="no-untyped-def"
 # (Triton JIT kernels take untyped pointer/scalar arguments.)
-"""Per-step metadata on the device: a stable counting sort of rows by slot.
+"""Per-step metadata on the device: a stable sort of rows by slot, one launch.
 
-One program, two passes over the rows in chunks of ``CHUNK``: (1) per-slot
-counts, (2) each row's rank among earlier rows of its slot, through a one-hot
-``[CHUNK, S_PAD]`` cumulative sum, scattered to ``starts[slot] + rank``. Rows of
-slot ``-1`` use bucket ``S`` and land after every active row. One launch, no
-allocation, no host sync, so it is captured in the step's CUDA graph.
+Up to ``MAX_SORT_ROWS`` rows (every decode step and ordinary prefill chunks):
+one program loads all slots at once, counts them with ``tl.histogram`` and
+sorts the packed keys ``slot * BLOCK_T + row`` with ``tl.sort`` (unique keys,
+so the order is stable). Larger steps use a chunked counting sort: two passes,
+each row's rank among earlier rows of its slot from a one-hot
+``[CHUNK, S_PAD]`` cumulative sum. Rows of slot ``-1`` use bucket ``S`` and land
+after every active row. No allocation, no host sync: captured in the step's
+CUDA graph.
 """
 
 from __future__ import annotations
@@ -17,6 +20,62 @@ import triton.language as tl
 
 from dataplane.kernels.base import LoraBatchMeta, LoraMetaBuffers
 from dataplane.kernels.errors import LoraShapeError
+
+MAX_SORT_ROWS = 16384
+PAIRWISE_MAX_ROWS = 256  # decode sizes: rank by pairwise comparison, no sort network
+
+
+@triton.jit
+def _build_meta_pairwise_kernel(
+    row_slot_in_ptr,
+    row_slot_ptr,
+    sorted_ptr,
+    counts_ptr,
+    starts_ptr,
+    T,
+    S,
+    BLOCK_T: tl.constexpr,
+    S_PAD: tl.constexpr,
+):
+    offs = tl.arange(0, BLOCK_T)
+    m = offs < T
+    s = tl.load(row_slot_in_ptr + offs, mask=m, other=-1).to(tl.int32)
+    tl.store(row_slot_ptr + offs, s, mask=m)
+    key = tl.where(s < 0, S, s)
+    cols = tl.arange(0, S_PAD)
+    counts = tl.histogram(key, S_PAD)
+    starts = tl.cumsum(counts, axis=0) - counts
+    tl.store(counts_ptr + cols, counts, mask=cols < S)
+    tl.store(starts_ptr + cols, starts, mask=cols < S)
+    packed = key * BLOCK_T + offs  # unique: position = number of smaller keys
+    pos = tl.sum((packed[None, :] < packed[:, None]).to(tl.int32), axis=1)
+    tl.store(sorted_ptr + pos, offs, mask=m)
+
+
+@triton.jit
+def _build_meta_sort_kernel(
+    row_slot_in_ptr,
+    row_slot_ptr,
+    sorted_ptr,
+    counts_ptr,
+    starts_ptr,
+    T,
+    S,
+    BLOCK_T: tl.constexpr,
+    S_PAD: tl.constexpr,
+):
+    offs = tl.arange(0, BLOCK_T)
+    m = offs < T
+    s = tl.load(row_slot_in_ptr + offs, mask=m, other=-1).to(tl.int32)
+    tl.store(row_slot_ptr + offs, s, mask=m)
+    key = tl.where(s < 0, S, s)  # padding rows join bucket S after the real ones
+    counts = tl.histogram(key, S_PAD)
+    starts = tl.cumsum(counts, axis=0) - counts
+    cols = tl.arange(0, S_PAD)
+    tl.store(counts_ptr + cols, counts, mask=cols < S)
+    tl.store(starts_ptr + cols, starts, mask=cols < S)
+    packed = tl.sort(key * BLOCK_T + offs)
+    tl.store(sorted_ptr + offs, packed % BLOCK_T, mask=m)
 
 
 @triton.jit
@@ -59,14 +118,57 @@ def _build_meta_kernel(
         running += tl.sum(onehot, axis=0)
 
 
-def build_meta_triton(row_slot: torch.Tensor, buffers: LoraMetaBuffers) -> LoraBatchMeta:
-    """Fill ``buffers`` for ``row_slot`` (int32/int64 ``[T]``) in one launch."""
+def build_meta_triton(
+    row_slot: torch.Tensor, buffers: LoraMetaBuffers, method: str | None = None
+) -> LoraBatchMeta:
+    """Fill ``buffers`` for ``row_slot`` (int32/int64 ``[T]``) in one launch.
+
+    ``method`` forces ``"pairwise"``, ``"sort"`` or ``"chunked"`` (tests and
+    benchmark); by default the fastest valid one for ``T`` is used.
+    """
     if row_slot.dim() != 1 or row_slot.dtype not in (torch.int32, torch.int64):
         raise LoraShapeError("row_slot must be a 1-D int32/int64 tensor")
     if row_slot.device != buffers.device:
         raise LoraShapeError(f"row_slot on {row_slot.device}, buffers on {buffers.device}")
     meta = buffers.views(row_slot.shape[0])
     s_pad = max(16, triton.next_power_of_2(buffers.num_slots + 1))
+    block_t = max(16, triton.next_power_of_2(meta.num_rows))
+    sortable = meta.num_rows <= MAX_SORT_ROWS and (buffers.num_slots + 1) * MAX_SORT_ROWS < 2**31
+    if method is None:
+        if meta.num_rows <= PAIRWISE_MAX_ROWS and sortable:
+            method = "pairwise"
+        else:
+            method = "sort" if sortable else "chunked"
+    if method in ("pairwise", "sort") and not sortable:
+        raise LoraShapeError(f"{method} needs T <= {MAX_SORT_ROWS} and a packable key")
+    if method == "pairwise":
+        _build_meta_pairwise_kernel[(1,)](
+            row_slot,
+            meta.row_slot,
+            meta.sorted_rows,
+            meta.slot_counts,
+            meta.slot_starts,
+            meta.num_rows,
+            buffers.num_slots,
+            BLOCK_T=block_t,
+            S_PAD=s_pad,
+            num_warps=4 if block_t <= 128 else 8,
+        )
+        return meta
+    if method == "sort":
+        _build_meta_sort_kernel[(1,)](
+            row_slot,
+            meta.row_slot,
+            meta.sorted_rows,
+            meta.slot_counts,
+            meta.slot_starts,
+            meta.num_rows,
+            buffers.num_slots,
+            BLOCK_T=block_t,
+            S_PAD=s_pad,
+            num_warps=4 if block_t <= 1024 else 8,
+        )
+        return meta
     chunk = max(16, min(128, 4096 // s_pad))
     _build_meta_kernel[(1,)](
         row_slot,

@@ -9,6 +9,7 @@ the static shapes, so the op signature carries tensors only.
 
 from __future__ import annotations
 
+import functools
 import os
 
 import torch
@@ -32,6 +33,19 @@ def _precision(dtype: torch.dtype) -> str:
 
 def _s_pad(num_slots: int) -> int:
     return max(16, triton.next_power_of_2(num_slots))
+
+
+def split_target(device: torch.device) -> int:
+    """Programs the dynamic split-K aims for: two per multiprocessor (small under
+    the interpreter so tests exercise several splits)."""
+    if device.type != "cuda":
+        return 16
+    return 2 * _sm_count(device.index if device.index is not None else 0)
+
+
+@functools.cache
+def _sm_count(index: int) -> int:
+    return int(torch.cuda.get_device_properties(index).multi_processor_count)
 
 
 def max_tiles(num_rows: int, num_slots: int, block_m: int) -> int:
@@ -60,12 +74,12 @@ def launch_shrink(
     cfg = shrink_config(t, r_max, k)
     if cfg.split_k != split:
         raise LoraShapeError(f"z has {split} splits, the config table wants {cfg.split_k}")
-    k_per_split = triton.cdiv(triton.cdiv(k, cfg.block_k), split) * cfg.block_k
     grid = (max_tiles(t, s, cfg.block_m), split, ns)
     lora_shrink_kernel[grid](
         x, storage, a_rows, ranks, z, sorted_rows, slot_counts, slot_starts,
-        s, k, t, ns, r_max, x.stride(0), k_per_split,
+        s, k, t, ns, r_max, x.stride(0),
         BLOCK_M=cfg.block_m, BLOCK_R=cfg.block_r, BLOCK_K=cfg.block_k,
+        SPLIT_MAX=split, TARGET=split_target(x.device),
         S_PAD=_s_pad(s), ALIGN=align, UPCAST=_interpreting(), PREC=_precision(x.dtype),
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )  # fmt: skip
@@ -88,13 +102,16 @@ def launch_expand(
     split, t, ns, r_max = z.shape
     s = ranks.shape[1]
     cfg = expand_config(t, r_max)
+    shrink_bm = shrink_config(t, r_max, 1).block_m
     widths = [*out_features, 0, 0, 0][:MAX_SLICES]
-    n_tiles = sum(triton.cdiv(w, cfg.block_n) for w in out_features)
+    n_tiles = sum(triton.cdiv(w, cfg.block_n * cfg.n_iters) for w in out_features)
     grid = (max_tiles(t, s, cfg.block_m), n_tiles)
     lora_expand_kernel[grid](
         y, z, storage, b_rows, ranks, scales, sorted_rows, slot_counts, slot_starts,
         s, t, ns, r_max, y.stride(0), widths[0], widths[1], widths[2], widths[3],
-        SPLIT_K=split, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_R=cfg.block_r,
+        SPLIT_MAX=split, TARGET=split_target(y.device), SHRINK_BM=shrink_bm,
+        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, N_ITERS=cfg.n_iters,
+        BLOCK_R=cfg.block_r,
         S_PAD=_s_pad(s), ALIGN=align, UPCAST=_interpreting(), PREC=_precision(y.dtype),
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )  # fmt: skip

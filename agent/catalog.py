@@ -1,0 +1,218 @@
+"""The agent's view of the catalog: `namespace/alias` generations from desired state.
+
+The control plane is the source of truth; this is a read-only replica refreshed from
+`GET /v1/agents/{id}/desired-state` (see controlplane/agents). Each alias keeps its
+recent generations so a request may pin one (`namespace/alias@generation`).
+
+Resolution (`resolve`) is the admission-time step of seed §0x07H: it returns one
+immutable :class:`Generation` that the request keeps to the end, whatever is published
+later. Typed errors carry the HTTP status the server maps them to; nothing here ever
+falls back to the base model or to another generation.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+from dataplane.artifacts import ArtifactRejected, ValidatedArtifact
+
+
+class ServingError(Exception):
+    """A request the agent refuses; `status` and `code` are the HTTP answer."""
+
+    status: ClassVar[int] = 500
+    code: ClassVar[str] = "INTERNAL_ERROR"
+
+    def __init__(self, message: str, **detail: Any) -> None:
+        super().__init__(message)
+        self.message = message
+        self.detail = detail
+
+
+class BadModelName(ServingError):
+    status, code = 422, "VALIDATION_ERROR"
+
+
+class UnknownAlias(ServingError):
+    status, code = 404, "NOT_FOUND"
+
+
+class AliasRetired(ServingError):
+    status, code = 410, "ALIAS_RETIRED"
+
+
+class Unsupported(ServingError):
+    """The artifact needs a rank or a target module this agent cannot serve."""
+
+    status, code = 422, "UNSUPPORTED_ADAPTER"
+
+
+class Overloaded(ServingError):
+    status, code = 429, "OVERLOADED"
+
+
+class Forbidden(ServingError):
+    status, code = 403, "FORBIDDEN"
+
+
+class Unauthenticated(ServingError):
+    status, code = 401, "UNAUTHENTICATED"
+
+
+class LoadFailed(ServingError):
+    """Download, digest check or engine load of the adapter failed (nothing was served)."""
+
+    status, code = 503, "ADAPTER_LOAD_FAILED"
+
+
+_MODEL = re.compile(r"^([a-z0-9-]{1,63})/([A-Za-z0-9._-]{1,200}?)(?:@([0-9]{1,12}))?$")
+
+
+@dataclass(frozen=True)
+class ModelRef:
+    """A parsed `model` field: `namespace/alias[@generation]`."""
+
+    namespace: str
+    alias: str
+    generation: int | None = None
+
+    @classmethod
+    def parse(cls, model: str) -> ModelRef:
+        match = _MODEL.match(model)
+        if match is None:
+            raise BadModelName("model must be 'namespace/alias' or 'namespace/alias@generation'"
+                               " or the base model name", model=model)
+        gen = match.group(3)
+        return cls(match.group(1), match.group(2), int(gen) if gen is not None else None)
+
+
+@dataclass(frozen=True)
+class ArtifactInfo:
+    """What the agent needs to fetch and check one validated artifact."""
+
+    id: int
+    digest: str
+    """H_artifact (64 hex), re-derived from `validated_record` on construction."""
+    files: Mapping[str, Mapping[str, Any]]
+    """`{name: {"sha256", "size", "url"}}`; `url` is file:// or http(s) (presigned)."""
+    max_rank: int
+    roles: frozenset[str]
+    total_bytes: int
+
+    @classmethod
+    def from_wire(cls, doc: Mapping[str, Any]) -> ArtifactInfo:
+        record = doc.get("validated_record")
+        try:
+            validated = ValidatedArtifact.from_record(record or {})
+        except ArtifactRejected as exc:
+            raise LoadFailed(f"artifact {doc.get('id')}: {exc}") from exc
+        if validated.h_artifact != doc.get("digest"):
+            raise LoadFailed(f"artifact {doc.get('id')}: record digest differs",
+                             digest=doc.get("digest"))
+        return cls(id=int(doc["id"]), digest=validated.h_artifact, files=dict(doc["files"]),
+                   max_rank=validated.max_rank,
+                   roles=frozenset(m.role for m in validated.modules),
+                   total_bytes=int(validated.total_bytes))
+
+
+@dataclass(frozen=True)
+class Generation:
+    """One alias generation; `artifact` None means the generation is a retire."""
+
+    namespace: str
+    alias: str
+    generation: int
+    action: str
+    artifact: ArtifactInfo | None
+    error: str | None = None
+    """Why this generation cannot be served (its record did not check out)."""
+
+    @property
+    def name(self) -> str:
+        return f"{self.namespace}/{self.alias}"
+
+
+@dataclass
+class AliasState:
+    current: int
+    generations: dict[int, Generation] = field(default_factory=dict)
+    prefetch: bool = False
+
+
+class AgentCatalog:
+    """Thread-safe replica: replaced wholesale by :meth:`update` (one desired state)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._aliases: dict[str, AliasState] = {}
+        self.version = 0
+
+    def update(self, version: int, aliases: Iterable[AliasState]) -> None:
+        fresh = {s.generations[s.current].name: s for s in aliases}
+        with self._lock:
+            self._aliases = fresh
+            self.version = version
+
+    def resolve(self, ref: ModelRef) -> Generation:
+        """The generation a new request binds (404 unknown, 410 retired)."""
+        key = f"{ref.namespace}/{ref.alias}"
+        with self._lock:
+            state = self._aliases.get(key)
+        if state is None:
+            raise UnknownAlias(f"model {key!r} is not published", model=key)
+        wanted = state.current if ref.generation is None else ref.generation
+        gen = state.generations.get(wanted)
+        if gen is None:
+            raise UnknownAlias(f"{key} has no generation {wanted} on this agent",
+                               model=key, generation=wanted)
+        if gen.error is not None:
+            raise LoadFailed(gen.error, model=key, generation=gen.generation)
+        if gen.artifact is None:
+            raise AliasRetired(f"{key} is retired at generation {gen.generation}",
+                               model=key, generation=gen.generation)
+        return gen
+
+    def current(self) -> list[Generation]:
+        with self._lock:
+            return [s.generations[s.current] for s in self._aliases.values()]
+
+    def prefetch_targets(self) -> list[ArtifactInfo]:
+        """Artifacts placement asked this agent to keep resident."""
+        with self._lock:
+            states = list(self._aliases.values())
+        return [g.artifact for s in states if s.prefetch
+                for g in (s.generations[s.current],) if g.artifact is not None]
+
+    def named_digests(self) -> set[str]:
+        """Artifacts some alias currently serves (the rest may be reclaimed when idle)."""
+        return {g.artifact.digest for g in self.current() if g.artifact is not None}
+
+
+def parse_desired_state(doc: Mapping[str, Any]) -> tuple[int, list[AliasState]]:
+    """Wire format of the control plane's desired state -> (version, alias states).
+
+    An artifact whose record does not re-derive its digest makes that generation
+    unservable (it raises at load time), never silently another one.
+    """
+    states = []
+    for item in doc["aliases"]:
+        gens: dict[int, Generation] = {}
+        for g in item["generations"]:
+            art = g.get("artifact")
+            info, error = None, None
+            if art is not None:
+                try:
+                    info = ArtifactInfo.from_wire(art)
+                except LoadFailed as exc:
+                    error = exc.message
+            gens[int(g["generation"])] = Generation(item["namespace"], item["alias"],
+                                                    int(g["generation"]), g["action"], info,
+                                                    error)
+        current = int(item["current_generation"])
+        if current in gens:
+            states.append(AliasState(current, gens, bool(item.get("prefetch", False))))
+    return int(doc["version"]), states

@@ -1,0 +1,67 @@
+"""Agent settings, read from the environment with the prefix `ADAPTERPLANE_AGENT_`.
+
+One agent serves one base model on one device. Everything it knows about adapters
+comes from the control plane (`control_plane_url`, authenticated with an agent token);
+its only local state is a content-addressed download cache under `cache_dir`, which a
+restart re-verifies rather than trusts.
+
+Fault injection (`fault_*`) is off by default; tests use it to stop an agent mid-load.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field, SecretStr
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class AgentSettings(BaseSettings):
+    """All knobs of one agent process."""
+
+    model_config = SettingsConfigDict(env_prefix="ADAPTERPLANE_AGENT_", extra="ignore")
+
+    control_plane_url: str = "http://127.0.0.1:8400"
+    token: SecretStr = SecretStr("")
+    """Agent token (`is_agent`) used for registration, heartbeats and desired state."""
+    name: str = "agent-0"
+    """Stable agent name; a restart re-registers under it with a fresh worker epoch."""
+    model_dir: Path = Path("./model")
+    """HF directory of the base model (config.json + safetensors [+ tokenizer])."""
+    served_model_name: str = ""
+    """`model` value that selects the base model alone; default: the model dir's name."""
+    device: str = "cpu"
+    dtype: Literal["float32", "float16", "bfloat16"] = "float32"
+    host: str = "127.0.0.1"
+    port: int = Field(default=8500, ge=0, le=65535)
+    advertise_url: str = ""
+    """URL other processes use to reach this agent; default `http://host:port`."""
+    cache_dir: Path = Path("./var/agent-cache")
+
+    max_slots: int = Field(default=8, ge=1)
+    max_rank: int = Field(default=16, ge=1)
+    num_kv_blocks: int = Field(default=512, ge=1)
+    block_size: int = Field(default=16, ge=1)
+    max_num_seqs: int = Field(default=32, ge=1)
+    max_num_batched_tokens: int = Field(default=1024, ge=1)
+    max_queued_requests: int = Field(default=256, ge=1)
+    """Live requests (queued + running) above which new ones get 429."""
+    tp_degree: int = Field(default=1, ge=1)
+    adapter_targets: list[str] = Field(default_factory=list)
+    """Target roles this agent serves (default: every projection the model adapts)."""
+
+    heartbeat_interval_s: float = Field(default=2.0, gt=0)
+    long_poll_s: float = Field(default=10.0, gt=0)
+    auth_cache_s: float = Field(default=5.0, ge=0)
+    """How long a token's read permission on a namespace is cached."""
+    require_auth: bool = True
+    """Inference requests must carry a bearer token with read on the alias's namespace."""
+
+    fault_delay_load_s: float = Field(default=0.0, ge=0)
+    """Sleep this long inside every adapter load, after download, before the engine copy."""
+    fault_fail_download: bool = False
+
+    @property
+    def url(self) -> str:
+        return self.advertise_url or f"http://{self.host}:{self.port}"

@@ -1,0 +1,196 @@
+"""`adapterplane agent`: the per-device daemon.
+
+Start-up: load the base model into the engine, start the engine loop, serve HTTP
+(uvicorn) and run two background threads:
+
+* **sync**: register with the control plane (capabilities + a fresh worker epoch,
+  assigned by the control plane at each registration), then long-poll desired state
+  (`after` = the last applied catalog version), apply it to the catalog replica and
+  reconcile residency (prefetch what placement assigns, reclaim what is no longer
+  named). A publish reaches the agent within the control plane's 100 ms check.
+* **heartbeat**: report slot states and load failures every `heartbeat_interval_s`.
+  A 409 STALE_EPOCH (a newer process took over this agent name) stops this process
+  from serving: it turns not-ready and exits.
+
+Nothing about adapters survives a restart except verified cache files: the new process
+re-derives its state from the control plane and re-checks every digest it reads.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from agent.artifacts import ArtifactFetcher
+from agent.catalog import AgentCatalog, parse_desired_state
+from agent.config import AgentSettings
+from agent.engine_factory import build_engine
+from agent.metrics import AgentMetrics
+from agent.server import ServingContext, create_agent_app
+from agent.serving import EngineLoop
+from agent.sync import ControlPlaneClient, ControlPlaneError
+from dataplane.models.llama import LORA_GROUPS
+
+log = logging.getLogger("adapterplane.agent")
+
+
+class AgentDaemon:
+    def __init__(self, settings: AgentSettings) -> None:
+        self.settings = settings
+        self.metrics = AgentMetrics()
+        self.engine = build_engine(settings, self.metrics)
+        abi = self.engine.base_abi
+        if abi is None:
+            raise RuntimeError("the engine has no base ABI")
+        self.abi = abi
+        self.catalog = AgentCatalog()
+        self.fetcher = ArtifactFetcher(settings.cache_dir, abi, settings.max_rank,
+                                       fail_download=settings.fault_fail_download,
+                                       delay_load_s=settings.fault_delay_load_s)
+        self.loop = EngineLoop(self.engine, self.fetcher, self.catalog, self.metrics,
+                               settings.max_slots, settings.max_queued_requests)
+        self.client = ControlPlaneClient(settings.control_plane_url,
+                                         settings.token.get_secret_value(),
+                                         settings.auth_cache_s)
+        every = frozenset(m for mods in LORA_GROUPS.values() for m in mods)
+        self.targets = frozenset(settings.adapter_targets) & every or every
+        self.ctx = ServingContext(
+            catalog=self.catalog, loop=self.loop, metrics=self.metrics, client=self.client,
+            served_model_name=settings.served_model_name or settings.model_dir.resolve().name,
+            max_rank=settings.max_rank, targets=self.targets,
+            require_auth=settings.require_auth,
+            state={"ready": False, "agent_id": None, "worker_epoch": None, "name": settings.name})
+        self.app = create_agent_app(self.ctx)
+        self._stop = threading.Event()
+
+    # ---- control-plane protocol ------------------------------------------------------
+    def capabilities(self) -> dict[str, Any]:
+        """Pool geometry in KV-block pages; adapter slots are a fixed part of the pool."""
+        s, c = self.settings, self.engine.model.config
+        elem = self.engine.model.embed_tokens.weight.element_size()
+        page_bytes = 2 * c.num_layers * s.block_size * c.num_kv_heads * c.head_dim * elem
+        slot_bytes = sum(s.max_rank * (d_in + d_out) * elem
+                         for d_out, d_in in c.module_shapes.values()) * c.num_layers
+        slot_pages = -(-slot_bytes // page_bytes)
+        return {"base": self.abi.h_base, "dtypes": [s.dtype], "max_rank": s.max_rank,
+                "targets": sorted(self.targets), "adapter_slots": s.max_slots,
+                "pool_pages": s.num_kv_blocks + s.max_slots * slot_pages,
+                "page_bytes": page_bytes, "kv_reserve_pages": s.num_kv_blocks,
+                "tp_degree": s.tp_degree}
+
+    def register(self) -> None:
+        doc = self.client.register({"name": self.settings.name, "url": self.settings.url,
+                                    "capabilities": self.capabilities()})
+        self.ctx.state.update(agent_id=int(doc["id"]), worker_epoch=int(doc["worker_epoch"]))
+        log.info("registered as agent %s epoch %s", doc["id"], doc["worker_epoch"])
+
+    def sync_once(self, wait_s: float) -> None:
+        state = self.ctx.state
+        after = self.catalog.version if state["ready"] else -1
+        doc = self.client.desired_state(state["agent_id"], state["worker_epoch"], after, wait_s)
+        version, aliases = parse_desired_state(doc)
+        self.catalog.update(version, aliases)  # also when unchanged: placement may move
+        self.loop.reconcile()
+        state["ready"] = True
+
+    def _sync_loop(self) -> None:
+        while not self._stop.is_set():
+            try:
+                if self.ctx.state["agent_id"] is None:
+                    self.register()
+                self.sync_once(self.settings.long_poll_s)
+            except ControlPlaneError as exc:
+                if exc.code == "STALE_EPOCH":
+                    self._fenced()
+                    return
+                log.warning("control plane: %s", exc)
+                self._stop.wait(0.5)
+            except Exception:
+                log.exception("sync failed")
+                self._stop.wait(0.5)
+
+    def heartbeat_once(self) -> None:
+        state, status = self.ctx.state, self.loop.status
+        if state["agent_id"] is None:
+            return
+        self.client.heartbeat(state["agent_id"], {
+            "worker_epoch": state["worker_epoch"], "catalog_version": self.catalog.version,
+            "live_requests": status.get("live", 0), "slots": status.get("slots", []),
+            "load_failures": status.get("load_failures", [])})
+
+    def _heartbeat_loop(self) -> None:
+        while not self._stop.wait(self.settings.heartbeat_interval_s):
+            try:
+                self.heartbeat_once()
+            except ControlPlaneError as exc:
+                if exc.code == "STALE_EPOCH":
+                    self._fenced()
+                    return
+                log.warning("heartbeat: %s", exc)
+
+    def _fenced(self) -> None:
+        log.error("a newer process registered as %s; this one stops serving",
+                  self.settings.name)
+        self.ctx.state["ready"] = False
+        self._stop.set()
+
+    # ---- process ---------------------------------------------------------------------
+    def start_background(self) -> None:
+        self.loop.start()
+        for target in (self._sync_loop, self._heartbeat_loop):
+            threading.Thread(target=target, name=target.__name__, daemon=True).start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self.loop.stop()
+        self.client.close()
+
+    def serve(self) -> None:
+        import uvicorn
+
+        self.start_background()
+        config = uvicorn.Config(self.app, host=self.settings.host, port=self.settings.port,
+                                log_level="info", access_log=False)
+        server = uvicorn.Server(config)
+
+        def watch_fence() -> None:
+            while not self._stop.wait(0.2):
+                pass
+            server.should_exit = True
+
+        threading.Thread(target=watch_fence, daemon=True).start()
+        try:
+            server.run()
+        finally:
+            self.stop()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the agent with settings from the environment (`ADAPTERPLANE_AGENT_*`).
+
+    `argv` accepts `--KEY=VALUE` overrides of any setting (e.g. `--port=8501`).
+    """
+    overrides: dict[str, Any] = {}
+    for arg in argv or ():
+        key, sep, value = arg.removeprefix("--").partition("=")
+        if not sep:
+            raise SystemExit(f"expected --key=value, got {arg!r}")
+        overrides[key.replace("-", "_")] = value
+    logging.basicConfig(level=logging.INFO,
+                        format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    settings = AgentSettings(**overrides)
+    settings.cache_dir.mkdir(parents=True, exist_ok=True)
+    started = time.monotonic()
+    daemon = AgentDaemon(settings)
+    log.info("engine ready in %.1fs", time.monotonic() - started)
+    daemon.serve()
+    return 0
+
+
+if __name__ == "__main__":
+    import sys
+
+    raise SystemExit(main(sys.argv[1:]))

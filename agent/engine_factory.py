@@ -1,0 +1,56 @@
+"""Build the agent's engine: the public `Engine` plus per-iteration plan metrics.
+
+:class:`MeteredEngine` observes each step's `BatchPlan` (rows and requests by phase,
+distinct adapters, rank padding) at the point the plan is selected (seed §0x09K
+`iteration_selected`); it changes nothing about execution.
+"""
+
+from __future__ import annotations
+
+from agent.config import AgentSettings
+from agent.metrics import AgentMetrics
+from dataplane.core import BatchPlan
+from dataplane.engine.engine import Engine
+from dataplane.engine.scheduler import ScheduleOutput
+
+
+class MeteredEngine(Engine):
+    """`Engine` that reports plan shape to `metrics` (set after construction)."""
+
+    metrics: AgentMetrics | None = None
+    slot_ranks: dict[int, int]
+    """slot -> the true (largest) rank of the adapter in it; kept by the engine loop."""
+
+    def build_plan(self, out: ScheduleOutput) -> BatchPlan:
+        plan = super().build_plan(out)
+        if self.metrics is not None:
+            self._observe(plan)
+        return plan
+
+    def _observe(self, plan: BatchPlan) -> None:
+        m = self.metrics
+        assert m is not None
+        doff = plan.doff
+        m.rows.labels("prefill").observe(doff)
+        m.rows.labels("decode").observe(plan.num_rows - doff)
+        m.requests_per_iter.labels("prefill").observe(plan.num_prefills)
+        m.requests_per_iter.labels("decode").observe(plan.num_decodes)
+        adapted = [s for s in plan.row_slot if s >= 0]
+        m.distinct.observe(len(set(adapted)))
+        ranks = getattr(self, "slot_ranks", {})
+        true = sum(ranks.get(s, 0) for s in adapted)
+        if true:
+            m.padding_ratio.set(len(adapted) * self.config.max_rank / true)
+
+
+def build_engine(settings: AgentSettings, metrics: AgentMetrics) -> MeteredEngine:
+    engine = MeteredEngine.from_model_dir(
+        settings.model_dir, dtype=settings.dtype, device=settings.device,
+        max_slots=settings.max_slots, max_rank=settings.max_rank,
+        num_kv_blocks=settings.num_kv_blocks, block_size=settings.block_size,
+        max_num_seqs=settings.max_num_seqs,
+        max_num_batched_tokens=settings.max_num_batched_tokens)
+    assert isinstance(engine, MeteredEngine)
+    engine.slot_ranks = {}
+    engine.metrics = metrics
+    return engine

@@ -1,0 +1,98 @@
+"""Prometheus metrics of one agent (names from seed §0x0B where they apply).
+
+Labels are bounded only: `phase` (prefill|decode), `rank_bucket` (le4..le256, gt256,
+base), `state` (loading|active|idle|retiring), `class`/`state` of pool pages, `result`
+(ok|failed), `stage` (download|engine|digest), `reason` (rejection codes), `residency`
+(base|resident|cold). Never adapter, alias, request or tenant identifiers.
+
+Every counter moves at its publication event (seed §0x09K): loads count when the load
+attempt ends (failed ones included in the latency histogram), cache hits/misses at
+admission, service at iteration completion.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
+                   10.0, 30.0)
+ROW_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
+RANK_BUCKETS = (4, 8, 16, 32, 64, 128, 256)
+
+
+def rank_bucket(rank: int | None) -> str:
+    """Bounded label for a LoRA rank (None = base model rows)."""
+    if rank is None:
+        return "base"
+    for edge in RANK_BUCKETS:
+        if rank <= edge:
+            return f"le{edge}"
+    return f"gt{RANK_BUCKETS[-1]}"
+
+
+class AgentMetrics:
+    """One registry per agent process (tests may build several in one interpreter)."""
+
+    def __init__(self) -> None:
+        r = self.registry = CollectorRegistry()
+        self.load_requests = Counter("adapter_load_requests_total",
+                                     "Adapter load attempts started.", registry=r)
+        self.load_failures = Counter("adapter_load_failures_total",
+                                     "Adapter load attempts that failed.", ["stage"], registry=r)
+        self.load_latency = Histogram("adapter_load_latency_seconds",
+                                      "Load attempt duration, download to publication, failed "
+                                      "attempts included.", ["result"],
+                                      buckets=LATENCY_BUCKETS, registry=r)
+        self.h2d_bytes = Counter("adapter_h2d_bytes_total",
+                                 "Adapter factor bytes copied into device slots.", registry=r)
+        self.download_bytes = Counter("adapter_download_bytes_total",
+                                      "Artifact bytes downloaded from object storage.",
+                                      registry=r)
+        self.gpu_resident_bytes = Gauge("adapter_gpu_resident_bytes",
+                                        "Factor bytes of adapters resident in device slots.",
+                                        registry=r)
+        self.host_resident_bytes = Gauge("adapter_host_resident_bytes",
+                                         "Bytes of verified artifacts in the disk cache.",
+                                         registry=r)
+        self.cache_hits = Counter("adapter_cache_hits_total",
+                                  "Admissions whose adapter generation was already resident.",
+                                  registry=r)
+        self.cache_misses = Counter("adapter_cache_misses_total",
+                                    "Admissions that needed a cold load.", registry=r)
+        self.evictions = Counter("adapter_evictions_total",
+                                 "Idle adapters removed from a slot to make room.", registry=r)
+        self.reclaimed = Counter("adapter_retirements_total",
+                                 "Adapters reclaimed after no alias named them and no request "
+                                 "held them.", registry=r)
+        self.pinned = Gauge("adapter_pinned_count",
+                            "Resident adapters held by placement (prefetch).", registry=r)
+        self.residency = Gauge("adapter_residency_state_count",
+                               "Adapters per residency state.", ["state"], registry=r)
+        self.pool_pages = Gauge("joint_pool_pages", "Pool units by class and state "
+                                "(KV blocks; adapter slots).", ["class", "state"], registry=r)
+        self.distinct = Histogram("adapter_distinct_per_iteration",
+                                  "Distinct adapters (base excluded) per iteration.",
+                                  buckets=ROW_BUCKETS, registry=r)
+        self.rows = Histogram("adapter_rows_per_iteration", "Rows per iteration by phase.",
+                              ["phase"], buckets=ROW_BUCKETS, registry=r)
+        self.requests_per_iter = Histogram("adapter_requests_per_iteration",
+                                           "Requests per iteration by phase.", ["phase"],
+                                           buckets=ROW_BUCKETS, registry=r)
+        self.padding_ratio = Gauge("adapter_rank_padding_ratio",
+                                   "Padded rank rows / true rank rows in the last iteration "
+                                   "with adapter rows.", registry=r)
+        self.admitted = Counter("adapter_requests_admitted_total", "Requests admitted.",
+                                ["rank_bucket"], registry=r)
+        self.rejected = Counter("adapter_requests_rejected_total", "Requests refused.",
+                                ["reason"], registry=r)
+        self.unfinished = Gauge("adapter_requests_unfinished",
+                                "Live requests (waiting for a load or in the engine).",
+                                ["residency_state"], registry=r)
+        self.ttft = Histogram("adapter_ttft_seconds", "Admission to first token.",
+                              ["residency"], buckets=LATENCY_BUCKETS, registry=r)
+        self.token_latency = Histogram("adapter_token_latency_seconds",
+                                       "Interval between consecutive output tokens.",
+                                       buckets=LATENCY_BUCKETS, registry=r)
+        self.publication_generation = Gauge("adapter_publication_generation",
+                                            "Catalog version of the last applied desired state.",
+                                            registry=r)

@@ -1,0 +1,105 @@
+"""Which adapter generations occupy the engine's slots, and who holds them.
+
+Owned by the engine-loop thread (no locks). A :class:`Resident` is one artifact
+(H_artifact) in one engine slot, with the requests that hold it (`refcount`, taken at
+admission and dropped when the request ends) and the requests waiting for its load.
+Reclamation follows seed §0x07H: a resident leaves its slot only when no request holds
+it and (for reclamation after a retire/republish) no alias names it any more; LRU
+eviction to make room picks only idle residents (refcount 0, no waiters).
+
+The engine itself finishes a step before the loop thread runs again, so "last-use event
+completed" holds whenever the loop inspects a refcount of 0.
+"""
+
+from __future__ import annotations
+
+import enum
+import time
+from dataclasses import dataclass, field
+
+from agent.catalog import ArtifactInfo
+from dataplane.engine.adapters import AdapterHandle, LoadedAdapter
+
+
+class ResidentState(enum.StrEnum):
+    LOADING = "loading"
+    """Download/verify in flight, or loaded but waiting for a free slot."""
+    ACTIVE = "active"
+    IDLE = "idle"
+    RETIRING = "retiring"
+    """No alias names it; reclaimed when the last holder ends."""
+
+
+@dataclass
+class Resident:
+    info: ArtifactInfo
+    handle: AdapterHandle | None = None
+    loaded: LoadedAdapter | None = None
+    """Factors read from disk, kept until a slot takes them."""
+    refcount: int = 0
+    waiting: list[object] = field(default_factory=list)
+    last_use: float = field(default_factory=time.monotonic)
+    started: float = field(default_factory=time.monotonic)
+    prefetch: bool = False
+    named: bool = True
+    inflight: bool = False
+    """A loader thread is working on it."""
+
+    @property
+    def state(self) -> ResidentState:
+        if self.handle is None:
+            return ResidentState.LOADING
+        if not self.named:
+            return ResidentState.RETIRING
+        return ResidentState.ACTIVE if self.refcount else ResidentState.IDLE
+
+    @property
+    def factor_bytes(self) -> int:
+        if self.loaded is None:
+            return 0
+        return sum(m.a.numel() * m.a.element_size() + m.b.numel() * m.b.element_size()
+                   for m in self.loaded.modules)
+
+
+class ResidentSet:
+    """Residents keyed by H_artifact."""
+
+    def __init__(self, max_slots: int) -> None:
+        self.max_slots = max_slots
+        self.by_digest: dict[str, Resident] = {}
+
+    def get(self, digest: str) -> Resident | None:
+        return self.by_digest.get(digest)
+
+    def add(self, info: ArtifactInfo) -> Resident:
+        res = Resident(info)
+        self.by_digest[info.digest] = res
+        return res
+
+    def remove(self, digest: str) -> Resident:
+        return self.by_digest.pop(digest)
+
+    def in_slots(self) -> list[Resident]:
+        return [r for r in self.by_digest.values() if r.handle is not None]
+
+    @property
+    def free_slots(self) -> int:
+        return self.max_slots - len(self.in_slots())
+
+    def idle_victim(self, protect: str | None = None) -> Resident | None:
+        """Least recently used resident that nothing holds (placement prefetch last)."""
+        idle = [r for r in self.in_slots()
+                if r.refcount == 0 and not r.waiting and r.info.digest != protect]
+        if not idle:
+            return None
+        return min(idle, key=lambda r: (r.prefetch and r.named, r.last_use))
+
+    def reclaimable(self) -> list[Resident]:
+        """In a slot, named by no alias, held by nobody: reclaim now."""
+        return [r for r in self.in_slots() if not r.named and r.refcount == 0 and not r.waiting]
+
+    def state_counts(self) -> dict[str, int]:
+        counts = {s.value: 0 for s in ResidentState}
+        for r in self.by_digest.values():
+            counts[r.state.value] += 1
+        return counts

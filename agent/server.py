@@ -1,0 +1,299 @@
+"""The agent's HTTP API (FastAPI): OpenAI-compatible inference, health, metrics, state.
+
+`model` is `namespace/alias` (current generation), `namespace/alias@generation` (pinned)
+or the served base model name. The alias is resolved once, at admission; the response
+names what it ran on in `adapterplane: {namespace, alias, generation, artifact_digest}`
+(null for the base model). Errors use the control plane's body
+`{"error", "code", "detail"}`: 401/403 token, 404 unknown alias, 410 retired, 422
+unsupported rank/target or bad input, 429 overloaded, 503 adapter load failed. No error
+is ever answered by running the base model or another adapter instead.
+
+A response starts only after the request produced its first token (or failed), so
+every failure before that — including a cold load that fails — is a proper HTTP error.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from sse_starlette import EventSourceResponse
+
+from agent.catalog import (
+    AgentCatalog,
+    Forbidden,
+    Generation,
+    ModelRef,
+    ServingError,
+    Unauthenticated,
+    Unsupported,
+)
+from agent.metrics import AgentMetrics
+from agent.openai_schemas import ChatCompletionRequest, CompletionRequest
+from agent.serving import BadPrompt, EngineLoop, Event, Ticket
+from agent.sync import ControlPlaneClient
+from dataplane.core import EngineError
+from dataplane.engine.engine import RequestOutput
+
+
+@dataclass
+class ServingContext:
+    """What the HTTP layer needs from the daemon."""
+
+    catalog: AgentCatalog
+    loop: EngineLoop
+    metrics: AgentMetrics
+    client: ControlPlaneClient | None
+    served_model_name: str
+    max_rank: int
+    targets: frozenset[str]
+    require_auth: bool = True
+    state: dict[str, Any] = field(default_factory=dict)
+    """agent_id, worker_epoch, ready (set by the daemon)."""
+
+
+def _error(exc: ServingError) -> JSONResponse:
+    return JSONResponse({"error": exc.message, "code": exc.code, "detail": exc.detail},
+                        status_code=exc.status)
+
+
+def create_agent_app(ctx: ServingContext) -> FastAPI:
+    app = FastAPI(title="Adapterplane agent", version="1")
+
+    @app.exception_handler(ServingError)
+    async def _serving(_r: Request, exc: ServingError) -> JSONResponse:
+        return _error(exc)
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(_r: Request, exc: RequestValidationError) -> JSONResponse:
+        errors = [{k: v for k, v in e.items() if k in ("loc", "msg", "type")}
+                  for e in exc.errors()]
+        return JSONResponse({"error": "invalid request", "code": "VALIDATION_ERROR",
+                             "detail": {"errors": json.loads(json.dumps(errors, default=str))}},
+                            status_code=422)
+
+    @app.get("/healthz")
+    async def healthz() -> dict[str, str]:
+        return {"status": "ok"}
+
+    @app.get("/readyz")
+    async def readyz() -> JSONResponse:
+        ready = bool(ctx.state.get("ready"))
+        return JSONResponse({"status": "ready" if ready else "not_ready"},
+                            status_code=200 if ready else 503)
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        return Response(generate_latest(ctx.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+    @app.get("/v1/agent/state")
+    async def agent_state() -> dict[str, Any]:
+        return {**ctx.state, "served_model_name": ctx.served_model_name,
+                "catalog_version": ctx.catalog.version, **ctx.loop.status}
+
+    @app.get("/v1/models")
+    async def models(request: Request) -> dict[str, Any]:
+        token = _token(request, ctx)
+        data: list[dict[str, Any]] = [
+            {"id": ctx.served_model_name, "object": "model", "owned_by": "adapterplane"}]
+        for gen in ctx.catalog.current():
+            if gen.artifact is None:
+                continue
+            if token is not None and await _status(ctx, token, gen.namespace) != 200:
+                continue
+            data.append({"id": gen.name, "object": "model", "owned_by": gen.namespace,
+                         "adapterplane": _binding(gen)})
+        return {"object": "list", "data": data}
+
+    @app.post("/v1/completions", response_model=None)
+    async def completions(body: CompletionRequest, request: Request) -> Response:
+        return await _serve(ctx, request, body.model, body.prompt, body, "text_completion")
+
+    @app.post("/v1/chat/completions", response_model=None)
+    async def chat(body: ChatCompletionRequest, request: Request) -> Response:
+        tokenizer = ctx.loop.engine.tokenizer
+        if tokenizer is None:
+            raise BadPrompt("this model has no tokenizer/chat template")
+        try:
+            prompt = tokenizer.encode_chat([m.model_dump(exclude_none=True)
+                                            for m in body.messages], add_generation_prompt=True)
+        except Exception as exc:
+            raise BadPrompt(f"chat template failed: {exc}") from exc
+        return await _serve(ctx, request, body.model, prompt, body, "chat.completion")
+
+    return app
+
+
+def _token(request: Request, ctx: ServingContext) -> str | None:
+    header = request.headers.get("authorization", "")
+    scheme, _, value = header.partition(" ")
+    if scheme.lower() == "bearer" and value.strip():
+        return value.strip()
+    if ctx.require_auth:
+        raise Unauthenticated("missing bearer token")
+    return None
+
+
+async def _status(ctx: ServingContext, token: str, namespace: str) -> int:
+    if ctx.client is None:
+        return 200
+    return await asyncio.to_thread(ctx.client.can_read, token, namespace)
+
+
+def _binding(gen: Generation | None) -> dict[str, Any] | None:
+    if gen is None or gen.artifact is None:
+        return None
+    return {"namespace": gen.namespace, "alias": gen.alias, "generation": gen.generation,
+            "artifact_digest": gen.artifact.digest}
+
+
+async def _admit(ctx: ServingContext, request: Request, model: str) -> Generation | None:
+    """Auth, then resolve once (404/410), then capability checks (422)."""
+    token = _token(request, ctx)
+    if model == ctx.served_model_name:
+        if token is not None and ctx.require_auth and await _status(ctx, token, "default") == 401:
+            raise Unauthenticated("unknown or revoked token")
+        return None
+    ref = ModelRef.parse(model)
+    if token is not None and ctx.require_auth:
+        status = await _status(ctx, token, ref.namespace)
+        if status == 401:
+            raise Unauthenticated("unknown or revoked token")
+        if status != 200:
+            raise Forbidden(f"token lacks read on namespace {ref.namespace!r}",
+                            namespace=ref.namespace)
+    gen = ctx.catalog.resolve(ref)
+    assert gen.artifact is not None  # resolve refuses retire generations
+    if gen.artifact.max_rank > ctx.max_rank:
+        raise Unsupported(f"adapter rank {gen.artifact.max_rank} exceeds this agent's max "
+                          f"rank {ctx.max_rank}", rank=gen.artifact.max_rank)
+    missing = gen.artifact.roles - ctx.targets
+    if missing:
+        raise Unsupported(f"adapter targets {sorted(missing)} are not served here",
+                          targets=sorted(missing))
+    return gen
+
+
+async def _serve(ctx: ServingContext, request: Request, model: str, prompt: str | list[int],
+                 body: CompletionRequest | ChatCompletionRequest, kind: str) -> Response:
+    try:
+        gen = await _admit(ctx, request, model)
+        params = body.sampling()
+    except ServingError as exc:
+        ctx.metrics.rejected.labels(exc.code.lower()).inc()
+        raise
+    except EngineError as exc:
+        raise BadPrompt(str(exc)) from exc
+    events: asyncio.Queue[Event] = asyncio.Queue()
+    aio = asyncio.get_running_loop()
+    request_id = f"{'chatcmpl' if kind != 'text_completion' else 'cmpl'}-{uuid.uuid4().hex}"
+
+    def sink(event: Event) -> None:
+        aio.call_soon_threadsafe(events.put_nowait, event)
+
+    ctx.loop.submit(Ticket(request_id, prompt, params, gen, sink))
+    try:
+        first = await events.get()
+    except asyncio.CancelledError:
+        ctx.loop.abort(request_id)
+        raise
+    if isinstance(first, ServingError):
+        ctx.metrics.rejected.labels(first.code.lower()).inc()
+        return _error(first)
+    answer = _Answer(request_id, kind, model, int(time.time()), _binding(gen))
+    if body.stream:
+        include_usage = bool((body.stream_options or {}).get("include_usage"))
+        return EventSourceResponse(_stream(ctx, answer, first, events, include_usage))
+    out: RequestOutput = first
+    while not out.finished:
+        nxt = await events.get()
+        if isinstance(nxt, ServingError):
+            return _error(nxt)
+        out = nxt
+    return JSONResponse(answer.full(out))
+
+
+@dataclass
+class _Answer:
+    id: str
+    kind: str
+    model: str
+    created: int
+    binding: dict[str, Any] | None
+
+    @property
+    def is_chat(self) -> bool:
+        return self.kind != "text_completion"
+
+    def head(self, obj: str) -> dict[str, Any]:
+        return {"id": self.id, "object": obj, "created": self.created, "model": self.model,
+                "adapterplane": self.binding}
+
+    @staticmethod
+    def usage(out: RequestOutput) -> dict[str, int]:
+        p, c = len(out.prompt_token_ids), len(out.token_ids)
+        return {"prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c}
+
+    def full(self, out: RequestOutput) -> dict[str, Any]:
+        if self.is_chat:
+            choice: dict[str, Any] = {"index": 0, "message": {"role": "assistant",
+                                                              "content": out.text},
+                                      "finish_reason": out.finish_reason, "logprobs": None}
+        else:
+            choice = {"index": 0, "text": out.text, "finish_reason": out.finish_reason,
+                      "logprobs": None}
+        choice["token_ids"] = list(out.token_ids)
+        return {**self.head(self.kind), "choices": [choice], "usage": self.usage(out)}
+
+    def chunk(self, out: RequestOutput, first: bool) -> dict[str, Any]:
+        finish = out.finish_reason if out.finished else None
+        if self.is_chat:
+            delta: dict[str, Any] = {"content": out.new_text}
+            if first:
+                delta["role"] = "assistant"
+            choice: dict[str, Any] = {"index": 0, "delta": delta, "finish_reason": finish}
+            obj = "chat.completion.chunk"
+        else:
+            choice = {"index": 0, "text": out.new_text, "finish_reason": finish,
+                      "logprobs": None}
+            obj = "text_completion"
+        choice["token_ids"] = list(out.new_token_ids)
+        return {**self.head(obj), "choices": [choice]}
+
+
+async def _stream(ctx: ServingContext, answer: _Answer, first: RequestOutput,
+                  events: asyncio.Queue[Event], include_usage: bool
+                  ) -> AsyncIterator[dict[str, str]]:
+    out = first
+    finished = False
+    try:
+        is_first = True
+        while True:
+            yield {"data": json.dumps(answer.chunk(out, is_first))}
+            is_first = False
+            if out.finished:
+                finished = True
+                break
+            nxt = await events.get()
+            if isinstance(nxt, ServingError):
+                finished = True
+                yield {"data": json.dumps({"error": nxt.message, "code": nxt.code})}
+                return
+            out = nxt
+        if include_usage:
+            obj = "chat.completion.chunk" if answer.is_chat else "text_completion"
+            yield {"data": json.dumps({**answer.head(obj), "choices": [],
+                                       "usage": _Answer.usage(out)})}
+        yield {"data": "[DONE]"}
+    finally:
+        if not finished:
+            ctx.loop.abort(answer.id)

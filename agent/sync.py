@@ -1,0 +1,101 @@
+"""HTTP client of the control plane (httpx), as the agent uses it.
+
+Agent-token calls: register (fresh worker epoch), heartbeat (slot report), desired
+state (long-poll). Client-token calls: `can_read` asks the control plane whether a
+client's bearer token may read a namespace, cached for `auth_cache_s` per
+(token digest, namespace) so the hot path does not hit the control plane on every
+request; a refusal is cached too, a revoked token stops working within that TTL.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+import time
+from typing import Any
+
+import httpx
+
+
+class ControlPlaneError(Exception):
+    """A control-plane call failed; `status` is the HTTP status (0: no answer)."""
+
+    def __init__(self, message: str, status: int = 0, code: str = "") -> None:
+        super().__init__(message)
+        self.status = status
+        self.code = code
+
+
+def _raise_for(response: httpx.Response) -> None:
+    if response.is_success:
+        return
+    try:
+        body = response.json()
+        message, code = str(body.get("error", response.text)), str(body.get("code", ""))
+    except ValueError:
+        message, code = response.text, ""
+    raise ControlPlaneError(message, response.status_code, code)
+
+
+class ControlPlaneClient:
+    def __init__(self, base_url: str, token: str, auth_cache_s: float = 5.0) -> None:
+        self.base_url = base_url.rstrip("/")
+        self._http = httpx.Client(base_url=self.base_url, timeout=httpx.Timeout(10.0),
+                                  headers={"Authorization": f"Bearer {token}"})
+        self._poll = httpx.Client(base_url=self.base_url, timeout=httpx.Timeout(60.0),
+                                  headers={"Authorization": f"Bearer {token}"})
+        self._auth = httpx.Client(base_url=self.base_url, timeout=httpx.Timeout(10.0))
+        self.auth_cache_s = auth_cache_s
+        self._auth_cache: dict[tuple[str, str], tuple[float, int]] = {}
+        self._lock = threading.Lock()
+
+    def close(self) -> None:
+        for client in (self._http, self._poll, self._auth):
+            client.close()
+
+    def _call(self, client: httpx.Client, method: str, path: str, **kw: Any) -> Any:
+        try:
+            response = client.request(method, path, **kw)
+        except httpx.HTTPError as exc:
+            raise ControlPlaneError(f"{method} {path}: {exc}") from exc
+        _raise_for(response)
+        return response.json()
+
+    def register(self, body: dict[str, Any]) -> dict[str, Any]:
+        result: dict[str, Any] = self._call(self._http, "POST", "/v1/agents/register", json=body)
+        return result
+
+    def heartbeat(self, agent_id: int, body: dict[str, Any]) -> dict[str, Any]:
+        result: dict[str, Any] = self._call(self._http, "POST",
+                                            f"/v1/agents/{agent_id}/heartbeat", json=body)
+        return result
+
+    def desired_state(self, agent_id: int, worker_epoch: int, after: int,
+                      wait_s: float) -> dict[str, Any]:
+        params = {"worker_epoch": worker_epoch, "after": after, "wait": wait_s}
+        result: dict[str, Any] = self._call(self._poll, "GET",
+                                            f"/v1/agents/{agent_id}/desired-state",
+                                            params=params)
+        return result
+
+    def can_read(self, token: str, namespace: str) -> int:
+        """HTTP status of the read check: 200 allowed, 401 bad token, 403 no scope."""
+        key = (hashlib.sha256(token.encode()).hexdigest(), namespace)
+        now = time.monotonic()
+        with self._lock:
+            hit = self._auth_cache.get(key)
+            if hit is not None and hit[0] > now:
+                return hit[1]
+        try:
+            response = self._auth.get("/v1/agents/authorize", params={"namespace": namespace},
+                                      headers={"Authorization": f"Bearer {token}"})
+        except httpx.HTTPError as exc:
+            raise ControlPlaneError(f"authorize: {exc}") from exc
+        status = response.status_code
+        if status not in (200, 401, 403):
+            _raise_for(response)
+        with self._lock:
+            if len(self._auth_cache) > 10_000:
+                self._auth_cache.clear()
+            self._auth_cache[key] = (now + self.auth_cache_s, status)
+        return status

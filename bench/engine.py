@@ -1,0 +1,393 @@
+"""End-to-end engine benchmark on a synthetic S-LoRA-style trace.
+
+Trace: `--requests` requests; adapter of each request drawn from N adapters with Zipf(1.0)
+popularity (p_i ∝ 1/i); arrivals Poisson at `--rate` req/s (`inf`: all at t=0, offline);
+prompt lengths uniform in [--prompt-min, --prompt-max] tokens (random ids); output lengths
+uniform in [--output-min, --output-max] (EOS ignored). Greedy decoding.
+
+Systems, measured in the same run on the same trace:
+  engine+lora   this engine, every request on its adapter
+  engine-base   this engine with LoRA disabled (max_slots=0), same prompts, no adapter
+  hf+peft       HF transformers + PEFT `generate` with a mixed batch (`adapter_names`),
+                static batches of `--hf-batch` requests in arrival order
+Reported: output tokens/s (total output tokens / makespan), TTFT p50/p99 (first token −
+arrival) and per-token latency p50/p99 ((last − first token) / (n − 1) per request). HF
+`generate` does not stream: a static batch's token times are spread evenly over its
+`generate()` call, so HF's TTFT includes queueing behind earlier batches and its per-token
+latency is the batch's mean step time.
+
+    python bench/engine.py --mode cpu --requests 32 --prompt-min 128 --prompt-max 128 \
+        --output-min 64 --output-max 64          # SmolLM2 + 8 adapters (ranks 8/16, q/k/v/o)
+    python bench/engine.py --mode cuda --adapters 1 16 128   # Llama-3-8B-shaped random bf16
+    python bench/engine.py --mode cuda --shape tiny --device cpu --dtype float32  # smoke
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import math
+import os
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from dataplane.core import SamplingParams
+from dataplane.engine.adapters import LoadedAdapter, ModuleFactors
+from dataplane.engine.engine import Engine, EngineConfig
+from dataplane.models import LlamaForCausalLM, ModelConfig, init_random
+
+LLAMA3_8B = {
+    "model_type": "llama",
+    "vocab_size": 128256,
+    "hidden_size": 4096,
+    "intermediate_size": 14336,
+    "num_hidden_layers": 32,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 8,
+    "max_position_embeddings": 8192,
+    "rms_norm_eps": 1e-5,
+    "rope_parameters": {
+        "rope_type": "llama3",
+        "rope_theta": 500000.0,
+        "factor": 8.0,
+        "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 8192,
+    },
+    "tie_word_embeddings": False,
+    "bos_token_id": 128000,
+    "eos_token_id": 128001,
+}
+TINY_SHAPE = {
+    **LLAMA3_8B,
+    "vocab_size": 512,
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+}
+"""`--shape tiny`: the same code path at toy size (smoke test of the random-weights mode)."""
+ALL_LINEAR = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+@dataclass(frozen=True)
+class Request:
+    arrival: float
+    prompt: list[int]
+    max_tokens: int
+    adapter: int | None
+
+
+@dataclass
+class Timing:
+    arrival: float
+    tokens: list[float] = field(default_factory=list)
+
+
+def make_trace(args: argparse.Namespace, vocab: int, n_adapters: int) -> list[Request]:
+    gen = torch.Generator().manual_seed(args.seed)
+    weights = torch.tensor([1.0 / (i + 1) for i in range(max(n_adapters, 1))])
+    t, out = 0.0, []
+    for _ in range(args.requests):
+        if math.isfinite(args.rate):
+            t += float(torch.empty(1).exponential_(args.rate, generator=gen))
+        plen = int(torch.randint(args.prompt_min, args.prompt_max + 1, (1,), generator=gen))
+        olen = int(torch.randint(args.output_min, args.output_max + 1, (1,), generator=gen))
+        prompt = torch.randint(3, vocab, (plen,), generator=gen).tolist()
+        adapter = int(torch.multinomial(weights, 1, generator=gen)) if n_adapters else None
+        out.append(Request(t, prompt, olen, adapter))
+    return out
+
+
+def percentile(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    s = sorted(values)
+    return s[min(len(s) - 1, max(0, math.ceil(q / 100 * len(s)) - 1))]
+
+
+def summarize(name: str, timings: list[Timing], makespan: float, n_tokens: int) -> dict:
+    ttft = [t.tokens[0] - t.arrival for t in timings]
+    tpot = [
+        (t.tokens[-1] - t.tokens[0]) / (len(t.tokens) - 1) for t in timings if len(t.tokens) > 1
+    ]
+    return {
+        "system": name,
+        "output_tok_s": n_tokens / makespan,
+        "makespan_s": makespan,
+        "output_tokens": n_tokens,
+        "ttft_p50_ms": 1e3 * percentile(ttft, 50),
+        "ttft_p99_ms": 1e3 * percentile(ttft, 99),
+        "tpot_p50_ms": 1e3 * percentile(tpot, 50),
+        "tpot_p99_ms": 1e3 * percentile(tpot, 99),
+    }
+
+
+def sync(device: str) -> None:
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def run_engine(name: str, engine: Engine, trace: list[Request], handles: list, device: str) -> dict:
+    """Online driver: requests join at their arrival time; one engine.step() per loop."""
+    timings: dict[str, Timing] = {}
+    pending = list(enumerate(trace))
+    n_tokens = 0
+    start = time.perf_counter()
+    while pending or engine.has_unfinished():
+        now = time.perf_counter() - start
+        while pending and pending[0][1].arrival <= now:
+            i, r = pending.pop(0)
+            rid = f"{name}-{i}"
+            timings[rid] = Timing(start + r.arrival)
+            engine.add_request(
+                rid,
+                r.prompt,
+                SamplingParams(temperature=0.0, max_tokens=r.max_tokens, ignore_eos=True),
+                handles[r.adapter] if r.adapter is not None and handles else None,
+            )
+        if not engine.has_unfinished():
+            time.sleep(max(0.0, pending[0][1].arrival - now))
+            continue
+        outs = engine.step()
+        sync(device)
+        stamp = time.perf_counter()
+        for o in outs:
+            timings[o.request_id].tokens.append(stamp)
+            n_tokens += len(o.new_token_ids)
+    result = summarize(name, list(timings.values()), time.perf_counter() - start, n_tokens)
+    print(f"# {name}: {result['output_tok_s']:.1f} tok/s", file=sys.stderr, flush=True)
+    return result
+
+
+def run_hf(
+    model: object, trace: list[Request], adapter_names: list[str], batch: int, device: str
+) -> dict:
+    """Static mixed batches in arrival order; left-padded; `adapter_names` per row."""
+    timings, n_tokens = [], 0
+    start = time.perf_counter()
+    for b in range(0, len(trace), batch):
+        group = trace[b : b + batch]
+        wait = start + max(r.arrival for r in group) - time.perf_counter()
+        if wait > 0:
+            time.sleep(wait)
+        width = max(len(r.prompt) for r in group)
+        ids = torch.tensor([[0] * (width - len(r.prompt)) + r.prompt for r in group])
+        mask = torch.tensor([[0] * (width - len(r.prompt)) + [1] * len(r.prompt) for r in group])
+        names = [
+            adapter_names[r.adapter] if r.adapter is not None and adapter_names else "__base__"
+            for r in group
+        ]
+        new = max(r.max_tokens for r in group)
+        t0 = time.perf_counter()
+        kwargs = {"adapter_names": names} if adapter_names else {}
+        with torch.no_grad():
+            model.generate(
+                ids.to(device),
+                attention_mask=mask.to(device),  # type: ignore[attr-defined]
+                max_new_tokens=new,
+                min_new_tokens=new,
+                do_sample=False,
+                pad_token_id=0,
+                **kwargs,
+            )
+        sync(device)
+        t1 = time.perf_counter()
+        for r in group:  # static batch: every row's tokens arrive at the batch's pace
+            per = (t1 - t0) / new
+            timings.append(
+                Timing(start + r.arrival, [t0 + per * (k + 1) for k in range(r.max_tokens)])
+            )
+            n_tokens += r.max_tokens
+    return summarize("hf+peft", timings, time.perf_counter() - start, n_tokens)
+
+
+def cpu_main(args: argparse.Namespace) -> list[dict]:
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    from dataplane.assets import make_peft_adapter, prepare_smollm2
+
+    work = Path(args.workdir)
+    base = prepare_smollm2(work / "smollm2")
+    n = args.adapters[0]
+    dirs = []
+    for i in range(n):
+        dest = work / f"adapter-{i}"
+        if not (dest / "adapter_model.safetensors").is_file():
+            make_peft_adapter(
+                base,
+                dest,
+                seed=100 + i,
+                rank=8 if i % 2 == 0 else 16,
+                alpha=16,
+                target_modules=["q_proj", "k_proj", "v_proj", "o_proj"],
+            )
+        dirs.append(dest)
+    trace = make_trace(args, 49152, n)
+    sizes = dict(
+        max_num_seqs=args.max_num_seqs,
+        max_num_batched_tokens=args.max_batched_tokens,
+        num_kv_blocks=args.kv_blocks,
+        block_size=16,
+        max_rank=16,
+    )
+    results = []
+    lora = Engine.from_model_dir(base, dtype="float32", device="cpu", max_slots=n, **sizes)
+    handles = [lora.register_adapter(d) for d in dirs]
+    results.append(run_engine("engine+lora", lora, trace, handles, "cpu"))
+    del lora
+    plain = Engine.from_model_dir(base, dtype="float32", device="cpu", max_slots=0, **sizes)
+    results.append(run_engine("engine-base", plain, trace, [], "cpu"))
+    del plain
+    if not args.skip_hf:
+        hf = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32).eval()
+        peft = PeftModel.from_pretrained(hf, dirs[0], adapter_name="a0")
+        for i, d in enumerate(dirs[1:], start=1):
+            peft.load_adapter(d, adapter_name=f"a{i}")
+        results.append(run_hf(peft, trace, [f"a{i}" for i in range(n)], args.hf_batch, "cpu"))
+    return results
+
+
+def random_adapter(
+    config: ModelConfig, rank: int, seed: int, device: str, dtype: torch.dtype
+) -> LoadedAdapter:
+    gen = torch.Generator(device=device).manual_seed(seed)
+    modules = []
+    for layer in range(config.num_layers):
+        for name in ALL_LINEAR:
+            d_out, d_in = config.module_shapes[name]
+            a = torch.randn(rank, d_in, generator=gen, device=device) / math.sqrt(d_in)
+            b = torch.randn(d_out, rank, generator=gen, device=device) * 0.01
+            modules.append(ModuleFactors(layer, name, a.to(dtype), b.to(dtype), 2.0))
+    digest = hashlib.sha256(f"random-adapter-{seed}-{rank}".encode()).hexdigest()
+    return LoadedAdapter(tuple(modules), digest, f"random:{seed}")
+
+
+def cuda_main(args: argparse.Namespace) -> list[dict]:
+    """Random-weights mode (default: Llama-3-8B shape, bf16, on CUDA)."""
+    dev, dtype = args.device, getattr(torch, args.dtype)
+    shape = LLAMA3_8B if args.shape == "llama3-8b" else TINY_SHAPE
+    config = ModelConfig.from_dict(shape)
+    model = init_random(LlamaForCausalLM(config, dtype, torch.device(dev)), seed=0)
+    digest = hashlib.sha256(b"random-llama3-8b-shape-seed0").hexdigest()
+    max_len = args.prompt_max + args.output_max + 16
+    results = []
+    for n in args.adapters:
+        trace = make_trace(args, config.vocab_size, n)
+        engine_cfg = EngineConfig(
+            max_num_seqs=args.max_num_seqs,
+            max_num_batched_tokens=args.max_batched_tokens,
+            num_kv_blocks=args.kv_blocks,
+            block_size=16,
+            max_slots=n,
+            max_rank=16,
+            max_model_len=max_len,
+        )
+        engine = Engine(model, engine_cfg, digest)
+        handles = [
+            engine.register_loaded_adapter(random_adapter(config, 16, i, dev, dtype))
+            for i in range(n)
+        ]
+        res = run_engine("engine+lora", engine, trace, handles, dev)
+        results.append({**res, "adapters": n})
+        del engine, handles
+        if dev == "cuda":
+            torch.cuda.empty_cache()
+        if n == args.adapters[0]:
+            base_cfg = EngineConfig(**{**engine_cfg.__dict__, "max_slots": 0})
+            res = run_engine("engine-base", Engine(model, base_cfg, digest), trace, [], dev)
+            results.append({**res, "adapters": 0})
+    if not args.skip_hf:
+        del model
+        results.append(random_hf(args, config, shape, dev, dtype))
+    return results
+
+
+def random_hf(
+    args: argparse.Namespace, config: ModelConfig, shape: dict, dev: str, dtype: torch.dtype
+) -> dict:
+    """HF + PEFT on a random model of the same shape with rank-16 all-linear adapters."""
+    from peft import LoraConfig, get_peft_model
+    from transformers import LlamaConfig
+    from transformers import LlamaForCausalLM as HFLlama
+
+    n = min(args.adapters[-1], args.hf_max_adapters)
+    hf_cfg = LlamaConfig(**{k: v for k, v in shape.items() if k != "model_type"})
+    torch.set_default_dtype(dtype)
+    with torch.device(dev):
+        hf = HFLlama(hf_cfg).eval()
+    torch.set_default_dtype(torch.float32)
+    lcfg = LoraConfig(r=16, lora_alpha=32, target_modules=list(ALL_LINEAR), init_lora_weights=False)
+    peft = get_peft_model(hf, lcfg, adapter_name="a0")
+    for i in range(1, n):
+        peft.add_adapter(f"a{i}", lcfg)
+    peft.eval()
+    trace = make_trace(args, config.vocab_size, n)
+    return {**run_hf(peft, trace, [f"a{i}" for i in range(n)], args.hf_batch, dev), "adapters": n}
+
+
+def markdown(results: list[dict]) -> str:
+    lines = [
+        "| system | adapters | output tok/s | TTFT p50 / p99 (ms) | per-token p50 / p99 (ms) |",
+        "|---|---|---|---|---|",
+    ]
+    for r in results:
+        lines.append(
+            f"| {r['system']} | {r.get('adapters', '')} | {r['output_tok_s']:.1f} | "
+            f"{r['ttft_p50_ms']:.0f} / {r['ttft_p99_ms']:.0f} | "
+            f"{r['tpot_p50_ms']:.1f} / {r['tpot_p99_ms']:.1f} |"
+        )
+    return "\n".join(lines)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--mode", choices=("cpu", "cuda"), default="cpu")
+    p.add_argument("--adapters", type=int, nargs="+", default=None)
+    p.add_argument("--requests", type=int, default=32)
+    p.add_argument("--rate", type=float, default=float("inf"), help="req/s; inf = offline")
+    p.add_argument("--prompt-min", type=int, default=128)
+    p.add_argument("--prompt-max", type=int, default=128)
+    p.add_argument("--output-min", type=int, default=64)
+    p.add_argument("--output-max", type=int, default=64)
+    p.add_argument("--max-num-seqs", type=int, default=32)
+    p.add_argument("--max-batched-tokens", type=int, default=512)
+    p.add_argument("--kv-blocks", type=int, default=512)
+    p.add_argument("--hf-batch", type=int, default=32)
+    p.add_argument("--hf-max-adapters", type=int, default=16)
+    p.add_argument("--skip-hf", action="store_true")
+    p.add_argument("--threads", type=int, default=None, help="torch intra-op threads (CPU)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--shape", choices=("llama3-8b", "tiny"), default="llama3-8b")
+    p.add_argument("--device", default="cuda", help="random-weights mode device")
+    p.add_argument("--dtype", default="bfloat16", help="random-weights mode dtype")
+    p.add_argument("--workdir", default="/tmp/adapterplane-bench-engine")
+    p.add_argument("--out", default=None, help="directory for results.json")
+    args = p.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    if args.adapters is None:
+        args.adapters = [8] if args.mode == "cpu" else [1, 16, 128]
+    results = cpu_main(args) if args.mode == "cpu" else cuda_main(args)
+    if args.mode == "cpu":
+        for r in results:
+            r.setdefault("adapters", args.adapters[0] if r["system"] != "engine-base" else 0)
+    print(markdown(results))
+    if args.out:
+        Path(args.out).mkdir(parents=True, exist_ok=True)
+        (Path(args.out) / "engine_results.json").write_text(
+            json.dumps({"args": vars(args), "results": results}, indent=2, default=str)
+        )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,322 @@
+"""Tensor-parallel benchmark: TP=2 vs TP=1 decode/prefill throughput with 0/16/128 adapters.
+
+8B-shaped (Llama-3-8B: hidden 4096, 32 layers, 32 heads / 8 kv heads, MLP 14336, vocab
+128256) random bf16 weights, rank-16 adapters on every projection (q/k/v/o/gate/up/down).
+For each (TP degree, LoRA layout, adapter count, phase) the script reports throughput,
+the median step time and the collective calls / payload bytes / ring bytes per step from
+`dataplane.parallel.collectives` (base path and LoRA branch separately).
+
+    TP=1 rows use the single-GPU `LlamaForCausalLM` + `ModelRunner` (no dataplane.parallel);
+    TP=2 rows use `TPLlamaForCausalLM` over NCCL, one process per GPU (spawned here), for
+    the layouts "no_extra_collectives" (default) and "paper" (seed §0x06F2–F3).
+
+Decode: `--batch` requests of `--context` prompt tokens, prefilled once, then `--steps`
+timed decode steps (eager; adapter of request i = i % n). Prefill: `--prefill-requests`
+requests of `--prefill-len` tokens in one step. Targets (issue 6): the default layout adds
+no collective call, and TP=2 decode with adapters keeps >= 90% of TP=2 no-LoRA throughput.
+
+    python bench/tp.py --out $OUT                       # on nvidia-h200-x2 (both GPUs)
+    python bench/tp.py --shape tiny --device cpu --tp 1 2 --steps 2 --out /tmp/tp  # smoke
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.multiprocessing as mp
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from dataplane.core import Sequence, build_batch_plan
+from dataplane.engine.model_runner import ModelRunner
+from dataplane.models import ModelConfig, init_random
+from dataplane.models.llama import LORA_GROUPS, LlamaForCausalLM
+from dataplane.parallel import LAYOUT_LOCAL, LAYOUT_PAPER, TPGroup, init_tp_group
+from dataplane.parallel.llama_tp import TPLlamaForCausalLM
+
+SHAPES: dict[str, dict[str, Any]] = {
+    "8b": {
+        "model_type": "llama",
+        "vocab_size": 128256,
+        "hidden_size": 4096,
+        "intermediate_size": 14336,
+        "num_hidden_layers": 32,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 8,
+        "max_position_embeddings": 8192,
+        "rms_norm_eps": 1e-5,
+        "rope_theta": 500000.0,
+        "tie_word_embeddings": False,
+        "bos_token_id": 1,
+        "eos_token_id": 2,
+    },
+    "tiny": {
+        "model_type": "llama",
+        "vocab_size": 256,
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "max_position_embeddings": 512,
+        "rms_norm_eps": 1e-6,
+        "rope_theta": 10000.0,
+        "tie_word_embeddings": False,
+        "bos_token_id": 1,
+        "eos_token_id": 2,
+    },
+}
+BLOCK = 16
+DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
+
+
+def random_adapter(
+    config: ModelConfig, rank: int, seed: int, device: torch.device, dtype: torch.dtype
+) -> dict[tuple[int, str], Any]:
+    """Global factors of one adapter on every projection (PEFT orientation)."""
+    gen = torch.Generator(device=device).manual_seed(seed)
+    c = config
+    shapes = {
+        "qkv_proj": (c.hidden_size, (c.q_size, c.kv_size, c.kv_size)),
+        "o_proj": (c.q_size, (c.hidden_size,)),
+        "gate_up_proj": (c.hidden_size, (c.intermediate_size,) * 2),
+        "down_proj": (c.intermediate_size, (c.hidden_size,)),
+    }
+    out: dict[tuple[int, str], Any] = {}
+    for layer in range(c.num_layers):
+        for attr in LORA_GROUPS:
+            d_in, widths = shapes[attr]
+            out[(layer, attr)] = {
+                k: (
+                    0.01 * torch.randn(rank, d_in, generator=gen, device=device, dtype=dtype),
+                    0.01 * torch.randn(w, rank, generator=gen, device=device, dtype=dtype),
+                    2.0,
+                )
+                for k, w in enumerate(widths)
+            }
+    return out
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def run_phase(
+    runner: ModelRunner,
+    group: TPGroup | None,
+    args: argparse.Namespace,
+    n_adapters: int,
+    phase: str,
+) -> dict[str, Any]:
+    """Time one phase; returns step times and per-step collective ledgers (this rank)."""
+    device = runner.device
+    if phase == "decode":
+        reqs, prompt_len = args.batch, args.context
+    else:
+        reqs, prompt_len = args.prefill_requests, args.prefill_len
+    steps = args.steps if phase == "decode" else args.prefill_steps
+    seqs = []
+    per_seq_blocks = -(-(prompt_len + steps + 1) // BLOCK)
+    for i in range(reqs):
+        slot = i % n_adapters if n_adapters else -1
+        prompt = tuple((7 * i + 13 * t) % 1000 + 3 for t in range(prompt_len))
+        seq = Sequence(
+            f"r{i}", prompt, adapter_slot=slot, adapter_digest=None if slot < 0 else "0" * 64
+        )
+        seq.block_table.extend(range(i * per_seq_blocks, (i + 1) * per_seq_blocks))
+        seqs.append(seq)
+    times, ledgers = [], []
+    if phase == "decode":  # prefill once, untimed, as many requests per step as fit
+        per_step = max(1, runner.max_rows // prompt_len)
+        for lo in range(0, reqs, per_step):
+            runner.execute(
+                build_batch_plan(
+                    [(s, s.num_tokens) for s in seqs[lo : lo + per_step]],
+                    [],
+                    block_size=BLOCK,
+                    generation=0,
+                    check=False,
+                )
+            )
+        for s in seqs:
+            s.num_computed_tokens = s.num_tokens
+            s.token_ids.append(5)
+    for step in range(steps + 1):  # step 0 warms up
+        if phase == "decode":
+            plan = build_batch_plan([], seqs, block_size=BLOCK, generation=step + 1, check=False)
+        else:
+            for s in seqs:
+                s.num_computed_tokens = 0
+            plan = build_batch_plan(
+                [(s, s.num_tokens) for s in seqs],
+                [],
+                block_size=BLOCK,
+                generation=step + 1,
+                check=False,
+            )
+        if group is not None:
+            group.counter.reset()
+        sync(device)
+        t0 = time.perf_counter()
+        runner.execute(plan)
+        sync(device)
+        if step:
+            times.append(time.perf_counter() - t0)
+        if group is not None and step:
+            c = group.counter
+            ledgers.append(
+                {
+                    p: {
+                        "calls": c.calls(p),
+                        "payload_bytes": c.payload_bytes(p),
+                        "ring_bytes": float(c.ring_bytes(p)),
+                    }
+                    for p in ("base", "lora")
+                }
+            )
+        if phase == "decode":
+            for s in seqs:
+                s.num_computed_tokens = s.num_tokens
+                s.token_ids.append(5)
+    med = statistics.median(times)
+    tokens = reqs if phase == "decode" else reqs * prompt_len
+    return {
+        "phase": phase,
+        "requests": reqs,
+        "prompt_len": prompt_len,
+        "median_step_ms": 1e3 * med,
+        "tokens_per_s": tokens / med,
+        "collectives_per_step": ledgers[-1] if ledgers else None,
+    }
+
+
+def build_global(
+    config: ModelConfig, args: argparse.Namespace, device: torch.device
+) -> LlamaForCausalLM:
+    model = LlamaForCausalLM(config, DTYPES[args.dtype], device)
+    return init_random(model, seed=0)
+
+
+def bench_rank(
+    rank: int, tp: int, init_file: str, args: argparse.Namespace, results_dir: str
+) -> None:
+    torch.set_num_threads(max(1, (os.cpu_count() or 2) // max(tp, 1)))
+    device = torch.device(args.device if args.device == "cpu" else f"cuda:{rank}")
+    config = ModelConfig.from_dict(dict(SHAPES[args.shape]))
+    dtype = DTYPES[args.dtype]
+    group = (
+        init_tp_group(rank, tp, init_method=f"file://{init_file}", device=device)
+        if tp > 1
+        else None
+    )
+    global_model = build_global(config, args, device)
+    rows = []
+    max_rows = max(args.batch, args.context, args.prefill_requests * args.prefill_len)
+    for n in args.adapters:
+        layouts = [LAYOUT_LOCAL, LAYOUT_PAPER] if (tp > 1 and n > 0) else [LAYOUT_LOCAL]
+        for layout in layouts:
+            slots = max(n, 1)
+            if group is None:
+                model: LlamaForCausalLM = global_model
+            else:
+                model = TPLlamaForCausalLM(
+                    global_model,
+                    group,
+                    lora_layouts=dict.fromkeys(LORA_GROUPS, layout),
+                    max_slots=slots if n else 0,
+                    max_rank=args.rank,
+                )
+            runner = ModelRunner(
+                model,
+                num_kv_blocks=args.kv_blocks,
+                block_size=BLOCK,
+                max_rows=max_rows,
+                max_slots=slots if n else 0,
+                max_rank=args.rank,
+                attention_backend=args.attention,
+            )
+            for slot in range(n):  # distinct storage per slot; 16 distinct contents
+                factors = random_adapter(config, args.rank, slot % 16, device, dtype)
+                if isinstance(model, TPLlamaForCausalLM):
+                    model.load_adapter(slot, factors)
+                else:
+                    for key, slices in factors.items():
+                        runner.tables[key].set_slot(slot, slices)
+                        runner.linears[key].has_factors = True
+            for phase in ("decode", "prefill"):
+                row = run_phase(runner, group, args, n, phase)
+                row.update(
+                    {
+                        "tp": tp,
+                        "layout": layout if (n and tp > 1) else "-",
+                        "adapters": n,
+                        "rank": args.rank,
+                        "shape": args.shape,
+                        "dtype": args.dtype,
+                    }
+                )
+                rows.append(row)
+                if rank == 0:
+                    print(json.dumps(row), flush=True)
+            del runner, model
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
+    if rank == 0:
+        (Path(results_dir) / f"tp{tp}.json").write_text(json.dumps(rows, indent=1))
+    if group is not None:
+        import torch.distributed as dist
+
+        dist.destroy_process_group()
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--shape", choices=sorted(SHAPES), default="8b")
+    p.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
+    p.add_argument("--dtype", choices=sorted(DTYPES), default="bfloat16")
+    p.add_argument("--tp", type=int, nargs="+", default=[1, 2])
+    p.add_argument("--adapters", type=int, nargs="+", default=[0, 16, 128])
+    p.add_argument("--rank", type=int, default=16)
+    p.add_argument("--batch", type=int, default=64, help="decode requests")
+    p.add_argument("--context", type=int, default=512, help="decode prompt tokens")
+    p.add_argument("--steps", type=int, default=20, help="timed decode steps")
+    p.add_argument("--prefill-requests", type=int, default=8)
+    p.add_argument("--prefill-len", type=int, default=512)
+    p.add_argument("--prefill-steps", type=int, default=3)
+    p.add_argument("--kv-blocks", type=int, default=4096)
+    p.add_argument("--attention", choices=("torch", "triton"), default=None)
+    p.add_argument("--out", type=Path, default=Path("."))
+    args = p.parse_args()
+    if args.device == "cpu":
+        args.attention = "torch"
+    args.out.mkdir(parents=True, exist_ok=True)
+    rows: list[dict[str, Any]] = []
+    for tp in args.tp:
+        with tempfile.TemporaryDirectory() as tmp:
+            if tp == 1:
+                bench_rank(0, 1, str(Path(tmp) / "rdv"), args, tmp)
+            else:
+                mp.start_processes(
+                    bench_rank,
+                    args=(tp, str(Path(tmp) / "rdv"), args, tmp),
+                    nprocs=tp,
+                    join=True,
+                    start_method="spawn",
+                )
+            rows += json.loads((Path(tmp) / f"tp{tp}.json").read_text())
+    (args.out / "tp_bench.json").write_text(json.dumps(rows, indent=1))
+    print(json.dumps({"written": str(args.out / "tp_bench.json"), "rows": len(rows)}))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,1 @@
+"""Agents: registration, heartbeats, desired state, slot reports."""

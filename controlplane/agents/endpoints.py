@@ -1,0 +1,129 @@
+"""/v1/agents: register, heartbeat, desired state (long-poll), list; token authorization.
+
+Agents authenticate with an agent token (`is_agent`) or an admin token on `*`.
+`GET /v1/agents/{id}/desired-state?after=V&wait=S` returns at once when the catalog
+version is past `V`, else holds the request up to `S` seconds (<= 30), checking the
+catalog every 100 ms, and answers with the then-current state either way, so an agent
+learns of a publish within a fraction of a second without polling slowly itself.
+
+`GET /v1/agents/authorize?namespace=NS` is called by agents *with a client's token*:
+200 when that token may read NS, 401/403 otherwise.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Query, Request, status
+from fastapi.concurrency import run_in_threadpool
+from sqlalchemy.orm import Session, sessionmaker
+
+from controlplane.agents.repository import AgentRepository
+from controlplane.agents.schemas import (
+    AgentOut,
+    AuthorizeOut,
+    HeartbeatOut,
+    HeartbeatRequest,
+    RegisterRequest,
+)
+from controlplane.agents.service import (
+    check_epoch,
+    desired_state,
+    get_agent,
+    heartbeat,
+    register,
+)
+from controlplane.auth.dependencies import CurrentPrincipal
+from controlplane.auth.scopes import Principal, Role
+from controlplane.errors import Forbidden
+from controlplane.kit.deps import SessionDep
+from controlplane.models.agent import Agent
+
+router = APIRouter(prefix="/v1/agents", tags=["agents"])
+POLL_INTERVAL_S = 0.1
+
+
+def _require_agent(principal: Principal) -> None:
+    if not (principal.is_agent or principal.can_global(Role.ADMIN)):
+        raise Forbidden("an agent token (or admin on '*') is required",
+                        detail={"required": "agent"})
+
+
+def agent_out(a: Agent) -> AgentOut:
+    return AgentOut(id=a.id, name=a.name, url=a.url, base=a.h_base, capabilities=a.capabilities,
+                    worker_epoch=a.worker_epoch, registered_at=a.registered_at,
+                    last_heartbeat_at=a.last_heartbeat_at, catalog_version=a.catalog_version,
+                    slots=a.slots, load_failures=a.load_failures)
+
+
+@router.post("/register", status_code=status.HTTP_201_CREATED, response_model=AgentOut)
+def register_agent(body: RegisterRequest, principal: CurrentPrincipal,
+                   session: SessionDep) -> AgentOut:
+    """Register (or re-register) an agent; the answer carries its new worker epoch."""
+    _require_agent(principal)
+    return agent_out(register(session, body, principal.actor))
+
+
+@router.get("/authorize", response_model=AuthorizeOut)
+def authorize(namespace: Annotated[str, Query(max_length=63)],
+              principal: CurrentPrincipal) -> AuthorizeOut:
+    """Whether the caller's token may read `namespace` (403 if not)."""
+    principal.require(namespace, Role.READ)
+    role = principal.role_in(namespace)
+    return AuthorizeOut(namespace=namespace, role=role.value if role else "read",
+                        actor=principal.actor)
+
+
+@router.get("", response_model=list[AgentOut])
+def list_agents(principal: CurrentPrincipal, session: SessionDep) -> list[AgentOut]:
+    principal.require_global(Role.READ)
+    repo = AgentRepository(session)
+    return [agent_out(a) for a in repo.session.scalars(repo.select().order_by(Agent.id))]
+
+
+@router.get("/{agent_id}", response_model=AgentOut)
+def show_agent(agent_id: int, principal: CurrentPrincipal, session: SessionDep) -> AgentOut:
+    principal.require_global(Role.READ)
+    return agent_out(get_agent(session, agent_id))
+
+
+@router.post("/{agent_id}/heartbeat", response_model=HeartbeatOut)
+def post_heartbeat(agent_id: int, body: HeartbeatRequest, principal: CurrentPrincipal,
+                   session: SessionDep) -> HeartbeatOut:
+    """Slot and load-failure report; 409 STALE_EPOCH from a superseded process."""
+    _require_agent(principal)
+    agent = heartbeat(session, agent_id, body)
+    version = AgentRepository(session).catalog_version()
+    return HeartbeatOut(worker_epoch=agent.worker_epoch, catalog_version=version)
+
+
+@router.get("/{agent_id}/desired-state")
+async def get_desired_state(
+    request: Request, agent_id: int, principal: CurrentPrincipal,
+    worker_epoch: Annotated[int, Query(ge=1)],
+    after: Annotated[int, Query(ge=-1)] = -1,
+    wait: Annotated[float, Query(ge=0, le=30)] = 0,
+) -> dict[str, Any]:
+    """Long-poll for the agent's desired state (see module docstring)."""
+    _require_agent(principal)
+    factory: sessionmaker[Session] = request.app.state.session_factory
+    store = request.app.state.store
+
+    def version() -> int:
+        with factory() as session:
+            check_epoch(get_agent(session, agent_id), worker_epoch)
+            return AgentRepository(session).catalog_version()
+
+    deadline = time.monotonic() + wait
+    while await run_in_threadpool(version) <= after and time.monotonic() < deadline:
+        if await request.is_disconnected():
+            break
+        await asyncio.sleep(POLL_INTERVAL_S)
+
+    def build() -> dict[str, Any]:
+        with factory() as session:
+            return desired_state(session, store, get_agent(session, agent_id))
+
+    return await run_in_threadpool(build)

@@ -1,0 +1,163 @@
+"""Agent registration, heartbeats and desired state.
+
+* `register`: one row per agent name; every call (a process start) bumps
+  `worker_epoch`, so reports of a previous process are refused (409 STALE_EPOCH).
+* `heartbeat`: replaces the agent's slot and load-failure report.
+* `desired_state`: every alias of the agent's base with its recent generations and the
+  files to fetch (file:// or presigned URLs), plus `prefetch` from placement
+  (controlplane/placement). `version` is the catalog change counter: long-polls
+  return as soon as it passes the caller's `after`.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+from sqlalchemy.orm import Session
+
+from controlplane.agents.repository import AgentRepository
+from controlplane.agents.schemas import HeartbeatRequest, RegisterRequest
+from controlplane.audit.service import record_audit
+from controlplane.db import begin_write
+from controlplane.errors import AdapterplaneError, NotFound
+from controlplane.models import Artifact, CatalogGeneration, utcnow
+from controlplane.models.agent import Agent
+from controlplane.placement.policy import AdapterDemand, capacity_from_record, place
+from controlplane.storage import ObjectStore
+from controlplane.storage.file_store import FileObjectStore
+from controlplane.storage.s3_store import S3ObjectStore
+
+HISTORY_LIMIT = 8
+"""Generations per alias sent to agents (enough to pin a recent one)."""
+LIVE_WINDOW = timedelta(seconds=60)
+"""Agents seen within this window take part in placement."""
+URL_TTL_S = 3600
+
+
+class StaleEpoch(AdapterplaneError):
+    status_code = 409
+    code = "STALE_EPOCH"
+
+
+def register(session: Session, body: RegisterRequest, actor: str) -> Agent:
+    """Create or re-register `body.name` with a fresh worker epoch. Commits."""
+    begin_write(session)
+    repo = AgentRepository(session)
+    caps = body.capabilities.model_dump()
+    agent = repo.by_name(body.name)
+    now = utcnow()
+    if agent is None:
+        agent = repo.add(Agent(name=body.name, url=body.url, h_base=body.capabilities.base,
+                               capabilities=caps, worker_epoch=1, registered_at=now, slots=[],
+                               load_failures=[], catalog_version=0, registered_by=actor))
+    else:
+        agent.worker_epoch += 1
+        agent.url, agent.h_base, agent.capabilities = body.url, body.capabilities.base, caps
+        agent.registered_at, agent.slots, agent.load_failures = now, [], []
+        agent.last_heartbeat_at, agent.catalog_version = None, 0
+    record_audit(session, actor=actor, action="agent.register", namespace=None,
+                 target=f"agent:{body.name}",
+                 detail={"worker_epoch": agent.worker_epoch, "base": body.capabilities.base})
+    session.commit()
+    return agent
+
+
+def get_agent(session: Session, agent_id: int) -> Agent:
+    agent = AgentRepository(session).get_by_id(agent_id)
+    if agent is None:
+        raise NotFound(f"agent {agent_id} not found", detail={"agent_id": agent_id})
+    return agent
+
+
+def check_epoch(agent: Agent, worker_epoch: int) -> None:
+    if worker_epoch != agent.worker_epoch:
+        raise StaleEpoch("a newer process of this agent has registered",
+                         detail={"worker_epoch": worker_epoch,
+                                 "current_epoch": agent.worker_epoch})
+
+
+def heartbeat(session: Session, agent_id: int, body: HeartbeatRequest) -> Agent:
+    begin_write(session)
+    agent = get_agent(session, agent_id)
+    check_epoch(agent, body.worker_epoch)
+    agent.last_heartbeat_at = utcnow()
+    agent.catalog_version = body.catalog_version
+    agent.slots = [s.model_dump() for s in body.slots]
+    agent.load_failures = [f.model_dump() for f in body.load_failures]
+    session.commit()
+    return agent
+
+
+def object_url(store: ObjectStore, key: str) -> str:
+    """A URL the agent can read `key` from: file:// path or a presigned S3 GET."""
+    if isinstance(store, FileObjectStore):
+        return (store.root / key).as_uri()
+    if isinstance(store, S3ObjectStore):
+        full = f"{store.prefix}/{key}" if store.prefix else key
+        url: str = store.client.generate_presigned_url(
+            "get_object", Params={"Bucket": store.bucket, "Key": full}, ExpiresIn=URL_TTL_S)
+        return url
+    raise NotFound("the object store cannot hand out URLs", detail={"store": store.url})
+
+
+def _artifact_doc(store: ObjectStore, a: Artifact) -> dict[str, Any]:
+    files = {name: {"sha256": f["sha256"], "size": f["size"],
+                    "url": object_url(store, str(f["key"]))} for name, f in a.files.items()}
+    return {"id": a.id, "digest": a.digest, "files": files,
+            "validated_record": a.validated_record}
+
+
+def _demand(a: Artifact, h_base: str) -> AdapterDemand | None:
+    record = a.validated_record or {}
+    modules = record.get("modules") or []
+    if a.digest is None or not modules:
+        return None
+    return AdapterDemand(digest=a.digest, h_base=h_base,
+                         rank=max(int(m.get("rank", 0)) for m in modules),
+                         roles=frozenset(str(m.get("role")) for m in modules),
+                         nbytes=int(a.tensor_bytes or record.get("total_bytes") or 0))
+
+
+def desired_state(session: Session, store: ObjectStore, agent: Agent) -> dict[str, Any]:
+    """The agent's desired state (see module docstring)."""
+    repo = AgentRepository(session)
+    version = repo.catalog_version()
+    aliases = repo.aliases_for_base(agent.h_base)
+    items: list[dict[str, Any]] = []
+    demands: list[AdapterDemand] = []
+    current_digest: dict[int, str | None] = {}
+    for alias in aliases:
+        gens = repo.recent_generations(alias.id, HISTORY_LIMIT)
+        items.append({"namespace": alias.namespace.name, "alias": alias.name,
+                      "current_generation": alias.current_generation,
+                      "generations": [_generation_doc(store, g) for g in gens]})
+        current = next((g for g in gens if g.generation == alias.current_generation), None)
+        art = current.artifact if current is not None else None
+        current_digest[alias.id] = art.digest if art is not None else None
+        demand = _demand(art, agent.h_base) if art is not None else None
+        if demand is not None:
+            demands.append(demand)
+    placed = place(demands, _live_capacities(repo, agent)).get(agent.id, frozenset())
+    for alias, item in zip(aliases, items, strict=True):
+        item["prefetch"] = current_digest[alias.id] in placed
+    return {"version": version, "agent_id": agent.id, "worker_epoch": agent.worker_epoch,
+            "aliases": items}
+
+
+def _generation_doc(store: ObjectStore, g: CatalogGeneration) -> dict[str, Any]:
+    return {"generation": g.generation, "action": g.action,
+            "artifact": _artifact_doc(store, g.artifact) if g.artifact is not None else None}
+
+
+def _live_capacities(repo: AgentRepository, me: Agent) -> list[Any]:
+    cutoff = utcnow() - LIVE_WINDOW
+    caps = []
+    for a in repo.for_base(me.h_base):
+        seen = a.last_heartbeat_at or a.registered_at
+        if a.id != me.id and seen < cutoff:
+            continue
+        holds = [str(s.get("artifact_digest")) for s in a.slots
+                 if s.get("state") in ("active", "idle")]
+        caps.append(capacity_from_record(a.id, a.h_base, a.capabilities, holds))
+    return caps

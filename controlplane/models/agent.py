@@ -1,0 +1,35 @@
+"""Agents: one row per agent name, with its current worker epoch and last report.
+
+`worker_epoch` increases by one at every registration (a process start), so reports
+from a previous process of the same agent are recognisably stale (409). Capabilities
+are what placement needs (base digest, dtypes, max rank, targets, pool size, TP
+degree); `slots` and `load_failures` are the agent's last heartbeat report, replaced
+wholesale each time (the agent re-derives them; they are observations, not truth).
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import String
+from sqlalchemy.orm import Mapped, mapped_column
+
+from controlplane.models.base import Base, CreatedAtMixin, IdMixin, JsonDoc, utcnow
+
+
+class Agent(IdMixin, CreatedAtMixin, Base):
+    __tablename__ = "agents"
+
+    name: Mapped[str] = mapped_column(String(200), nullable=False, unique=True)
+    url: Mapped[str] = mapped_column(String(500), nullable=False)
+    h_base: Mapped[str] = mapped_column(String(64), nullable=False, index=True)
+    capabilities: Mapped[dict[str, Any]] = mapped_column(JsonDoc, nullable=False)
+    worker_epoch: Mapped[int] = mapped_column(nullable=False, default=1)
+    registered_at: Mapped[datetime] = mapped_column(nullable=False, default=utcnow)
+    last_heartbeat_at: Mapped[datetime | None] = mapped_column()
+    slots: Mapped[list[Any]] = mapped_column(JsonDoc, nullable=False, default=list)
+    load_failures: Mapped[list[Any]] = mapped_column(JsonDoc, nullable=False, default=list)
+    catalog_version: Mapped[int] = mapped_column(nullable=False, default=0)
+    """The desired-state version the agent last applied (from its heartbeat)."""
+    registered_by: Mapped[str] = mapped_column(String(200), nullable=False)

@@ -1,0 +1,1 @@
+"""Placement: which agents keep which adapters resident."""

@@ -1,0 +1,115 @@
+"""Working-set consolidation (Punica) subject to KV feasibility. Pure functions, no DB.
+
+Each agent has `adapter_slots` slots and a unified pool of `pool_pages` pages of
+`page_bytes` bytes, of which `kv_reserve_pages` must stay available for KV (the
+feasibility bound: placing an adapter must never leave less KV room than that).
+An adapter occupies one slot and `ceil(bytes / page_bytes)` pages.
+
+Policy, deterministic for equal inputs:
+
+1. Adapters an agent already holds (its last slot report) stay there while they fit
+   (no churn: consolidation keeps the working set where it is).
+2. Remaining adapters, heaviest first, go to the compatible agent that already holds
+   the most of the working set and still fits (consolidation onto few agents so
+   requests for popular adapters batch together), ties broken by most free pages,
+   then by agent id.
+3. An adapter that fits nowhere is left unplaced: agents still serve it on demand
+   (cold load), placement only decides prefetch.
+
+An agent is compatible when it serves the adapter's base, its max rank covers the
+adapter's rank and its targets cover the adapter's target roles.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class AgentCapacity:
+    agent_id: int
+    h_base: str
+    max_rank: int
+    targets: frozenset[str]
+    adapter_slots: int
+    pool_pages: int
+    page_bytes: int
+    kv_reserve_pages: int
+    holds: frozenset[str] = frozenset()
+    """Artifact digests the agent reported resident."""
+
+
+@dataclass(frozen=True)
+class AdapterDemand:
+    digest: str
+    h_base: str
+    rank: int
+    roles: frozenset[str]
+    nbytes: int
+
+
+@dataclass
+class _Room:
+    cap: AgentCapacity
+    slots: int
+    pages: int
+    placed: set[str] = field(default_factory=set)
+
+    def pages_for(self, a: AdapterDemand) -> int:
+        return -(-a.nbytes // max(self.cap.page_bytes, 1))
+
+    def compatible(self, a: AdapterDemand) -> bool:
+        c = self.cap
+        return c.h_base == a.h_base and a.rank <= c.max_rank and a.roles <= c.targets
+
+    def fits(self, a: AdapterDemand) -> bool:
+        need = self.pages_for(a)
+        return self.slots >= 1 and self.pages - need >= self.cap.kv_reserve_pages
+
+    def take(self, a: AdapterDemand) -> None:
+        self.slots -= 1
+        self.pages -= self.pages_for(a)
+        self.placed.add(a.digest)
+
+
+def place(adapters: Iterable[AdapterDemand],
+          agents: Iterable[AgentCapacity]) -> dict[int, frozenset[str]]:
+    """`{agent_id: digests to keep resident}` (see module docstring)."""
+    rooms = {c.agent_id: _Room(c, c.adapter_slots, c.pool_pages) for c in agents}
+    unique: dict[str, AdapterDemand] = {}
+    for a in adapters:
+        unique.setdefault(a.digest, a)
+    order = sorted(unique.values(), key=lambda a: (-a.nbytes, a.digest))
+    pending = []
+    for a in order:
+        kept = False
+        for room in sorted(rooms.values(), key=lambda r: r.cap.agent_id):
+            if a.digest in room.cap.holds and room.compatible(a) and room.fits(a):
+                room.take(a)
+                kept = True
+        if not kept:
+            pending.append(a)
+    for a in pending:
+        candidates = [r for r in rooms.values() if r.compatible(a) and r.fits(a)]
+        if not candidates:
+            continue
+        best = max(candidates, key=lambda r: (len(r.placed), r.pages, -r.cap.agent_id))
+        best.take(a)
+    return {agent_id: frozenset(r.placed) for agent_id, r in rooms.items()}
+
+
+def capacity_from_record(agent_id: int, h_base: str, capabilities: Mapping[str, object],
+                         holds: Iterable[str]) -> AgentCapacity:
+    """Capacity from an agent's registration record (missing numbers mean 'none')."""
+    def num(key: str, default: int = 0) -> int:
+        value = capabilities.get(key, default)
+        return int(value) if isinstance(value, int | float) else default
+
+    targets = capabilities.get("targets", [])
+    return AgentCapacity(
+        agent_id=agent_id, h_base=h_base, max_rank=num("max_rank"),
+        targets=frozenset(str(t) for t in targets) if isinstance(targets, list) else frozenset(),
+        adapter_slots=num("adapter_slots"), pool_pages=num("pool_pages"),
+        page_bytes=num("page_bytes", 1), kv_reserve_pages=num("kv_reserve_pages"),
+        holds=frozenset(holds))

@@ -1,0 +1,41 @@
+"""Typed errors of the tensor-parallel data plane.
+
+Every error carries a stable lowercase ``code``. Validation happens before anything is
+written: a rejected shard, load or forward changes no table and issues no collective.
+"""
+
+from __future__ import annotations
+
+
+class ParallelError(ValueError):
+    """Base class: invalid tensor-parallel input or state."""
+
+    code = "parallel_error"
+
+    def __init__(self, message: str) -> None:
+        super().__init__(f"{self.code}: {message}")
+        self.message = message
+
+
+class ProcessGroupError(ParallelError):
+    """The process group is missing, misconfigured or of the wrong size."""
+
+    code = "process_group_invalid"
+
+
+class IndivisibleShardError(ParallelError):
+    """A sharded axis (heads, width, vocab, rank) is not divisible by the TP degree."""
+
+    code = "indivisible_shard"
+
+
+class ShardShapeError(ParallelError):
+    """A global factor or weight does not have the shape its module declares."""
+
+    code = "shard_shape_mismatch"
+
+
+class UnknownLayoutError(ParallelError):
+    """A LoRA layout or parallel style name is not one of the known ones."""
+
+    code = "unknown_layout"

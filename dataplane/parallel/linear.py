@@ -1,0 +1,168 @@
+"""Megatron-style parallel projections with a sharded multi-adapter LoRA branch.
+
+Same call contract as `dataplane.layers.lora_linear.LoRALinear` (``forward(x, lora)``,
+``lora`` = the step's `LoraStepContext` or None), so a decoder layer can hold either.
+
+ColumnParallelLinear: x ``[T, d_in]`` replicated -> y ``[T, sum(w_k/N)]`` (this rank's
+    part of every fused slice, in slice order); no collective on the base path.
+RowParallelLinear: x ``[T, d_in/N]`` (this rank's input columns) -> y ``[T, d_out]``
+    replicated, after one base all-reduce (bias added once, after it).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from dataplane.layers.lora_linear import LoraStepContext
+from dataplane.parallel.collectives import TPGroup
+from dataplane.parallel.errors import ShardShapeError
+from dataplane.parallel.lora_tp import GlobalSliceFactors, ShardedLoraBranch
+from dataplane.parallel.shard import (
+    COLUMN,
+    ROW,
+    shard_column_weight,
+    shard_interval,
+    shard_row_weight,
+)
+
+
+class _ParallelLinear(nn.Module):
+    style: str
+
+    def __init__(self, group: TPGroup, in_features: int, out_features: tuple[int, ...],
+                 slice_names: tuple[str, ...], bias: bool, dtype: torch.dtype) -> None:
+        super().__init__()
+        if len(slice_names) != len(out_features):
+            raise ShardShapeError("one name per output slice")
+        self.group = group
+        self.in_features, self.out_features = in_features, out_features
+        self.slice_names = slice_names
+        total = sum(out_features)
+        self.weight = nn.Parameter(torch.zeros(total, in_features, dtype=dtype,
+                                               device=group.device), requires_grad=False)
+        self.bias = (nn.Parameter(torch.zeros(total,
+                                              dtype=dtype, device=group.device),
+                                  requires_grad=False) if bias else None)
+        self.branch: ShardedLoraBranch | None = None
+        self.trace: dict[str, torch.Tensor] | None = None
+
+    def _copy_weight(self, local: torch.Tensor, bias: torch.Tensor | None) -> None:
+        if tuple(local.shape) != tuple(self.weight.shape):
+            raise ShardShapeError(f"local weight {list(local.shape)} != "
+                                  f"{list(self.weight.shape)}")
+        if (bias is None) != (self.bias is None):
+            raise ShardShapeError("bias given for a module without one (or missing)")
+        with torch.no_grad():
+            self.weight.copy_(local)
+            if bias is not None and self.bias is not None:
+                self.bias.copy_(bias)
+
+    def enable_lora(self, layout: str, *, num_slots: int, max_rank: int,
+                    bottleneck_dtype: torch.dtype = torch.float32) -> ShardedLoraBranch:
+        """Attach an (empty) sharded LoRA table in `layout`; returns it."""
+        self.branch = ShardedLoraBranch(
+            self.style, layout, self.group, num_slots=num_slots,
+            in_features=self.in_features, out_features=self.out_features,
+            max_rank=max_rank, dtype=self.weight.dtype, out_units=self._out_units(),
+            bottleneck_dtype=bottleneck_dtype)
+        return self.branch
+
+    def load_adapter(self, slot: int, factors: GlobalSliceFactors) -> None:
+        """Shard one adapter's *global* factors into this rank's slot."""
+        if self.branch is None:
+            raise ShardShapeError("LoRA is not enabled on this module")
+        self.branch.load_slot(slot, factors)
+
+    def _out_units(self) -> tuple[int, ...]:
+        return (1,) * len(self.out_features)
+
+    def _lora_active(self, lora: LoraStepContext | None) -> bool:
+        """Run the branch unless no slot holds factors (and the step allows skipping).
+
+        Every rank loads the same slots (publication is all-ranks), so a paper-layout
+        collective is skipped by all ranks or by none.
+        """
+        if lora is None or self.branch is None:
+            return False
+        return bool(self.branch.local) or not lora.skip_empty
+
+
+class ColumnParallelLinear(_ParallelLinear):
+    """Output-sharded projection; fused slices (q/k/v, gate/up) sharded one by one.
+
+    `global_out_features` are the global slice widths; `units` the shard unit per slice
+    (head_dim for q/k/v so GQA kv heads split on head boundaries).
+    """
+
+    style = COLUMN
+
+    def __init__(self, group: TPGroup, in_features: int, global_out_features: tuple[int, ...],
+                 slice_names: tuple[str, ...], *, bias: bool = False,
+                 dtype: torch.dtype = torch.float32,
+                 units: tuple[int, ...] | None = None) -> None:
+        self.units = units or (1,) * len(global_out_features)
+        self.global_out_features = global_out_features
+        local = []
+        for k, (w, u) in enumerate(zip(global_out_features, self.units, strict=True)):
+            lo, hi = shard_interval(w, group.rank, group.size, what=f"slice {k}", unit=u)
+            local.append(hi - lo)
+        super().__init__(group, in_features, tuple(local), slice_names, bias, dtype)
+
+    def _out_units(self) -> tuple[int, ...]:
+        return self.units
+
+    def load_global_weight(self, weight: torch.Tensor, bias: torch.Tensor | None = None
+                           ) -> None:
+        """Copy this rank's rows of the global fused weight ``[sum(widths), d_in]``."""
+        g = self.group
+        local = shard_column_weight(weight, self.global_out_features, g.rank, g.size,
+                                    self.units)
+        local_bias = (None if bias is None else
+                      shard_column_weight(bias, self.global_out_features, g.rank, g.size,
+                                          self.units))
+        self._copy_weight(local, local_bias)
+
+    def forward(self, x: torch.Tensor, lora: LoraStepContext | None) -> torch.Tensor:
+        y = F.linear(x, self.weight, self.bias)
+        if self._lora_active(lora):
+            assert self.branch is not None and lora is not None  # narrowed by _lora_active
+            self.branch.apply(y, x, lora, trace=self.trace)
+        if self.trace is not None:
+            self.trace["output"] = y.clone()
+        return y
+
+
+class RowParallelLinear(_ParallelLinear):
+    """Input-sharded projection; one base all-reduce carries the LoRA output too."""
+
+    style = ROW
+
+    def __init__(self, group: TPGroup, global_in_features: int, out_features: int,
+                 slice_name: str, *, bias: bool = False,
+                 dtype: torch.dtype = torch.float32) -> None:
+        lo, hi = shard_interval(global_in_features, group.rank, group.size,
+                                what="row-parallel input")
+        self.global_in_features = global_in_features
+        super().__init__(group, hi - lo, (out_features,), (slice_name,), bias, dtype)
+        self.out_slice = shard_interval(out_features, group.rank, group.size,
+                                        what="row-parallel output") \
+            if out_features % group.size == 0 else None
+
+    def load_global_weight(self, weight: torch.Tensor, bias: torch.Tensor | None = None
+                           ) -> None:
+        """Copy this rank's input columns of the global weight ``[d_out, d_in]``."""
+        self._copy_weight(shard_row_weight(weight, self.group.rank, self.group.size), bias)
+
+    def forward(self, x: torch.Tensor, lora: LoraStepContext | None) -> torch.Tensor:
+        y = F.linear(x, self.weight)
+        if self._lora_active(lora):
+            assert self.branch is not None and lora is not None  # narrowed by _lora_active
+            self.branch.apply(y, x, lora, out_slice=self.out_slice, trace=self.trace)
+        self.group.all_reduce(y, purpose="base")
+        if self.bias is not None:
+            y = y + self.bias
+        if self.trace is not None:
+            self.trace["output"] = y.clone()
+        return y

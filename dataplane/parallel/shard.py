@@ -1,0 +1,138 @@
+"""Slicing global weights and PEFT factors into one TP rank's local tensors.
+
+Orientation (seed §0x06F1): factors are in PEFT/checkpoint orientation, A ``[r, d_in]``,
+B ``[d_out, r]``, delta ``= scale * X A^T B^T``; S-LoRA's ``A``/``B`` are their transposes.
+Rank ``j`` of ``N`` owns the half-open interval ``[j*n/N, (j+1)*n/N)`` of a sharded axis of
+length ``n`` (contiguous, even; an indivisible axis is refused, never padded).
+
+Base projections (Megatron):
+    column-parallel (q/k/v, gate/up): W ``[d_out, d_in]`` output-sharded, each fused
+        slice sharded separately (GQA: k/v sharded on kv-head boundaries);
+    row-parallel (o, down): W input-sharded; partial outputs are summed by all-reduce.
+
+LoRA layouts per style (each reproduces the global update, see dataplane.parallel.lora_tp):
+
+    style   layout                   A on rank j                 B on rank j
+    column  no_extra_collectives     whole [r, d_in]             rows (output) shard
+    column  paper                    rank rows [jr/N,(j+1)r/N)   rows (output) shard
+    row     no_extra_collectives     columns (input) shard       whole [d_out, r]
+    row     paper                    columns (input) shard       rows (output) shard
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from dataplane.parallel.errors import (
+    IndivisibleShardError,
+    ShardShapeError,
+    UnknownLayoutError,
+)
+
+COLUMN = "column"
+ROW = "row"
+STYLES = (COLUMN, ROW)
+LAYOUT_LOCAL = "no_extra_collectives"
+LAYOUT_PAPER = "paper"
+LAYOUTS = (LAYOUT_LOCAL, LAYOUT_PAPER)
+
+
+def check_style_layout(style: str, layout: str) -> None:
+    if style not in STYLES:
+        raise UnknownLayoutError(f"unknown parallel style {style!r}; known {STYLES}")
+    if layout not in LAYOUTS:
+        raise UnknownLayoutError(f"unknown LoRA layout {layout!r}; known {LAYOUTS}")
+
+
+def shard_interval(n: int, tp_rank: int, tp_size: int, *, what: str, unit: int = 1
+                   ) -> tuple[int, int]:
+    """``[start, stop)`` of rank `tp_rank` on an axis of `n` elements in blocks of `unit`.
+
+    `unit` keeps shards on whole heads (head_dim) for q/k/v. Raises when `n / unit` is not
+    divisible by `tp_size`.
+    """
+    if tp_size < 1 or not 0 <= tp_rank < tp_size:
+        raise IndivisibleShardError(f"{what}: rank {tp_rank} outside a group of {tp_size}")
+    if unit < 1 or n % unit or (n // unit) % tp_size:
+        raise IndivisibleShardError(
+            f"{what}: {n} elements in units of {unit} do not split over {tp_size} ranks")
+    size = n // tp_size
+    return tp_rank * size, (tp_rank + 1) * size
+
+
+def shard_column_weight(weight: torch.Tensor, widths: Sequence[int], tp_rank: int,
+                        tp_size: int, units: Sequence[int] | None = None) -> torch.Tensor:
+    """Local rows of a fused column-parallel weight ``[sum(widths), d_in]`` (or a bias
+    ``[sum(widths)]``): every slice sharded separately, local slices concatenated in order.
+    """
+    if weight.shape[0] != sum(widths):
+        raise ShardShapeError(f"weight has {weight.shape[0]} rows, slices sum to {sum(widths)}")
+    units = tuple(units) if units is not None else (1,) * len(widths)
+    if len(units) != len(widths):
+        raise ShardShapeError("one unit per slice")
+    parts, offset = [], 0
+    for k, (w, u) in enumerate(zip(widths, units, strict=True)):
+        lo, hi = shard_interval(w, tp_rank, tp_size, what=f"slice {k}", unit=u)
+        parts.append(weight[offset + lo: offset + hi])
+        offset += w
+    return torch.cat(parts, 0).contiguous()
+
+
+def shard_row_weight(weight: torch.Tensor, tp_rank: int, tp_size: int) -> torch.Tensor:
+    """Local input columns of a row-parallel weight ``[d_out, d_in]``."""
+    if weight.dim() != 2:
+        raise ShardShapeError(f"row-parallel weight must be 2-D, got {list(weight.shape)}")
+    lo, hi = shard_interval(weight.shape[1], tp_rank, tp_size, what="row-parallel input")
+    return weight[:, lo:hi].contiguous()
+
+
+@dataclass(frozen=True)
+class LocalFactors:
+    """One slice's factors on one rank (PEFT orientation).
+
+    `a` ``[r_a, d_in_local]`` with ``r_a = r`` except column/paper (``r/N``); `b`
+    ``[d_out_local, r]``; `rank` the global r; `scale` unchanged by sharding.
+    """
+
+    a: torch.Tensor
+    b: torch.Tensor
+    rank: int
+    scale: float
+
+
+def shard_lora_factors(a: torch.Tensor, b: torch.Tensor, scale: float, *, style: str,
+                       layout: str, tp_rank: int, tp_size: int, out_unit: int = 1
+                       ) -> LocalFactors:
+    """Slice one global PEFT factor pair (A ``[r, d_in]``, B ``[d_out, r]``) for one rank.
+
+    Column styles shard B's output rows like the base slice (`out_unit`: head_dim for
+    q/k/v); row styles shard A's input columns like the base weight. Shapes are checked
+    before any slicing; the result is contiguous and independent of the inputs.
+    """
+    check_style_layout(style, layout)
+    if a.dim() != 2 or b.dim() != 2 or a.shape[0] != b.shape[1] or a.shape[0] < 1:
+        raise ShardShapeError(f"A {list(a.shape)} / B {list(b.shape)} are not [r, d_in] / "
+                              "[d_out, r]")
+    r, d_in = a.shape
+    d_out = b.shape[0]
+    if style == COLUMN:
+        lo, hi = shard_interval(d_out, tp_rank, tp_size, what="LoRA B output", unit=out_unit)
+        b_local = b[lo:hi]
+        if layout == LAYOUT_PAPER:
+            rlo, rhi = shard_interval(r, tp_rank, tp_size, what="LoRA rank")
+            a_local = a[rlo:rhi]
+        else:
+            a_local = a
+    else:
+        lo, hi = shard_interval(d_in, tp_rank, tp_size, what="LoRA A input")
+        a_local = a[:, lo:hi]
+        if layout == LAYOUT_PAPER:
+            olo, ohi = shard_interval(d_out, tp_rank, tp_size, what="LoRA B output")
+            b_local = b[olo:ohi]
+        else:
+            b_local = b
+    return LocalFactors(a_local.contiguous().clone(), b_local.contiguous().clone(), r,
+                        float(scale))

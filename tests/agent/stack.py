@@ -1,0 +1,159 @@
+"""Real processes for the agent tests: control plane (API + Celery worker) and agents.
+
+The control plane is `cli.stack.EmbeddedStack` (migrate, bootstrap token, API, worker
+as subprocesses, SQLite database and broker) with object storage on the moto S3
+server, so agents download through presigned URLs. Its API process runs the real
+`create_app` plus the agent routes (tests/agent/control_plane_app.py).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from cli.stack import EmbeddedStack, free_port
+
+HERE = Path(__file__).resolve().parent
+
+
+class AgentControlPlane(EmbeddedStack):
+    """EmbeddedStack whose API process also serves /v1/agents."""
+
+    def _spawn(self, name: str, args: list[str]) -> None:
+        if name != "api":
+            super()._spawn(name, args)
+            return
+        log = (self.log_dir / "api.log").open("ab")
+        self._logs.append(log)
+        self._procs[name] = subprocess.Popen(
+            [sys.executable, "-m", "uvicorn", "--factory", "--app-dir", str(HERE),
+             "control_plane_app:create_app_with_agents", "--host", self.host,
+             "--port", str(self.port), "--log-level", "warning"],
+            env=self.env(), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            start_new_session=True)
+
+
+class Admin:
+    """The control plane's REST API with an admin token (plain httpx, as a client would)."""
+
+    def __init__(self, url: str, token: str) -> None:
+        self.http = httpx.Client(base_url=url, timeout=30.0,
+                                 headers={"Authorization": f"Bearer {token}"})
+
+    def call(self, method: str, path: str, **kw: Any) -> Any:
+        response = self.http.request(method, path, **kw)
+        if response.status_code >= 400:
+            raise AssertionError(f"{method} {path}: {response.status_code} {response.text}")
+        return response.json()
+
+    def push(self, namespace: str, h_base: str, adapter: Path) -> dict[str, Any]:
+        files = {n: (n, (adapter / n).read_bytes())
+                 for n in ("adapter_config.json", "adapter_model.safetensors")}
+        art = self.call("POST", f"/v1/namespaces/{namespace}/artifacts",
+                        data={"base": h_base}, files=files)
+        deadline = time.monotonic() + 60
+        while art["state"] not in ("validated", "rejected"):
+            if time.monotonic() > deadline:
+                raise AssertionError(f"artifact {art['id']} still {art['state']}")
+            time.sleep(0.1)
+            art = self.call("GET", f"/v1/namespaces/{namespace}/artifacts/{art['id']}")
+        assert art["state"] == "validated", art
+        return dict(art)
+
+    def publish(self, namespace: str, alias: str, artifact_id: int) -> int:
+        gen = self.call("POST", f"/v1/namespaces/{namespace}/aliases/{alias}/publish",
+                        json={"artifact": str(artifact_id)})
+        return int(gen["generation"])
+
+    def retire(self, namespace: str, alias: str) -> int:
+        gen = self.call("POST", f"/v1/namespaces/{namespace}/aliases/{alias}/retire", json={})
+        return int(gen["generation"])
+
+    def rollback(self, namespace: str, alias: str) -> int:
+        gen = self.call("POST", f"/v1/namespaces/{namespace}/aliases/{alias}/rollback",
+                        json={})
+        return int(gen["generation"])
+
+    def token(self, name: str, grants: list[dict[str, str]], is_agent: bool = False) -> str:
+        doc = self.call("POST", "/v1/tokens",
+                        json={"name": name, "grants": grants, "is_agent": is_agent})
+        return str(doc["token"])
+
+
+@dataclass
+class AgentProcess:
+    """One `python -m agent.daemon` process; `start()` waits for /readyz."""
+
+    log_path: Path
+    env: dict[str, str]
+    port: int = field(default_factory=free_port)
+    proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self, timeout_s: float = 90.0, **overrides: str) -> None:
+        env = {**os.environ, **self.env, "ADAPTERPLANE_AGENT_PORT": str(self.port),
+               "PYTHONUNBUFFERED": "1"}
+        env.update({f"ADAPTERPLANE_AGENT_{k.upper()}": v for k, v in overrides.items()})
+        log = self.log_path.open("ab")
+        self.proc = subprocess.Popen([sys.executable, "-m", "agent.daemon"], env=env,
+                                     stdout=log, stderr=subprocess.STDOUT,
+                                     stdin=subprocess.DEVNULL, start_new_session=True)
+        log.close()
+        deadline = time.monotonic() + timeout_s
+        while True:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"agent exited {self.proc.returncode}:\n{self.tail()}")
+            try:
+                if httpx.get(f"{self.url}/readyz", timeout=1.0).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            if time.monotonic() > deadline:
+                self.stop()
+                raise RuntimeError(f"agent not ready:\n{self.tail()}")
+            time.sleep(0.2)
+
+    def state(self) -> dict[str, Any]:
+        return dict(httpx.get(f"{self.url}/v1/agent/state", timeout=5.0).json())
+
+    def wait_for(self, predicate: Any, timeout_s: float = 30.0) -> dict[str, Any]:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            state = self.state()
+            if predicate(state):
+                return state
+            if time.monotonic() > deadline:
+                raise AssertionError(f"agent state never matched: {state}")
+            time.sleep(0.05)
+
+    def kill(self) -> None:
+        """SIGKILL: no cleanup at all (a crash)."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait(timeout=10)
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+    def tail(self, lines: int = 40) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return "(no log)"

@@ -1,0 +1,142 @@
+"""End to end: control plane (API + Celery worker + S3) and a real agent process on CPU.
+
+Completions through the official `openai` client must equal HF transformers + PEFT
+greedy outputs for each alias, report the generation and artifact digest they ran on,
+and fail with the documented status — never by falling back to another model.
+"""
+
+from __future__ import annotations
+
+import random
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import httpx
+import openai
+import pytest
+
+from .conftest import Deployment
+
+MAX_TOKENS = 6
+
+
+def client(dep: Deployment, token: str | None = None) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{dep.agent.url}/v1", api_key=token or dep.reader_token,
+                         max_retries=0, timeout=60.0)
+
+
+def prompts(n: int, seed: int) -> list[list[int]]:
+    rng = random.Random(seed)
+    return [[rng.randrange(3, 256) for _ in range(rng.randrange(3, 12))] for _ in range(n)]
+
+
+def complete(dep: Deployment, model: str, prompt: list[int],
+             max_tokens: int = MAX_TOKENS) -> Any:
+    return client(dep).completions.create(model=model, prompt=prompt, max_tokens=max_tokens,
+                                          temperature=0, extra_body={"ignore_eos": True})
+
+
+def test_concurrent_completions_equal_hf_peft_reference(deployment: Deployment,
+                                                        reference: Any) -> None:
+    ns = deployment.namespace
+    jobs = [(name, p) for i, name in enumerate(["a", "b", "c", None] * 3)
+            for p in prompts(1, seed=i)]
+    base_name = deployment.agent.state()["served_model_name"]
+
+    def run(job: tuple[str | None, list[int]]) -> Any:
+        name, prompt = job
+        return complete(deployment, f"{ns}/{name}" if name else base_name, prompt)
+
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        results = list(pool.map(run, jobs))
+    for (name, prompt), res in zip(jobs, results, strict=True):
+        expected = reference.greedy(prompt, MAX_TOKENS, name)
+        choice = res.choices[0]
+        assert choice.model_extra["token_ids"] == expected, (name, prompt)
+        assert res.usage.prompt_tokens == len(prompt)
+        assert res.usage.completion_tokens == MAX_TOKENS
+        binding = res.model_extra["adapterplane"]
+        if name is None:
+            assert binding is None
+        else:
+            art = deployment.artifacts[name]
+            assert binding == {"namespace": ns, "alias": name, "generation": 1,
+                               "artifact_digest": art["digest"]}
+
+
+def test_streaming_and_chat_agree_with_non_streaming(deployment: Deployment,
+                                                     reference: Any) -> None:
+    ns = deployment.namespace
+    prompt = prompts(1, seed=99)[0]
+    expected = reference.greedy(prompt, MAX_TOKENS, "b")
+    chunks = list(client(deployment).completions.create(
+        model=f"{ns}/b", prompt=prompt, max_tokens=MAX_TOKENS, temperature=0, stream=True,
+        stream_options={"include_usage": True}, extra_body={"ignore_eos": True}))
+    streamed = [t for c in chunks if c.choices for t in c.choices[0].model_extra["token_ids"]]
+    assert streamed == expected
+    assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == MAX_TOKENS
+    assert {c.model_extra["adapterplane"]["generation"] for c in chunks} == {1}
+
+    messages = [{"role": "user", "content": "hello there"}]
+    chat = client(deployment).chat.completions.create(
+        model=f"{ns}/c", messages=messages, max_tokens=MAX_TOKENS, temperature=0,
+        extra_body={"ignore_eos": True})
+    chat_prompt = list(("user: hello there\nassistant:").encode())
+    assert chat.choices[0].model_extra["token_ids"] == reference.greedy(chat_prompt,
+                                                                        MAX_TOKENS, "c")
+    assert chat.usage.prompt_tokens == len(chat_prompt)
+    stream = client(deployment).chat.completions.create(
+        model=f"{ns}/c", messages=messages, max_tokens=MAX_TOKENS, temperature=0,
+        stream=True, extra_body={"ignore_eos": True})
+    text = "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
+    assert text == chat.choices[0].message.content
+
+
+def test_models_lists_readable_aliases(deployment: Deployment) -> None:
+    ids = {m.id for m in client(deployment).models.list().data}
+    ns = deployment.namespace
+    assert {f"{ns}/a", f"{ns}/b", f"{ns}/c"} <= ids
+    outsider = {m.id for m in client(deployment, deployment.outsider_token).models.list().data}
+    assert not any(i.startswith(f"{ns}/") for i in outsider)
+
+
+@pytest.mark.parametrize("case", ["unknown", "unknown_generation", "rank", "scope",
+                                  "no_token", "bad_model"])
+def test_errors_have_documented_status(deployment: Deployment, case: str) -> None:
+    ns = deployment.namespace
+    model, token, status, code = {
+        "unknown": (f"{ns}/nope", deployment.reader_token, 404, "NOT_FOUND"),
+        "unknown_generation": (f"{ns}/a@99", deployment.reader_token, 404, "NOT_FOUND"),
+        "rank": (f"{ns}/wide", deployment.reader_token, 422, "UNSUPPORTED_ADAPTER"),
+        "scope": (f"{ns}/a", deployment.outsider_token, 403, "FORBIDDEN"),
+        "no_token": (f"{ns}/a", "", 401, "UNAUTHENTICATED"),
+        "bad_model": ("no slash here", deployment.reader_token, 422, "VALIDATION_ERROR"),
+    }[case]
+    if case == "rank":
+        deployment.admin.publish(ns, "wide", deployment.artifacts["wide"]["id"])
+        deployment.agent.wait_for(lambda s: _knows(deployment, "wide"))
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    response = httpx.post(f"{deployment.agent.url}/v1/completions", headers=headers,
+                          json={"model": model, "prompt": [5, 6, 7], "max_tokens": 2},
+                          timeout=30)
+    assert response.status_code == status, response.text
+    assert response.json()["code"] == code
+
+
+def _knows(dep: Deployment, alias: str) -> bool:
+    models = httpx.get(f"{dep.agent.url}/v1/models", timeout=10,
+                       headers={"Authorization": f"Bearer {dep.reader_token}"}).json()
+    return any(m["id"] == f"{dep.namespace}/{alias}" for m in models["data"])
+
+
+def test_retired_alias_is_410_and_never_falls_back(deployment: Deployment) -> None:
+    ns = deployment.namespace
+    deployment.admin.publish(ns, "temp", deployment.artifacts["a"]["id"])
+    deployment.agent.wait_for(lambda s: _knows(deployment, "temp"))
+    assert complete(deployment, f"{ns}/temp", [9, 9, 9]).choices[0].model_extra["token_ids"]
+    deployment.admin.retire(ns, "temp")
+    deployment.agent.wait_for(lambda s: not _knows(deployment, "temp"))
+    with pytest.raises(openai.APIStatusError) as err:
+        complete(deployment, f"{ns}/temp", [9, 9, 9])
+    assert err.value.status_code == 410
+    assert err.value.response.json()["code"] == "ALIAS_RETIRED"

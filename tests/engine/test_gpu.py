@@ -1,0 +1,103 @@
+"""GPU tests (marked `gpu`, skipped without CUDA): fp32 parity with CUDA graphs and the
+Triton LoRA backend, bf16 logits within dtype tolerance, graph replay == eager.
+
+Run on the device: `python -m pytest tests/engine -m gpu`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from dataplane.core import SamplingParams
+from dataplane.engine.engine import Engine
+
+from .helpers import HFReference
+
+pytestmark = pytest.mark.gpu
+
+REQUESTS = [([5, 17, 33, 9, 100, 7, 250, 3, 64], "all_r8"), ([1, 2, 3], None),
+            ([9, 9, 9, 31, 200], "attn_r4"), ([60, 61, 62, 63, 64, 65], "mlp_rs2"),
+            ([3, 141, 59], "attn_r4")]
+MAX_TOKENS = 8
+
+
+def _generate(model_dir: Path, adapters: dict[str, Path], dtype: str, graphs: bool
+              ) -> tuple[Engine, list]:
+    engine = Engine.from_model_dir(model_dir, dtype=dtype, device="cuda", max_num_seqs=8,
+                                   max_num_batched_tokens=64, num_kv_blocks=64, block_size=4,
+                                   max_slots=4, max_rank=8, enable_cuda_graphs=graphs)
+    handles = {n: engine.register_adapter(p) for n, p in adapters.items()}
+    params = SamplingParams(temperature=0, max_tokens=MAX_TOKENS, ignore_eos=True, logprobs=0)
+    outs = engine.generate([p for p, _ in REQUESTS], params,
+                           [handles[a] if a else None for _, a in REQUESTS])
+    return engine, outs
+
+
+def test_fp32_cuda_graphs_match_hf(cuda_device: torch.device, tiny_llama: Path,
+                                   tiny_adapters: dict[str, Path]) -> None:
+    engine, outs = _generate(tiny_llama, tiny_adapters, "float32", graphs=True)
+    graphs = engine.runner.graphs
+    assert graphs is not None and graphs.replays > 0  # type: ignore[attr-defined]
+    hf = HFReference(tiny_llama, tiny_adapters)
+    for (prompt, name), out in zip(REQUESTS, outs, strict=True):
+        ref_tokens, ref_logits = hf.greedy(prompt, MAX_TOKENS, name)
+        assert list(out.token_ids) == ref_tokens, name
+        ref_lp = ref_logits.log_softmax(-1)
+        got = torch.tensor([lp.logprob for lp in out.logprobs])
+        want = ref_lp[torch.arange(MAX_TOKENS), torch.tensor(ref_tokens)]
+        torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
+
+
+def test_bf16_logprobs_within_dtype_tolerance(cuda_device: torch.device, tiny_llama: Path,
+                                              tiny_adapters: dict[str, Path]) -> None:
+    """Teacher-forced on the engine's own tokens: our bf16 error against the fp32 HF+PEFT
+    reference is no worse than HF+PEFT's own bf16 error (plus a small margin)."""
+    _, outs = _generate(tiny_llama, tiny_adapters, "bfloat16", graphs=True)
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    hf32 = HFReference(tiny_llama, tiny_adapters)
+    base16 = AutoModelForCausalLM.from_pretrained(tiny_llama, dtype=torch.bfloat16).cuda()
+    peft16 = None
+    for n, p in tiny_adapters.items():
+        if peft16 is None:
+            peft16 = PeftModel.from_pretrained(base16, p, adapter_name=n).eval()
+        else:
+            peft16.load_adapter(p, adapter_name=n)
+    assert peft16 is not None
+    for (prompt, name), out in zip(REQUESTS, outs, strict=True):
+        seq = torch.tensor([prompt + list(out.token_ids)])
+        steps = torch.arange(len(prompt) - 1, seq.shape[1] - 1)
+        targets = seq[0, steps + 1]
+        with torch.no_grad():
+            if name is None:
+                with hf32.model.disable_adapter():  # type: ignore[union-attr]
+                    ref = hf32.model(seq).logits[0].float()  # type: ignore[union-attr]
+                with peft16.disable_adapter():
+                    h16 = peft16(seq.cuda()).logits[0].float().cpu()
+            else:
+                hf32.model.set_adapter(name)  # type: ignore[union-attr]
+                ref = hf32.model(seq).logits[0].float()  # type: ignore[union-attr]
+                peft16.set_adapter(name)
+                h16 = peft16(seq.cuda()).logits[0].float().cpu()
+        ref_lp = ref.log_softmax(-1)[steps, targets]
+        hf16_lp = h16.log_softmax(-1)[steps, targets]
+        ours = torch.tensor([lp.logprob for lp in out.logprobs])
+        hf_err = (hf16_lp - ref_lp).abs().max().item()
+        our_err = (ours - ref_lp).abs().max().item()
+        assert our_err <= 2 * hf_err + 2e-2, (name, our_err, hf_err)
+
+
+def test_graph_replay_equals_eager_bf16(cuda_device: torch.device, tiny_llama: Path,
+                                        tiny_adapters: dict[str, Path]) -> None:
+    engine, with_graphs = _generate(tiny_llama, tiny_adapters, "bfloat16", graphs=True)
+    assert engine.runner.graphs.replays > 0  # type: ignore[union-attr]
+    _, eager = _generate(tiny_llama, tiny_adapters, "bfloat16", graphs=False)
+    assert [o.token_ids for o in with_graphs] == [o.token_ids for o in eager]
+    for g, e in zip(with_graphs, eager, strict=True):
+        torch.testing.assert_close(torch.tensor([lp.logprob for lp in g.logprobs]),
+                                   torch.tensor([lp.logprob for lp in e.logprobs]),
+                                   atol=1e-2, rtol=1e-2)
