@@ -61,6 +61,8 @@ class AgentSettings(BaseSettings):
     fault_delay_load_s: float = Field(default=0.0, ge=0)
     """Sleep this long inside every adapter load, after download, before the engine copy."""
     fault_fail_download: bool = False
+    fault_step_delay_s: float = Field(default=0.0, ge=0)
+    """Sleep this long before every engine step (slows generation to widen races)."""
 
     @property
     def url(self) -> str:

@@ -51,7 +51,8 @@ class AgentDaemon:
                                        fail_download=settings.fault_fail_download,
                                        delay_load_s=settings.fault_delay_load_s)
         self.loop = EngineLoop(self.engine, self.fetcher, self.catalog, self.metrics,
-                               settings.max_slots, settings.max_queued_requests)
+                               settings.max_slots, settings.max_queued_requests,
+                               settings.fault_step_delay_s)
         self.client = ControlPlaneClient(settings.control_plane_url,
                                          settings.token.get_secret_value(),
                                          settings.auth_cache_s)

@@ -65,12 +65,14 @@ class EngineLoop:
     """Single owner of `engine` (see module docstring)."""
 
     def __init__(self, engine: Engine, fetcher: ArtifactFetcher, catalog: AgentCatalog,
-                 metrics: AgentMetrics, max_slots: int, max_live: int) -> None:
+                 metrics: AgentMetrics, max_slots: int, max_live: int,
+                 step_delay_s: float = 0.0) -> None:
         self.engine = engine
         self.fetcher = fetcher
         self.catalog = catalog
         self.metrics = metrics
         self.max_live = max_live
+        self.step_delay_s = step_delay_s
         self.residents = ResidentSet(max_slots)
         self.failures: deque[dict[str, Any]] = deque(maxlen=32)
         self.status: dict[str, Any] = {"slots": [], "live": 0}
@@ -118,6 +120,8 @@ class EngineLoop:
             self._publish_status()
 
     def _step(self) -> None:
+        if self.step_delay_s:
+            time.sleep(self.step_delay_s)
         try:
             outputs = self.engine.step()
         except Exception as exc:

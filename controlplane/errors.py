@@ -74,6 +74,11 @@ class ArtifactTooLarge(AdapterplaneError):
     code = "ARTIFACT_TOO_LARGE"
 
 
+class RequestTooLarge(AdapterplaneError):
+    status_code = 413
+    code = "REQUEST_TOO_LARGE"
+
+
 class BadRequest(AdapterplaneError):
     """Well-formed JSON that fails a semantic check (bad cursor, bad ABI record...)."""
 

@@ -16,7 +16,7 @@ from controlplane.artifacts.service import push_artifact
 from controlplane.auth.dependencies import CurrentPrincipal
 from controlplane.auth.scopes import Role
 from controlplane.bases.repository import BaseModelRepository
-from controlplane.errors import ArtifactTooLarge, BadRequest
+from controlplane.errors import ArtifactTooLarge, BadRequest, RequestTooLarge
 from controlplane.kit.deps import JobsDep, SessionDep, SettingsDep, StoreDep
 from controlplane.kit.pagination import PageOut, PageParams, page_out, page_params
 from controlplane.models import Artifact
@@ -81,7 +81,7 @@ async def push(namespace: str, request: Request, principal: CurrentPrincipal,
             await form.close()
     else:
         try:
-            body = ArtifactImport.model_validate_json(await request.body())
+            body = ArtifactImport.model_validate_json(await _read_small_body(request))
         except ValidationError as exc:
             raise BadRequest("invalid push body: send multipart files or JSON {base, uri}",
                              detail={"errors": exc.errors(include_url=False,
@@ -94,6 +94,20 @@ async def push(namespace: str, request: Request, principal: CurrentPrincipal,
 
 
 MULTIPART_OVERHEAD_BYTES = 64 * 1024
+JSON_BODY_LIMIT_BYTES = 64 * 1024
+
+
+async def _read_small_body(request: Request) -> bytes:
+    """The JSON push body, refused (413 REQUEST_TOO_LARGE) past 64 KiB even if chunked."""
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > JSON_BODY_LIMIT_BYTES:
+            raise RequestTooLarge("JSON push body too large",
+                                  detail={"limit_bytes": JSON_BODY_LIMIT_BYTES})
+        chunks.append(chunk)
+    return b"".join(chunks)
 
 
 def _refuse_oversized(request: Request, max_bytes: int) -> None:

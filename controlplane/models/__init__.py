@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from controlplane.models.agent import Agent
 from controlplane.models.api_token import ApiToken
 from controlplane.models.artifact import (
     Artifact,
@@ -15,6 +16,7 @@ from controlplane.models.catalog import Alias, CatalogAction, CatalogGeneration
 from controlplane.models.namespace import Namespace
 
 __all__ = [
+    "Agent",
     "Alias",
     "ApiToken",
     "Artifact",

@@ -4,7 +4,8 @@
 Grid: (requests D, KV heads Hkv). A program loads the G = Hq / Hkv query heads that share
 its KV head (padded to 16 rows for `tl.dot`) and walks the request's context in tiles of
 BLOCK_N tokens, translating token positions to cache slots through the block table and
-keeping an online softmax in fp32. No K/V gather copy, no GQA repeat: K/V bytes are read
+keeping an online softmax in fp32 (q·k and p·v in the K/V dtype with fp32 accumulation,
+exact fp32 products for fp32 caches). No K/V gather copy, no GQA repeat: K/V bytes are read
 once per step. The loop bound is read from `context_lens` on the device, so one launch
 shape serves every context length (CUDA-graph friendly: shapes depend on D only).
 
@@ -20,6 +21,8 @@ Contract:
 
 from __future__ import annotations
 
+import os
+
 import torch
 import triton
 import triton.language as tl
@@ -33,7 +36,7 @@ def _paged_decode_kernel(
     scale, window,
     GROUP: tl.constexpr, G_PAD: tl.constexpr, HEAD_DIM: tl.constexpr,
     D_PAD: tl.constexpr, BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr,
-    USE_WINDOW: tl.constexpr,
+    USE_WINDOW: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr,
 ):
     row = tl.program_id(0)
     kvh = tl.program_id(1)
@@ -43,10 +46,12 @@ def _paged_decode_kernel(
     d_ok = d < HEAD_DIM
     q_heads = kvh * GROUP + g
     q = tl.load(q_ptr + row * stride_qd + q_heads[:, None] * stride_qh + d[None, :],
-                mask=g_ok[:, None] & d_ok[None, :], other=0.0).to(tl.float32)
+                mask=g_ok[:, None] & d_ok[None, :], other=0.0)
+    if UPCAST:
+        q = q.to(tl.float32)
     ctx = tl.load(lens_ptr + row).to(tl.int32)
     pos = tl.load(pos_ptr + row).to(tl.int32)
-    start = 0
+    start = pos * 0
     if USE_WINDOW:
         start = tl.maximum(pos - window + 1, 0)
         start = (start // BLOCK_N) * BLOCK_N
@@ -63,16 +68,20 @@ def _paged_decode_kernel(
         slot = block.to(tl.int64) * BLOCK_SIZE + (n % BLOCK_SIZE)
         kv_mask = valid[:, None] & d_ok[None, :]
         k = tl.load(k_ptr + slot[:, None] * stride_ks + kvh * stride_kh + d[None, :],
-                    mask=kv_mask, other=0.0).to(tl.float32)
-        s = tl.dot(q, tl.trans(k), input_precision="ieee") * scale  # [G_PAD, BLOCK_N]
+                    mask=kv_mask, other=0.0)
+        if UPCAST:
+            k = k.to(tl.float32)
+        s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale  # [G_PAD, BLOCK_N] fp32
         s = tl.where(valid[None, :], s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, axis=1))
         alpha = tl.exp(m_i - m_new)
         p = tl.exp(s - m_new[:, None])
         l_i = l_i * alpha + tl.sum(p, axis=1)
         v = tl.load(v_ptr + slot[:, None] * stride_vs + kvh * stride_vh + d[None, :],
-                    mask=kv_mask, other=0.0).to(tl.float32)
-        acc = acc * alpha[:, None] + tl.dot(p, v, input_precision="ieee")
+                    mask=kv_mask, other=0.0)
+        if UPCAST:
+            v = v.to(tl.float32)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
         m_i = m_new
     out = acc / l_i[:, None]
     tl.store(out_ptr + row * stride_od + q_heads[:, None] * stride_oh + d[None, :],
@@ -91,6 +100,8 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
             or block_tables.shape[0] != rows or block_tables.stride(1) != 1:
         raise ValueError("paged_decode_attention: inconsistent shapes or strides")
     group = heads // kv_heads
+    # Triton's CPU interpreter computes bf16 dots wrongly: upcast there (tests only).
+    interpreting = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
     out = torch.empty_like(q)
     if rows == 0:
         return out
@@ -102,5 +113,7 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
         GROUP=group, G_PAD=max(16, triton.next_power_of_2(group)), HEAD_DIM=head_dim,
         D_PAD=max(16, triton.next_power_of_2(head_dim)), BLOCK_SIZE=block_size,
         BLOCK_N=32, USE_WINDOW=window is not None,
+        PRECISION="ieee" if q.dtype == torch.float32 or interpreting else "tf32",
+        UPCAST=interpreting and q.dtype == torch.bfloat16,
     )
     return out

@@ -42,8 +42,7 @@ class _ParallelLinear(nn.Module):
         total = sum(out_features)
         self.weight = nn.Parameter(torch.zeros(total, in_features, dtype=dtype,
                                                device=group.device), requires_grad=False)
-        self.bias = (nn.Parameter(torch.zeros(total,
-                                              dtype=dtype, device=group.device),
+        self.bias = (nn.Parameter(torch.zeros(total, dtype=dtype, device=group.device),
                                   requires_grad=False) if bias else None)
         self.branch: ShardedLoraBranch | None = None
         self.trace: dict[str, torch.Tensor] | None = None
@@ -54,6 +53,8 @@ class _ParallelLinear(nn.Module):
                                   f"{list(self.weight.shape)}")
         if (bias is None) != (self.bias is None):
             raise ShardShapeError("bias given for a module without one (or missing)")
+        if bias is not None and self.bias is not None and bias.shape != self.bias.shape:
+            raise ShardShapeError(f"bias {list(bias.shape)} != {list(self.bias.shape)}")
         with torch.no_grad():
             self.weight.copy_(local)
             if bias is not None and self.bias is not None:
@@ -78,15 +79,13 @@ class _ParallelLinear(nn.Module):
     def _out_units(self) -> tuple[int, ...]:
         return (1,) * len(self.out_features)
 
-    def _lora_active(self, lora: LoraStepContext | None) -> bool:
-        """Run the branch unless no slot holds factors (and the step allows skipping).
-
-        Every rank loads the same slots (publication is all-ranks), so a paper-layout
-        collective is skipped by all ranks or by none.
-        """
+    def _active_branch(self, lora: LoraStepContext | None) -> ShardedLoraBranch | None:
+        """The branch to run this step: None without LoRA, or when no slot holds factors
+        and the step allows skipping. Every rank loads the same slots (publication is
+        all-ranks), so a paper-layout collective is skipped by all ranks or by none."""
         if lora is None or self.branch is None:
-            return False
-        return bool(self.branch.local) or not lora.skip_empty
+            return None
+        return self.branch if (self.branch.local or not lora.skip_empty) else None
 
 
 class ColumnParallelLinear(_ParallelLinear):
@@ -126,9 +125,9 @@ class ColumnParallelLinear(_ParallelLinear):
 
     def forward(self, x: torch.Tensor, lora: LoraStepContext | None) -> torch.Tensor:
         y = F.linear(x, self.weight, self.bias)
-        if self._lora_active(lora):
-            assert self.branch is not None and lora is not None  # narrowed by _lora_active
-            self.branch.apply(y, x, lora, trace=self.trace)
+        branch = self._active_branch(lora)
+        if branch is not None and lora is not None:
+            branch.apply(y, x, lora, trace=self.trace)
         if self.trace is not None:
             self.trace["output"] = y.clone()
         return y
@@ -157,9 +156,9 @@ class RowParallelLinear(_ParallelLinear):
 
     def forward(self, x: torch.Tensor, lora: LoraStepContext | None) -> torch.Tensor:
         y = F.linear(x, self.weight)
-        if self._lora_active(lora):
-            assert self.branch is not None and lora is not None  # narrowed by _lora_active
-            self.branch.apply(y, x, lora, out_slice=self.out_slice, trace=self.trace)
+        branch = self._active_branch(lora)
+        if branch is not None and lora is not None:
+            branch.apply(y, x, lora, out_slice=self.out_slice, trace=self.trace)
         self.group.all_reduce(y, purpose="base")
         if self.bias is not None:
             y = y + self.bias

@@ -21,11 +21,12 @@ unused per-module tables, a hook is needed there).
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
-from typing import cast
+from collections.abc import Iterable, Mapping
+from typing import Protocol, cast
 
 import torch
 
+from dataplane.identity import ModuleSpec
 from dataplane.models.config import ModelConfig
 from dataplane.models.llama import (
     GATE_UP_SLICES,
@@ -57,6 +58,39 @@ def local_config(config: ModelConfig, tp_size: int) -> ModelConfig:
 COLUMN_GROUPS = ("qkv_proj", "gate_up_proj")
 
 
+class PeftModuleFactors(Protocol):
+    """One adapted PEFT module (e.g. dataplane.engine.adapters.ModuleFactors)."""
+
+    @property
+    def layer(self) -> int: ...
+    @property
+    def module(self) -> str: ...
+    @property
+    def a(self) -> torch.Tensor: ...
+    @property
+    def b(self) -> torch.Tensor: ...
+    @property
+    def scale(self) -> float: ...
+
+
+def group_peft_modules(modules: Iterable[PeftModuleFactors]
+                       ) -> dict[tuple[int, str], GlobalSliceFactors]:
+    """Per-PEFT-module factors -> `load_adapter`'s ``{(layer, fused attr): {slice: ...}}``.
+
+    ``q_proj`` becomes slice 0 of ``qkv_proj``, ``up_proj`` slice 1 of ``gate_up_proj``...
+    (dataplane.models.llama.LORA_GROUPS). Unknown module names raise.
+    """
+    slot_of = {name: (attr, k) for attr, names in LORA_GROUPS.items()
+               for k, name in enumerate(names)}
+    out: dict[tuple[int, str], dict[int, tuple[torch.Tensor, torch.Tensor, float]]] = {}
+    for m in modules:
+        if m.module not in slot_of:
+            raise ShardShapeError(f"layer {m.layer}: {m.module!r} is not a LoRA projection")
+        attr, k = slot_of[m.module]
+        out.setdefault((m.layer, attr), {})[k] = (m.a, m.b, float(m.scale))
+    return dict(out)
+
+
 def auto_lora_layouts(config: ModelConfig, tp_size: int, *, rank: int, tokens: int,
                       active_adapters: int, resident_adapters: int, dtype_bytes: int = 2,
                       extra_resident_budget_bytes: int | None = None
@@ -78,6 +112,21 @@ def auto_lora_layouts(config: ModelConfig, tp_size: int, *, rank: int, tokens: i
     return out
 
 
+def layout_choices(specs: Iterable[ModuleSpec], lora_layouts: Mapping[str, str]
+                   ) -> dict[str, tuple[str, str]]:
+    """(style, layout) of every adapted module, for `tp_kernel_local_identity` and
+    `tp_contract_digest`: a spec's role (q_proj, ...) names its fused projection."""
+    group_of = {name: attr for attr, names in LORA_GROUPS.items() for name in names}
+    out = {}
+    for spec in specs:
+        if spec.role not in group_of:
+            raise ShardShapeError(f"{spec.name}: role {spec.role!r} is not a LoRA projection")
+        attr = group_of[spec.role]
+        style = COLUMN if attr in COLUMN_GROUPS else ROW
+        out[spec.name] = (style, lora_layouts.get(attr, LAYOUT_LOCAL))
+    return out
+
+
 class TPLlamaForCausalLM(LlamaForCausalLM):
     """This rank's shard of `global_model` (a loaded single-device model, any device).
 
@@ -96,6 +145,7 @@ class TPLlamaForCausalLM(LlamaForCausalLM):
         self.group, self.global_config = group, gc
         dt, dev = global_model.dtype, group.device
         layouts = dict(lora_layouts or {})
+        self.lora_layouts = {attr: layouts.get(attr, LAYOUT_LOCAL) for attr in LORA_GROUPS}
         hd = gc.head_dim
         embed = VocabParallelEmbedding(group, gc.vocab_size, gc.hidden_size, dt)
         embed.load_global_weight(global_model.embed_tokens.weight)

@@ -273,6 +273,9 @@ def test_bad_multipart_pushes_store_nothing(api: Api, assets: Assets) -> None:
                             data={"base": assets.h_base},
                             files={n: (n, b) for n, b in files.items()})
         assert (r.status_code, r.json()["code"]) == (422, code), r.text
+    huge = api.client.post("/v1/namespaces/acme/artifacts", headers=api.admin,
+                           json={"base": assets.h_base, "uri": "s3://b/" + "x" * 70_000})
+    assert (huge.status_code, huge.json()["code"]) == (413, "REQUEST_TOO_LARGE")
     no_base = api.client.post("/v1/namespaces/acme/artifacts", headers=api.admin,
                               files={"adapter_config.json": ("c", cfg)})
     assert no_base.status_code == 422

@@ -7,6 +7,7 @@ from fractions import Fraction
 import pytest
 import torch
 
+from dataplane.engine.adapters import ModuleFactors
 from dataplane.identity import SPLIT_INPUT, SPLIT_OUTPUT, ModuleSpec, tp_local_layout
 from dataplane.models import ModelConfig
 from dataplane.parallel import (
@@ -32,7 +33,7 @@ from dataplane.parallel.layout_identity import (
     tp_contract_digest,
     tp_kernel_local_identity,
 )
-from dataplane.parallel.llama_tp import auto_lora_layouts
+from dataplane.parallel.llama_tp import auto_lora_layouts, group_peft_modules, layout_choices
 from dataplane.parallel.vocab import vocab_part
 
 HEX = "0" * 63 + "1"
@@ -206,3 +207,25 @@ def test_process_group_from_env_is_validated() -> None:
         init_tp_group_from_env({"RANK": "2", "WORLD_SIZE": "2"}, device="cpu")
     group = init_tp_group_from_env({"RANK": "0", "WORLD_SIZE": "1"}, device="cpu")
     assert (group.rank, group.size, group.group) == (0, 1, None)
+
+
+def test_peft_modules_group_into_fused_slices() -> None:
+    a, b = torch.zeros(4, 8), torch.zeros(8, 4)
+    mods = [ModuleFactors(layer=1, module="v_proj", a=a, b=b, scale=0.5),
+            ModuleFactors(layer=1, module="q_proj", a=a, b=b, scale=0.5),
+            ModuleFactors(layer=0, module="up_proj", a=a, b=b, scale=2.0)]
+    grouped = group_peft_modules(mods)
+    assert sorted(grouped) == [(0, "gate_up_proj"), (1, "qkv_proj")]
+    assert sorted(grouped[(1, "qkv_proj")]) == [0, 2]
+    assert list(grouped[(0, "gate_up_proj")]) == [1]
+    with pytest.raises(ShardShapeError):
+        group_peft_modules([ModuleFactors(layer=0, module="lm_head", a=a, b=b, scale=1.0)])
+
+
+def test_layout_choices_follow_the_fused_projection() -> None:
+    q = spec("model.layers.0.self_attn.q_proj", 64, 32, 8)
+    down = spec("model.layers.3.mlp.down_proj", 32, 64, 8)
+    choices = layout_choices([q, down], {"qkv_proj": LAYOUT_PAPER})
+    assert choices == {q.name: (COLUMN, LAYOUT_PAPER), down.name: (ROW, LAYOUT_LOCAL)}
+    with pytest.raises(ShardShapeError):
+        layout_choices([spec("model.embed_tokens", 8, 8, 8)], {})

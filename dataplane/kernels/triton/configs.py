@@ -52,7 +52,8 @@ def bucket(value: int, edges: tuple[int, ...]) -> int:
 
 # Winners of `bench/lora_kernels.py --tune` on the H200, 2026-11-29 (docs/PERFORMANCE.md):
 # swept per T class at r = 64, installed for every rank bucket with block_r capped at
-# the bucket. T classes 16 and > 4096 were not swept: they take the nearest swept class.
+# the bucket. T classes 16 and > 4096 were not swept: they take the nearest swept
+# class; T <= 1024 keeps `default_*` (between decode and prefill, not swept yet).
 _TUNED_SHRINK = {
     64: ShrinkConfig(16, 64, 256, 32, 4, 3),
     256: ShrinkConfig(16, 64, 128, 32, 4, 3),
