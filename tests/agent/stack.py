@@ -8,18 +8,18 @@ server, so agents download through presigned URLs. Its API process runs the real
 
 from __future__ import annotations
 
-import os
-import signal
 import subprocess
 import sys
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import httpx
 
-from cli.stack import EmbeddedStack, free_port
+from agent.supervisor import AgentProcess
+from cli.stack import EmbeddedStack
+
+__all__ = ["Admin", "AgentControlPlane", "AgentProcess"]
 
 HERE = Path(__file__).resolve().parent
 
@@ -86,74 +86,3 @@ class Admin:
         doc = self.call("POST", "/v1/tokens",
                         json={"name": name, "grants": grants, "is_agent": is_agent})
         return str(doc["token"])
-
-
-@dataclass
-class AgentProcess:
-    """One `python -m agent.daemon` process; `start()` waits for /readyz."""
-
-    log_path: Path
-    env: dict[str, str]
-    port: int = field(default_factory=free_port)
-    proc: subprocess.Popen[bytes] | None = None
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    def start(self, timeout_s: float = 90.0, **overrides: str) -> None:
-        env = {**os.environ, **self.env, "ADAPTERPLANE_AGENT_PORT": str(self.port),
-               "PYTHONUNBUFFERED": "1"}
-        env.update({f"ADAPTERPLANE_AGENT_{k.upper()}": v for k, v in overrides.items()})
-        log = self.log_path.open("ab")
-        self.proc = subprocess.Popen([sys.executable, "-m", "agent.daemon"], env=env,
-                                     stdout=log, stderr=subprocess.STDOUT,
-                                     stdin=subprocess.DEVNULL, start_new_session=True)
-        log.close()
-        deadline = time.monotonic() + timeout_s
-        while True:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"agent exited {self.proc.returncode}:\n{self.tail()}")
-            try:
-                if httpx.get(f"{self.url}/readyz", timeout=1.0).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            if time.monotonic() > deadline:
-                self.stop()
-                raise RuntimeError(f"agent not ready:\n{self.tail()}")
-            time.sleep(0.2)
-
-    def state(self) -> dict[str, Any]:
-        return dict(httpx.get(f"{self.url}/v1/agent/state", timeout=5.0).json())
-
-    def wait_for(self, predicate: Any, timeout_s: float = 30.0) -> dict[str, Any]:
-        deadline = time.monotonic() + timeout_s
-        while True:
-            state = self.state()
-            if predicate(state):
-                return state
-            if time.monotonic() > deadline:
-                raise AssertionError(f"agent state never matched: {state}")
-            time.sleep(0.05)
-
-    def kill(self) -> None:
-        """SIGKILL: no cleanup at all (a crash)."""
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGKILL)
-            self.proc.wait(timeout=10)
-
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-
-    def tail(self, lines: int = 40) -> str:
-        try:
-            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
-        except OSError:
-            return "(no log)"

@@ -81,7 +81,7 @@ def test_streaming_and_chat_agree_with_non_streaming(deployment: Deployment,
     chat = client(deployment).chat.completions.create(
         model=f"{ns}/c", messages=messages, max_tokens=MAX_TOKENS, temperature=0,
         extra_body={"ignore_eos": True})
-    chat_prompt = list(("user: hello there\nassistant:").encode())
+    chat_prompt = list(b"user: hello there\nassistant:")
     assert chat.choices[0].model_extra["token_ids"] == reference.greedy(chat_prompt,
                                                                         MAX_TOKENS, "c")
     assert chat.usage.prompt_tokens == len(chat_prompt)

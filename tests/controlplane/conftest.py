@@ -11,12 +11,10 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import pytest
-from cp_helpers import MAX_RANK, Api, bootstrap_token, close_app, make_settings
+from cp_helpers import MAX_RANK, Api, Assets, bootstrap_token, close_app, make_settings
 from fastapi.testclient import TestClient
 from sqlalchemy import text
 
@@ -63,20 +61,6 @@ def database_url(request: pytest.FixtureRequest) -> str:
 
 
 # ---------------------------------------------------------------- real PEFT assets
-
-
-@dataclass(frozen=True)
-class Assets:
-    base_dir: Path
-    abi: dict[str, Any]
-    h_base: str
-    other_base_dir: Path
-    other_abi: dict[str, Any]
-    adapter_a: Path
-    adapter_b: Path
-    adapter_big_rank: Path
-    adapter_other_base: Path
-    adapter_with_bin: Path
 
 
 @pytest.fixture(scope="session")

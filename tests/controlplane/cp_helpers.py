@@ -22,6 +22,22 @@ from controlplane.worker.context import dispose_worker_context
 MAX_RANK = 16
 
 
+@dataclass(frozen=True)
+class Assets:
+    """Paths and ABI records made once per session by the `assets` fixture."""
+
+    base_dir: Path
+    abi: dict[str, Any]
+    h_base: str
+    other_base_dir: Path
+    other_abi: dict[str, Any]
+    adapter_a: Path
+    adapter_b: Path
+    adapter_big_rank: Path
+    adapter_other_base: Path
+    adapter_with_bin: Path
+
+
 def free_port() -> int:
     import socket
 

@@ -3,8 +3,7 @@ grants, agent role, admin-only routes. Runs on Postgres and SQLite."""
 
 from __future__ import annotations
 
-from conftest import Assets
-from cp_helpers import Api, bootstrap_token, push_dir, setup_namespace
+from cp_helpers import Api, Assets, bootstrap_token, push_dir, setup_namespace
 
 
 def test_every_route_but_health_needs_a_token(api: Api) -> None:

@@ -8,8 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from conftest import Assets
-from cp_helpers import Api, push_dir, setup_namespace
+from cp_helpers import Api, Assets, push_dir, setup_namespace
 
 
 def push_validated(api: Api, assets: Assets, adapter: Any, ns: str = "acme",

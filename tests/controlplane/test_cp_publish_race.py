@@ -9,8 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from conftest import Assets
-from cp_helpers import LiveServer, bootstrap_token, close_app, make_settings, push_dir
+from cp_helpers import Assets, LiveServer, bootstrap_token, close_app, make_settings, push_dir
 
 from controlplane.app import create_app
 

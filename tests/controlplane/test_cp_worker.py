@@ -22,8 +22,8 @@ from typing import Any
 import boto3
 import httpx
 import pytest
-from conftest import Assets
 from cp_helpers import (
+    Assets,
     LiveServer,
     bootstrap_token,
     close_app,

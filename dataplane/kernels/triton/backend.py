@@ -7,6 +7,8 @@ graph. On a CPU device it runs under ``TRITON_INTERPRET=1`` (tests).
 
 from __future__ import annotations
 
+import os
+
 import torch
 
 from dataplane.kernels.base import (
@@ -18,15 +20,31 @@ from dataplane.kernels.base import (
     check_call,
 )
 from dataplane.kernels.errors import LoraShapeError
-from dataplane.kernels.triton import ops
-from dataplane.kernels.triton.configs import T_BUCKETS, shrink_config
+from dataplane.kernels.triton import fused_ops, ops
+from dataplane.kernels.triton.configs import (
+    FUSED_MAX_RANK,
+    T_BUCKETS,
+    fused_config,
+    shrink_config,
+)
 from dataplane.kernels.triton.meta_kernel import build_meta_triton
 
 
 class TritonLoraBackend(LoraBackend):
-    """Segmented shrink/expand kernels with mixed ranks and paged factors."""
+    """Segmented shrink/expand kernels with mixed ranks and paged factors.
+
+    ``add_lora`` on decode-sized steps (a fused config for ``T``, rank <= 128,
+    a workspace sized by :meth:`workspace_numel`) is one fused launch; else,
+    and always for :meth:`shrink` / :meth:`expand`, two kernels. ``fused=False``
+    (or env ``ADAPTERPLANE_LORA_FUSED=0``) forces two kernels.
+    """
 
     name = "triton"
+
+    def __init__(self, fused: bool | None = None) -> None:
+        if fused is None:
+            fused = os.environ.get("ADAPTERPLANE_LORA_FUSED", "1") not in ("", "0")
+        self.fused = fused
 
     def build_meta(self, row_slot: torch.Tensor, buffers: LoraMetaBuffers) -> LoraBatchMeta:
         return build_meta_triton(row_slot, buffers)
@@ -40,7 +58,52 @@ class TritonLoraBackend(LoraBackend):
             need = max(need, split * rows)
             if edge >= max_rows:
                 break
-        return need * max_slices * max_rank
+        need *= max_slices * max_rank
+        if max_rank <= FUSED_MAX_RANK:  # fused decode scratch (split-K partials)
+            need = max(need, fused_ops.fused_scratch_numel(fused_ops.FUSED_MAX_PROGRAMS, max_rank))
+        return need
+
+    def add_lora(
+        self,
+        y: torch.Tensor,
+        x: torch.Tensor,
+        meta: LoraBatchMeta,
+        weights: LoraModuleWeights,
+        workspace: LoraWorkspace | None = None,
+    ) -> None:
+        """One fused launch for decode-sized steps, else shrink + expand."""
+        cfg = fused_config(meta.num_rows, weights.max_rank, weights.in_features)
+        if not self.fused or cfg is None:
+            super().add_lora(y, x, meta, weights, workspace)
+            return
+        check_call(x, y, meta, weights)
+        if workspace is None:
+            workspace = LoraWorkspace(
+                self.workspace_numel(meta.num_rows, weights.num_slices, weights.max_rank),
+                x.device,
+            )
+        if not fused_ops.fused_fits(
+            meta.num_rows, meta.num_slots, weights.num_slices, weights.max_rank, cfg,
+            workspace.buffer.numel(), workspace.COUNTERS, x.device,
+        ):  # fmt: skip
+            super().add_lora(y, x, meta, weights, workspace)
+            return
+        torch.ops.adapterplane.lora_fused(
+            y,
+            x,
+            weights.storage,
+            weights.a_rows,
+            weights.b_rows,
+            weights.ranks,
+            weights.scales,
+            meta.sorted_rows,
+            meta.slot_counts,
+            meta.slot_starts,
+            workspace.buffer,
+            workspace.counters,
+            list(weights.out_features),
+            weights.addr_align,
+        )
 
     def shrink(
         self,

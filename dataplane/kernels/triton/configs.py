@@ -41,6 +41,27 @@ class ExpandConfig:
     num_warps: int
     num_stages: int
     n_iters: int = 1
+    z_unroll: int = 4  # split-K partials loaded per step (independent loads)
+    prefetch_y: bool = False  # load the next column tile's y before this tile's store
+
+
+@dataclass(frozen=True)
+class FusedConfig:
+    """Decode-sized steps: shrink and expand in one launch (``fused_kernel.py``).
+
+    ``block_r`` is not stored: it is the module's rank bucket (one rank chunk).
+    ``block_n`` = ``min(256, n_elems // block_r)`` output columns per tile.
+    ``per_sm`` bounds live programs (``per_sm`` × multiprocessors) when the
+    device picks the split; ``split_k`` is the most K splits.
+    """
+
+    block_m: int
+    block_k: int
+    split_k: int
+    num_warps: int
+    num_stages: int
+    per_sm: int = 2
+    n_elems: int = 8192
 
 
 def bucket(value: int, edges: tuple[int, ...]) -> int:
@@ -79,6 +100,24 @@ EXPAND_TABLE: dict[tuple[int, int], ExpandConfig] = {
 }
 
 
+# Fused decode path (one launch): T classes up to 256; larger steps use two kernels.
+FUSED_MAX_RANK = 128
+FUSED_TABLE: dict[int, FusedConfig] = {
+    16: FusedConfig(16, 256, 16, 4, 3),
+    64: FusedConfig(16, 256, 16, 4, 3),
+    256: FusedConfig(16, 128, 32, 4, 3),
+}
+
+
+def fused_config(num_rows: int, max_rank: int, in_features: int) -> FusedConfig | None:
+    """Config of the fused launch, or ``None`` where two kernels are used."""
+    cfg = FUSED_TABLE.get(bucket(num_rows, T_BUCKETS))
+    if cfg is None or max_rank > FUSED_MAX_RANK:
+        return None
+    k_tiles = max(1, -(-in_features // cfg.block_k))
+    return replace(cfg, split_k=min(cfg.split_k, k_tiles))
+
+
 def default_shrink(t_bucket: int, r_bucket: int) -> ShrinkConfig:
     block_r = min(r_bucket, 64)
     if t_bucket <= 256:
@@ -115,9 +154,7 @@ def expand_config(num_rows: int, max_rank: int) -> ExpandConfig:
     cfg = EXPAND_TABLE.get(key) or default_expand(*key)
     block_r = min(cfg.block_r, max(16, key[1]))
     if block_r != cfg.block_r:
-        cfg = ExpandConfig(
-            cfg.block_m, cfg.block_n, block_r, cfg.num_warps, cfg.num_stages, cfg.n_iters
-        )
+        cfg = replace(cfg, block_r=block_r)
     return cfg
 
 

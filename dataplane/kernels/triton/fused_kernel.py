@@ -1,0 +1,170 @@
+# mypy: disable-error-code="no-untyped-def"
+# (Triton JIT kernels take untyped pointer/scalar arguments.)
+"""Fused shrink + expand for decode-sized steps: one launch instead of two.
+
+Why: at decode sizes both kernels are latency-bound; two dependent graph nodes
+cost ~1.7 µs before any work (BENCHMARKS.md), and the expand's first loads
+(its factor tile, the ``y`` tile) wait for the shrink to finish. Here every
+program issues those loads first, then does its share of the shrink.
+
+Decomposition: live programs are ``(row tile, slice, split)`` with the split
+fastest, ``p = (tile * NS + slice) * eff + split``. ``eff`` (K splits per
+tile) is picked on the device from the live tiles as in the two-kernel path:
+the largest power of two ``<= SPLIT_MAX`` with ``tiles * NS * eff <= TARGET``.
+Each program:
+
+1. loads its slot's factor-row addresses, its first ``Bt`` tile and ``y`` tile;
+2. computes the partial ``z`` of its rows over its K range;
+3. if ``eff > 1``: publishes the partial to scratch ``ws[p]``, arrives at the
+   ``(tile, slice)`` counter, waits until all ``eff`` partials are there and
+   sums them in split order (deterministic, same in every program);
+4. expands its share of the slice's columns (``1 / eff`` of the column tiles):
+   ``y[rows, cols] += scale * z @ Bt[:, cols]``, prefetching the next tile.
+
+Counters reset themselves: each program also bumps a departure counter after
+its wait, and the last to depart zeroes both, so every launch starts at zero
+without a memset (one workspace per stream: launches sharing counters must not
+overlap). Forward progress: the programs one counter waits on have consecutive
+ids and the hardware dispatches blocks in id order (the assumption behind
+CUTLASS's serial split-K semaphore and CUB's decoupled look-back), so the
+waiting group is always completed by programs that are already resident.
+Under ``TRITON_INTERPRET`` (programs run one after another) the host passes
+``SPLIT_MAX = 1``: no waiting.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from dataplane.kernels.triton.lora_kernels import _eff_split, _pick, _shrink_chunk
+
+
+@triton.jit
+def _wait_and_sum(ws_ptr, ctr_ptr, DEPART_OFF, p, q, eff, acc,
+                  BLOCK_M: tl.constexpr, BLOCK_R: tl.constexpr):  # fmt: skip
+    """Publish ``acc`` as partial ``p``; return the sum of the ``eff`` partials of group ``q``."""
+    loc = tl.arange(0, BLOCK_M)[:, None] * BLOCK_R + tl.arange(0, BLOCK_R)[None, :]
+    tl.store(ws_ptr + p * (BLOCK_M * BLOCK_R) + loc, acc)
+    tl.debug_barrier()  # every thread's partial is written before the release
+    cnt = tl.atomic_add(ctr_ptr + q, 1, sem="acq_rel", scope="gpu") + 1
+    while cnt < eff:
+        cnt = tl.atomic_add(ctr_ptr + q, 0, sem="acquire", scope="gpu")
+    tl.debug_barrier()
+    left = tl.atomic_add(ctr_ptr + DEPART_OFF + q, 1, sem="relaxed", scope="gpu")
+    if left == eff - 1:  # last to leave: every program of the group is past its wait
+        tl.atomic_xchg(ctr_ptr + q, 0, sem="relaxed", scope="gpu")
+        tl.atomic_xchg(ctr_ptr + DEPART_OFF + q, 0, sem="relaxed", scope="gpu")
+    z = tl.zeros([BLOCK_M, BLOCK_R], dtype=tl.float32)
+    group = ws_ptr + q * eff * (BLOCK_M * BLOCK_R) + loc
+    for s0 in range(0, eff, 4):
+        for j in tl.static_range(4):
+            part = tl.load(
+                group + (s0 + j) * (BLOCK_M * BLOCK_R),
+                mask=(loc >= 0) & (s0 + j < eff),
+                other=0.0,
+                cache_modifier=".cg",  # L2, never a stale L1 line
+            )
+            z += part
+    return z
+
+
+@triton.jit
+def lora_fused_kernel(
+    x_ptr, y_ptr, storage_ptr, a_rows_ptr, b_rows_ptr, ranks_ptr, scales_ptr,
+    ws_ptr, ctr_ptr, sorted_ptr, counts_ptr, starts_ptr,
+    S, K, NS, R_MAX, stride_xm, stride_ym, DEPART_OFF,
+    W0: tl.constexpr, W1: tl.constexpr, W2: tl.constexpr, W3: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr,
+    BLOCK_N: tl.constexpr, SPLIT_MAX: tl.constexpr, TARGET: tl.constexpr,
+    S_PAD: tl.constexpr, ALIGN: tl.constexpr, UPCAST: tl.constexpr, PREC: tl.constexpr,
+):  # fmt: skip
+    """``y[rows, slice] += scale * (x[rows] @ A^T) @ Bt`` for one row tile's share.
+
+    Needs every slot's rank ``<= BLOCK_R`` (the host checks ``max_rank``).
+    """
+    p = tl.program_id(0)
+    cols = tl.arange(0, S_PAD)
+    counts = tl.load(counts_ptr + cols, mask=cols < S, other=0)
+    tiles = (counts + BLOCK_M - 1) // BLOCK_M
+    total = tl.sum(tiles, axis=0)
+    eff = _eff_split(total * NS, SPLIT_MAX, TARGET)
+    if p >= total * NS * eff:
+        return
+    q = p // eff
+    sp = p - q * eff
+    pid = q // NS
+    sl = q - pid * NS
+    cum = tl.cumsum(tiles, axis=0)
+    slot = tl.sum((cum <= pid).to(tl.int32), axis=0)
+    tile = pid - tl.sum(tl.where(cols < slot, tiles, 0), axis=0)
+    width = _pick(sl, W0, W1, W2, W3)
+    col0 = _pick(sl, 0, W0, W0 + W1, W0 + W1 + W2)
+    if ALIGN > 1:
+        col0 = tl.multiple_of(col0, ALIGN)
+    # Independent loads first: addresses, rank/scale, the slot's row run.
+    idx = sl * S + slot
+    r = tl.arange(0, BLOCK_R)
+    a_home = tl.load(a_rows_ptr + idx * R_MAX + r, mask=r < R_MAX, other=0)
+    b_home = tl.load(b_rows_ptr + idx * R_MAX + r, mask=r < R_MAX, other=0)
+    rank = tl.load(ranks_ptr + idx)
+    scale = tl.load(scales_ptr + idx)
+    count = tl.load(counts_ptr + slot)
+    start = tl.load(starts_ptr + slot)
+    if rank == 0:  # the whole group exits: nobody waits on the counter
+        return
+    if ALIGN > 1:
+        a_home = tl.multiple_of(a_home, ALIGN)
+        b_home = tl.multiple_of(b_home, ALIGN)
+    rmask = r < rank
+    # This program's column tiles [j0, j1) of the slice.
+    n_tiles = tl.cdiv(width, BLOCK_N)
+    per = tl.cdiv(n_tiles, eff)
+    j0 = sp * per
+    j1 = tl.minimum(j0 + per, n_tiles)
+    n = j0 * BLOCK_N + tl.arange(0, BLOCK_N)
+    nok = (n < width) & (n < j1 * BLOCK_N)  # empty share when j0 >= j1
+    bt = tl.load(storage_ptr + b_home[:, None] + n[None, :],
+                 mask=rmask[:, None] & nok[None, :], other=0.0)  # fmt: skip
+    m = tile * BLOCK_M + tl.arange(0, BLOCK_M)
+    mmask = m < count
+    rows = tl.load(sorted_ptr + start + m, mask=mmask, other=0).to(tl.int64)
+    yrow = y_ptr + rows[:, None] * stride_ym + col0
+    yv = tl.load(yrow + n[None, :], mask=mmask[:, None] & nok[None, :], other=0.0)
+    # Shrink over this program's K range.
+    k_per = tl.cdiv(tl.cdiv(K, BLOCK_K), eff) * BLOCK_K
+    acc = _shrink_chunk(
+        x_ptr, storage_ptr, rows, mmask, a_home, rmask, sp * k_per, K, k_per, stride_xm,
+        BLOCK_M, BLOCK_R, BLOCK_K, UPCAST, PREC,
+    )  # fmt: skip
+    if eff > 1:
+        z = _wait_and_sum(ws_ptr, ctr_ptr, DEPART_OFF, p, q, eff, acc, BLOCK_M, BLOCK_R)
+    else:
+        z = acc
+    if not UPCAST:
+        z = z.to(storage_ptr.dtype.element_ty)
+    # Expand this program's column share, prefetching the next tile.
+    for j in range(j0, j1):
+        nn = n + BLOCK_N
+        nn_ok = (nn < width) & (nn < j1 * BLOCK_N)
+        bt_next = tl.load(storage_ptr + b_home[:, None] + nn[None, :],
+                          mask=rmask[:, None] & nn_ok[None, :], other=0.0)  # fmt: skip
+        y_next = tl.load(yrow + nn[None, :], mask=mmask[:, None] & nn_ok[None, :], other=0.0)
+        if UPCAST:
+            d = tl.dot(z, bt.to(tl.float32), input_precision=PREC)
+        else:
+            d = tl.dot(z, bt, input_precision=PREC)
+        ymask = mmask[:, None] & (n < width)[None, :]
+        tl.store(yrow + n[None, :], (yv.to(tl.float32) + d * scale).to(yv.dtype), mask=ymask)
+        n = nn
+        bt = bt_next
+        yv = y_next
+
+
+def fused_block_n(block_r: int, n_elems: int) -> int:
+    """Output columns per tile: ``Bt`` tile of about ``n_elems`` elements."""
+    return max(16, min(256, n_elems // block_r))
+
+
+def fused_block_r(max_rank: int) -> int:
+    return max(16, triton.next_power_of_2(max_rank))

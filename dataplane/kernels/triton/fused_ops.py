@@ -1,0 +1,133 @@
+"""Launch wrapper and torch custom op for the fused decode kernel.
+
+``adapterplane::lora_fused`` mutates ``y`` (the delta), ``scratch`` (split-K
+partials) and ``counters`` (left at zero after every launch); its fake
+implementation does nothing. The grid depends only on static shapes, so the
+launch is captured in a CUDA graph like the two-kernel path.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from dataplane.kernels.errors import LoraShapeError
+from dataplane.kernels.triton.configs import FusedConfig, fused_config
+from dataplane.kernels.triton.fused_kernel import fused_block_n, fused_block_r, lora_fused_kernel
+from dataplane.kernels.triton.ops import (
+    MAX_SLICES,
+    _interpreting,
+    _precision,
+    _s_pad,
+    _sm_count,
+    max_tiles,
+)
+
+# Most live programs a fused launch may use (sizes the scratch it needs).
+FUSED_MAX_PROGRAMS = 1024
+
+
+def fused_target(device: torch.device, cfg: FusedConfig) -> int:
+    """Live-program bound for the device's split choice."""
+    if device.type != "cuda":
+        return 16
+    sms = _sm_count(device.index if device.index is not None else 0)
+    return min(FUSED_MAX_PROGRAMS, cfg.per_sm * sms)
+
+
+def fused_scratch_numel(target: int, max_rank: int, block_m: int = 16) -> int:
+    return target * block_m * fused_block_r(max_rank)
+
+
+def fused_fits(num_rows: int, num_slots: int, num_slices: int, max_rank: int,
+               cfg: FusedConfig, scratch_numel: int, counters: int, device: torch.device) -> bool:  # fmt: skip
+    """Whether a fused launch fits the workspace (else the caller uses two kernels)."""
+    tiles = max_tiles(num_rows, num_slots, cfg.block_m)
+    need = fused_scratch_numel(fused_target(device, cfg), max_rank, cfg.block_m)
+    return num_slices <= MAX_SLICES and tiles * num_slices <= counters and need <= scratch_numel
+
+
+def launch_fused(
+    y: torch.Tensor,
+    x: torch.Tensor,
+    storage: torch.Tensor,
+    a_rows: torch.Tensor,
+    b_rows: torch.Tensor,
+    ranks: torch.Tensor,
+    scales: torch.Tensor,
+    sorted_rows: torch.Tensor,
+    slot_counts: torch.Tensor,
+    slot_starts: torch.Tensor,
+    scratch: torch.Tensor,
+    counters: torch.Tensor,
+    out_features: list[int],
+    align: int,
+) -> None:
+    """``y[:, slice k] += scale * (x @ A^T) @ Bt`` for every slice, one launch."""
+    t, k = x.shape
+    ns, s, r_max = a_rows.shape
+    max_rank = r_max
+    cfg = fused_config(t, max_rank, k)
+    if cfg is None:
+        raise LoraShapeError(f"no fused config for T={t}, rank {max_rank}")
+    block_r = fused_block_r(max_rank)
+    block_n = fused_block_n(block_r, cfg.n_elems)
+    target = fused_target(x.device, cfg)
+    if scratch.numel() < fused_scratch_numel(target, max_rank, cfg.block_m):
+        raise LoraShapeError("fused scratch too small")
+    split = 1 if _interpreting() else cfg.split_k  # the interpreter runs programs serially
+    widths = [*out_features, 0, 0, 0][:MAX_SLICES]
+    grid = (max_tiles(t, s, cfg.block_m) * ns * split,)
+    lora_fused_kernel[grid](
+        x, y, storage, a_rows, b_rows, ranks, scales, scratch, counters,
+        sorted_rows, slot_counts, slot_starts,
+        s, k, ns, r_max, x.stride(0), y.stride(0), counters.numel() // 2,
+        widths[0], widths[1], widths[2], widths[3],
+        BLOCK_M=cfg.block_m, BLOCK_R=block_r, BLOCK_K=cfg.block_k, BLOCK_N=block_n,
+        SPLIT_MAX=split, TARGET=target, S_PAD=_s_pad(s), ALIGN=align,
+        UPCAST=_interpreting(), PREC=_precision(x.dtype),
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+    )  # fmt: skip
+
+
+
+@torch.library.custom_op("adapterplane::lora_fused", mutates_args=("y", "scratch", "counters"))
+def lora_fused(
+    y: torch.Tensor,
+    x: torch.Tensor,
+    storage: torch.Tensor,
+    a_rows: torch.Tensor,
+    b_rows: torch.Tensor,
+    ranks: torch.Tensor,
+    scales: torch.Tensor,
+    sorted_rows: torch.Tensor,
+    slot_counts: torch.Tensor,
+    slot_starts: torch.Tensor,
+    scratch: torch.Tensor,
+    counters: torch.Tensor,
+    out_features: list[int],
+    align: int,
+) -> None:
+    launch_fused(
+        y, x, storage, a_rows, b_rows, ranks, scales, sorted_rows, slot_counts, slot_starts,
+        scratch, counters, out_features, align,
+    )  # fmt: skip
+
+
+@lora_fused.register_fake
+def _lora_fused_fake(
+    y: torch.Tensor,
+    x: torch.Tensor,
+    storage: torch.Tensor,
+    a_rows: torch.Tensor,
+    b_rows: torch.Tensor,
+    ranks: torch.Tensor,
+    scales: torch.Tensor,
+    sorted_rows: torch.Tensor,
+    slot_counts: torch.Tensor,
+    slot_starts: torch.Tensor,
+    scratch: torch.Tensor,
+    counters: torch.Tensor,
+    out_features: list[int],
+    align: int,
+) -> None:
+    return None

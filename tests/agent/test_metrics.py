@@ -1,0 +1,59 @@
+"""/metrics: the seed §0x0B names, only bounded label values, no raw identities."""
+
+from __future__ import annotations
+
+import re
+
+import httpx
+from prometheus_client.parser import text_string_to_metric_families
+
+from .conftest import Deployment
+from .test_inference_api import complete
+
+REQUIRED = {
+    "adapter_load_requests_total", "adapter_load_failures_total",
+    "adapter_load_latency_seconds", "adapter_h2d_bytes_total", "adapter_gpu_resident_bytes",
+    "adapter_host_resident_bytes", "adapter_cache_hits_total", "adapter_cache_misses_total",
+    "adapter_evictions_total", "adapter_pinned_count", "adapter_residency_state_count",
+    "joint_pool_pages", "adapter_distinct_per_iteration", "adapter_rows_per_iteration",
+    "adapter_rank_padding_ratio", "adapter_ttft_seconds", "adapter_token_latency_seconds",
+}
+BOUNDED = {
+    "phase": {"prefill", "decode"},
+    "state": {"loading", "active", "idle", "retiring", "used", "free"},
+    "class": {"kv", "adapter_slot"},
+    "result": {"ok", "failed"},
+    "stage": {"download", "engine", "digest"},
+    "residency": {"base", "resident", "cold"},
+    "residency_state": {"active", "loading"},
+    "rank_bucket": {"base", "le4", "le8", "le16", "le32", "le64", "le128", "le256", "gt256"},
+}
+
+
+def test_metrics_names_and_bounded_labels(deployment: Deployment) -> None:
+    ns = deployment.namespace
+    for alias in ("a", "b", "c"):
+        complete(deployment, f"{ns}/{alias}", [3, 4, 5])
+    text = httpx.get(f"{deployment.agent.url}/metrics", timeout=10).text
+    families = {f.name: f for f in text_string_to_metric_families(text)}
+    names = {f.name for f in families.values()} | {
+        f.name + "_total" for f in families.values() if f.type == "counter"}
+    assert names >= REQUIRED, REQUIRED - names
+    for family in families.values():
+        for sample in family.samples:
+            for label, value in sample.labels.items():
+                if label in ("le", "quantile"):
+                    continue
+                if label == "reason":
+                    assert re.fullmatch(r"[a-z_]{1,40}", value), value
+                    continue
+                assert value in BOUNDED[label], (sample.name, label, value)
+    for art in deployment.artifacts.values():  # no raw identities anywhere
+        assert art["digest"] not in text
+    assert ns not in text
+    hits = families["adapter_cache_hits"].samples[0].value
+    misses = families["adapter_cache_misses"].samples[0].value
+    assert hits + misses >= 3
+    rows = [s for s in families["adapter_rows_per_iteration"].samples
+            if s.name.endswith("_count") and s.labels["phase"] == "prefill"]
+    assert rows and rows[0].value >= 1
