@@ -80,6 +80,10 @@ class ArtifactFetcher:
             shutil.rmtree(staging, ignore_errors=True)
         return target
 
+    def cache_bytes(self) -> int:
+        """Bytes of verified artifact files in the disk cache."""
+        return sum(self.cache.path_for(d).stat().st_size for d in self.cache.digests())
+
     def _stream(self, url: str) -> Iterator[bytes]:
         parsed = urlparse(url)
         if parsed.scheme == "file":

@@ -55,7 +55,7 @@ def start_demo_agent(cp_url: str, admin_token: str, model_dir: Path, work_dir: P
            "ADAPTERPLANE_AGENT_MODEL_DIR": str(model_dir),
            "ADAPTERPLANE_AGENT_CACHE_DIR": str(work_dir / "agent-cache")}
     agent = AgentProcess(work_dir / "logs" / "agent.log", env)
-    agent.start(**settings)
+    agent.start(settings)
     return agent, str(reader)
 
 
@@ -109,17 +109,24 @@ def show_hotswap(agent: AgentProcess, token: str, cp_url: str, admin_token: str,
             gen = _check(admin.post(f"/v1/namespaces/{namespace}/aliases/{alias}/{action}",
                                     json={**body, "reason": f"demo {action}"}))["generation"]
             say(f"{action}: {model} is now generation {gen}")
-            agent.wait_for(lambda s, g=gen: _current(agent, token, model) == g, timeout_s=30)
+            _wait_generation(agent, token, model, int(gen))
             res = client.completions.create(model=model, prompt=prompt, max_tokens=8,
                                             temperature=0)
             steps[action] = _ran_on(res)
             say(f"new request after {action}: {_label(steps[action])}")
     chunks += list(stream)
-    finished = {(_ran_on(c) or {}).get("generation") for c in chunks}
+    finished = sorted({int((_ran_on(c) or {}).get("generation", 0)) for c in chunks})
     text = "".join(c.choices[0].text for c in chunks if c.choices)
-    say(f"in-flight request finished on generation(s) {sorted(finished)}: {text!r}")
-    steps["in_flight_finished_on"] = sorted(g for g in finished if g is not None)
+    say(f"in-flight request finished on generation(s) {finished}: {text!r}")
+    steps["in_flight_finished_on"] = finished
     return steps
+
+
+def _wait_generation(agent: AgentProcess, token: str, model: str, generation: int) -> None:
+    def applied(_state: dict[str, Any]) -> bool:
+        return _current(agent, token, model) == generation
+
+    agent.wait_for(applied, timeout_s=30)
 
 
 def _current(agent: AgentProcess, token: str, model: str) -> int | None:

@@ -37,6 +37,8 @@ from dataplane.engine.engine import Engine, RequestOutput
 
 log = logging.getLogger("adapterplane.agent.serving")
 Event = RequestOutput | ServingError
+PREFETCH_RETRY_S = 30.0
+"""A prefetch that failed is not retried by placement for this long."""
 
 
 class InternalError(ServingError):
@@ -75,6 +77,7 @@ class EngineLoop:
         self.step_delay_s = step_delay_s
         self.residents = ResidentSet(max_slots)
         self.failures: deque[dict[str, Any]] = deque(maxlen=32)
+        self._failed_at: dict[str, float] = {}
         self.status: dict[str, Any] = {"slots": [], "live": 0}
         self._cmds: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
         self._live: dict[str, Ticket] = {}
@@ -239,6 +242,7 @@ class EngineLoop:
                               else LoadFailed(f"adapter load failed: {exc}"), "download")
             return
         res.loaded = future.result()
+        self.metrics.host_resident_bytes.set(self.fetcher.cache_bytes())
         if not res.named and not res.waiting and not res.prefetch:
             self.residents.remove(digest)  # retired while loading: nobody wants it
             return
@@ -249,6 +253,7 @@ class EngineLoop:
         self.metrics.load_latency.labels("failed").observe(time.monotonic() - res.started)
         self.failures.append({"artifact": res.info.digest, "error": exc.message,
                               "stage": stage, "at": time.time()})
+        self._failed_at[res.info.digest] = time.monotonic()
         self.residents.remove(res.info.digest)
         for t in res.waiting:
             if isinstance(t, Ticket):
@@ -301,9 +306,12 @@ class EngineLoop:
         self._reclaim()
         self.metrics.publication_generation.set(self.catalog.version)
         loading = sum(1 for r in self.residents.by_digest.values() if r.handle is None)
+        now = time.monotonic()
         for digest, info in wanted.items():
             if digest in self.residents.by_digest or self.residents.free_slots - loading <= 0:
                 continue
+            if now - self._failed_at.get(digest, -PREFETCH_RETRY_S) < PREFETCH_RETRY_S:
+                continue  # requests still retry at once; placement waits a while
             res = self.residents.add(info)
             res.prefetch = True
             loading += 1

@@ -14,7 +14,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -45,11 +45,12 @@ class AgentProcess:
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
-    def start(self, timeout_s: float = 120.0, **overrides: str) -> None:
-        """Start and wait for readiness; `overrides` are settings (`max_slots="4"`)."""
+    def start(self, overrides: Mapping[str, str] | None = None,
+              timeout_s: float = 120.0) -> None:
+        """Start and wait for readiness; `overrides` are settings (`{"max_slots": "4"}`)."""
         env = {**os.environ, **self.env, "ADAPTERPLANE_AGENT_HOST": "127.0.0.1",
                "ADAPTERPLANE_AGENT_PORT": str(self.port), "PYTHONUNBUFFERED": "1"}
-        env.update({f"ADAPTERPLANE_AGENT_{k.upper()}": v for k, v in overrides.items()})
+        env.update({f"ADAPTERPLANE_AGENT_{k.upper()}": v for k, v in (overrides or {}).items()})
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with self.log_path.open("ab") as log:
             self.proc = subprocess.Popen([sys.executable, "-m", "agent.daemon"], env=env,

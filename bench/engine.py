@@ -20,6 +20,8 @@ latency is the batch's mean step time.
         --output-min 64 --output-max 64          # SmolLM2 + 8 adapters (ranks 8/16, q/k/v/o)
     python bench/engine.py --mode cuda --adapters 1 16 128   # Llama-3-8B-shaped random bf16
     python bench/engine.py --mode cuda --shape tiny --device cpu --dtype float32  # smoke
+    python bench/engine.py --mode decode-step --max-num-seqs 64 --prompt-max 512 \
+        --adapters 16 128 --kv-blocks 4096   # one decode step vs the HBM floor
 """
 
 from __future__ import annotations
@@ -335,7 +337,69 @@ def random_hf(
     return {**run_hf(peft, trace, [f"a{i}" for i in range(n)], args.hf_batch, dev), "adapters": n}
 
 
+def decode_step_main(args: argparse.Namespace) -> list[dict]:
+    """Median wall time of one decode step (engine.step(), host work included) with
+    `--max-num-seqs` requests all decoding at context ≈ `--prompt-max`, against the HBM
+    floor: (weights except the embedding table + every request's KV + the step's distinct
+    adapters' factors, each read once) / `--bandwidth` GB/s."""
+    dev, dtype = args.device, getattr(torch, args.dtype)
+    shape = LLAMA3_8B if args.shape == "llama3-8b" else TINY_SHAPE
+    config = ModelConfig.from_dict(shape)
+    model = init_random(LlamaForCausalLM(config, dtype, torch.device(dev)), seed=0)
+    digest = hashlib.sha256(b"random-llama3-8b-shape-seed0").hexdigest()
+    batch, ctx = args.max_num_seqs, args.prompt_max
+    elem = torch.finfo(dtype).bits // 8
+    weights = sum(p.numel() for p in model.parameters()) * elem
+    if not config.tie_word_embeddings:
+        weights -= model.embed_tokens.weight.numel() * elem
+    kv = batch * (ctx + args.steps // 2) * config.num_layers * 2 * config.kv_size * elem
+    per_adapter = 16 * sum(i + o for o, i in config.module_shapes.values()) * config.num_layers
+    results = []
+    for n in [0, *args.adapters]:
+        cfg = EngineConfig(max_num_seqs=batch, max_num_batched_tokens=max(batch, 2048),
+                           num_kv_blocks=args.kv_blocks, block_size=16, max_slots=n,
+                           max_rank=16, max_model_len=ctx + args.steps + 32)
+        engine = Engine(model, cfg, digest)
+        handles = [engine.register_loaded_adapter(random_adapter(config, 16, i, dev, dtype))
+                   for i in range(n)]
+        gen = torch.Generator().manual_seed(args.seed)
+        for i in range(batch):
+            engine.add_request(f"d{i}", torch.randint(3, config.vocab_size, (ctx,),
+                                                      generator=gen).tolist(),
+                               SamplingParams(temperature=0.0, max_tokens=args.steps + 16,
+                                              ignore_eos=True),
+                               handles[i % n] if n else None)
+        while engine.scheduler.waiting or any(s.in_prefill for s in engine.scheduler.running):
+            engine.step()
+        for _ in range(3):
+            engine.step()
+        times = []
+        for _ in range(args.steps):
+            sync(dev)
+            t0 = time.perf_counter()
+            engine.step()
+            sync(dev)
+            times.append(time.perf_counter() - t0)
+        floor = (weights + kv + min(n, batch) * per_adapter * elem) / (args.bandwidth * 1e9)
+        step = percentile(times, 50)
+        results.append({"system": f"decode step B={batch} ctx~{ctx}", "adapters": n,
+                        "step_ms": 1e3 * step, "floor_ms": 1e3 * floor,
+                        "ratio": step / floor})
+        print(f"# decode step n={n}: {1e3 * step:.2f} ms (floor {1e3 * floor:.2f} ms)",
+              file=sys.stderr, flush=True)
+        del engine, handles
+        if dev == "cuda":
+            torch.cuda.empty_cache()
+    return results
+
+
 def markdown(results: list[dict]) -> str:
+    if results and "step_ms" in results[0]:
+        lines = ["| case | adapters | step (ms) | floor (ms) | step / floor |",
+                 "|---|---|---|---|---|"]
+        lines += [f"| {r['system']} | {r['adapters']} | {r['step_ms']:.2f} | "
+                  f"{r['floor_ms']:.2f} | {r['ratio']:.2f} |" for r in results]
+        return "\n".join(lines)
     lines = [
         "| system | adapters | output tok/s | TTFT p50 / p99 (ms) | per-token p50 / p99 (ms) |",
         "|---|---|---|---|---|",
@@ -351,7 +415,7 @@ def markdown(results: list[dict]) -> str:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--mode", choices=("cpu", "cuda"), default="cpu")
+    p.add_argument("--mode", choices=("cpu", "cuda", "decode-step"), default="cpu")
     p.add_argument("--adapters", type=int, nargs="+", default=None)
     p.add_argument("--requests", type=int, default=32)
     p.add_argument("--rate", type=float, default=float("inf"), help="req/s; inf = offline")
@@ -370,6 +434,9 @@ def main() -> None:
     p.add_argument("--shape", choices=("llama3-8b", "tiny"), default="llama3-8b")
     p.add_argument("--device", default="cuda", help="random-weights mode device")
     p.add_argument("--dtype", default="bfloat16", help="random-weights mode dtype")
+    p.add_argument("--steps", type=int, default=20, help="decode-step mode: timed steps")
+    p.add_argument("--bandwidth", type=float, default=4073.0,
+                   help="decode-step mode: HBM GB/s for the floor (BENCHMARKS.md, H200)")
     p.add_argument("--workdir", default="/tmp/adapterplane-bench-engine")
     p.add_argument("--out", default=None, help="directory for results.json")
     args = p.parse_args()
@@ -377,7 +444,8 @@ def main() -> None:
         torch.set_num_threads(args.threads)
     if args.adapters is None:
         args.adapters = [8] if args.mode == "cpu" else [1, 16, 128]
-    results = cpu_main(args) if args.mode == "cpu" else cuda_main(args)
+    runners = {"cpu": cpu_main, "cuda": cuda_main, "decode-step": decode_step_main}
+    results = runners[args.mode](args)
     if args.mode == "cpu":
         for r in results:
             r.setdefault("adapters", args.adapters[0] if r["system"] != "engine-base" else 0)

@@ -14,6 +14,10 @@ index_add) and the base GEMM are timed in the same run.
 
     python3 bench/lora_kernels.py --tune --out $OUT   # sweep configs, then bench
     python3 bench/lora_kernels.py --out $OUT          # bench with the committed table
+    python3 bench/lora_kernels.py --no-loop --only prefill,qkv --out $OUT  # a subset
+
+"ours" is ``add_lora`` (one fused launch at decode sizes); decode rows also time
+the two-kernel ``add_lora`` on the same ring for comparison.
 """
 
 from __future__ import annotations
@@ -272,47 +276,96 @@ EXTRA = [
 ]
 
 
-def tune(backend: TritonLoraBackend, log: Callable[[str], None]) -> dict[str, object]:
-    """Sweep shrink and expand configs per T bucket at r = 64 and install the
-    winners for every rank bucket (block_r capped at the bucket). Shrink is
-    judged by the whole add_lora (its split sets expand's partial sums)."""
-    SC, EC = configs.ShrinkConfig, configs.ExpandConfig
-    decode_s = [SC(16, 64, bk, 32, 4, 3) for bk in (64, 128, 256)]
-    prefill_s = [SC(bm, 64, 128, 8, 4, 3) for bm in (32, 64)]
-    decode_e = [EC(16, bn, 64, 4, 2, it) for bn in (128, 256) for it in (1, 2)]
-    prefill_e = [EC(64, bn, 64, w, 3, it) for bn in (128, 256) for w in (4, 8) for it in (2, 4)]
-    chosen: dict[str, object] = {}
-    for rows, ns, kind in ((64, (1, 16, 64), "decode"), (256, (1, 16, 64), "decode"),
-                           (4096, (4, 32), "prefill")):  # fmt: skip
-        t_key = configs.bucket(rows, configs.T_BUCKETS)
-        built = [(sc, build_ring(sc, "scattered")) for sc in
-                 (Scenario(kind, rows, n, (64,)) for n in ns)]  # fmt: skip
-        for op, cands in (("shrink", decode_s if kind == "decode" else prefill_s),
-                          ("expand", decode_e if kind == "decode" else prefill_e)):  # fmt: skip
-            table: dict = configs.SHRINK_TABLE if op == "shrink" else configs.EXPAND_TABLE
-            best, best_t = None, float("inf")
-            for c in cands:
-                table[(t_key, 64)] = c
-                metric = "ours" if op == "shrink" else op
-                try:
-                    total = sum(
-                        math.log(time_ours(sc, ring, backend, (metric,))[metric])
-                        for sc, ring in built
-                    )
-                except Exception as exc:  # a config that fails to compile/launch
-                    log(f"  {op} {t_key} {c} failed: {type(exc).__name__}: {exc}")
-                    continue
-                log(f"  {op} {t_key} {c}: geomean {math.exp(total / len(built)):.2f} µs")
-                if total < best_t:
-                    best, best_t = c, total
-            if best is None:
-                raise RuntimeError(f"no {op} config ran for T bucket {t_key}")
+def _install(table: dict, t_keys: tuple[int, ...]) -> Callable[[object], None]:
+    """Installer of a shrink/expand candidate for every rank bucket of ``t_keys``."""
+
+    def put(c: object) -> None:
+        for tk in t_keys:
             for r_key in configs.R_BUCKETS:
-                table[(t_key, r_key)] = dataclasses.replace(best, block_r=min(64, r_key))
-            log(f"tuned {op} T<={t_key}: {best} ({math.exp(best_t / len(built)):.2f} µs)")
-            chosen[f"{op} {t_key}"] = repr(best)
+                table[(tk, r_key)] = dataclasses.replace(c, block_r=min(64, r_key))  # type: ignore[type-var]
+
+    return put
+
+
+def _sweep(
+    install: Callable[[object], None],
+    cands: list,
+    built: list,
+    backend: TritonLoraBackend,
+    metric: str,
+    log: Callable[[str], None],
+) -> tuple[object, float]:
+    """Install each candidate, time ``metric`` (geomean over the built rings),
+    leave the winner installed; returns (winner, geomean)."""
+    best, best_t = None, float("inf")
+    for c in cands:
+        install(c)
+        try:
+            total = sum(
+                math.log(time_ours(sc, ring, backend, (metric,))[metric]) for sc, ring in built
+            )
+        except Exception as exc:  # a config that fails to compile/launch
+            log(f"  {c} failed: {type(exc).__name__}: {exc}")
+            continue
+        log(f"  {c}: {metric} geomean {math.exp(total / len(built)):.2f} µs")
+        if total < best_t:
+            best, best_t = c, total
+    if best is None:
+        raise RuntimeError(f"no candidate ran: {cands}")
+    install(best)
+    return best, math.exp(best_t / len(built))
+
+
+def tune(backend: TritonLoraBackend, log: Callable[[str], None]) -> dict[str, object]:
+    """Sweep the knobs added since the committed table, keep the winners.
+
+    Decode (T classes 64, 256; r in {16, 64}, n in {1, 16, 64}): the fused
+    launch's config (the committed entry is the first candidate). Prefill
+    (T = 4096, r = 64, n in {4, 32}): shrink row tile / warps, expand column
+    tiles per program.
+    Rank-bucket entries get the winner with ``block_r`` capped at the bucket.
+    """
+    SC, EC, FC = configs.ShrinkConfig, configs.ExpandConfig, configs.FusedConfig
+    two = TritonLoraBackend(fused=False)
+    chosen: dict[str, object] = {}
+    for rows in (64, 256):
+        t_key = configs.bucket(rows, configs.T_BUCKETS)
+        scs = [Scenario("decode", rows, n, (r,)) for r in (16, 64) for n in (1, 16, 64)]
+        built = [(sc, build_ring(sc, "scattered")) for sc in scs]
+        cur = configs.FUSED_TABLE[t_key]
+        fused_c = [cur] + [
+            FC(16, bk, sk, w, st, per, ne)
+            for bk, sk, w, st, per, ne in (
+                (256, 16, 4, 3, 4, 8192), (128, 32, 4, 3, 4, 8192), (256, 16, 8, 3, 2, 16384),
+            )
+        ]  # fmt: skip
+        keys = (16, 64) if t_key == 64 else (t_key,)
+
+        def put_fused(c: object, keys: tuple[int, ...] = keys) -> None:
+            for k in keys:
+                configs.FUSED_TABLE[k] = c  # type: ignore[assignment]
+
+        best, t = _sweep(put_fused, fused_c, built, backend, "ours", log)
+        log(f"tuned fused T<={t_key}: {best} ({t:.2f} µs)")
+        chosen[f"fused {t_key}"] = repr(best)
         del built
         torch.cuda.empty_cache()
+    t_key = 4096
+    built = [(sc, build_ring(sc, "scattered"))
+             for sc in (Scenario("prefill", 4096, n, (64,)) for n in (4, 32))]  # fmt: skip
+    shr_c = [SC(bm, 64, 128, 8, w, 3) for bm, w in ((32, 4), (64, 8), (128, 8))]
+    exp_c = [EC(64, 128, 64, 4, 3, it) for it in (4, 8)]
+    sweeps = (
+        ("shrink", shr_c, configs.SHRINK_TABLE, "ours"),
+        ("expand", exp_c, configs.EXPAND_TABLE, "expand"),
+    )
+    for op, cands, table, metric in sweeps:
+        put = _install(table, (4096, 1 << 30))
+        best, t = _sweep(put, cands, built, two, metric, log)
+        log(f"tuned {op} T<={t_key}: {best} ({t:.2f} µs)")
+        chosen[f"{op} {t_key}"] = repr(best)
+    del built
+    torch.cuda.empty_cache()
     return chosen
 
 
@@ -321,6 +374,8 @@ def main() -> None:
     ap.add_argument("--tune", action="store_true")
     ap.add_argument("--out", default=".")
     ap.add_argument("--quick", action="store_true", help="skip loop/base/extras")
+    ap.add_argument("--no-loop", action="store_true", help="skip the (slow) loop baseline")
+    ap.add_argument("--only", default="", help="comma list: scenarios whose name has one")
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
     logf = open(os.path.join(args.out, "lora_bench.log"), "a")  # noqa: SIM115
@@ -330,7 +385,8 @@ def main() -> None:
         logf.write(msg + "\n")
         logf.flush()
 
-    backend = TritonLoraBackend()
+    backend = TritonLoraBackend(fused=True)
+    two = TritonLoraBackend(fused=False)
     log(f"device {torch.cuda.get_device_name()} torch {torch.__version__}")
     bws = copy_bandwidth()
     bw = max(bws.values())
@@ -345,7 +401,8 @@ def main() -> None:
         log(f"tuning took {time.time() - t0:.0f} s")
         log("SHRINK_TABLE = " + repr(configs.SHRINK_TABLE))
         log("EXPAND_TABLE = " + repr(configs.EXPAND_TABLE))
-    meta_times = {
+        log("FUSED_TABLE = " + repr(configs.FUSED_TABLE))
+    meta_times = {} if args.only else {
         f"T={t} S={s} {m or 'auto'}": time_meta(backend, t, s, m)
         for t, s, m in (
             (64, 64, None), (64, 64, "sort"), (256, 64, None), (256, 64, "sort"),
@@ -355,42 +412,54 @@ def main() -> None:
     results["meta"] = meta_times
     for k, v in meta_times.items():
         log(f"meta build {k}: graph {v['graph_us']:.2f} µs, eager host {v['eager_host_us']:.1f} µs")
-    base = {t: time_base_gemm(t) for t in (64, 256, 4096)} if not args.quick else {}
+    base = {t: time_base_gemm(t) for t in (64, 256, 4096)} if not (args.quick or args.only) else {}
     rows_out = []
     header = ("| r | scenario | floor | base GEMM | loop | ours (paged) | ours (stacked) | "
-              "shrink | expand | best peer | ours/peer speedup | ours/floor |")  # fmt: skip
+              "two-kernel | shrink | expand | best peer | ours/peer speedup | "
+              "ours/floor |")  # fmt: skip
     log(header)
-    log("|" + "---|" * 12)
-    for sc in SCENARIOS + EXTRA:
+    log("|" + "---|" * 13)
+
+    def display(sc: Scenario) -> str:
+        return sc.name + ("" if sc.outs == (4096,) else " qkv 4096/1024/1024")
+
+    only = [w for w in args.only.split(",") if w]
+    for sc in [s for s in SCENARIOS + EXTRA if not only or any(w in display(s) for w in only)]:
         ring = build_ring(sc, "scattered")
         ours = time_ours(sc, ring, backend)
+        two_k = ours["ours"]
+        if configs.fused_config(sc.rows, sc.max_rank, sc.d_in) is not None:
+            two_k = time_ours(sc, ring, two, ("ours",))["ours"]
         del ring
         stacked, loop = float("nan"), float("nan")
         both_layouts = sc.n == 64 or (sc.kind == "prefill" and sc.max_rank == 64)
-        if both_layouts or (not args.quick and sc in SCENARIOS):
+        if both_layouts or (not args.quick and not args.no_loop and sc in SCENARIOS):
             ring = build_ring(sc, "stacked")
             if both_layouts:
                 stacked = time_ours(sc, ring, backend, ("ours",))["ours"]
-            if not args.quick and sc in SCENARIOS:
+            if not args.quick and not args.no_loop and sc in SCENARIOS:
                 loop = time_loop(sc, ring)
             del ring
         torch.cuda.empty_cache()
         floor = sc.floor_bytes() / bw / 1e3
         r = sc.max_rank if len(sc.ranks) == 1 else "8–64"
-        name = sc.name + ("" if sc.outs == (4096,) else " qkv 4096/1024/1024")
+        name = display(sc)
         plain = len(sc.ranks) == 1 and sc.outs == (4096,)
         peer = PEER.get((sc.max_rank, sc.name)) if plain else None
         row = {
             "r": r, "scenario": name, "floor": floor, "base": base.get(sc.rows, float("nan")),
             "loop": loop, "ours": ours["ours"], "stacked": stacked, "shrink": ours["shrink"],
-            "expand": ours["expand"], "peer": peer, "ring": ring_size(sc),
+            "expand": ours["expand"], "two_kernel": two_k, "peer": peer, "ring": ring_size(sc),
+            "floor_4073": sc.floor_bytes() / 4073 / 1e3,
         }  # fmt: skip
         rows_out.append(row)
         pc = f"{peer[0]:.1f} ({peer[1]})" if peer else "—"
         sp = f"{peer[0] / ours['ours']:.2f}×" if peer else "—"
-        log(f"| {r} | {name} | {floor:.1f} | {row['base']:.1f} | {loop:.1f} | {ours['ours']:.1f} | "
-            f"{stacked:.1f} | {ours['shrink']:.1f} | {ours['expand']:.1f} | {pc} | {sp} | "
-            f"{ours['ours'] / floor:.1f}× |")  # fmt: skip
+        f4073 = ours["ours"] / (sc.floor_bytes() / 4073 / 1e3)
+        log(f"| {r} | {name} | {floor:.1f} | {row['base']:.1f} | {loop:.1f} | "
+            f"{ours['ours']:.1f} | {stacked:.1f} | {two_k:.1f} | {ours['shrink']:.1f} | "
+            f"{ours['expand']:.1f} | {pc} | {sp} | {ours['ours'] / floor:.2f}× | "
+            f"(vs 4073 GB/s floor {f4073:.2f}×)")  # fmt: skip
     results["rows"] = rows_out
     with open(os.path.join(args.out, "lora_bench.json"), "w") as f:
         json.dump(results, f, indent=1, default=str)

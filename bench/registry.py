@@ -132,6 +132,7 @@ def main(argv: list[str] | None = None) -> None:
         token = create_bootstrap_token(session, "bench-registry")
     engine.dispose()
 
+    load_before = ", ".join(f"{x:.1f}" for x in os.getloadavg())
     port = free_port()
     run_dir = Path("var/bench-registry").resolve()
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -166,7 +167,7 @@ def main(argv: list[str] | None = None) -> None:
     print(
         f"\n{layout.aliases:,} aliases, API `adapterplane api --workers "
         f"{args.server_workers}`, {os.cpu_count()} CPUs, Python {platform.python_version()}, "
-        f"load average at the end {load} (shared machine)\n"
+        f"load average (1/5/15 min) before {load_before}, at the end {load} (shared machine)\n"
     )
     print(table(results))
     resolve = max((r for r in results if r.op == "resolve"), key=lambda r: r.throughput)

@@ -1,7 +1,9 @@
 """`create_app(settings)`: the admin REST API (FastAPI).
 
 Resources on `app.state`: settings, engine, session factory, object store, Celery app,
-job queue. One error body everywhere: `{"error", "code", "detail"}` (see errors.py).
+job queue. One error body everywhere: `{"error", "code", "detail"}` (see errors.py; an
+unhandled exception becomes 500 INTERNAL_ERROR in kit/request_log.py). Every request
+is logged as one structlog JSON line with its `X-Request-ID`.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from fastapi import FastAPI, Request
 from fastapi.encoders import jsonable_encoder
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from sqlalchemy.exc import DataError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from controlplane.artifacts.endpoints import router as artifacts_router
@@ -25,6 +28,7 @@ from controlplane.config import Settings
 from controlplane.db import make_engine, make_session_factory
 from controlplane.errors import ERROR_RESPONSES, AdapterplaneError, ErrorBody
 from controlplane.health.endpoints import router as health_router
+from controlplane.kit.request_log import RequestLogMiddleware, configure_logging
 from controlplane.namespaces.endpoints import router as namespaces_router
 from controlplane.storage import StorageError, store_from_settings
 from controlplane.worker.celery_app import make_celery
@@ -60,6 +64,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.celery = celery
     app.state.jobs = JobQueue(celery, settings.celery_queue)
 
+    configure_logging(settings.log_level)
+    app.add_middleware(RequestLogMiddleware)
     app.include_router(health_router)
     for router in (bases_router, namespaces_router, artifacts_router, catalog_router,
                    audit_router, tokens_router):
@@ -69,7 +75,23 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
 
 def _error(status_code: int, body: ErrorBody) -> JSONResponse:
-    return JSONResponse(jsonable_encoder(body), status_code=status_code)
+    content = {"error": body.error, "code": body.code, "detail": body.detail}
+    return JSONResponse(jsonable_encoder(_printable(content)), status_code=status_code)
+
+
+def _printable(value: Any) -> Any:
+    """Strings and bytes made valid UTF-8: a path may percent-decode to lone surrogates
+    and a body may be any bytes; error messages and details echo both back, and no
+    JSON encoder can write them as they are."""
+    if isinstance(value, str):
+        return value.encode("utf-8", "backslashreplace").decode("utf-8")
+    if isinstance(value, bytes):  # e.g. pydantic's `input` of an invalid JSON body
+        return value.decode("utf-8", "backslashreplace")
+    if isinstance(value, dict):
+        return {_printable(k): _printable(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_printable(v) for v in value]
+    return value
 
 
 def _install_error_handlers(app: FastAPI) -> None:
@@ -84,6 +106,15 @@ def _install_error_handlers(app: FastAPI) -> None:
         ]
         return _error(422, ErrorBody(error="invalid request", code="VALIDATION_ERROR",
                                      detail={"errors": jsonable_encoder(errors)}))
+
+    @app.exception_handler(DataError)
+    async def _data(_request: Request, exc: DataError) -> JSONResponse:
+        # The database refused a value the schema let through (a NUL character in a
+        # string, an integer out of BIGINT range): the caller's input, not our fault.
+        # Only the driver's first line is echoed, never the SQL or its parameters.
+        reason = str(exc.orig).splitlines()[0] if exc.orig is not None else "invalid value"
+        return _error(422, ErrorBody(error="a value in the request cannot be stored",
+                                     code="VALIDATION_ERROR", detail={"reason": reason}))
 
     @app.exception_handler(StorageError)
     async def _storage(_request: Request, exc: StorageError) -> JSONResponse:

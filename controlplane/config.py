@@ -71,6 +71,10 @@ class Settings(BaseSettings):
     """Whether pushes may name `file://` URIs the API server reads; default: only in
     development/test (the server would otherwise read any local directory)."""
 
+    log_level: Literal["debug", "info", "warning", "error"] = "info"
+    """Level of the API's structlog JSON lines on stderr (one `request` line per request
+    at info)."""
+
     api_host: str = "127.0.0.1"
     api_port: int = 8400
 

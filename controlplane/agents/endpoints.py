@@ -3,7 +3,8 @@
 Agents authenticate with an agent token (`is_agent`) or an admin token on `*`.
 `GET /v1/agents/{id}/desired-state?after=V&wait=S` returns at once when the catalog
 version is past `V`, else holds the request up to `S` seconds (<= 30), checking the
-catalog every 100 ms, and answers with the then-current state either way, so an agent
+catalog again whenever Postgres NOTIFYs a catalog change (controlplane/agents/notify.py;
+every 100 ms on SQLite), and answers with the then-current state either way, so an agent
 learns of a publish within a fraction of a second without polling slowly itself.
 
 `GET /v1/agents/authorize?namespace=NS` is called by agents *with a client's token*:
@@ -12,7 +13,6 @@ learns of a publish within a fraction of a second without polling slowly itself.
 
 from __future__ import annotations
 
-import asyncio
 import time
 from typing import Annotated, Any
 
@@ -20,6 +20,7 @@ from fastapi import APIRouter, Query, Request, status
 from fastapi.concurrency import run_in_threadpool
 from sqlalchemy.orm import Session, sessionmaker
 
+from controlplane.agents.notify import CatalogWaiter
 from controlplane.agents.repository import AgentRepository
 from controlplane.agents.schemas import (
     AgentOut,
@@ -42,7 +43,15 @@ from controlplane.kit.deps import SessionDep
 from controlplane.models.agent import Agent
 
 router = APIRouter(prefix="/v1/agents", tags=["agents"])
-POLL_INTERVAL_S = 0.1
+
+
+def _waiter(request: Request) -> CatalogWaiter:
+    """One waiter per app (its LISTEN connection starts with the first long-poll)."""
+    waiter: CatalogWaiter | None = getattr(request.app.state, "catalog_waiter", None)
+    if waiter is None:
+        waiter = CatalogWaiter(request.app.state.settings.database_url)
+        request.app.state.catalog_waiter = waiter
+    return waiter
 
 
 def _require_agent(principal: Principal) -> None:
@@ -116,11 +125,13 @@ async def get_desired_state(
             check_epoch(get_agent(session, agent_id), worker_epoch)
             return AgentRepository(session).catalog_version()
 
+    waiter = _waiter(request)
     deadline = time.monotonic() + wait
-    while await run_in_threadpool(version) <= after and time.monotonic() < deadline:
-        if await request.is_disconnected():
+    while await run_in_threadpool(version) <= after:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0 or await request.is_disconnected():
             break
-        await asyncio.sleep(POLL_INTERVAL_S)
+        await waiter.wait(remaining)
 
     def build() -> dict[str, Any]:
         with factory() as session:

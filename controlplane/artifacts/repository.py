@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from sqlalchemy import Select, select
+from sqlalchemy.orm import lazyload, load_only
 
 from controlplane.errors import NotFound
 from controlplane.kit.repository import Repository
@@ -26,15 +27,23 @@ class ArtifactRepository(Repository[Artifact]):
             Artifact.namespace_id == namespace_id, Artifact.base_id == base_id,
             Artifact.upload_sha256 == upload_sha256))
 
-    def get_by_ref(self, namespace_id: int, ref: str) -> Artifact:
+    def get_by_ref(self, namespace_id: int, ref: str, *, lean: bool = False) -> Artifact:
         """`ref` is an artifact id, or `sha256:<H_artifact>` (the oldest validated artifact
-        with that digest in the namespace: equal digests mean equal adapters)."""
+        with that digest in the namespace: equal digests mean equal adapters).
+
+        `lean`: load only the scalar columns a catalog change needs (no JSONB column, no
+        joined namespace/base; those load on access)."""
         if ref.startswith(DIGEST_REF_PREFIX):
             digest = ref[len(DIGEST_REF_PREFIX):]
             stmt = (self.in_namespace(namespace_id, ArtifactState.VALIDATED.value)
                     .where(Artifact.digest == digest).order_by(Artifact.id).limit(1))
-            return self.get_one(stmt, what=ref)
-        if ref.isdigit():
-            return self.get_one(self.in_namespace(namespace_id)
-                                .where(Artifact.id == int(ref)), what=ref)
-        raise NotFound(f"artifact not found: {ref}", detail={"kind": "artifact", "ref": ref})
+        elif ref.isascii() and ref.isdigit():
+            stmt = self.in_namespace(namespace_id).where(Artifact.id == int(ref))
+        else:
+            raise NotFound(f"artifact not found: {ref}",
+                           detail={"kind": "artifact", "ref": ref})
+        if lean:
+            stmt = stmt.options(lazyload("*"), load_only(
+                Artifact.id, Artifact.namespace_id, Artifact.base_id, Artifact.state,
+                Artifact.digest, Artifact.method))
+        return self.get_one(stmt, what=ref)

@@ -6,13 +6,15 @@ from __future__ import annotations
 import re
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Depends, Header, Response, status
-from sqlalchemy import and_, select
+from fastapi import APIRouter, Depends, Header, Request, Response, status
+from fastapi.concurrency import run_in_threadpool
+from sqlalchemy import Engine, and_, select
 
 from controlplane.artifacts.convert import artifact_summary
-from controlplane.auth.dependencies import CurrentPrincipal
+from controlplane.auth.dependencies import Credentials, CurrentPrincipal, bearer_plaintext
 from controlplane.auth.scopes import Principal, Role
 from controlplane.catalog.repository import AliasRepository, GenerationRepository
+from controlplane.catalog.resolution import read_generation, resolve_as
 from controlplane.catalog.schemas import (
     ALIAS_PATTERN,
     GenerationOut,
@@ -21,9 +23,9 @@ from controlplane.catalog.schemas import (
     RetireRequest,
     RollbackRequest,
 )
-from controlplane.catalog.service import CatalogRequest, apply_change, resolve
+from controlplane.catalog.service import CatalogRequest, apply_change
 from controlplane.errors import BadRequest, NotFound
-from controlplane.kit.deps import SessionDep
+from controlplane.kit.deps import SessionDep, read_connection
 from controlplane.kit.pagination import PageOut, PageParams, page_out, page_params
 from controlplane.models import Alias, CatalogAction, CatalogGeneration
 from controlplane.namespaces.repository import NamespaceRepository
@@ -59,7 +61,10 @@ def _change(session: Any, principal: Principal, response: Response,
     gen, created = apply_change(session, req)
     if not created:
         response.status_code = status.HTTP_200_OK
-    return generation_out(gen)
+    alias_id, number = gen.alias_id, gen.generation
+    session.rollback()  # the change is committed; read the response in autocommit
+    with read_connection(session.get_bind()) as conn:
+        return read_generation(conn, req.namespace, req.alias, alias_id, number)
 
 
 @router.post("/{alias}/publish", status_code=status.HTTP_201_CREATED,
@@ -96,11 +101,22 @@ def rollback(namespace: str, alias: str, body: RollbackRequest, principal: Curre
 
 
 @router.get("/{alias}", response_model=ResolutionOut)
-def get_resolution(namespace: str, alias: str, principal: CurrentPrincipal,
-                   session: SessionDep) -> ResolutionOut:
-    """The current generation; 404 never published, 410 ALIAS_RETIRED when retired."""
-    principal.require(namespace, Role.READ)
-    return resolution_out(resolve(session, namespace, alias))
+async def get_resolution(namespace: str, alias: str, request: Request,
+                         credentials: Credentials) -> Response:
+    """The current generation; 404 never published, 410 ALIAS_RETIRED when retired.
+
+    The hot path: authentication and resolution are one statement on one pooled
+    connection (catalog/resolution.py), run in a single threadpool hop; the body is
+    serialised once instead of being re-validated against the response model.
+    """
+    token = bearer_plaintext(credentials)
+    out = await run_in_threadpool(_resolve, request.app.state.engine, token, namespace, alias)
+    return Response(out.model_dump_json(), media_type="application/json")
+
+
+def _resolve(engine: Engine, token: str, namespace: str, alias: str) -> ResolutionOut:
+    with read_connection(engine) as conn:
+        return resolve_as(conn, token, namespace, alias)
 
 
 @router.get("", response_model=PageOut[ResolutionOut])

@@ -5,7 +5,7 @@ from __future__ import annotations
 from sqlalchemy import Select, select
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import Session, lazyload
 
 from controlplane.kit.repository import Repository
 from controlplane.models import Alias, CatalogGeneration, utcnow
@@ -19,9 +19,10 @@ class AliasRepository(Repository[Alias]):
         return self.get_one_or_none(self._by_name(namespace_id, name))
 
     def lock(self, namespace_id: int, name: str) -> Alias | None:
-        """SELECT ... FOR UPDATE on the alias row (Postgres); SQLite holds the DB lock."""
+        """SELECT ... FOR UPDATE on the alias row (Postgres); SQLite holds the DB lock.
+        Only the row: its namespace and base load on access (error paths)."""
         return self.get_one_or_none(self._by_name(namespace_id, name)
-                                    .with_for_update(of=Alias))
+                                    .options(lazyload("*")).with_for_update(of=Alias))
 
     def ensure(self, namespace_id: int, name: str, base_id: int) -> None:
         """Insert the alias row unless it exists (race-free: ON CONFLICT DO NOTHING)."""
@@ -50,7 +51,8 @@ class GenerationRepository(Repository[CatalogGeneration]):
         super().__init__(session)
 
     def get(self, alias_id: int, generation: int) -> CatalogGeneration | None:
-        return self.get_one_or_none(select(CatalogGeneration).where(
+        """The row alone (relationships load on access), as writers need only its ids."""
+        return self.get_one_or_none(select(CatalogGeneration).options(lazyload("*")).where(
             CatalogGeneration.alias_id == alias_id, CatalogGeneration.generation == generation))
 
     def by_idempotency_key(self, alias_id: int, key: str) -> CatalogGeneration | None:
@@ -63,7 +65,7 @@ class GenerationRepository(Repository[CatalogGeneration]):
     def previous_target(self, alias_id: int, below: int,
                         current_artifact_id: int | None) -> CatalogGeneration | None:
         """Newest generation < `below` that points at an artifact other than the current."""
-        stmt = (select(CatalogGeneration)
+        stmt = (select(CatalogGeneration).options(lazyload("*"))
                 .where(CatalogGeneration.alias_id == alias_id,
                        CatalogGeneration.generation < below,
                        CatalogGeneration.artifact_id.is_not(None))

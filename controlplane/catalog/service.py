@@ -1,4 +1,4 @@
-"""Publish, retire, rollback (each appends one generation) and resolve.
+"""Publish, retire, rollback: each appends one generation (resolve: resolution.py).
 
 Concurrency: every writer locks the alias row (`SELECT ... FOR UPDATE` on Postgres;
 `BEGIN IMMEDIATE` serialises SQLite), compares `expected_generation` with
@@ -29,7 +29,6 @@ from controlplane.audit.service import record_audit
 from controlplane.catalog.repository import AliasRepository, GenerationRepository
 from controlplane.db import begin_write
 from controlplane.errors import (
-    AliasRetired,
     BaseMismatch,
     GenerationConflict,
     IdempotencyMismatch,
@@ -135,7 +134,7 @@ def notify_catalog_change(session: Session, namespace: str, alias: str, generati
 
 
 def _publishable(session: Session, namespace_id: int, ref: str) -> Artifact:
-    artifact = ArtifactRepository(session).get_by_ref(namespace_id, ref)
+    artifact = ArtifactRepository(session).get_by_ref(namespace_id, ref, lean=True)
     if artifact.state != ArtifactState.VALIDATED.value:
         raise InvalidState(f"artifact {artifact.id} is {artifact.state}, not validated",
                            detail={"artifact_id": artifact.id, "state": artifact.state})
@@ -194,19 +193,3 @@ def _replay(session: Session, req: CatalogRequest) -> CatalogGeneration | None:
         return None
     return _check_idempotency(session, alias, req)
 
-
-def resolve(session: Session, namespace: str, alias_name: str) -> CatalogGeneration:
-    """The alias's current generation; 404 if never published, 410 if retired."""
-    ns = NamespaceRepository(session).get_by_name(namespace)
-    alias = AliasRepository(session).by_name(ns.id, alias_name)
-    if alias is None or alias.current_generation == 0:
-        raise NotFound(f"alias {namespace}/{alias_name} was never published",
-                       detail={"namespace": namespace, "alias": alias_name})
-    current = GenerationRepository(session).get(alias.id, alias.current_generation)
-    if current is None:  # cannot happen: both rows are written in one transaction
-        raise NotFound("alias generation missing", detail={"alias": alias_name})
-    if current.artifact_id is None:
-        raise AliasRetired(f"alias {namespace}/{alias_name} is retired",
-                           detail={"namespace": namespace, "alias": alias_name,
-                                   "generation": current.generation})
-    return current

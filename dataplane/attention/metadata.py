@@ -19,7 +19,8 @@ from dataplane.core import BatchPlan
 class PrefillSegment:
     """One prefill request's rows `[start, end)` and the KV slots of its whole context.
 
-    `key_slots` [C] int64: flat KV slot of positions 0..C-1 (C = context after this step).
+    `key_slots` [C] int64: flat KV slot of positions 0..C-1 (C = context after this step);
+    empty when `fresh`.
     `fresh` is True when the chunk starts at position 0: its keys are exactly this step's
     rows, so the kernel may use them without reading the cache back.
     `masks[w]` [q, C] bool: key visible to query, for window w (None = full causal); absent
@@ -95,9 +96,12 @@ def distinct_windows(windows: tuple[int | None, ...]) -> tuple[int | None, ...]:
 
 
 def context_slots(block_table: tuple[int, ...] | list[int], length: int,
-                  block_size: int) -> list[int]:
-    """Flat KV slots of positions 0..length-1 through a block table."""
-    return [block_table[p // block_size] * block_size + p % block_size for p in range(length)]
+                  block_size: int) -> torch.Tensor:
+    """Flat KV slots [length] int64 of positions 0..length-1 through a block table."""
+    pos = torch.arange(length, dtype=torch.int64)
+    table = torch.tensor(block_table[:(length + block_size - 1) // block_size],
+                         dtype=torch.int64)
+    return table[pos // block_size] * block_size + pos % block_size
 
 
 def build_attention_metadata(plan: BatchPlan, windows: tuple[int | None, ...],
@@ -115,7 +119,9 @@ def build_attention_metadata(plan: BatchPlan, windows: tuple[int | None, ...],
         start, end = plan.prefill_indptr[p], plan.prefill_indptr[p + 1]
         ctx = plan.context_lens[p]
         fresh = plan.positions[start] == 0
-        slots = torch.tensor(context_slots(plan.block_tables[p], ctx, bs), dtype=torch.int64)
+        # A fresh chunk's keys are its own rows: the cache is not read back.
+        slots = (torch.empty(0, dtype=torch.int64) if fresh
+                 else context_slots(plan.block_tables[p], ctx, bs))
         q_pos = positions_host[start:end, None]
         k_pos = torch.arange(ctx, dtype=torch.int64)[None, :]
         valid = torch.ones(1, ctx, dtype=torch.bool)

@@ -21,7 +21,14 @@ from pathlib import Path
 import torch
 
 from dataplane.artifacts import BaseModelABI, read_base_abi
-from dataplane.core import BatchPlan, InvalidRequest, SamplingParams, Sequence, build_batch_plan
+from dataplane.core import (
+    BatchPlan,
+    EngineError,
+    InvalidRequest,
+    SamplingParams,
+    Sequence,
+    build_batch_plan,
+)
 from dataplane.engine.adapters import (
     AdapterError,
     AdapterHandle,
@@ -38,6 +45,12 @@ from dataplane.sampling.sampler import Sampler, TokenLogprobs
 from dataplane.tokenizer import Tokenizer
 
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+class EngineStalled(EngineError):
+    """generate() found queued requests that no step can schedule (nothing would change)."""
+
+    code = "ENGINE_STALLED"
 
 
 @dataclass(frozen=True)
@@ -126,6 +139,8 @@ class Engine:
         self._logprobs: dict[str, list[TokenLogprobs]] = {}
         self._generation = 0
         self._generate_calls = 0
+        self.last_step_idle = False
+        """True when the last step() found nothing to schedule."""
         self.num_preemptions = 0
         """Requests preempted (by recompute) so far: a counter for tests and metrics."""
         if (model.embed_tokens.weight.device.type == "cuda" and config.enable_cuda_graphs
@@ -219,6 +234,7 @@ class Engine:
         """Run one scheduled step; outputs for every request that got a token."""
         out = self.scheduler.schedule()
         self.num_preemptions += len(out.preempted)
+        self.last_step_idle = out.is_empty
         if out.is_empty:
             return []
         plan = self.build_plan(out)
@@ -277,4 +293,7 @@ class Engine:
             for o in self.step():
                 if o.finished and o.request_id in ids:
                     final[o.request_id] = o
+            if self.last_step_idle and len(final) < n:
+                raise EngineStalled("requests are queued but none can be scheduled",
+                                    pending=[rid for rid in ids if rid not in final])
         return [final[rid] for rid in ids]

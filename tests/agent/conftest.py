@@ -31,8 +31,10 @@ ADAPTERS: dict[str, dict[str, Any]] = {
     "c": dict(seed=3, rank=2, alpha=4, target_modules=["gate_proj", "up_proj", "v_proj"]),
     "d": dict(seed=4, rank=4, alpha=16, target_modules=["q_proj", "v_proj", "o_proj"]),
     "wide": dict(seed=5, rank=AGENT_MAX_RANK * 2, alpha=8, target_modules=["q_proj"]),
+    "corrupt": dict(seed=6, rank=2, alpha=2, target_modules=["k_proj"]),
 }
-"""a/b/c: published at start; d: republish target; wide: rank above the agent's max."""
+"""a/b/c: published at start; d: republish target; wide: rank above the agent's max;
+corrupt: its stored bytes are overwritten after validation."""
 
 
 @dataclass(frozen=True)
@@ -62,6 +64,8 @@ class Deployment:
     """Control plane + published aliases + one agent, shared by the module's tests."""
 
     cp: AgentControlPlane
+    s3: Any
+    bucket: str
     admin: Admin
     namespace: str
     h_base: str
@@ -74,12 +78,18 @@ class Deployment:
 
 
 @pytest.fixture(scope="session")
-def control_plane(tmp_path_factory: pytest.TempPathFactory,
-                  s3_endpoint: str) -> Iterator[AgentControlPlane]:
+def s3_bucket(s3_endpoint: str) -> tuple[Any, str]:
+    client = boto3.client("s3", endpoint_url=s3_endpoint, region_name="us-east-1",
+                          aws_access_key_id=S3_KEY, aws_secret_access_key=S3_KEY)
     bucket = f"agent-tests-{uuid.uuid4().hex[:8]}"
-    boto3.client("s3", endpoint_url=s3_endpoint, region_name="us-east-1",
-                 aws_access_key_id=S3_KEY, aws_secret_access_key=S3_KEY
-                 ).create_bucket(Bucket=bucket)
+    client.create_bucket(Bucket=bucket)
+    return client, bucket
+
+
+@pytest.fixture(scope="session")
+def control_plane(tmp_path_factory: pytest.TempPathFactory, s3_endpoint: str,
+                  s3_bucket: tuple[Any, str]) -> Iterator[AgentControlPlane]:
+    bucket = s3_bucket[1]
     stack = AgentControlPlane(
         tmp_path_factory.mktemp("agent-cp"), port=0, embedded_only=True,
         extra_env={"ADAPTERPLANE_ENVIRONMENT": "test",
@@ -93,6 +103,7 @@ def control_plane(tmp_path_factory: pytest.TempPathFactory,
 
 @pytest.fixture(scope="session")
 def deployment(control_plane: AgentControlPlane, agent_assets: AgentAssets,
+               s3_bucket: tuple[Any, str],
                tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]:
     admin = Admin(control_plane.url, control_plane.token())
     abi = read_base_abi(agent_assets.base).to_record()
@@ -120,7 +131,7 @@ def deployment(control_plane: AgentControlPlane, agent_assets: AgentAssets,
     agent = AgentProcess(work / "agent.log", env)
     agent.start()
     try:
-        yield Deployment(control_plane, admin, namespace, h_base, artifacts, agent_token,
-                         reader, outsider, agent, env)
+        yield Deployment(control_plane, s3_bucket[0], s3_bucket[1], admin, namespace, h_base,
+                         artifacts, agent_token, reader, outsider, agent, env)
     finally:
         agent.stop()

@@ -36,6 +36,17 @@ def complete(dep: Deployment, model: str, prompt: list[int],
                                           temperature=0, extra_body={"ignore_eos": True})
 
 
+def test_placement_prefetches_the_published_working_set(deployment: Deployment) -> None:
+    wanted = {deployment.artifacts[n]["digest"] for n in ("a", "b", "c")}
+
+    def prefetched(state: dict[str, Any]) -> bool:
+        held = {s["artifact_digest"] for s in state["slots"]
+                if s["prefetch"] and s["state"] in ("active", "idle")}
+        return held >= wanted
+
+    deployment.agent.wait_for(prefetched)
+
+
 def test_concurrent_completions_equal_hf_peft_reference(deployment: Deployment,
                                                         reference: Any) -> None:
     ns = deployment.namespace
@@ -140,3 +151,26 @@ def test_retired_alias_is_410_and_never_falls_back(deployment: Deployment) -> No
         complete(deployment, f"{ns}/temp", [9, 9, 9])
     assert err.value.status_code == 410
     assert err.value.response.json()["code"] == "ALIAS_RETIRED"
+
+
+def test_corrupted_object_is_a_load_failure_never_a_fallback(deployment: Deployment) -> None:
+    """Bytes in object storage that no longer match the validated digest: the agent
+    refuses to load them (503), reports the failure, and serves nothing else instead."""
+    ns, art = deployment.namespace, deployment.artifacts["corrupt"]
+    weights = art["files"]["adapter_model.safetensors"]
+    deployment.s3.put_object(Bucket=deployment.bucket, Key=f"objects/{weights['key']}",
+                             Body=b"\x00" * weights["size"])
+    deployment.admin.publish(ns, "corrupt", art["id"])
+    deployment.agent.wait_for(lambda s: _knows(deployment, "corrupt"))
+    with pytest.raises(openai.APIStatusError) as err:
+        complete(deployment, f"{ns}/corrupt", [4, 5, 6])
+    assert err.value.status_code == 503
+    assert err.value.response.json()["code"] == "ADAPTER_LOAD_FAILED"
+    state = deployment.agent.state()
+    assert any(f["artifact"] == art["digest"] for f in state["load_failures"])
+    assert all(s["artifact_digest"] != art["digest"] for s in state["slots"])
+    admin = httpx.Client(base_url=deployment.cp.url, timeout=10,
+                         headers={"Authorization": f"Bearer {deployment.cp.token()}"})
+    deployment.agent.wait_for(lambda _s: any(
+        f["artifact"] == art["digest"] for a in admin.get("/v1/agents").json()
+        if a["name"] == "agent-0" for f in a["load_failures"]))

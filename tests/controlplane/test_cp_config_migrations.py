@@ -9,6 +9,7 @@ import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 from alembic.script import ScriptDirectory
+from pydantic import SecretStr
 from sqlalchemy import inspect
 
 from controlplane.config import InsecureSettings, Settings
@@ -40,13 +41,13 @@ def test_s3_bucket_shorthand_and_env_prefix(monkeypatch: pytest.MonkeyPatch) -> 
 ])
 def test_production_refuses_default_secrets(field: str, value: str) -> None:
     with pytest.raises(InsecureSettings):
-        Settings(environment="production", **{field: value})
+        Settings.model_validate({"environment": "production", field: value})
 
 
 def test_production_accepts_real_secrets_and_disables_file_imports() -> None:
     s = Settings(environment="production",
                  database_url="postgresql://ap:s3cr3t-9f2k@db/adapterplane",
-                 s3_secret_access_key="x" * 40)
+                 s3_secret_access_key=SecretStr("x" * 40))
     assert s.allow_file_uri_import is False
 
 

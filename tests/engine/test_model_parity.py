@@ -113,3 +113,15 @@ def test_unsupported_and_broken_checkpoints_are_rejected(tiny_llama: Path, tmp_p
     (tmp_path / "empty" / "config.json").write_text(json.dumps(config))
     with pytest.raises(ModelLoadError, match=r"no model\.safetensors"):
         load_model(tmp_path / "empty", torch.float32, torch.device("cpu"))
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_half_precision_load_tracks_fp32_reference(tiny_llama: Path, dtype: torch.dtype) -> None:
+    """fp16/bf16 weights and activations: logits within half-precision distance of HF fp32."""
+    model = load_model(tiny_llama, dtype, torch.device("cpu"))
+    assert model.embed_tokens.weight.dtype == dtype
+    runner = ModelRunner(model, num_kv_blocks=16, block_size=4, max_rows=64, max_slots=0,
+                         max_rank=8)
+    got = runner.execute(plan_for_chunk(PROMPT, 0, (5, 2, 9), 4, sample_all=True))
+    assert got.dtype == torch.float32
+    torch.testing.assert_close(got, hf_logits(tiny_llama, PROMPT), atol=3e-2, rtol=3e-2)

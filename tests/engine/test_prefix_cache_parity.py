@@ -19,9 +19,9 @@ def test_prefix_hits_match_hf(tiny_llama: Path, tiny_adapters: dict[str, Path]) 
     h = engine.register_adapter(tiny_adapters["all_r8"])
     other = engine.register_adapter(tiny_adapters["attn_r4"])
     params = SamplingParams(temperature=0, max_tokens=5, ignore_eos=True)
-    engine.generate([PREFIX + [9]], params, [h])  # fills and publishes the prefix blocks
-    cases = [(PREFIX + [40, 41], h, "all_r8", True), (PREFIX + [40, 41], other, "attn_r4", False),
-             (PREFIX + [3], None, None, False)]
+    engine.generate([[*PREFIX, 9]], params, [h])  # fills and publishes the prefix blocks
+    cases = [([*PREFIX, 40, 41], h, "all_r8", True), ([*PREFIX, 40, 41], other, "attn_r4", False),
+             ([*PREFIX, 3], None, None, False)]
     hf = HFReference(tiny_llama, tiny_adapters)
     for prompt, handle, name, expect_hit in cases:
         engine.add_request(f"q-{name}", prompt, params, handle)

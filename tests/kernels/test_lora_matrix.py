@@ -26,6 +26,16 @@ ROWS = (1, 9, 24, 13, 4)
 CASES = list(itertools.product(DTYPES, DISTRIBUTIONS, NONE_SHARES))
 
 
+def two_kernel_variant(backend: LoraBackend, i: int) -> LoraBackend:
+    """Odd cases run Triton's two-kernel path (shrink + expand), even ones the
+    fused decode launch it picks by default at these sizes."""
+    if backend.name == "triton" and i % 2:
+        from dataplane.kernels.triton.backend import TritonLoraBackend
+
+        return TritonLoraBackend(fused=False)
+    return backend
+
+
 @pytest.mark.parametrize(("dtype", "dist", "none_share"), CASES)
 def test_single_slice_matches_reference(
     cpu_backend: LoraBackend, dtype: torch.dtype, dist: str, none_share: float
@@ -40,9 +50,9 @@ def test_single_slice_matches_reference(
         dist=dist,
         none_share=none_share,
         seed=i,
-        layout=("scattered", "stacked")[i % 2],
+        layout=("scattered", "stacked")[i % 4 // 2],
     )
-    check_case(case, cpu_backend)
+    check_case(case, two_kernel_variant(cpu_backend, i))
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -67,7 +77,7 @@ def test_multi_slice_shares_one_shrink(
         seed=len(out_features) * 7 + absent_every,
         absent_every=absent_every,
     )
-    check_case(case, cpu_backend)
+    check_case(case, two_kernel_variant(cpu_backend, DTYPES.index(dtype) + len(out_features)))
 
 
 def test_rank_above_one_rank_chunk_and_many_slots(cpu_backend: LoraBackend) -> None:
@@ -83,6 +93,7 @@ def test_rank_above_one_rank_chunk_and_many_slots(cpu_backend: LoraBackend) -> N
         seed=99,
     )
     check_case(case, cpu_backend)
+    check_case(case, two_kernel_variant(cpu_backend, 1))
 
 
 @pytest.mark.parametrize("num_rows", [1, 6])
@@ -99,4 +110,4 @@ def test_split_k_partials_sum_to_the_full_product(cpu_backend: LoraBackend, num_
         none_share=0.0,
         seed=5 + num_rows,
     )
-    check_case(case, cpu_backend)
+    check_case(case, two_kernel_variant(cpu_backend, 1))  # split-K lives in the two-kernel path

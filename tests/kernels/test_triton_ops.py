@@ -80,6 +80,14 @@ def test_custom_ops_pass_opcheck() -> None:
         expand_args,
         test_utils=("test_schema", "test_faketensor"),
     )
+    fused_args = (y, x, w.storage, w.a_rows, w.b_rows, w.ranks, w.scales, meta.sorted_rows,
+                  meta.slot_counts, meta.slot_starts, ws.buffer, ws.counters,
+                  list(w.out_features), w.addr_align)  # fmt: skip
+    torch.library.opcheck(
+        torch.ops.adapterplane.lora_fused.default,
+        fused_args,
+        test_utils=("test_schema", "test_faketensor"),
+    )
 
 
 def test_bad_shapes_raise_typed_errors_and_change_nothing() -> None:

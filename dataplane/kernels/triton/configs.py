@@ -41,8 +41,6 @@ class ExpandConfig:
     num_warps: int
     num_stages: int
     n_iters: int = 1
-    z_unroll: int = 4  # split-K partials loaded per step (independent loads)
-    prefetch_y: bool = False  # load the next column tile's y before this tile's store
 
 
 @dataclass(frozen=True)
@@ -101,6 +99,9 @@ EXPAND_TABLE: dict[tuple[int, int], ExpandConfig] = {
 
 
 # Fused decode path (one launch): T classes up to 256; larger steps use two kernels.
+# `bench/lora_kernels.py --tune` on the H200, 2026-11-29 (r 16/64 x n 1/16/64): these
+# entries won their sweeps (T=64: 11.94 µs geomean vs 12.88-13.41 for per_sm 4,
+# block_k 128 / split 32, 8 warps; T=256: 13.45 vs 14.50-16.84).
 FUSED_MAX_RANK = 128
 FUSED_TABLE: dict[int, FusedConfig] = {
     16: FusedConfig(16, 256, 16, 4, 3),

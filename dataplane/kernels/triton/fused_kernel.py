@@ -61,7 +61,7 @@ def _wait_and_sum(ws_ptr, ctr_ptr, DEPART_OFF, p, q, eff, acc,
         for j in tl.static_range(4):
             part = tl.load(
                 group + (s0 + j) * (BLOCK_M * BLOCK_R),
-                mask=(loc >= 0) & (s0 + j < eff),
+                mask=tl.where(s0 + j < eff, loc >= 0, False),
                 other=0.0,
                 cache_modifier=".cg",  # L2, never a stale L1 line
             )
@@ -144,7 +144,7 @@ def lora_fused_kernel(
     if not UPCAST:
         z = z.to(storage_ptr.dtype.element_ty)
     # Expand this program's column share, prefetching the next tile.
-    for j in range(j0, j1):
+    for _j in range(j0, j1):
         nn = n + BLOCK_N
         nn_ok = (nn < width) & (nn < j1 * BLOCK_N)
         bt_next = tl.load(storage_ptr + b_home[:, None] + nn[None, :],

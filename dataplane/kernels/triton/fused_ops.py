@@ -38,12 +38,45 @@ def fused_scratch_numel(target: int, max_rank: int, block_m: int = 16) -> int:
     return target * block_m * fused_block_r(max_rank)
 
 
-def fused_fits(num_rows: int, num_slots: int, num_slices: int, max_rank: int,
-               cfg: FusedConfig, scratch_numel: int, counters: int, device: torch.device) -> bool:  # fmt: skip
+def fused_fits(
+    num_rows: int,
+    num_slots: int,
+    num_slices: int,
+    max_rank: int,
+    cfg: FusedConfig,
+    scratch_numel: int,
+    counters: int,
+    device: torch.device,
+) -> bool:
     """Whether a fused launch fits the workspace (else the caller uses two kernels)."""
     tiles = max_tiles(num_rows, num_slots, cfg.block_m)
-    need = fused_scratch_numel(fused_target(device, cfg), max_rank, cfg.block_m)
-    return num_slices <= MAX_SLICES and tiles * num_slices <= counters and need <= scratch_numel
+    target = fused_target(device, cfg)
+    need = fused_scratch_numel(target, max_rank, cfg.block_m)
+    # Worst case (every slot live) must still allow 2 K splits: with one split a
+    # program streams all of K and its whole slice alone (measured 68 µs vs 57
+    # for two kernels at q/k/v, T=256, 64 slots, r=64).
+    splits_ok = device.type != "cuda" or tiles * num_slices * 2 <= target
+    return (
+        num_slices <= MAX_SLICES
+        and tiles * num_slices <= counters
+        and need <= scratch_numel
+        and splits_ok
+    )
+
+
+def fused_block_k(cfg: FusedConfig, block_r: int, elem_bytes: int) -> int:
+    """``cfg.block_k`` halved until the pipelined shrink tiles fit shared memory.
+
+    Triton buffers ``num_stages - 1`` copies of the ``A`` and ``x`` tiles (fp32,
+    rank 128, ``BLOCK_K`` 256 asked for exactly 2 x (256 x 128 + 16 x 256) x 4 =
+    294,912 bytes on the H200, limit 232,448); 200,000 leaves room for the
+    expand's operands.
+    """
+    bk = cfg.block_k
+    stages = max(1, cfg.num_stages - 1)
+    while bk > 32 and stages * (bk * block_r + cfg.block_m * bk) * elem_bytes > 200_000:
+        bk //= 2
+    return bk
 
 
 def launch_fused(
@@ -82,12 +115,12 @@ def launch_fused(
         sorted_rows, slot_counts, slot_starts,
         s, k, ns, r_max, x.stride(0), y.stride(0), counters.numel() // 2,
         widths[0], widths[1], widths[2], widths[3],
-        BLOCK_M=cfg.block_m, BLOCK_R=block_r, BLOCK_K=cfg.block_k, BLOCK_N=block_n,
+        BLOCK_M=cfg.block_m, BLOCK_R=block_r, BLOCK_N=block_n,
+        BLOCK_K=fused_block_k(cfg, block_r, x.element_size()),
         SPLIT_MAX=split, TARGET=target, S_PAD=_s_pad(s), ALIGN=align,
         UPCAST=_interpreting(), PREC=_precision(x.dtype),
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )  # fmt: skip
-
 
 
 @torch.library.custom_op("adapterplane::lora_fused", mutates_args=("y", "scratch", "counters"))

@@ -164,19 +164,13 @@ def _pick(sl, v0, v1, v2, v3):
 
 @triton.jit
 def _load_z(z_ptr, rows, mmask, sl, r, rmask, T, NS, R_MAX, eff,
-            BLOCK_M: tl.constexpr, BLOCK_R: tl.constexpr, UNROLL: tl.constexpr):  # fmt: skip
-    """Sum of the shrink's ``eff`` split-K partials for ``rows`` × rank chunk ``r``.
-
-    ``UNROLL`` partials per step are independent loads (one L2 round trip for
-    all of them instead of one each); the sum order is fixed (split 0 first).
-    """
+            BLOCK_M: tl.constexpr, BLOCK_R: tl.constexpr):  # fmt: skip
+    """Sum of the shrink's ``eff`` split-K partials for ``rows`` × rank chunk ``r``."""
     zmask = mmask[:, None] & rmask[None, :]
     zt = tl.zeros([BLOCK_M, BLOCK_R], dtype=tl.float32)
-    for sp0 in range(0, eff, UNROLL):
-        for j in tl.static_range(UNROLL):
-            sp = sp0 + j
-            zoff = ((sp * T + rows[:, None]) * NS + sl) * R_MAX + r[None, :]
-            zt += tl.load(z_ptr + zoff, mask=zmask & (sp < eff), other=0.0)
+    for sp in range(eff):
+        zoff = ((sp * T + rows[:, None]) * NS + sl) * R_MAX + r[None, :]
+        zt += tl.load(z_ptr + zoff, mask=zmask, other=0.0)
     return zt
 
 
@@ -211,8 +205,6 @@ def lora_expand_kernel(
     ALIGN: tl.constexpr,
     UPCAST: tl.constexpr,
     PREC: tl.constexpr,
-    Z_UNROLL: tl.constexpr,
-    PREFETCH_Y: tl.constexpr,
 ):
     """Each program: one (slot, row tile) × ``N_ITERS`` column tiles of one slice."""
     pid = tl.program_id(0)
@@ -256,15 +248,7 @@ def lora_expand_kernel(
     mmask = m < count
     rows = tl.load(sorted_ptr + start + m, mask=mmask, other=0).to(tl.int64)
     eff = _eff_split(_total_tiles(counts_ptr, S, SHRINK_BM, S_PAD), SPLIT_MAX, TARGET)
-    n_first = n0 < width
-    y_next = tl.load(  # first y tile: needs only `rows`, not z
-        y_ptr + rows[:, None] * stride_ym + (col0 + n0)[None, :],
-        mask=mmask[:, None] & n_first[None, :],
-        other=0.0,
-    )
-    z0 = _load_z(
-        z_ptr, rows, mmask, sl, r, rmask, T, NS, R_MAX, eff, BLOCK_M, BLOCK_R, Z_UNROLL
-    )
+    z0 = _load_z(z_ptr, rows, mmask, sl, r, rmask, T, NS, R_MAX, eff, BLOCK_M, BLOCK_R)
     if not UPCAST:
         z0 = z0.to(storage_ptr.dtype.element_ty)
     for ni in range(N_ITERS):
@@ -272,35 +256,21 @@ def lora_expand_kernel(
         nmask = n < width
         ymask = mmask[:, None] & nmask[None, :]
         yptr = y_ptr + rows[:, None] * stride_ym + (col0 + n)[None, :]
-        if PREFETCH_Y:
-            yv = y_next
-        elif ni == 0:
-            yv = y_next
-        else:
-            yv = tl.load(yptr, mask=ymask, other=0.0)
+        yv = tl.load(yptr, mask=ymask, other=0.0)
         bt = bt_next
         nn = n + BLOCK_N  # prefetch the next column tile's factor rows
-        nn_ok = (nn < width) & (ni + 1 < N_ITERS)
         bt_next = tl.load(
             storage_ptr + homes[:, None] + nn[None, :],
-            mask=rmask[:, None] & nn_ok[None, :],
+            mask=rmask[:, None] & ((nn < width) & (ni + 1 < N_ITERS))[None, :],
             other=0.0,
         )
-        if PREFETCH_Y:  # next y tile (other columns: no overlap with this store)
-            y_next = tl.load(
-                y_ptr + rows[:, None] * stride_ym + (col0 + nn)[None, :],
-                mask=mmask[:, None] & nn_ok[None, :],
-                other=0.0,
-            )
         if UPCAST:
             bt = bt.to(tl.float32)
         acc = tl.dot(z0, bt, input_precision=PREC)
         for r0 in range(BLOCK_R, rank, BLOCK_R):  # ranks beyond one chunk
             rr = r0 + tl.arange(0, BLOCK_R)
             rrmask = rr < rank
-            zt = _load_z(
-                z_ptr, rows, mmask, sl, rr, rrmask, T, NS, R_MAX, eff, BLOCK_M, BLOCK_R, Z_UNROLL
-            )
+            zt = _load_z(z_ptr, rows, mmask, sl, rr, rrmask, T, NS, R_MAX, eff, BLOCK_M, BLOCK_R)
             hh = tl.load(table + rr, mask=rrmask, other=0)
             if ALIGN > 1:
                 hh = tl.multiple_of(hh, ALIGN)

@@ -22,7 +22,10 @@ from dataplane.kernels.base import LoraBatchMeta, LoraMetaBuffers
 from dataplane.kernels.errors import LoraShapeError
 
 MAX_SORT_ROWS = 16384
-PAIRWISE_MAX_ROWS = 256  # decode sizes: rank by pairwise comparison, no sort network
+# Auto never picks pairwise ranking any more: in a graph (32 builds per replay,
+# H200, 2026-11-29) `tl.sort` took 1.7 / 2.2 / 2.8 µs at T=64 S=64, T=256 S=64,
+# T=256 S=256 against 2.0 / 8.2 / 9.2 µs pairwise. Kept for `method="pairwise"`.
+PAIRWISE_MAX_ROWS = 0
 
 
 @triton.jit

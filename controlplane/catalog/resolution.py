@@ -1,0 +1,124 @@
+"""Authenticate and resolve an alias in one statement (the registry's hot path).
+
+`resolve_as` runs one Core `SELECT` driven by the caller's token row:
+
+    api_tokens (by hash, not revoked)
+      ⟕ namespaces (by name) ⟕ aliases (by name) ⟕ base_models (alias base)
+      ⟕ catalog_generations (the alias's current one) ⟕ artifacts
+
+It returns at most one row, exactly when the token is valid, carrying the principal's
+columns and only the columns a `ResolutionOut` needs — no ORM identity map and no
+JSONB column besides the token's grants (`base_models.abi`, `artifacts.modules/files/
+validated_record` stay on disk). Errors come in the same order as on every other
+route: 401 (no row), 403 (scope, checked in Python on the fetched grants), 404
+(namespace, alias never published), 410 (current generation is a retire). Because the
+token is read in the same statement, revocation is effective at once (no cache).
+
+Invariant relied on: an alias's generations only point at artifacts of the alias's
+own base (publish enforces it with BASE_MISMATCH; rollback only re-points at
+artifacts an earlier publish accepted), so the artifact summary's `base` is the
+alias's `h_base` and needs no second join of `base_models`.
+"""
+
+from __future__ import annotations
+
+from typing import Any, cast
+
+from sqlalchemy import Connection, and_, bindparam, select
+
+from controlplane.artifacts.schemas import ArtifactSummary
+from controlplane.auth.scopes import Role
+from controlplane.auth.service import (
+    PRINCIPAL_COLUMNS,
+    hash_token,
+    principal_from_row,
+    token_matches,
+)
+from controlplane.catalog.schemas import GenerationOut, ResolutionOut
+from controlplane.errors import AliasRetired, NotFound, Unauthenticated
+from controlplane.models import Alias, ApiToken, Artifact, BaseModel, CatalogGeneration, Namespace
+
+_tokens = ApiToken.__table__
+_ns = Namespace.__table__
+_alias = Alias.__table__
+_gen = CatalogGeneration.__table__
+_art = Artifact.__table__
+_base = BaseModel.__table__
+
+RESOLVE_AS = (
+    select(
+        *PRINCIPAL_COLUMNS,
+        _ns.c.id.label("namespace_id"),
+        _alias.c.id.label("alias_id"),
+        _alias.c.current_generation,
+        _base.c.h_base,
+        _gen.c.generation,
+        _gen.c.action,
+        _gen.c.artifact_id,
+        _gen.c.actor,
+        _gen.c.reason,
+        _gen.c.created_at,
+        _art.c.digest,
+        _art.c.method,
+    )
+    .select_from(_tokens)
+    .outerjoin(_ns, _ns.c.name == bindparam("namespace_name"))
+    .outerjoin(_alias, and_(_alias.c.namespace_id == _ns.c.id,
+                            _alias.c.name == bindparam("alias_name")))
+    .outerjoin(_base, _base.c.id == _alias.c.base_id)
+    .outerjoin(_gen, and_(_gen.c.alias_id == _alias.c.id,
+                          _gen.c.generation == _alias.c.current_generation))
+    .outerjoin(_art, _art.c.id == _gen.c.artifact_id)
+    .where(token_matches(bindparam("token_sha256")))
+)
+
+
+def resolve_as(conn: Connection, token: str, namespace: str, alias: str) -> ResolutionOut:
+    """The alias's current generation, as seen by the holder of `token` (plaintext).
+
+    Raises Unauthenticated, Forbidden (no read on `namespace`), NotFound (namespace
+    missing; alias missing or never published) or AliasRetired.
+    """
+    row = conn.execute(RESOLVE_AS, {"token_sha256": hash_token(token),
+                                    "namespace_name": namespace, "alias_name": alias}).first()
+    if row is None:
+        raise Unauthenticated("unknown or revoked token")
+    principal_from_row(row).require(namespace, Role.READ)
+    if row.namespace_id is None:
+        raise NotFound(f"namespace not found: {namespace}",
+                       detail={"kind": "namespace", "ref": namespace})
+    where = {"namespace": namespace, "alias": alias}
+    if row.alias_id is None or row.current_generation == 0 or row.generation is None:
+        raise NotFound(f"alias {namespace}/{alias} was never published", detail=where)
+    if row.artifact_id is None:
+        raise AliasRetired(f"alias {namespace}/{alias} is retired",
+                           detail={**where, "generation": row.generation})
+    return ResolutionOut(
+        namespace=namespace, alias=alias, generation=row.generation,
+        action=cast(Any, row.action),
+        artifact=ArtifactSummary(id=row.artifact_id, digest=row.digest, base=row.h_base,
+                                 method=row.method),
+        actor=row.actor, reason=row.reason, created_at=row.created_at, base=row.h_base)
+
+
+GENERATION = (
+    select(_gen.c.generation, _gen.c.action, _gen.c.artifact_id, _gen.c.actor, _gen.c.reason,
+           _gen.c.created_at, _art.c.digest, _art.c.method, _base.c.h_base)
+    .select_from(_gen)
+    .join(_alias, _alias.c.id == _gen.c.alias_id)
+    .join(_base, _base.c.id == _alias.c.base_id)
+    .outerjoin(_art, _art.c.id == _gen.c.artifact_id)
+    .where(_gen.c.alias_id == bindparam("alias_id"), _gen.c.generation == bindparam("generation"))
+)
+
+
+def read_generation(conn: Connection, namespace: str, alias: str, alias_id: int,
+                   generation: int) -> GenerationOut:
+    """One generation as a response, in one statement without JSONB columns (what a
+    publish/retire/rollback returns after its commit). The generation must exist."""
+    row = conn.execute(GENERATION, {"alias_id": alias_id, "generation": generation}).one()
+    summary = None if row.artifact_id is None else ArtifactSummary(
+        id=row.artifact_id, digest=row.digest, base=row.h_base, method=row.method)
+    return GenerationOut(namespace=namespace, alias=alias, generation=row.generation,
+                         action=cast(Any, row.action), artifact=summary, actor=row.actor,
+                         reason=row.reason, created_at=row.created_at)
