@@ -46,6 +46,8 @@ class ArtifactFetcher:
         self.cache_hits = 0
         self.cache_misses = 0
         self.downloaded_bytes = 0
+        for leftover in self.dirs.glob(".staging-*"):  # a previous process died mid-fetch
+            shutil.rmtree(leftover, ignore_errors=True)
 
     def fetch(self, info: ArtifactInfo) -> Path:
         """A PEFT directory whose files all match the catalog's digests."""

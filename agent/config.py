@@ -39,6 +39,9 @@ class AgentSettings(BaseSettings):
     """URL other processes use to reach this agent; default `http://host:port`."""
     cache_dir: Path = Path("./var/agent-cache")
 
+    residency_backend: Literal["pool", "engine"] = "pool"
+    """Adapter factors in the unified page pool (transactional loads, generation-fenced
+    launches) or in the engine's own per-slot tables."""
     max_slots: int = Field(default=8, ge=1)
     max_rank: int = Field(default=16, ge=1)
     num_kv_blocks: int = Field(default=512, ge=1)

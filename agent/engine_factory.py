@@ -7,25 +7,41 @@ distinct adapters, rank padding) at the point the plan is selected (seed §0x09K
 
 from __future__ import annotations
 
+from typing import Any
+
 from agent.config import AgentSettings
 from agent.metrics import AgentMetrics
+from agent.slot_backends import EngineSlots, PoolSlots, SlotBackend
 from dataplane.core import BatchPlan
-from dataplane.engine.engine import Engine
+from dataplane.engine.engine import Engine, RequestOutput
 from dataplane.engine.scheduler import ScheduleOutput
 
 
 class MeteredEngine(Engine):
-    """`Engine` that reports plan shape to `metrics` (set after construction)."""
+    """`Engine` that reports plan shape to `metrics` and fences each launch through
+    its slot backend (both set by :func:`build_engine`)."""
 
     metrics: AgentMetrics | None = None
+    slots: SlotBackend | None = None
     slot_ranks: dict[int, int]
     """slot -> the true (largest) rank of the adapter in it; kept by the engine loop."""
+    _launch: Any = None
 
     def build_plan(self, out: ScheduleOutput) -> BatchPlan:
         plan = super().build_plan(out)
         if self.metrics is not None:
             self._observe(plan)
+        if self.slots is not None:
+            self._launch = self.slots.begin_launch(plan.row_slot)  # stale handle: refused
         return plan
+
+    def step(self) -> list[RequestOutput]:
+        try:
+            return super().step()
+        finally:
+            if self.slots is not None and self._launch is not None:
+                self.slots.end_launch(self._launch)
+            self._launch = None
 
     def _observe(self, plan: BatchPlan) -> None:
         m = self.metrics
@@ -53,4 +69,6 @@ def build_engine(settings: AgentSettings, metrics: AgentMetrics) -> MeteredEngin
     assert isinstance(engine, MeteredEngine)
     engine.slot_ranks = {}
     engine.metrics = metrics
+    engine.slots = (PoolSlots(engine) if settings.residency_backend == "pool"
+                    else EngineSlots(engine))
     return engine

@@ -31,9 +31,11 @@ from agent.artifacts import ArtifactFetcher
 from agent.catalog import AgentCatalog, Generation, LoadFailed, Overloaded, ServingError
 from agent.metrics import AgentMetrics, rank_bucket
 from agent.residents import Resident, ResidentSet
+from agent.slot_backends import EngineSlots, SlotBackend
 from dataplane.core import EngineError, SamplingParams
 from dataplane.engine.adapters import AdapterHandle, LoadedAdapter
 from dataplane.engine.engine import Engine, RequestOutput
+from dataplane.pool.errors import PoolError
 
 log = logging.getLogger("adapterplane.agent.serving")
 Event = RequestOutput | ServingError
@@ -70,6 +72,7 @@ class EngineLoop:
                  metrics: AgentMetrics, max_slots: int, max_live: int,
                  step_delay_s: float = 0.0) -> None:
         self.engine = engine
+        self.slots: SlotBackend = getattr(engine, "slots", None) or EngineSlots(engine)
         self.fetcher = fetcher
         self.catalog = catalog
         self.metrics = metrics
@@ -271,9 +274,9 @@ class EngineLoop:
             self._unload(victim)
             self.metrics.evictions.inc()
         try:
-            res.handle = self.engine.register_loaded_adapter(res.loaded)
-        except EngineError as exc:
-            self._load_failed(res, LoadFailed(f"engine refused the adapter: {exc}"), "engine")
+            res.handle = self.slots.load(res.info.digest, res.loaded)
+        except (EngineError, PoolError) as exc:
+            self._load_failed(res, LoadFailed(f"adapter load refused: {exc}"), "engine")
             return
         self.metrics.h2d_bytes.inc(res.factor_bytes)
         ranks = getattr(self.engine, "slot_ranks", None)
@@ -287,7 +290,7 @@ class EngineLoop:
 
     def _unload(self, res: Resident) -> None:
         if res.handle is not None:
-            self.engine.unregister_adapter(res.handle)
+            self.slots.unload(res.handle)
             getattr(self.engine, "slot_ranks", {}).pop(res.handle.slot, None)
         self.residents.remove(res.info.digest)
 
@@ -325,9 +328,13 @@ class EngineLoop:
                   "slot_generation": r.handle.slot_generation if r.handle else None,
                   "prefetch": r.prefetch, "waiting": len(r.waiting)}
                  for r in self.residents.by_digest.values()]
+        pool = self.slots.gauges()
         self.status = {"slots": slots, "live": len(self._live),
-                       "load_failures": list(self.failures)}
+                       "load_failures": list(self.failures), "pool": pool}
         m = self.metrics
+        for state, n in pool.get("pages", {}).items():
+            if state != "kv":  # the engine's own KV blocks are reported below
+                m.pool_pages.labels("adapter", "used" if state == "adapter" else state).set(n)
         downloaded = self.fetcher.downloaded_bytes
         if downloaded > self._downloaded_seen:
             m.download_bytes.inc(downloaded - self._downloaded_seen)

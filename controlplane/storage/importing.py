@@ -15,7 +15,7 @@ from pathlib import Path
 
 from controlplane.config import Settings
 from controlplane.errors import BadRequest, Forbidden, ForbiddenFile, MissingFile
-from controlplane.storage.base import StorageError
+from controlplane.storage.base import ObjectNotFound, StorageError
 from controlplane.storage.factory import file_uri_path, split_s3_uri
 
 ADAPTER_FILES = ("adapter_config.json", "adapter_model.safetensors")
@@ -58,7 +58,7 @@ def import_prefix(uri: str, settings: Settings) -> Iterator[dict[str, Path]]:
 @contextmanager
 def _import_s3(uri: str, settings: Settings) -> Iterator[dict[str, Path]]:
     from boto3.exceptions import RetriesExceededError
-    from botocore.exceptions import BotoCoreError, ClientError
+    from botocore.exceptions import BotoCoreError, ClientError, ParamValidationError
 
     from controlplane.storage.s3_store import make_s3_client, translate_error
 
@@ -70,8 +70,14 @@ def _import_s3(uri: str, settings: Settings) -> Iterator[dict[str, Path]]:
         paginator = client.get_paginator("list_objects_v2")
         for page in paginator.paginate(Bucket=bucket, Prefix=base, Delimiter="/"):
             names.extend(obj["Key"][len(base):] for obj in page.get("Contents", []))
+    except ParamValidationError as exc:  # e.g. a bucket name S3 cannot have
+        raise BadRequest(f"invalid s3 uri: {uri}", detail={"uri": uri}) from exc
     except (BotoCoreError, ClientError) as exc:
-        raise translate_error(exc, f"list {uri}") from exc
+        error = translate_error(exc, f"list {uri}")
+        if isinstance(error, ObjectNotFound):  # no such bucket: the caller named nothing
+            raise MissingFile(f"no such bucket: {uri}",
+                              detail={"uri": uri, "missing": list(ADAPTER_FILES)}) from exc
+        raise error from exc
     check_listing(names, uri)
     with tempfile.TemporaryDirectory(prefix="adapterplane-import-") as tmp:
         out: dict[str, Path] = {}

@@ -122,5 +122,5 @@ class TPGroup:
         nbytes = tensor.numel() * tensor.element_size()
         self.counter.record(purpose, ALL_GATHER, nbytes,
                             Fraction((self.size - 1) * nbytes))
-        dist.all_gather_single(out, tensor, group=self.group)
+        dist.all_gather_into_tensor(out, tensor, group=self.group)
         return out.view(self.size, *tensor.shape)

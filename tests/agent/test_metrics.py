@@ -20,8 +20,8 @@ REQUIRED = {
 }
 BOUNDED = {
     "phase": {"prefill", "decode"},
-    "state": {"loading", "active", "idle", "retiring", "used", "free"},
-    "class": {"kv", "adapter_slot"},
+    "state": {"loading", "active", "idle", "retiring", "used", "free", "reserved"},
+    "class": {"kv", "adapter_slot", "adapter"},
     "result": {"ok", "failed"},
     "stage": {"download", "engine", "digest"},
     "residency": {"base", "resident", "cold"},
@@ -57,3 +57,16 @@ def test_metrics_names_and_bounded_labels(deployment: Deployment) -> None:
     rows = [s for s in families["adapter_rows_per_iteration"].samples
             if s.name.endswith("_count") and s.labels["phase"] == "prefill"]
     assert rows and rows[0].value >= 1
+
+
+def test_adapters_live_in_pool_pages(deployment: Deployment) -> None:
+    """The default residency backend keeps factors in the unified page pool: every
+    resident adapter owns pages and a published slot; nothing is left reserved."""
+    state = deployment.agent.state()
+    resident = [s for s in state["slots"] if s["state"] in ("active", "idle")]
+    pool = state["pool"]
+    assert resident and pool["pages"]["adapter"] > 0
+    assert pool["pages"]["reserved"] == 0
+    assert pool["residency"]["published"] + pool["residency"]["active"] + pool["residency"][
+        "idle"] >= len(resident)
+    assert pool["slots"]["published"] == len(resident)

@@ -13,7 +13,7 @@ import pytest
 from cp_helpers import free_port
 
 from controlplane.config import Settings
-from controlplane.errors import ForbiddenFile, MissingFile
+from controlplane.errors import BadRequest, ForbiddenFile, MissingFile
 from controlplane.storage import (
     BlobTooLarge,
     ChecksumMismatch,
@@ -100,6 +100,10 @@ def test_import_prefix_s3_and_file(s3_endpoint: str, tmp_path: Path) -> None:
         pass
     assert forbidden.value.detail["files"] == ["adapter_model.bin"]
     with pytest.raises(MissingFile), import_prefix("s3://adapters/team/none", settings):
+        pass
+    with pytest.raises(MissingFile), import_prefix("s3://no-such-bucket/team/a1", settings):
+        pass  # the caller's mistake (4xx), not a storage fault (502)
+    with pytest.raises(BadRequest), import_prefix("s3://Not A Bucket!/x", settings):
         pass
     local = tmp_path / "local"
     local.mkdir()

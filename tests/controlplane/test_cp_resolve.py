@@ -1,0 +1,59 @@
+"""Resolve (the one-statement hot path: token check + resolution together): the same
+answer as the alias's history, errors in the order 401 > 403 > 404 > 410, and a
+revoked token refused on the very next request. Runs on Postgres and SQLite."""
+
+from __future__ import annotations
+
+from cp_helpers import Api, Assets, setup_namespace
+from test_cp_catalog_flows import publish, push_validated
+
+
+def _get(api: Api, path: str, headers: dict[str, str]) -> tuple[int, str]:
+    r = api.client.get(f"/v1/namespaces/{path}", headers=headers)
+    return r.status_code, r.json().get("code", "")
+
+
+def test_resolution_is_the_current_generation_of_history(api: Api, assets: Assets) -> None:
+    setup_namespace(api, assets.abi)
+    a = push_validated(api, assets, assets.adapter_a)
+    b = push_validated(api, assets, assets.adapter_b)
+    assert publish(api, "bot", a["id"], reason="one").status_code == 201
+    assert publish(api, "bot", b["id"], reason="two").status_code == 201
+    rollback = api.client.post("/v1/namespaces/acme/aliases/bot/rollback", headers=api.admin,
+                               json={"reason": "back"})
+    assert rollback.status_code == 201
+    resolved = api.client.get("/v1/namespaces/acme/aliases/bot", headers=api.admin).json()
+    newest = api.client.get("/v1/namespaces/acme/aliases/bot/history",
+                            headers=api.admin).json()["items"][0]
+    assert resolved == {**newest, "base": assets.h_base}
+    assert resolved["artifact"] == {"id": a["id"], "digest": a["digest"],
+                                    "base": assets.h_base, "method": "lora"}
+    assert rollback.json() == newest  # what the write returned is what was stored
+
+
+def test_error_order_and_revocation_at_once(api: Api, assets: Assets) -> None:
+    setup_namespace(api, assets.abi)
+    a = push_validated(api, assets, assets.adapter_a)
+    assert publish(api, "bot", a["id"]).status_code == 201
+    assert publish(api, "old", a["id"]).status_code == 201
+    assert api.client.post("/v1/namespaces/acme/aliases/old/retire", headers=api.admin,
+                           json={}).status_code == 201
+    other = api.token([{"namespace": "elsewhere", "role": "read"}])
+    reader = api.token([{"namespace": "acme", "role": "read"}])
+    unknown = {"Authorization": "Bearer ap_" + "0" * 43}
+
+    assert _get(api, "nope/aliases/bot", unknown) == (401, "UNAUTHENTICATED")
+    assert _get(api, "nope/aliases/bot", {}) == (401, "UNAUTHENTICATED")
+    assert _get(api, "acme/aliases/bot", other) == (403, "FORBIDDEN")
+    assert _get(api, "nope/aliases/bot", other) == (403, "FORBIDDEN")
+    assert _get(api, "nope/aliases/bot", api.admin) == (404, "NOT_FOUND")
+    assert _get(api, "acme/aliases/never", reader) == (404, "NOT_FOUND")
+    assert _get(api, "acme/aliases/old", reader) == (410, "ALIAS_RETIRED")
+    assert _get(api, "acme/aliases/bot", reader) == (200, "")
+
+    token_id = api.client.post("/v1/tokens", headers=api.admin, json={
+        "name": "short-lived", "grants": [{"namespace": "acme", "role": "read"}]}).json()
+    revocable = {"Authorization": f"Bearer {token_id['token']}"}
+    assert _get(api, "acme/aliases/bot", revocable) == (200, "")
+    assert api.client.delete(f"/v1/tokens/{token_id['id']}", headers=api.admin).status_code == 200
+    assert _get(api, "acme/aliases/bot", revocable) == (401, "UNAUTHENTICATED")
