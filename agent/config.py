@@ -20,7 +20,8 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 class AgentSettings(BaseSettings):
     """All knobs of one agent process."""
 
-    model_config = SettingsConfigDict(env_prefix="ADAPTERPLANE_AGENT_", extra="ignore")
+    model_config = SettingsConfigDict(env_prefix="ADAPTERPLANE_AGENT_", extra="ignore",
+                                      use_attribute_docstrings=True)
 
     control_plane_url: str = "http://127.0.0.1:8400"
     token: SecretStr = SecretStr("")

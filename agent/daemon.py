@@ -174,6 +174,12 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     `argv` accepts `--KEY=VALUE` overrides of any setting (e.g. `--port=8501`).
     """
+    if any(a in ("-h", "--help") for a in argv or ()):
+        print("usage: adapterplane agent [--SETTING=VALUE ...]\n\nsettings (environment "
+              "ADAPTERPLANE_AGENT_<NAME>, or --name=value):")
+        for name, info in AgentSettings.model_fields.items():
+            print(f"  --{name.replace('_', '-')}={info.default!s:<24} {info.description or ''}")
+        return 0
     overrides: dict[str, Any] = {}
     for arg in argv or ():
         key, sep, value = arg.removeprefix("--").partition("=")

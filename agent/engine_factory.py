@@ -65,7 +65,9 @@ def build_engine(settings: AgentSettings, metrics: AgentMetrics) -> MeteredEngin
         max_slots=settings.max_slots, max_rank=settings.max_rank,
         num_kv_blocks=settings.num_kv_blocks, block_size=settings.block_size,
         max_num_seqs=settings.max_num_seqs,
-        max_num_batched_tokens=settings.max_num_batched_tokens)
+        max_num_batched_tokens=settings.max_num_batched_tokens,
+        # captured graphs would keep reading the engine's own factor tables
+        enable_cuda_graphs=settings.residency_backend == "engine")
     assert isinstance(engine, MeteredEngine)
     engine.slot_ranks = {}
     engine.metrics = metrics

@@ -12,7 +12,12 @@ admission, service at iteration completion.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+if TYPE_CHECKING:
+    from agent.residents import ResidentSet
 
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
                    10.0, 30.0)
@@ -96,3 +101,27 @@ class AgentMetrics:
         self.publication_generation = Gauge("adapter_publication_generation",
                                             "Catalog version of the last applied desired state.",
                                             registry=r)
+
+    def observe_loop(self, residents: ResidentSet, pool: dict[str, dict[str, int]],
+                     kv_free: int, kv_total: int, live: int, downloaded: int,
+                     downloaded_seen: int) -> int:
+        """Gauges from the engine loop's state (called after every loop iteration);
+        returns the download byte count now accounted for."""
+        for state, n in pool.get("pages", {}).items():
+            if state != "kv":  # the engine's own KV blocks are reported below
+                self.pool_pages.labels("adapter", "used" if state == "adapter" else state).set(n)
+        if downloaded > downloaded_seen:
+            self.download_bytes.inc(downloaded - downloaded_seen)
+        for state, n in residents.state_counts().items():
+            self.residency.labels(state).set(n)
+        in_slots = residents.in_slots()
+        self.gpu_resident_bytes.set(sum(r.factor_bytes for r in in_slots))
+        self.pinned.set(sum(1 for r in in_slots if r.prefetch))
+        self.pool_pages.labels("adapter_slot", "used").set(len(in_slots))
+        self.pool_pages.labels("adapter_slot", "free").set(residents.free_slots)
+        self.pool_pages.labels("kv", "free").set(kv_free)
+        self.pool_pages.labels("kv", "used").set(kv_total - kv_free)
+        self.unfinished.labels("active").set(live)
+        self.unfinished.labels("loading").set(
+            sum(len(r.waiting) for r in residents.by_digest.values()))
+        return max(downloaded, downloaded_seen)

@@ -214,11 +214,15 @@ async def _serve(ctx: ServingContext, request: Request, model: str, prompt: str 
         include_usage = bool((body.stream_options or {}).get("include_usage"))
         return EventSourceResponse(_stream(ctx, answer, first, events, include_usage))
     out: RequestOutput = first
-    while not out.finished:
-        nxt = await events.get()
-        if isinstance(nxt, ServingError):
-            return _error(nxt)
-        out = nxt
+    try:
+        while not out.finished:
+            nxt = await events.get()
+            if isinstance(nxt, ServingError):
+                return _error(nxt)
+            out = nxt
+    except asyncio.CancelledError:  # the client went away: stop generating for it
+        ctx.loop.abort(request_id)
+        raise
     return JSONResponse(answer.full(out))
 
 

@@ -331,24 +331,7 @@ class EngineLoop:
         pool = self.slots.gauges()
         self.status = {"slots": slots, "live": len(self._live),
                        "load_failures": list(self.failures), "pool": pool}
-        m = self.metrics
-        for state, n in pool.get("pages", {}).items():
-            if state != "kv":  # the engine's own KV blocks are reported below
-                m.pool_pages.labels("adapter", "used" if state == "adapter" else state).set(n)
-        downloaded = self.fetcher.downloaded_bytes
-        if downloaded > self._downloaded_seen:
-            m.download_bytes.inc(downloaded - self._downloaded_seen)
-            self._downloaded_seen = downloaded
-        for state, n in self.residents.state_counts().items():
-            m.residency.labels(state).set(n)
-        in_slots = self.residents.in_slots()
-        m.gpu_resident_bytes.set(sum(r.factor_bytes for r in in_slots))
-        m.pinned.set(sum(1 for r in in_slots if r.prefetch))
-        m.pool_pages.labels("adapter_slot", "used").set(len(in_slots))
-        m.pool_pages.labels("adapter_slot", "free").set(self.residents.free_slots)
         kv = self.engine.block_manager.pool
-        m.pool_pages.labels("kv", "free").set(kv.num_free)
-        m.pool_pages.labels("kv", "used").set(kv.num_pages - kv.num_free)
-        m.unfinished.labels("active").set(len(self._live))
-        m.unfinished.labels("loading").set(
-            sum(len(r.waiting) for r in self.residents.by_digest.values()))
+        self._downloaded_seen = self.metrics.observe_loop(
+            self.residents, pool, kv.num_free, kv.num_pages, len(self._live),
+            self.fetcher.downloaded_bytes, self._downloaded_seen)

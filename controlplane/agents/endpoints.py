@@ -16,7 +16,7 @@ from __future__ import annotations
 import time
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Query, Request, status
+from fastapi import APIRouter, Path, Query, Request, status
 from fastapi.concurrency import run_in_threadpool
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -43,6 +43,7 @@ from controlplane.kit.deps import SessionDep
 from controlplane.models.agent import Agent
 
 router = APIRouter(prefix="/v1/agents", tags=["agents"])
+AgentId = Annotated[int, Path(ge=1, le=2**63 - 1)]
 
 
 def _waiter(request: Request) -> CatalogWaiter:
@@ -93,13 +94,13 @@ def list_agents(principal: CurrentPrincipal, session: SessionDep) -> list[AgentO
 
 
 @router.get("/{agent_id}", response_model=AgentOut)
-def show_agent(agent_id: int, principal: CurrentPrincipal, session: SessionDep) -> AgentOut:
+def show_agent(agent_id: AgentId, principal: CurrentPrincipal, session: SessionDep) -> AgentOut:
     principal.require_global(Role.READ)
     return agent_out(get_agent(session, agent_id))
 
 
 @router.post("/{agent_id}/heartbeat", response_model=HeartbeatOut)
-def post_heartbeat(agent_id: int, body: HeartbeatRequest, principal: CurrentPrincipal,
+def post_heartbeat(agent_id: AgentId, body: HeartbeatRequest, principal: CurrentPrincipal,
                    session: SessionDep) -> HeartbeatOut:
     """Slot and load-failure report; 409 STALE_EPOCH from a superseded process."""
     _require_agent(principal)
@@ -110,9 +111,9 @@ def post_heartbeat(agent_id: int, body: HeartbeatRequest, principal: CurrentPrin
 
 @router.get("/{agent_id}/desired-state")
 async def get_desired_state(
-    request: Request, agent_id: int, principal: CurrentPrincipal,
-    worker_epoch: Annotated[int, Query(ge=1)],
-    after: Annotated[int, Query(ge=-1)] = -1,
+    request: Request, agent_id: AgentId, principal: CurrentPrincipal,
+    worker_epoch: Annotated[int, Query(ge=1, le=2**31 - 1)],
+    after: Annotated[int, Query(ge=-1, le=2**63 - 1)] = -1,
     wait: Annotated[float, Query(ge=0, le=30)] = 0,
 ) -> dict[str, Any]:
     """Long-poll for the agent's desired state (see module docstring)."""

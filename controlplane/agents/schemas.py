@@ -8,6 +8,8 @@ from typing import Any
 from pydantic import BaseModel, Field
 
 AGENT_NAME_PATTERN = r"^[A-Za-z0-9]([A-Za-z0-9._-]{0,198}[A-Za-z0-9])?$"
+INT32 = 2**31 - 1
+"""Upper bound of counters stored in INTEGER columns."""
 
 
 class Capabilities(BaseModel):
@@ -63,9 +65,9 @@ class LoadFailureReport(BaseModel):
 
 
 class HeartbeatRequest(BaseModel):
-    worker_epoch: int = Field(ge=1)
-    catalog_version: int = Field(ge=0)
-    live_requests: int = Field(default=0, ge=0)
+    worker_epoch: int = Field(ge=1, le=INT32)
+    catalog_version: int = Field(ge=0, le=INT32)
+    live_requests: int = Field(default=0, ge=0, le=INT32)
     slots: list[SlotReport] = Field(default_factory=list, max_length=4096)
     load_failures: list[LoadFailureReport] = Field(default_factory=list, max_length=256)
 

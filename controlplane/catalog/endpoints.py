@@ -8,13 +8,13 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Header, Request, Response, status
 from fastapi.concurrency import run_in_threadpool
-from sqlalchemy import Engine, and_, select
+from sqlalchemy import Engine
 
 from controlplane.artifacts.convert import artifact_summary
 from controlplane.auth.dependencies import Credentials, CurrentPrincipal, bearer_plaintext
 from controlplane.auth.scopes import Principal, Role
 from controlplane.catalog.repository import AliasRepository, GenerationRepository
-from controlplane.catalog.resolution import read_generation, resolve_as
+from controlplane.catalog.resolution import list_resolutions, read_generation, resolve_as
 from controlplane.catalog.schemas import (
     ALIAS_PATTERN,
     GenerationOut,
@@ -27,7 +27,7 @@ from controlplane.catalog.service import CatalogRequest, apply_change
 from controlplane.errors import BadRequest, NotFound
 from controlplane.kit.deps import SessionDep, read_connection
 from controlplane.kit.pagination import PageOut, PageParams, page_out, page_params
-from controlplane.models import Alias, CatalogAction, CatalogGeneration
+from controlplane.models import CatalogAction, CatalogGeneration
 from controlplane.namespaces.repository import NamespaceRepository
 
 router = APIRouter(prefix="/v1/namespaces/{namespace}/aliases", tags=["catalog"])
@@ -43,10 +43,6 @@ def generation_out(gen: CatalogGeneration) -> GenerationOut:
         action=gen.action,  # type: ignore[arg-type]
         artifact=artifact_summary(gen.artifact) if gen.artifact is not None else None,
         actor=gen.actor, reason=gen.reason, created_at=gen.created_at)
-
-
-def resolution_out(gen: CatalogGeneration) -> ResolutionOut:
-    return ResolutionOut(**generation_out(gen).model_dump(), base=gen.alias.base.h_base)
 
 
 def _check_alias(alias: str) -> None:
@@ -125,13 +121,7 @@ def list_aliases(namespace: str, principal: CurrentPrincipal, session: SessionDe
     """Every published alias with its current generation (retired ones included)."""
     principal.require(namespace, Role.READ)
     ns = NamespaceRepository(session).get_by_name(namespace)
-    stmt = select(CatalogGeneration).join(Alias, and_(
-        Alias.id == CatalogGeneration.alias_id,
-        Alias.current_generation == CatalogGeneration.generation,
-    )).where(Alias.namespace_id == ns.id)
-    page = GenerationRepository(session).paginate(
-        stmt, key=CatalogGeneration.alias_id, params=params)
-    return page_out(page, resolution_out)
+    return list_resolutions(session.connection(), ns.id, namespace, params)
 
 
 @router.get("/{alias}/history", response_model=PageOut[GenerationOut])

@@ -36,6 +36,7 @@ from controlplane.auth.service import (
 )
 from controlplane.catalog.schemas import GenerationOut, ResolutionOut
 from controlplane.errors import AliasRetired, NotFound, Unauthenticated
+from controlplane.kit.pagination import PageParams, decode_cursor, encode_cursor
 from controlplane.models import Alias, ApiToken, Artifact, BaseModel, CatalogGeneration, Namespace
 
 _tokens = ApiToken.__table__
@@ -93,12 +94,43 @@ def resolve_as(conn: Connection, token: str, namespace: str, alias: str) -> Reso
     if row.artifact_id is None:
         raise AliasRetired(f"alias {namespace}/{alias} is retired",
                            detail={**where, "generation": row.generation})
+    return _resolution(row, namespace, alias)
+
+
+def _resolution(row: Any, namespace: str, alias: str) -> ResolutionOut:
+    """A row with the generation, artifact and `h_base` columns -> ResolutionOut."""
+    summary = None if row.artifact_id is None else ArtifactSummary(
+        id=row.artifact_id, digest=row.digest, base=row.h_base, method=row.method)
     return ResolutionOut(
         namespace=namespace, alias=alias, generation=row.generation,
-        action=cast(Any, row.action),
-        artifact=ArtifactSummary(id=row.artifact_id, digest=row.digest, base=row.h_base,
-                                 method=row.method),
-        actor=row.actor, reason=row.reason, created_at=row.created_at, base=row.h_base)
+        action=cast(Any, row.action), artifact=summary, actor=row.actor, reason=row.reason,
+        created_at=row.created_at, base=row.h_base)
+
+
+LIST = (
+    select(_alias.c.id.label("alias_id"), _alias.c.name.label("alias_name"), _base.c.h_base,
+           _gen.c.generation, _gen.c.action, _gen.c.artifact_id, _gen.c.actor, _gen.c.reason,
+           _gen.c.created_at, _art.c.digest, _art.c.method)
+    .select_from(_alias)
+    .join(_base, _base.c.id == _alias.c.base_id)
+    .join(_gen, and_(_gen.c.alias_id == _alias.c.id,
+                     _gen.c.generation == _alias.c.current_generation))
+    .outerjoin(_art, _art.c.id == _gen.c.artifact_id)
+)
+
+
+def list_resolutions(conn: Connection, namespace_id: int, namespace: str,
+                     params: PageParams) -> dict[str, Any]:
+    """One keyset page (by alias id, ascending) of every published alias's current
+    generation, retired ones included; one statement, no JSONB column."""
+    stmt = LIST.where(_alias.c.namespace_id == namespace_id)
+    if params.cursor is not None:
+        stmt = stmt.where(_alias.c.id > decode_cursor(params.cursor))
+    rows = conn.execute(stmt.order_by(_alias.c.id).limit(params.limit + 1)).all()
+    items = [_resolution(row, namespace, row.alias_name) for row in rows[: params.limit]]
+    more = len(rows) > params.limit
+    return {"items": items,
+            "next_cursor": encode_cursor(rows[params.limit - 1].alias_id) if more else None}
 
 
 GENERATION = (
@@ -117,8 +149,5 @@ def read_generation(conn: Connection, namespace: str, alias: str, alias_id: int,
     """One generation as a response, in one statement without JSONB columns (what a
     publish/retire/rollback returns after its commit). The generation must exist."""
     row = conn.execute(GENERATION, {"alias_id": alias_id, "generation": generation}).one()
-    summary = None if row.artifact_id is None else ArtifactSummary(
-        id=row.artifact_id, digest=row.digest, base=row.h_base, method=row.method)
-    return GenerationOut(namespace=namespace, alias=alias, generation=row.generation,
-                         action=cast(Any, row.action), artifact=summary, actor=row.actor,
-                         reason=row.reason, created_at=row.created_at)
+    resolution = _resolution(row, namespace, alias)
+    return GenerationOut.model_validate(resolution.model_dump(exclude={"base"}))

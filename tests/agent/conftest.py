@@ -15,7 +15,10 @@ from typing import Any
 
 import boto3
 import pytest
+from sqlalchemy import text
+from sqlalchemy.engine import make_url
 
+from controlplane.db import make_engine
 from dataplane.artifacts import read_base_abi
 from dataplane.assets import make_peft_adapter, make_tiny_llama
 
@@ -87,12 +90,32 @@ def s3_bucket(s3_endpoint: str) -> tuple[Any, str]:
 
 
 @pytest.fixture(scope="session")
+def agent_database_url(postgres_url: str) -> Iterator[str]:
+    """The Postgres test database, confined to a private schema (dropped at the end), so
+    other packages' TRUNCATEs cannot touch this session-long control plane. Catalog
+    NOTIFYs are database-wide, so agents' long-polls wake through LISTEN."""
+    schema = f"agent_{uuid.uuid4().hex[:12]}"
+    engine = make_engine(postgres_url, pool_size=1)
+    with engine.begin() as conn:
+        conn.execute(text(f'CREATE SCHEMA "{schema}"'))
+    url = make_url(postgres_url).update_query_dict({"options": f"-csearch_path={schema}"})
+    try:
+        yield url.render_as_string(hide_password=False)
+    finally:
+        with engine.begin() as conn:
+            conn.execute(text(f'DROP SCHEMA "{schema}" CASCADE'))
+        engine.dispose()
+
+
+@pytest.fixture(scope="session")
 def control_plane(tmp_path_factory: pytest.TempPathFactory, s3_endpoint: str,
-                  s3_bucket: tuple[Any, str]) -> Iterator[AgentControlPlane]:
+                  s3_bucket: tuple[Any, str],
+                  agent_database_url: str) -> Iterator[AgentControlPlane]:
     bucket = s3_bucket[1]
     stack = AgentControlPlane(
         tmp_path_factory.mktemp("agent-cp"), port=0, embedded_only=True,
         extra_env={"ADAPTERPLANE_ENVIRONMENT": "test",
+                   "ADAPTERPLANE_DATABASE_URL": agent_database_url,
                    "ADAPTERPLANE_STORAGE_URL": f"s3://{bucket}/objects",
                    "ADAPTERPLANE_S3_ENDPOINT_URL": s3_endpoint,
                    "ADAPTERPLANE_S3_ACCESS_KEY_ID": S3_KEY,

@@ -1,9 +1,10 @@
 """Real processes for the agent tests: control plane (API + Celery worker) and agents.
 
 The control plane is `cli.stack.EmbeddedStack` (migrate, bootstrap token, API, worker
-as subprocesses, SQLite database and broker) with object storage on the moto S3
-server, so agents download through presigned URLs. Its API process runs the real
-`create_app` plus the agent routes (tests/agent/control_plane_app.py).
+as subprocesses; Postgres database in a private schema, SQLite broker) with object
+storage on the moto S3 server, so agents download through presigned URLs. Its API
+process runs the real `create_app` plus the agent routes
+(tests/agent/control_plane_app.py).
 """
 
 from __future__ import annotations

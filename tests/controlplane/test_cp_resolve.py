@@ -29,6 +29,8 @@ def test_resolution_is_the_current_generation_of_history(api: Api, assets: Asset
     assert resolved["artifact"] == {"id": a["id"], "digest": a["digest"],
                                     "base": assets.h_base, "method": "lora"}
     assert rollback.json() == newest  # what the write returned is what was stored
+    listed = api.client.get("/v1/namespaces/acme/aliases", headers=api.admin).json()
+    assert listed == {"items": [resolved], "next_cursor": None}
 
 
 def test_error_order_and_revocation_at_once(api: Api, assets: Assets) -> None:

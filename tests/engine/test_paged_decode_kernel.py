@@ -1,5 +1,5 @@
-"""Triton paged decode attention (interpreted on CPU) against a float64 dense reference:
-scattered block tables, GQA groups 1/2/4, sliding windows, fp32/fp16/bf16."""
+"""Triton paged decode attention (compiled on CUDA, interpreted on CPU) against a float64
+dense reference: scattered block tables, GQA groups 1/2/4, sliding windows, fp32/fp16/bf16."""
 
 from __future__ import annotations
 
@@ -7,6 +7,8 @@ import pytest
 import torch
 
 from dataplane.attention.triton_decode import paged_decode_attention
+
+DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
 def _reference(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
@@ -38,7 +40,8 @@ def test_paged_decode_matches_dense_reference(dtype: torch.dtype, tol: float, he
     q = torch.randn(rows, heads, dim, generator=gen).to(dtype)
     lens = torch.tensor([1, 37, 64])  # one key, a partial tile, exactly two tiles
     tables = torch.stack([torch.randperm(blocks, generator=gen)[:16] for _ in range(rows)])
-    got = paged_decode_attention(q, k_cache, v_cache, tables, lens, lens - 1, bs,
-                                 dim ** -0.5, window)
+    dev = [t.to(DEVICE) for t in (q, k_cache, v_cache, tables, lens)]
+    got = paged_decode_attention(dev[0], dev[1], dev[2], dev[3], dev[4], dev[4] - 1, bs,
+                                 dim ** -0.5, window).cpu()
     want = _reference(q, k_cache, v_cache, tables, lens, bs, window)
     torch.testing.assert_close(got.double(), want, atol=tol, rtol=tol)

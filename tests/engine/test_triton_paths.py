@@ -11,11 +11,14 @@ import torch
 from dataplane.core import SamplingParams
 from dataplane.engine.engine import Engine
 
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
 
 def _run(model_dir: Path, adapters: dict[str, Path], backend: str) -> list[tuple]:
     engine = Engine.from_model_dir(model_dir, max_num_seqs=4, max_num_batched_tokens=16,
                                    num_kv_blocks=32, block_size=4, max_slots=3, max_rank=8,
-                                   lora_backend=backend, attention_backend=backend)
+                                   lora_backend=backend, attention_backend=backend,
+                                   device=DEVICE)
     hs = [engine.register_adapter(adapters[n]) for n in ("all_r8", "attn_r4")]
     outs = engine.generate([[5, 17, 33, 9, 100, 7], [1, 2, 3], [9] * 5],
                            SamplingParams(temperature=0, max_tokens=3, ignore_eos=True,
