@@ -122,5 +122,8 @@ class TPGroup:
         nbytes = tensor.numel() * tensor.element_size()
         self.counter.record(purpose, ALL_GATHER, nbytes,
                             Fraction((self.size - 1) * nbytes))
-        dist.all_gather_into_tensor(out, tensor, group=self.group)
+        # torch >= 2.13 names it all_gather_single (and deprecates the old name); the
+        # device image's torch 2.11 only has all_gather_into_tensor.
+        gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+        gather(out, tensor, group=self.group)
         return out.view(self.size, *tensor.shape)
