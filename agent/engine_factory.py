@@ -15,6 +15,7 @@ from agent.slot_backends import EngineSlots, PoolSlots, SlotBackend
 from dataplane.core import BatchPlan
 from dataplane.engine.engine import Engine, RequestOutput
 from dataplane.engine.scheduler import ScheduleOutput
+from dataplane.pool.errors import StaleGeneration
 
 
 class MeteredEngine(Engine):
@@ -32,7 +33,12 @@ class MeteredEngine(Engine):
         if self.metrics is not None:
             self._observe(plan)
         if self.slots is not None:
-            self._launch = self.slots.begin_launch(plan.row_slot)  # stale handle: refused
+            try:
+                self._launch = self.slots.begin_launch(plan.row_slot)
+            except StaleGeneration:  # a handle names a reclaimed slot: refuse the launch
+                if self.metrics is not None:
+                    self.metrics.slot_generation_mismatch.inc()
+                raise
         return plan
 
     def step(self) -> list[RequestOutput]:

@@ -98,6 +98,16 @@ class AgentMetrics:
         self.token_latency = Histogram("adapter_token_latency_seconds",
                                        "Interval between consecutive output tokens.",
                                        buckets=LATENCY_BUCKETS, registry=r)
+        self.slot_generation_mismatch = Counter(
+            "adapter_slot_generation_mismatch_total",
+            "Launches refused because a handle named a stale slot/pointer generation.",
+            registry=r)
+        self.page_reservations = Gauge("adapter_page_reservations",
+                                       "Pool pages reserved by in-flight load transactions.",
+                                       registry=r)
+        self.pages_reclaimable = Gauge("adapter_pages_reclaimable",
+                                       "Adapter pages an admission could reclaim now.",
+                                       registry=r)
         self.publication_generation = Gauge("adapter_publication_generation",
                                             "Catalog version of the last applied desired state.",
                                             registry=r)
@@ -107,9 +117,12 @@ class AgentMetrics:
                      downloaded_seen: int) -> int:
         """Gauges from the engine loop's state (called after every loop iteration);
         returns the download byte count now accounted for."""
-        for state, n in pool.get("pages", {}).items():
+        pages = pool.get("pages", {})
+        for state, n in pages.items():
             if state != "kv":  # the engine's own KV blocks are reported below
                 self.pool_pages.labels("adapter", "used" if state == "adapter" else state).set(n)
+        self.page_reservations.set(pages.get("reserved", 0))
+        self.pages_reclaimable.set(pool.get("reclaimable", {}).get("pages", 0))
         if downloaded > downloaded_seen:
             self.download_bytes.inc(downloaded - downloaded_seen)
         for state, n in residents.state_counts().items():

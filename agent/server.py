@@ -18,7 +18,6 @@ import asyncio
 import json
 import time
 import uuid
-from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -38,11 +37,14 @@ from agent.catalog import (
     Unsupported,
 )
 from agent.metrics import AgentMetrics
+from agent.openai_responses import Answer, stream_events
 from agent.openai_schemas import ChatCompletionRequest, CompletionRequest
 from agent.serving import BadPrompt, EngineLoop, Event, Ticket
 from agent.sync import ControlPlaneClient
 from dataplane.core import EngineError
 from dataplane.engine.engine import RequestOutput
+
+CHAT_MAX_TOKENS_DEFAULT = 512
 
 
 @dataclass
@@ -187,7 +189,7 @@ async def _serve(ctx: ServingContext, request: Request, model: str, prompt: str 
                  body: CompletionRequest | ChatCompletionRequest, kind: str) -> Response:
     try:
         gen = await _admit(ctx, request, model)
-        params = body.sampling()
+        params = body.sampling(_default_max_tokens(ctx, prompt, kind))
     except ServingError as exc:
         ctx.metrics.rejected.labels(exc.code.lower()).inc()
         raise
@@ -209,10 +211,10 @@ async def _serve(ctx: ServingContext, request: Request, model: str, prompt: str 
     if isinstance(first, ServingError):
         ctx.metrics.rejected.labels(first.code.lower()).inc()
         return _error(first)
-    answer = _Answer(request_id, kind, model, int(time.time()), _binding(gen))
+    answer = Answer(request_id, kind, model, int(time.time()), _binding(gen))
     if body.stream:
         include_usage = bool((body.stream_options or {}).get("include_usage"))
-        return EventSourceResponse(_stream(ctx, answer, first, events, include_usage))
+        return EventSourceResponse(stream_events(ctx.loop, answer, first, events, include_usage))
     out: RequestOutput = first
     try:
         while not out.finished:
@@ -226,78 +228,9 @@ async def _serve(ctx: ServingContext, request: Request, model: str, prompt: str 
     return JSONResponse(answer.full(out))
 
 
-@dataclass
-class _Answer:
-    id: str
-    kind: str
-    model: str
-    created: int
-    binding: dict[str, Any] | None
-
-    @property
-    def is_chat(self) -> bool:
-        return self.kind != "text_completion"
-
-    def head(self, obj: str) -> dict[str, Any]:
-        return {"id": self.id, "object": obj, "created": self.created, "model": self.model,
-                "adapterplane": self.binding}
-
-    @staticmethod
-    def usage(out: RequestOutput) -> dict[str, int]:
-        p, c = len(out.prompt_token_ids), len(out.token_ids)
-        return {"prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c}
-
-    def full(self, out: RequestOutput) -> dict[str, Any]:
-        if self.is_chat:
-            choice: dict[str, Any] = {"index": 0, "message": {"role": "assistant",
-                                                              "content": out.text},
-                                      "finish_reason": out.finish_reason, "logprobs": None}
-        else:
-            choice = {"index": 0, "text": out.text, "finish_reason": out.finish_reason,
-                      "logprobs": None}
-        choice["token_ids"] = list(out.token_ids)
-        return {**self.head(self.kind), "choices": [choice], "usage": self.usage(out)}
-
-    def chunk(self, out: RequestOutput, first: bool) -> dict[str, Any]:
-        finish = out.finish_reason if out.finished else None
-        if self.is_chat:
-            delta: dict[str, Any] = {"content": out.new_text}
-            if first:
-                delta["role"] = "assistant"
-            choice: dict[str, Any] = {"index": 0, "delta": delta, "finish_reason": finish}
-            obj = "chat.completion.chunk"
-        else:
-            choice = {"index": 0, "text": out.new_text, "finish_reason": finish,
-                      "logprobs": None}
-            obj = "text_completion"
-        choice["token_ids"] = list(out.new_token_ids)
-        return {**self.head(obj), "choices": [choice]}
-
-
-async def _stream(ctx: ServingContext, answer: _Answer, first: RequestOutput,
-                  events: asyncio.Queue[Event], include_usage: bool
-                  ) -> AsyncIterator[dict[str, str]]:
-    out = first
-    finished = False
-    try:
-        is_first = True
-        while True:
-            yield {"data": json.dumps(answer.chunk(out, is_first))}
-            is_first = False
-            if out.finished:
-                finished = True
-                break
-            nxt = await events.get()
-            if isinstance(nxt, ServingError):
-                finished = True
-                yield {"data": json.dumps({"error": nxt.message, "code": nxt.code})}
-                return
-            out = nxt
-        if include_usage:
-            obj = "chat.completion.chunk" if answer.is_chat else "text_completion"
-            yield {"data": json.dumps({**answer.head(obj), "choices": [],
-                                       "usage": _Answer.usage(out)})}
-        yield {"data": "[DONE]"}
-    finally:
-        if not finished:
-            ctx.loop.abort(answer.id)
+def _default_max_tokens(ctx: ServingContext, prompt: str | list[int], kind: str) -> int:
+    """OpenAI's defaults: 16 for completions; chat runs to the context limit (capped)."""
+    if kind == "text_completion":
+        return 16
+    room = ctx.loop.engine.max_model_len - (len(prompt) if isinstance(prompt, list) else 0)
+    return max(1, min(CHAT_MAX_TOKENS_DEFAULT, room))

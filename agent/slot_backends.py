@@ -166,4 +166,4 @@ class PoolSlots:
         self.pool.reclaim_retired()
 
     def gauges(self) -> dict[str, dict[str, int]]:
-        return self.pool.gauges()
+        return {**self.pool.gauges(), "reclaimable": {"pages": self.pool.reclaimable_pages()}}

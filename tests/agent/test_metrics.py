@@ -17,6 +17,8 @@ REQUIRED = {
     "adapter_evictions_total", "adapter_pinned_count", "adapter_residency_state_count",
     "joint_pool_pages", "adapter_distinct_per_iteration", "adapter_rows_per_iteration",
     "adapter_rank_padding_ratio", "adapter_ttft_seconds", "adapter_token_latency_seconds",
+    "adapter_slot_generation_mismatch_total", "adapter_page_reservations",
+    "adapter_pages_reclaimable", "adapter_publication_generation",
 }
 BOUNDED = {
     "phase": {"prefill", "decode"},
