@@ -21,6 +21,8 @@ from cli import output
 from cli.client import ApiClient, segment
 from cli.context import current
 from cli.errors import CliError, ExitCode, usage_error
+from cli.invoke import call_and_emit
+from cli.pagination import ALL_OPTION, CURSOR_OPTION, LIMIT_OPTION, list_pages
 
 ADAPTER_CONFIG = "adapter_config.json"
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
@@ -174,19 +176,20 @@ def list_command(
     ctx: typer.Context,
     namespace: str = typer.Argument(..., metavar="NS"),
     state: str | None = typer.Option(None, "--state", help="pending|validating|validated|rejected"),
-    limit: int | None = typer.Option(None, "--limit", min=1),
-    cursor: str | None = typer.Option(None, "--cursor"),
-    all_pages: bool = typer.Option(False, "--all", help="Follow next_cursor to the end."),
+    limit: int | None = LIMIT_OPTION,
+    cursor: str | None = CURSOR_OPTION,
+    all_pages: bool = ALL_OPTION,
 ) -> None:
     """List a namespace's artifacts (newest first, keyset-paginated)."""
-    cli = current(ctx)
-    with cli.client() as client:
-        page = client.paginate(
-            f"/v1/namespaces/{segment(namespace)}/artifacts",
-            params={"state": state, "limit": limit, "cursor": cursor},
-            follow=all_pages,
-        )
-    output.emit(cli, page, output.render_artifacts)
+    list_pages(
+        ctx,
+        f"/v1/namespaces/{segment(namespace)}/artifacts",
+        output.render_artifacts,
+        filters={"state": state},
+        limit=limit,
+        cursor=cursor,
+        all_pages=all_pages,
+    )
 
 
 @app.command("show")
@@ -196,7 +199,4 @@ def show_command(
     ref: str = typer.Argument(..., metavar="REF", help="Artifact id or sha256:<H_artifact>."),
 ) -> None:
     """Show one artifact, including its rejection reason if any."""
-    cli = current(ctx)
-    with cli.client() as client:
-        artifact = get_artifact(client, namespace, ref)
-    output.emit(cli, artifact, output.render_artifact)
+    call_and_emit(ctx, output.render_artifact, lambda client: get_artifact(client, namespace, ref))

@@ -5,7 +5,7 @@ from __future__ import annotations
 import typer
 
 from cli import output
-from cli.context import current
+from cli.pagination import ALL_OPTION, CURSOR_OPTION, LIMIT_OPTION, list_pages
 
 
 def register(app: typer.Typer) -> None:
@@ -13,16 +13,17 @@ def register(app: typer.Typer) -> None:
     def audit_command(
         ctx: typer.Context,
         namespace: str | None = typer.Option(None, "--namespace", "-n"),
-        limit: int | None = typer.Option(None, "--limit", min=1),
-        cursor: str | None = typer.Option(None, "--cursor"),
-        all_pages: bool = typer.Option(False, "--all", help="Follow next_cursor to the end."),
+        limit: int | None = LIMIT_OPTION,
+        cursor: str | None = CURSOR_OPTION,
+        all_pages: bool = ALL_OPTION,
     ) -> None:
         """Show audit entries, newest first (admin on `*`, or on NS with --namespace)."""
-        cli = current(ctx)
-        with cli.client() as client:
-            page = client.paginate(
-                "/v1/audit",
-                params={"namespace": namespace, "limit": limit, "cursor": cursor},
-                follow=all_pages,
-            )
-        output.emit(cli, page, output.render_audit)
+        list_pages(
+            ctx,
+            "/v1/audit",
+            output.render_audit,
+            filters={"namespace": namespace},
+            limit=limit,
+            cursor=cursor,
+            all_pages=all_pages,
+        )

@@ -14,8 +14,9 @@ import typer
 
 from cli import output
 from cli.client import ApiClient, segment
-from cli.context import current
 from cli.errors import CliError, ExitCode, usage_error
+from cli.invoke import call_and_emit
+from cli.pagination import ALL_OPTION, CURSOR_OPTION, LIMIT_OPTION, list_pages
 
 app = typer.Typer(help="Register and list base models.", no_args_is_help=True)
 
@@ -54,32 +55,25 @@ def register_command(
     name: str = typer.Option(..., "--name", help="Human name (not part of H_base)."),
 ) -> None:
     """Register a base model; registering the same weights again returns the existing one."""
-    cli = current(ctx)
-    with cli.client() as client:
-        base = register_base(client, name, model_dir)
-    output.emit(cli, base, output.render_base)
+    call_and_emit(ctx, output.render_base, lambda client: register_base(client, name, model_dir))
 
 
 @app.command("list")
 def list_command(
     ctx: typer.Context,
-    limit: int | None = typer.Option(None, "--limit", min=1),
-    cursor: str | None = typer.Option(None, "--cursor"),
-    all_pages: bool = typer.Option(False, "--all", help="Follow next_cursor to the end."),
+    limit: int | None = LIMIT_OPTION,
+    cursor: str | None = CURSOR_OPTION,
+    all_pages: bool = ALL_OPTION,
 ) -> None:
     """List registered base models."""
-    cli = current(ctx)
-    with cli.client() as client:
-        page = client.paginate(
-            "/v1/bases", params={"limit": limit, "cursor": cursor}, follow=all_pages
-        )
-    output.emit(cli, page, output.render_bases)
+    list_pages(
+        ctx, "/v1/bases", output.render_bases, limit=limit, cursor=cursor, all_pages=all_pages
+    )
 
 
 @app.command("show")
 def show_command(ctx: typer.Context, h_base: str = typer.Argument(..., metavar="H_BASE")) -> None:
     """Show one base model."""
-    cli = current(ctx)
-    with cli.client() as client:
-        base = client.get(f"/v1/bases/{segment(h_base)}")
-    output.emit(cli, base, output.render_base)
+    call_and_emit(
+        ctx, output.render_base, lambda client: client.get(f"/v1/bases/{segment(h_base)}")
+    )

@@ -7,14 +7,18 @@ exit 4). Aliases are written `NS/ALIAS`.
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Mapping
+from typing import Any, Literal, TypedDict, Unpack
 
 import typer
 
 from cli import output
 from cli.client import ApiClient, segment
-from cli.context import current
 from cli.errors import usage_error
+from cli.invoke import call_and_emit
+from cli.pagination import ALL_OPTION, CURSOR_OPTION, LIMIT_OPTION, list_pages
+
+Mutation = Literal["publish", "retire", "rollback"]
 
 
 def parse_alias_ref(ref: str) -> tuple[str, str]:
@@ -25,12 +29,44 @@ def parse_alias_ref(ref: str) -> tuple[str, str]:
     return namespace, alias
 
 
-def _idempotency(key: str | None) -> dict[str, str] | None:
-    return {"Idempotency-Key": key} if key else None
-
-
 def _alias_path(namespace: str, alias: str) -> str:
     return f"/v1/namespaces/{segment(namespace)}/aliases/{segment(alias)}"
+
+
+def _history_path(namespace: str, alias: str) -> str:
+    return f"{_alias_path(namespace, alias)}/history"
+
+
+class MutationGuards(TypedDict, total=False):
+    """Keyword options every catalog mutation takes; an omitted one counts as None.
+
+    `expected_generation`: the server's compare-and-swap (mismatch: 409, exit 4).
+    `reason`: recorded in history and audit. `idempotency_key`: sent, when non-empty, as
+    the `Idempotency-Key` header so a retry returns the original generation.
+    """
+
+    expected_generation: int | None
+    reason: str | None
+    idempotency_key: str | None
+
+
+def mutate_alias(
+    client: ApiClient,
+    namespace: str,
+    alias: str,
+    action: Mutation,
+    fields: Mapping[str, Any],
+    **guards: Unpack[MutationGuards],
+) -> Any:
+    """POST `action` on `namespace/alias` with `fields` + guards; returns the new generation."""
+    body = {
+        **fields,
+        "expected_generation": guards.get("expected_generation"),
+        "reason": guards.get("reason"),
+    }
+    key = guards.get("idempotency_key")
+    headers = {"Idempotency-Key": key} if key else None
+    return client.post(f"{_alias_path(namespace, alias)}/{action}", json=body, headers=headers)
 
 
 def publish(
@@ -38,31 +74,15 @@ def publish(
     namespace: str,
     alias: str,
     artifact: str,
-    *,
-    expected_generation: int | None = None,
-    reason: str | None = None,
-    idempotency_key: str | None = None,
+    **guards: Unpack[MutationGuards],
 ) -> Any:
     """Point `namespace/alias` at `artifact` (id or sha256:<H_artifact>); returns the generation."""
-    body = {"artifact": artifact, "expected_generation": expected_generation, "reason": reason}
-    return client.post(
-        f"{_alias_path(namespace, alias)}/publish", json=body, headers=_idempotency(idempotency_key)
-    )
+    return mutate_alias(client, namespace, alias, "publish", {"artifact": artifact}, **guards)
 
 
-def retire(
-    client: ApiClient,
-    namespace: str,
-    alias: str,
-    *,
-    expected_generation: int | None = None,
-    reason: str | None = None,
-    idempotency_key: str | None = None,
-) -> Any:
-    body = {"expected_generation": expected_generation, "reason": reason}
-    return client.post(
-        f"{_alias_path(namespace, alias)}/retire", json=body, headers=_idempotency(idempotency_key)
-    )
+def retire(client: ApiClient, namespace: str, alias: str, **guards: Unpack[MutationGuards]) -> Any:
+    """Retire `namespace/alias`; resolving it answers 410 ALIAS_RETIRED afterwards."""
+    return mutate_alias(client, namespace, alias, "retire", {}, **guards)
 
 
 def rollback(
@@ -71,20 +91,11 @@ def rollback(
     alias: str,
     *,
     to_generation: int | None = None,
-    expected_generation: int | None = None,
-    reason: str | None = None,
-    idempotency_key: str | None = None,
+    **guards: Unpack[MutationGuards],
 ) -> Any:
-    body = {
-        "to_generation": to_generation,
-        "expected_generation": expected_generation,
-        "reason": reason,
-    }
-    return client.post(
-        f"{_alias_path(namespace, alias)}/rollback",
-        json=body,
-        headers=_idempotency(idempotency_key),
-    )
+    """Restore `to_generation`'s artifact (default: the newest earlier different one)."""
+    fields = {"to_generation": to_generation}
+    return mutate_alias(client, namespace, alias, "rollback", fields, **guards)
 
 
 def resolve(client: ApiClient, namespace: str, alias: str) -> Any:
@@ -101,9 +112,30 @@ def history(
     follow: bool = False,
 ) -> dict[str, Any]:
     return client.paginate(
-        f"{_alias_path(namespace, alias)}/history",
+        _history_path(namespace, alias),
         params={"limit": limit, "cursor": cursor},
         follow=follow,
+    )
+
+
+def _emit_mutation(
+    ctx: typer.Context,
+    ref: str,
+    action: Mutation,
+    fields: Mapping[str, Any],
+    expected_generation: int | None,
+    reason: str | None,
+    idempotency_key: str | None,
+) -> None:
+    """The body of the `publish`, `retire` and `rollback` commands."""
+    namespace, alias = parse_alias_ref(ref)
+    guards = MutationGuards(
+        expected_generation=expected_generation, reason=reason, idempotency_key=idempotency_key
+    )
+    call_and_emit(
+        ctx,
+        output.render_generation,
+        lambda client: mutate_alias(client, namespace, alias, action, fields, **guards),
     )
 
 
@@ -134,19 +166,8 @@ def register(app: typer.Typer) -> None:
         idempotency_key: str | None = _IDEMPOTENCY,
     ) -> None:
         """Publish ARTIFACT (validated, same namespace) under NS/ALIAS."""
-        cli = current(ctx)
-        namespace, alias = parse_alias_ref(ref)
-        with cli.client() as client:
-            gen = publish(
-                client,
-                namespace,
-                alias,
-                artifact,
-                expected_generation=expected_generation,
-                reason=reason,
-                idempotency_key=idempotency_key,
-            )
-        output.emit(cli, gen, output.render_generation)
+        fields = {"artifact": artifact}
+        _emit_mutation(ctx, ref, "publish", fields, expected_generation, reason, idempotency_key)
 
     @app.command("retire")
     def retire_command(
@@ -157,18 +178,7 @@ def register(app: typer.Typer) -> None:
         idempotency_key: str | None = _IDEMPOTENCY,
     ) -> None:
         """Retire NS/ALIAS: resolving it answers 410 ALIAS_RETIRED (exit 8) afterwards."""
-        cli = current(ctx)
-        namespace, alias = parse_alias_ref(ref)
-        with cli.client() as client:
-            gen = retire(
-                client,
-                namespace,
-                alias,
-                expected_generation=expected_generation,
-                reason=reason,
-                idempotency_key=idempotency_key,
-            )
-        output.emit(cli, gen, output.render_generation)
+        _emit_mutation(ctx, ref, "retire", {}, expected_generation, reason, idempotency_key)
 
     @app.command("rollback")
     def rollback_command(
@@ -185,58 +195,50 @@ def register(app: typer.Typer) -> None:
         idempotency_key: str | None = _IDEMPOTENCY,
     ) -> None:
         """Append a rollback generation pointing at an older artifact (history is kept)."""
-        cli = current(ctx)
-        namespace, alias = parse_alias_ref(ref)
-        with cli.client() as client:
-            gen = rollback(
-                client,
-                namespace,
-                alias,
-                to_generation=to_generation,
-                expected_generation=expected_generation,
-                reason=reason,
-                idempotency_key=idempotency_key,
-            )
-        output.emit(cli, gen, output.render_generation)
+        fields = {"to_generation": to_generation}
+        _emit_mutation(ctx, ref, "rollback", fields, expected_generation, reason, idempotency_key)
 
     @app.command("resolve")
     def resolve_command(ctx: typer.Context, ref: str = _ALIAS_ARG) -> None:
         """Show what NS/ALIAS means now (exit 8 if retired, 3 if never published)."""
-        cli = current(ctx)
         namespace, alias = parse_alias_ref(ref)
-        with cli.client() as client:
-            resolution = resolve(client, namespace, alias)
-        output.emit(cli, resolution, output.render_generation)
+        call_and_emit(
+            ctx, output.render_generation, lambda client: resolve(client, namespace, alias)
+        )
 
     @app.command("history")
     def history_command(
         ctx: typer.Context,
         ref: str = _ALIAS_ARG,
-        limit: int | None = typer.Option(None, "--limit", min=1),
-        cursor: str | None = typer.Option(None, "--cursor"),
-        all_pages: bool = typer.Option(False, "--all", help="Follow next_cursor to the end."),
+        limit: int | None = LIMIT_OPTION,
+        cursor: str | None = CURSOR_OPTION,
+        all_pages: bool = ALL_OPTION,
     ) -> None:
         """List NS/ALIAS's generations, newest first."""
-        cli = current(ctx)
         namespace, alias = parse_alias_ref(ref)
-        with cli.client() as client:
-            page = history(client, namespace, alias, limit=limit, cursor=cursor, follow=all_pages)
-        output.emit(cli, page, output.render_history)
+        list_pages(
+            ctx,
+            _history_path(namespace, alias),
+            output.render_history,
+            limit=limit,
+            cursor=cursor,
+            all_pages=all_pages,
+        )
 
     @app.command("aliases")
     def aliases_command(
         ctx: typer.Context,
         namespace: str = typer.Argument(..., metavar="NS"),
-        limit: int | None = typer.Option(None, "--limit", min=1),
-        cursor: str | None = typer.Option(None, "--cursor"),
-        all_pages: bool = typer.Option(False, "--all", help="Follow next_cursor to the end."),
+        limit: int | None = LIMIT_OPTION,
+        cursor: str | None = CURSOR_OPTION,
+        all_pages: bool = ALL_OPTION,
     ) -> None:
         """List the aliases of NS with their current generation."""
-        cli = current(ctx)
-        with cli.client() as client:
-            page = client.paginate(
-                f"/v1/namespaces/{segment(namespace)}/aliases",
-                params={"limit": limit, "cursor": cursor},
-                follow=all_pages,
-            )
-        output.emit(cli, page, output.render_aliases)
+        list_pages(
+            ctx,
+            f"/v1/namespaces/{segment(namespace)}/aliases",
+            output.render_aliases,
+            limit=limit,
+            cursor=cursor,
+            all_pages=all_pages,
+        )

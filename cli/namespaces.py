@@ -8,7 +8,8 @@ import typer
 
 from cli import output
 from cli.client import ApiClient
-from cli.context import current
+from cli.invoke import call_and_emit
+from cli.pagination import ALL_OPTION, CURSOR_OPTION, LIMIT_OPTION, list_pages
 
 app = typer.Typer(help="Create and list namespaces.", no_args_is_help=True)
 
@@ -20,23 +21,22 @@ def create_namespace(client: ApiClient, name: str) -> Any:
 @app.command("create")
 def create_command(ctx: typer.Context, name: str = typer.Argument(..., metavar="NAME")) -> None:
     """Create a namespace (admin on `*`); exit 4 if it already exists."""
-    cli = current(ctx)
-    with cli.client() as client:
-        namespace = create_namespace(client, name)
-    output.emit(cli, namespace, output.render_namespace)
+    call_and_emit(ctx, output.render_namespace, lambda client: create_namespace(client, name))
 
 
 @app.command("list")
 def list_command(
     ctx: typer.Context,
-    limit: int | None = typer.Option(None, "--limit", min=1),
-    cursor: str | None = typer.Option(None, "--cursor"),
-    all_pages: bool = typer.Option(False, "--all", help="Follow next_cursor to the end."),
+    limit: int | None = LIMIT_OPTION,
+    cursor: str | None = CURSOR_OPTION,
+    all_pages: bool = ALL_OPTION,
 ) -> None:
     """List the namespaces this token can read."""
-    cli = current(ctx)
-    with cli.client() as client:
-        page = client.paginate(
-            "/v1/namespaces", params={"limit": limit, "cursor": cursor}, follow=all_pages
-        )
-    output.emit(cli, page, output.render_namespaces)
+    list_pages(
+        ctx,
+        "/v1/namespaces",
+        output.render_namespaces,
+        limit=limit,
+        cursor=cursor,
+        all_pages=all_pages,
+    )

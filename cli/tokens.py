@@ -12,8 +12,8 @@ import typer
 
 from cli import output
 from cli.client import ApiClient
-from cli.context import current
 from cli.errors import usage_error
+from cli.invoke import call_and_emit
 
 ROLES = ("read", "publish", "admin")
 
@@ -46,12 +46,11 @@ def create_command(
     agent: bool = typer.Option(False, "--agent", help="Agent token (reads desired state)."),
 ) -> None:
     """Create a token (admin on `*`); the plaintext token is shown once."""
-    cli = current(ctx)
     if not grant and not agent:
         raise usage_error("give at least one --grant NS:ROLE (or --agent)")
-    with cli.client() as client:
-        token = create_token(client, name, grant, is_agent=agent)
-    output.emit(cli, token, output.render_token)
+    call_and_emit(
+        ctx, output.render_token, lambda client: create_token(client, name, grant, is_agent=agent)
+    )
 
 
 @app.command("revoke")
@@ -59,7 +58,4 @@ def revoke_command(
     ctx: typer.Context, token_id: int = typer.Argument(..., metavar="ID", help="Token id.")
 ) -> None:
     """Revoke a token (admin on `*`); it stops authenticating at once."""
-    cli = current(ctx)
-    with cli.client() as client:
-        token = client.delete(f"/v1/tokens/{token_id}")
-    output.emit(cli, token, output.render_token)
+    call_and_emit(ctx, output.render_token, lambda client: client.delete(f"/v1/tokens/{token_id}"))

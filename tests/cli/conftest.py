@@ -141,3 +141,18 @@ def namespace(adapterctl: Invoke) -> str:
     result = adapterctl("namespaces", "create", name)
     assert result.exit_code == 0, result.output
     return name
+
+
+@pytest.fixture
+def push_wait(adapterctl: Invoke, h_base: str, namespace: str) -> Callable[[str], Result]:
+    """`adapterctl -o json push SOURCE -n <namespace> -b <h_base> --wait --timeout 60`.
+
+    Returns the raw `Result` (exit code unchecked) so refusal tests can use it too.
+    """
+
+    def push(source: str) -> Result:
+        return adapterctl(
+            "-o", "json", "push", source, "-n", namespace, "-b", h_base, "--wait", "--timeout", "60"
+        )
+
+    return push

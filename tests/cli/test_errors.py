@@ -15,16 +15,16 @@ from typer.testing import Result
 from cli.stack import EmbeddedStack, free_port
 
 Invoke = Callable[..., Result]
+PushWait = Callable[[str], Result]
+"""tests/cli/conftest.py's `push_wait`: push SOURCE into the test namespace with --wait."""
 CliAssets = Any
 """tests/cli/conftest.py's CliAssets (base, adapter_a, adapter_b, adapter_nan)."""
 
 
 def test_generation_conflict_exits_4_and_changes_nothing(
-    adapterctl: Invoke, cli_assets: CliAssets, h_base: str, namespace: str
+    adapterctl: Invoke, cli_assets: CliAssets, namespace: str, push_wait: PushWait
 ) -> None:
-    pushed = adapterctl(
-        "-o", "json", "push", str(cli_assets.adapter_a), "-n", namespace, "-b", h_base, "--wait"
-    )
+    pushed = push_wait(str(cli_assets.adapter_a))
     artifact = json.loads(pushed.stdout)
     ref = f"{namespace}/cas"
     assert adapterctl("publish", ref, str(artifact["id"])).exit_code == 0
@@ -43,21 +43,9 @@ def test_not_found_exits_3(adapterctl: Invoke, namespace: str) -> None:
 
 
 def test_rejected_artifact_exits_5_with_its_rejection_code(
-    adapterctl: Invoke, cli_assets: CliAssets, h_base: str, namespace: str
+    adapterctl: Invoke, cli_assets: CliAssets, namespace: str, push_wait: PushWait
 ) -> None:
-    result = adapterctl(
-        "-o",
-        "json",
-        "push",
-        str(cli_assets.adapter_nan),
-        "-n",
-        namespace,
-        "-b",
-        h_base,
-        "--wait",
-        "--timeout",
-        "60",
-    )
+    result = push_wait(str(cli_assets.adapter_nan))
     assert result.exit_code == 5, result.output
     artifact = json.loads(result.stdout)
     assert artifact["state"] == "rejected"

@@ -10,6 +10,8 @@ from typing import Any
 from typer.testing import Result
 
 Invoke = Callable[..., Result]
+PushWait = Callable[[str], Result]
+"""tests/cli/conftest.py's `push_wait`: push SOURCE into the test namespace with --wait."""
 CliAssets = Any
 """tests/cli/conftest.py's CliAssets (base, adapter_a, adapter_b, adapter_nan)."""
 
@@ -19,37 +21,17 @@ def ok_json(result: Any) -> Any:
     return json.loads(result.stdout)
 
 
-def push(adapterctl: Invoke, namespace: str, h_base: str, source: str) -> dict[str, Any]:
-    return dict(
-        ok_json(
-            adapterctl(
-                "-o",
-                "json",
-                "push",
-                source,
-                "--namespace",
-                namespace,
-                "--base",
-                h_base,
-                "--wait",
-                "--timeout",
-                "60",
-            )
-        )
-    )
-
-
 def test_push_publish_retire_rollback_history(
-    adapterctl: Invoke, cli_assets: CliAssets, h_base: str, namespace: str
+    adapterctl: Invoke, cli_assets: CliAssets, h_base: str, namespace: str, push_wait: PushWait
 ) -> None:
-    a = push(adapterctl, namespace, h_base, str(cli_assets.adapter_a))
-    b = push(adapterctl, namespace, h_base, str(cli_assets.adapter_b))
+    a = ok_json(push_wait(str(cli_assets.adapter_a)))
+    b = ok_json(push_wait(str(cli_assets.adapter_b)))
     assert (a["state"], b["state"]) == ("validated", "validated")
     assert a["namespace"] == namespace and a["base"] == h_base
     assert a["digest"] and b["digest"] and a["digest"] != b["digest"]
 
     # The same bytes pushed again are the same artifact.
-    again = push(adapterctl, namespace, h_base, str(cli_assets.adapter_a))
+    again = ok_json(push_wait(str(cli_assets.adapter_a)))
     assert again["id"] == a["id"]
 
     ref = f"{namespace}/bot"
@@ -96,6 +78,15 @@ def test_push_publish_retire_rollback_history(
     assert history["next_cursor"] is None
     paged = ok_json(adapterctl("-o", "json", "history", ref, "--limit", "3", "--all"))
     assert paged["items"] == history["items"]
+    # Without --all: one page, and the cursor it hands out continues exactly after it.
+    first = ok_json(adapterctl("-o", "json", "history", ref, "--limit", "3"))
+    assert first["items"] == history["items"][:3] and first["next_cursor"]
+    rest = ok_json(
+        adapterctl("-o", "json", "history", ref, "--limit", "3", "--cursor", first["next_cursor"])
+    )
+    assert (rest["items"], rest["next_cursor"]) == (history["items"][3:], None)
+    hinted = adapterctl("history", ref, "--limit", "3")
+    assert f"more: --cursor {first['next_cursor']}" in hinted.stderr
 
     # Table output is for humans but carries the same facts.
     table = adapterctl("history", ref)
@@ -118,10 +109,10 @@ def test_push_publish_retire_rollback_history(
 
 
 def test_idempotency_key_returns_the_original_generation(
-    adapterctl: Invoke, cli_assets: CliAssets, h_base: str, namespace: str
+    adapterctl: Invoke, cli_assets: CliAssets, namespace: str, push_wait: PushWait
 ) -> None:
-    a = push(adapterctl, namespace, h_base, str(cli_assets.adapter_a))
-    b = push(adapterctl, namespace, h_base, str(cli_assets.adapter_b))
+    a = ok_json(push_wait(str(cli_assets.adapter_a)))
+    b = ok_json(push_wait(str(cli_assets.adapter_b)))
     ref = f"{namespace}/idem"
     first = ok_json(
         adapterctl("-o", "json", "publish", ref, str(a["id"]), "--idempotency-key", "k-1")

@@ -13,6 +13,8 @@ import boto3
 from typer.testing import Result
 
 Invoke = Callable[..., Result]
+PushWait = Callable[[str], Result]
+"""tests/cli/conftest.py's `push_wait`: push SOURCE into the test namespace with --wait."""
 CliAssets = Any
 """tests/cli/conftest.py's CliAssets (base, adapter_a, adapter_b, adapter_nan)."""
 
@@ -40,23 +42,16 @@ def _adapter_files(directory: Path) -> dict[str, bytes]:
 
 
 def test_push_from_s3_and_file_uris(
-    adapterctl: Invoke, cli_assets: CliAssets, h_base: str, namespace: str, s3_endpoint: str
+    adapterctl: Invoke,
+    cli_assets: CliAssets,
+    h_base: str,
+    namespace: str,
+    s3_endpoint: str,
+    push_wait: PushWait,
 ) -> None:
     bucket, prefix = "cli-adapters", f"runs/{uuid.uuid4().hex[:8]}/a"
     _upload(s3_endpoint, bucket, prefix, _adapter_files(cli_assets.adapter_a))
-    from_s3 = adapterctl(
-        "-o",
-        "json",
-        "push",
-        f"s3://{bucket}/{prefix}",
-        "-n",
-        namespace,
-        "-b",
-        h_base,
-        "--wait",
-        "--timeout",
-        "60",
-    )
+    from_s3 = push_wait(f"s3://{bucket}/{prefix}")
     assert from_s3.exit_code == 0, from_s3.output
     a = json.loads(from_s3.stdout)
     assert a["state"] == "validated"
@@ -67,19 +62,7 @@ def test_push_from_s3_and_file_uris(
     )
     assert json.loads(uploaded.stdout)["id"] == a["id"]
 
-    from_file = adapterctl(
-        "-o",
-        "json",
-        "push",
-        cli_assets.adapter_b.resolve().as_uri(),
-        "-n",
-        namespace,
-        "-b",
-        h_base,
-        "--wait",
-        "--timeout",
-        "60",
-    )
+    from_file = push_wait(cli_assets.adapter_b.resolve().as_uri())
     assert from_file.exit_code == 0, from_file.output
     b = json.loads(from_file.stdout)
     assert b["state"] == "validated" and b["digest"] != a["digest"]
