@@ -99,9 +99,8 @@ class PoolSlots:
         # every slot can hold an all-module adapter at max rank (+1 page of packing slack)
         pages = slots * (adapter_page_demand(widest, self.geometry) + 1)
         self.host = HostTier(host_bytes)
-        self.pool = DevicePool(self.geometry, pages, slots, dtype, device, full_audit=False)
-        # set after construction: DevicePool's `host_tier or ...` discards an empty tier
-        self.pool.host = self.host
+        self.pool = DevicePool(self.geometry, pages, slots, dtype, device,
+                               host_tier=self.host, full_audit=False)
         groups = [ModuleGroup(layer, attr, names, shapes[names[0]][1],
                               tuple(shapes[n][0] for n in names))
                   for layer in range(cfg.num_layers) for attr, names in LORA_GROUPS.items()]

@@ -19,6 +19,7 @@ from fastapi.responses import JSONResponse
 from sqlalchemy.exc import DataError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from controlplane.agents.endpoints import router as agents_router
 from controlplane.artifacts.endpoints import router as artifacts_router
 from controlplane.audit.endpoints import router as audit_router
 from controlplane.auth.endpoints import router as tokens_router
@@ -68,7 +69,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.add_middleware(RequestLogMiddleware)
     app.include_router(health_router)
     for router in (bases_router, namespaces_router, artifacts_router, catalog_router,
-                   audit_router, tokens_router):
+                   audit_router, tokens_router, agents_router):
         app.include_router(router, responses=ERROR_RESPONSES)
     _install_error_handlers(app)
     return app

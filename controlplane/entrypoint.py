@@ -3,7 +3,7 @@
 Subcommands: `migrate` (Alembic to head), `api` (uvicorn on `controlplane.app:create_app`),
 `worker` (Celery worker of `controlplane.worker`), `bootstrap-token` (first admin token,
 straight into the DB), `up` (the embedded stack: API + worker as real processes),
-`demo` (the README's first command) and `agent` (arrives with issue 5).
+`demo` (the README's first command) and `agent` (the per-device daemon, agent/daemon.py).
 
 Settings are `controlplane.config.Settings` (environment, prefix `ADAPTERPLANE_`); the
 embedded default keeps SQLite, file:// objects and a SQLite Celery broker under
@@ -143,10 +143,14 @@ def _signal_readiness(ready_file: Path) -> None:
     worker_shutdown.connect(on_shutdown, weak=False)
 
 
-@app.command("agent")
-def agent_command() -> None:
-    """The per-GPU agent (not available yet)."""
-    raise _fail("the data-plane agent arrives with issue 5; nothing was started", 2)
+@app.command("agent", context_settings={"allow_extra_args": True,
+                                        "ignore_unknown_options": True,
+                                        "help_option_names": []})
+def agent_command(ctx: typer.Context) -> None:
+    """The per-device agent (settings: ADAPTERPLANE_AGENT_* or --name=value; --help lists them)."""
+    from agent.daemon import main as agent_main
+
+    raise typer.Exit(agent_main(ctx.args))
 
 
 @app.command("bootstrap-token")

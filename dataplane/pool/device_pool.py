@@ -87,7 +87,7 @@ class DevicePool:
         self.storage = PageStorage(geometry, total_pages, dtype, device)
         self.slots = SlotTable(num_slots, slot_generations)
         self.launches = LaunchRegistry()
-        self.host = host_tier or HostTier(1 << 40, pin_memory=False)
+        self.host = host_tier if host_tier is not None else HostTier(1 << 40, pin_memory=False)
         self.faults = faults or FaultInjector()
         self.rehash_on_load = rehash_on_load
         self.full_audit = full_audit

@@ -1,5 +1,9 @@
 """Agent test fixtures: assets, one control plane and one agent per session.
 
+The control plane is `cli.stack.EmbeddedStack` (`adapterplane migrate`,
+`bootstrap-token`, `api`, `worker` as real processes) on a private Postgres schema, with
+object storage on the moto S3 server, so agents download through presigned URLs.
+
 Assets: a tiny random Llama with a byte-level tokenizer (256 ids = 256 bytes, so any
 text encodes) and a chat template, plus real PEFT adapters of different ranks and
 targets. References come from HF transformers + PEFT (tests/engine/helpers.py).
@@ -18,12 +22,13 @@ import pytest
 from sqlalchemy import text
 from sqlalchemy.engine import make_url
 
+from cli.stack import EmbeddedStack
 from controlplane.db import make_engine
 from dataplane.artifacts import read_base_abi
 from dataplane.assets import make_peft_adapter, make_tiny_llama
 
 from .assets import GreedyReference, write_byte_tokenizer
-from .stack import Admin, AgentControlPlane, AgentProcess
+from .stack import Admin, AgentProcess
 
 AGENT_MAX_RANK = 8
 S3_KEY = "testing"
@@ -66,7 +71,7 @@ def reference(agent_assets: AgentAssets) -> GreedyReference:
 class Deployment:
     """Control plane + published aliases + one agent, shared by the module's tests."""
 
-    cp: AgentControlPlane
+    cp: EmbeddedStack
     s3: Any
     bucket: str
     admin: Admin
@@ -110,9 +115,9 @@ def agent_database_url(postgres_url: str) -> Iterator[str]:
 @pytest.fixture(scope="session")
 def control_plane(tmp_path_factory: pytest.TempPathFactory, s3_endpoint: str,
                   s3_bucket: tuple[Any, str],
-                  agent_database_url: str) -> Iterator[AgentControlPlane]:
+                  agent_database_url: str) -> Iterator[EmbeddedStack]:
     bucket = s3_bucket[1]
-    stack = AgentControlPlane(
+    stack = EmbeddedStack(
         tmp_path_factory.mktemp("agent-cp"), port=0, embedded_only=True,
         extra_env={"ADAPTERPLANE_ENVIRONMENT": "test",
                    "ADAPTERPLANE_DATABASE_URL": agent_database_url,
@@ -125,7 +130,7 @@ def control_plane(tmp_path_factory: pytest.TempPathFactory, s3_endpoint: str,
 
 
 @pytest.fixture(scope="session")
-def deployment(control_plane: AgentControlPlane, agent_assets: AgentAssets,
+def deployment(control_plane: EmbeddedStack, agent_assets: AgentAssets,
                s3_bucket: tuple[Any, str],
                tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]:
     admin = Admin(control_plane.url, control_plane.token())

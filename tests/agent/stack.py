@@ -1,16 +1,8 @@
-"""Real processes for the agent tests: control plane (API + Celery worker) and agents.
-
-The control plane is `cli.stack.EmbeddedStack` (migrate, bootstrap token, API, worker
-as subprocesses; Postgres database in a private schema, SQLite broker) with object
-storage on the moto S3 server, so agents download through presigned URLs. Its API
-process runs the real `create_app` plus the agent routes
-(tests/agent/control_plane_app.py).
-"""
+"""Driving the real processes of the agent tests: the admin REST API as a client would
+use it, and agent processes (`agent.supervisor.AgentProcess`)."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -18,28 +10,8 @@ from typing import Any
 import httpx
 
 from agent.supervisor import AgentProcess
-from cli.stack import EmbeddedStack
 
-__all__ = ["Admin", "AgentControlPlane", "AgentProcess"]
-
-HERE = Path(__file__).resolve().parent
-
-
-class AgentControlPlane(EmbeddedStack):
-    """EmbeddedStack whose API process also serves /v1/agents."""
-
-    def _spawn(self, name: str, args: list[str]) -> None:
-        if name != "api":
-            super()._spawn(name, args)
-            return
-        log = (self.log_dir / "api.log").open("ab")
-        self._logs.append(log)
-        self._procs[name] = subprocess.Popen(
-            [sys.executable, "-m", "uvicorn", "--factory", "--app-dir", str(HERE),
-             "control_plane_app:create_app_with_agents", "--host", self.host,
-             "--port", str(self.port), "--log-level", "warning"],
-            env=self.env(), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-            start_new_session=True)
+__all__ = ["Admin", "AgentProcess"]
 
 
 class Admin:
