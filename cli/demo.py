@@ -10,7 +10,15 @@ code paths as the `adapterctl` commands echoed on screen); nothing touches the D
 4. registers the base, creates namespace `demo`, pushes both adapters and waits for the
    worker to validate them;
 5. publishes `demo/support-bot` -> adapter 1, republishes -> adapter 2, rolls back, and
-   prints the resolution and the history; then stops the stack.
+   prints the resolution and the history;
+6. starts a real agent process on CPU for the base model and sends one greedy completion
+   (OpenAI-compatible `/v1/completions`) for the alias and one for the base, printing the
+   generation and artifact digest each ran on;
+7. republishes and rolls back while a streaming request is in flight: new requests bind
+   the new generations, the in-flight one finishes on the generation it was admitted on;
+8. stops the agent, then the stack (both must stop cleanly).
+
+Generation lengths are small (`MAX_TOKENS`) so the demo stays short on a 2-core CPU.
 """
 
 from __future__ import annotations
@@ -19,7 +27,7 @@ import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.rule import Rule
 
@@ -28,7 +36,15 @@ from cli.client import ApiClient
 from cli.errors import CliError
 from cli.stack import EmbeddedStack, StackError
 
+if TYPE_CHECKING:
+    from agent.supervisor import AgentProcess
+
 NAMESPACE = "demo"
+PROMPT = "The capital of France is"
+MAX_TOKENS = 12
+"""Tokens per demo completion (CPU, float32: keep it small)."""
+IN_FLIGHT_TOKENS = 96
+"""Tokens of the streaming request kept in flight across the hotswap and the rollback."""
 ALIAS = "support-bot"
 BASE_NAME = "smollm2-135m-instruct"
 
@@ -94,14 +110,67 @@ def run_demo(*, data_dir: Path, models_dir: Path, port: int = 0) -> dict[str, An
         say.info(f"API {stack.url}   admin token in {stack.token_path}   logs {stack.log_dir}")
         with ApiClient(stack.url, stack.token()) as client:
             result = _lifecycle(client, base_dir, adapter_dirs, say)
+        result["agent"] = _serve(stack, base_dir, data_dir, result["artifacts"], say)
     finally:
-        say.step("6. stopping the stack")
+        say.step("8. stopping the stack")
         report = stack.stop()
         say.info(f"stopped {report.describe()}")
     if not report.clean:
         raise StackError(f"the stack did not stop cleanly: {report.describe()}")
     say.info(f"demo finished in {time.monotonic() - started:.1f}s")
     return result
+
+
+def _serve(
+    stack: EmbeddedStack, base_dir: Path, data_dir: Path, artifact_ids: list[str], say: _Narrator
+) -> dict[str, Any]:
+    """Steps 6-7: a real agent serves the alias and the base, then sees a hotswap.
+
+    Returns `{"completions": [...], "hotswap": {...}}` (see `agent.demo`). Any agent or
+    inference failure becomes a `StackError` carrying the agent's log tail; the agent is
+    always stopped (SIGTERM, then SIGKILL after a grace period) before returning.
+    """
+    import httpx
+    import openai
+
+    from agent.demo import complete_each, show_hotswap, start_demo_agent
+
+    say.step("6. a real agent on CPU serves the alias and the base (OpenAI /v1/completions)")
+    agent: AgentProcess | None = None
+    try:
+        agent, token = start_demo_agent(
+            stack.url, stack.token(), base_dir, data_dir, NAMESPACE,
+            served_model_name=BASE_NAME, long_poll_s="2",
+        )
+        say.info(f"agent {agent.url} (pid {agent.proc.pid if agent.proc else '?'})   "
+                 f"log {agent.log_path}")
+        ref = f"{NAMESPACE}/{ALIAS}"
+        completions = complete_each(
+            agent.url, token, [ref, BASE_NAME], PROMPT, say.info, max_tokens=MAX_TOKENS
+        )
+        say.step("7. hotswap and rollback while a request is in flight")
+        hotswap = show_hotswap(
+            agent, token, stack.url, stack.token(), NAMESPACE, ALIAS, artifact_ids[1],
+            PROMPT, say.info, max_tokens=IN_FLIGHT_TOKENS,
+        )
+    except (RuntimeError, AssertionError, httpx.HTTPError, openai.OpenAIError) as exc:
+        tail = agent.tail() if agent is not None else ""
+        raise StackError(f"agent step failed: {exc}\n{tail}") from exc
+    finally:
+        code = _stop_agent(agent, say)
+    if code != 0:
+        raise StackError(f"the agent did not stop cleanly (exit code {code})")
+    return {"completions": completions, "hotswap": hotswap}
+
+
+def _stop_agent(agent: AgentProcess | None, say: _Narrator) -> int | None:
+    """SIGTERM the agent (SIGKILL after a grace period); return its exit code."""
+    if agent is None or agent.proc is None:
+        return None
+    agent.stop()
+    code = agent.proc.returncode
+    say.info(f"agent stopped (exit code {code})")
+    return code
 
 
 def _quiet_model_loading() -> None:
