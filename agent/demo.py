@@ -9,7 +9,9 @@ Given a running control plane with published aliases:
 * :func:`show_hotswap` starts a streaming request, republishes the alias while it is
   in flight, sends a new request (it binds the new generation), rolls back, sends
   another (it binds the rollback generation), and lets the first finish on the
-  generation it was admitted under.
+  generation it was admitted under. After each new request it reads the agent's live
+  request count (`steps["live_after_publish"]`, `steps["live_after_rollback"]`): at
+  least 1 there shows the first request was still running across the swap.
 
 `say` receives one human-readable line per event (the demo prints them).
 """
@@ -113,7 +115,10 @@ def show_hotswap(agent: AgentProcess, token: str, cp_url: str, admin_token: str,
             res = client.completions.create(model=model, prompt=prompt, max_tokens=8,
                                             temperature=0)
             steps[action] = _ran_on(res)
-            say(f"new request after {action}: {_label(steps[action])}")
+            live = int(agent.state().get("live", 0))
+            steps[f"live_after_{action}"] = live
+            say(f"new request after {action}: {_label(steps[action])}; "
+                f"{live} request(s) still in flight on the agent")
     chunks += list(stream)
     finished = sorted({int((_ran_on(c) or {}).get("generation", 0)) for c in chunks})
     text = "".join(c.choices[0].text for c in chunks if c.choices)

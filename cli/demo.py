@@ -24,6 +24,7 @@ Generation lengths are small (`MAX_TOKENS`) so the demo stays short on a 2-core 
 from __future__ import annotations
 
 import shutil
+import signal
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -89,7 +90,8 @@ class _Narrator:
 
 
 def run_demo(*, data_dir: Path, models_dir: Path, port: int = 0) -> dict[str, Any]:
-    """Run the demo; return the final resolution and history (for tests and callers).
+    """Run the demo; return the final resolution, history, artifact ids and what the agent
+    served (`"agent"`: completions and hotswap steps, see `agent.demo`).
 
     Raises `CliError` on any API failure and `StackError` if the stack cannot start.
     """
@@ -158,7 +160,7 @@ def _serve(
         raise StackError(f"agent step failed: {exc}\n{tail}") from exc
     finally:
         code = _stop_agent(agent, say)
-    if code != 0:
+    if code not in (0, -signal.SIGTERM):  # uvicorn re-raises the SIGTERM it handled
         raise StackError(f"the agent did not stop cleanly (exit code {code})")
     return {"completions": completions, "hotswap": hotswap}
 
