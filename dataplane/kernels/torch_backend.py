@@ -1,14 +1,35 @@
 """Torch implementation of the LoRA backend (the CPU engine's path).
 
-Per active slot: ``index_select`` the slot's rows, two ``mm`` per slice,
-``index_add_`` into ``y`` (PEFT-style grouping, seed §0x02A). Factors come from
-strided views of the storage when the table is stacked, else they are gathered
-through the row-address tables. Reads slot counts and ranks on the host, so on
-CUDA it syncs and is not graph-capturable: it is the CPU path and a second
-oracle, the Triton backend is the GPU path.
+Two paths, same contract (:class:`dataplane.kernels.base.LoraBackend`):
+
+* **loop** — per active slot: ``index_select`` the slot's rows, two ``mm`` per
+  slice, ``index_add_`` into ``y`` (PEFT-style grouping, seed §0x02A). Factors
+  come from strided views of the storage when the table is stacked, else they
+  are gathered through the row-address tables. Host work grows with the number
+  of active slots; each factor is read once per step.
+* **batched** — per slice, for all active rows at once: gather every row's
+  ``A`` / ``Bt`` rank rows through its slot (``[n, Rp, d]``, ``Rp`` = the
+  largest rank among the step's active slots) and one ``bmm`` each for shrink
+  and expand (Punica BGMV style). Host work is independent of the slot count,
+  but a factor is read once per *row*. Rank rows ``i >= ranks[k, s]`` are
+  masked with ``torch.where`` (addresses to 0, ``z`` and ``Bt`` to zero), so
+  whatever the storage holds there (stale pages, NaN) is never used, and rows
+  whose slice has rank 0 are not written, as the contract requires.
+
+Rule (``path="auto"``, the default): batched when at least two slots are active
+and the active rows average at most :data:`BATCHED_MAX_ROWS_PER_SLOT` per
+active slot (decode-sized steps); otherwise loop (prefill-heavy steps, or one
+slot, where the per-row gather would re-read the factors for nothing). Shrink
+and expand take the decision from the same metadata, so they always agree.
+
+Reads slot counts and ranks on the host, so on CUDA it syncs and is not
+graph-capturable: it is the CPU path and a second oracle, the Triton backend
+is the GPU path.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 
@@ -21,6 +42,12 @@ from dataplane.kernels.base import (
     check_call,
 )
 from dataplane.kernels.errors import LoraShapeError
+
+BATCHED_MAX_ROWS_PER_SLOT = 4
+"""``path="auto"`` uses the batched path while active rows <= this × active slots."""
+
+TORCH_PATHS = ("auto", "loop", "batched")
+_BLOCK_CACHE_SIZE = 256
 
 
 def build_meta_torch(row_slot: torch.Tensor, buffers: LoraMetaBuffers) -> LoraBatchMeta:
@@ -40,20 +67,72 @@ def build_meta_torch(row_slot: torch.Tensor, buffers: LoraMetaBuffers) -> LoraBa
 
 
 def _factor_rows(storage: torch.Tensor, homes: torch.Tensor, width: int) -> torch.Tensor:
-    idx = homes[:, None] + torch.arange(width, device=homes.device, dtype=torch.int64)[None, :]
-    return storage[idx]
+    """``storage[homes[..., None] + arange(width)]``: rank rows at element offsets."""
+    cols = torch.arange(width, device=homes.device, dtype=torch.int64)
+    return storage[homes.unsqueeze(-1) + cols]
+
+
+@dataclass(frozen=True)
+class _ActiveRows:
+    """The step's rows that have a slot, in slot order (host lists + device tensors)."""
+
+    counts: list[int]  # [S] rows per slot
+    slots_on: list[int]  # [U] slots with at least one row, ascending
+    rows: torch.Tensor  # int64 [n] scheduler rows, grouped by slot
+    slots: torch.Tensor  # int64 [n] slot of each of them
+
+
+@dataclass(frozen=True)
+class _SliceBlocks:
+    """One slice's live rank rows of the active slots, for the batched path.
+
+    The live rank rows (``i < ranks[k, s]``) of all active slots are
+    concatenated slot by slot: ``L = sum of their ranks`` rows, slot ``u``'s
+    block at ``off[u]``. Row ``t`` (slot index ``u``) owns columns
+    ``cols[t, i] = off[u] + i`` of an ``[n, L]`` product for ``i < r_u``.
+    """
+
+    rank: int  # Rp: largest rank of the slice among active slots (> 0)
+    flat: torch.Tensor  # int64 [L] index (slot * R + i) of each live rank row
+    cols: torch.Tensor  # int64 [n, Rp] own columns of each active row (0 where dead)
+    live: torch.Tensor | None  # bool [n, Rp] i < rank of the row; None = all live
+    keep: torch.Tensor | None  # int64 [m] row positions with rank > 0; None = all
 
 
 class TorchLoraBackend(LoraBackend):
-    """index_select / mm / index_add grouped by slot."""
+    """Torch LoRA branch: per-slot loop or per-row batched gather (module docstring)."""
 
     name = "torch"
+
+    def __init__(self, path: str = "auto") -> None:
+        if path not in TORCH_PATHS:
+            raise LoraShapeError(f"unknown torch LoRA path {path!r}, want one of {TORCH_PATHS}")
+        self.path = path
+        self._block_cache: dict[tuple[object, ...], _SliceBlocks] = {}
 
     def build_meta(self, row_slot: torch.Tensor, buffers: LoraMetaBuffers) -> LoraBatchMeta:
         return build_meta_torch(row_slot, buffers)
 
     def workspace_numel(self, max_rows: int, max_slices: int, max_rank: int) -> int:
         return max_rows * max_slices * max_rank
+
+    def chooses_batched(self, meta: LoraBatchMeta) -> bool:
+        """Whether shrink/expand take the batched path for this step's metadata."""
+        return self._batched(meta.slot_counts.tolist())
+
+    def _batched(self, counts: list[int]) -> bool:
+        if self.path != "auto":
+            return self.path == "batched"
+        slots_on = sum(1 for c in counts if c > 0)
+        return slots_on >= 2 and sum(counts) <= BATCHED_MAX_ROWS_PER_SLOT * slots_on
+
+    def _active(self, meta: LoraBatchMeta) -> _ActiveRows:
+        counts = meta.slot_counts.tolist()
+        rows = meta.sorted_rows[: sum(counts)].to(torch.int64)
+        slots = meta.row_slot.index_select(0, rows).to(torch.int64)
+        return _ActiveRows(counts, [s for s, c in enumerate(counts) if c > 0], rows, slots)
+
+    # -- loop path -----------------------------------------------------------
 
     def _a(self, w: LoraModuleWeights, k: int, s: int, r: int) -> torch.Tensor:
         if w.stacked is not None:
@@ -65,11 +144,107 @@ class TorchLoraBackend(LoraBackend):
             return w.stacked[k][1][s, :r]
         return _factor_rows(w.storage, w.b_rows[k, s, :r], w.out_features[k])
 
-    def _groups(self, meta: LoraBatchMeta) -> list[tuple[int, torch.Tensor]]:
-        counts = meta.slot_counts.tolist()
-        starts = meta.slot_starts.tolist()
-        rows = meta.sorted_rows.to(torch.int64)
-        return [(s, rows[starts[s] : starts[s] + c]) for s, c in enumerate(counts) if c > 0]
+    def _groups(self, act: _ActiveRows) -> list[tuple[int, torch.Tensor]]:
+        groups, start = [], 0
+        for s, c in enumerate(act.counts):
+            if c > 0:
+                groups.append((s, act.rows[start : start + c]))
+            start += c
+        return groups
+
+    # -- batched path --------------------------------------------------------
+
+    def _blocks(
+        self, act: _ActiveRows, ranks: list[list[int]], k: int, max_rank: int
+    ) -> _SliceBlocks | None:
+        on = [ranks[k][s] for s in act.slots_on]
+        if max(on) == 0:
+            return None
+        # Every layer of a step (and steps with the same rows per slot) share
+        # the index tensors: build them once per distinct key.
+        key = (tuple(act.counts), tuple(on), max_rank, str(act.rows.device))
+        hit = self._block_cache.get(key)
+        if hit is None:
+            if len(self._block_cache) >= _BLOCK_CACHE_SIZE:
+                self._block_cache.clear()
+            hit = self._block_cache[key] = self._build_blocks(act, on, max_rank)
+        return hit
+
+    def _build_blocks(self, act: _ActiveRows, on: list[int], max_rank: int) -> _SliceBlocks:
+        rank = max(on)
+        flat, cols, off = [], [], 0
+        for s, r in zip(act.slots_on, on, strict=True):
+            flat.extend(range(s * max_rank, s * max_rank + r))
+            cols.append([off + i if i < r else 0 for i in range(rank)])
+            off += r
+        device = act.rows.device
+        u = torch.repeat_interleave(
+            torch.arange(len(on)), torch.tensor([act.counts[s] for s in act.slots_on])
+        )
+        row_cols = torch.tensor(cols, dtype=torch.int64).index_select(0, u)
+        live = keep = None
+        if min(on) < rank:
+            row_rank = torch.tensor(on).index_select(0, u)
+            live = (torch.arange(rank)[None, :] < row_rank[:, None]).to(device)
+            if min(on) == 0:
+                keep = torch.nonzero(row_rank > 0).flatten().to(device)
+        return _SliceBlocks(
+            rank, torch.tensor(flat, dtype=torch.int64, device=device), row_cols.to(device),
+            live, keep,
+        )  # fmt: skip
+
+    def _factors(
+        self, w: LoraModuleWeights, k: int, which: int, bl: _SliceBlocks
+    ) -> torch.Tensor:
+        """Live rank rows of ``A`` (``which=0``) or ``Bt`` (1), ``[L, d]``."""
+        width = w.in_features if which == 0 else w.out_features[k]
+        if w.stacked is not None:
+            return w.stacked[k][which].flatten(0, 1).index_select(0, bl.flat)
+        table = w.a_rows if which == 0 else w.b_rows
+        homes = table[k].flatten().index_select(0, bl.flat)
+        return _factor_rows(w.storage, homes, width)
+
+    def _shrink_batched(
+        self, x: torch.Tensor, z: torch.Tensor, act: _ActiveRows, w: LoraModuleWeights
+    ) -> None:
+        ranks = w.ranks.tolist()
+        xs = x.index_select(0, act.rows)  # [n, d_in]
+        for k in range(w.num_slices):
+            bl = self._blocks(act, ranks, k, w.max_rank)
+            if bl is None:
+                continue
+            # Every row against every active slot's A in one mm; keep the own block.
+            zk = torch.mm(xs, self._factors(w, k, 0, bl).t()).gather(1, bl.cols).float()
+            if bl.live is not None:
+                zk = torch.where(bl.live, zk, 0.0)
+            z[0, :, k, : bl.rank].index_copy_(0, act.rows, zk)
+
+    def _expand_batched(
+        self, y: torch.Tensor, zsum: torch.Tensor, act: _ActiveRows, w: LoraModuleWeights
+    ) -> None:
+        ranks = w.ranks.tolist()
+        offsets = w.slice_offsets()
+        zrows = zsum.index_select(0, act.rows)  # [n, NS, R]
+        for k, width in enumerate(w.out_features):
+            bl = self._blocks(act, ranks, k, w.max_rank)
+            if bl is None:
+                continue
+            zk = zrows[:, k, : bl.rank]
+            if bl.live is not None:
+                zk = torch.where(bl.live, zk, 0.0)  # dead entries add 0 to column 0
+            bt = self._factors(w, k, 1, bl)  # [L, w_k]
+            # Block-diagonal bottleneck: each row's z sits in its slot's block.
+            zb = torch.zeros(zk.shape[0], bt.shape[0], dtype=y.dtype, device=y.device)
+            zb.scatter_add_(1, bl.cols, zk.to(y.dtype))
+            d = torch.mm(zb, bt)
+            scale = w.scales[k].index_select(0, act.slots)
+            d = (d * scale[:, None]).to(y.dtype)
+            rows = act.rows
+            if bl.keep is not None:
+                rows, d = rows.index_select(0, bl.keep), d.index_select(0, bl.keep)
+            y[:, offsets[k] : offsets[k] + width].index_add_(0, rows, d)
+
+    # -- contract ------------------------------------------------------------
 
     def shrink(
         self,
@@ -80,8 +255,14 @@ class TorchLoraBackend(LoraBackend):
     ) -> torch.Tensor:
         check_call(x, None, meta, weights)
         z = workspace.bottleneck(1, meta.num_rows, weights.num_slices, weights.max_rank)
+        act = self._active(meta)
+        if not act.slots_on:
+            return z
+        if self._batched(act.counts):
+            self._shrink_batched(x, z, act, weights)
+            return z
         ranks = weights.ranks.tolist()
-        for s, rows in self._groups(meta):
+        for s, rows in self._groups(act):
             xs = x.index_select(0, rows)
             for k in range(weights.num_slices):
                 r = ranks[k][s]
@@ -99,11 +280,17 @@ class TorchLoraBackend(LoraBackend):
         weights: LoraModuleWeights,
     ) -> None:
         check_call(None, y, meta, weights)
+        act = self._active(meta)
+        if not act.slots_on:
+            return
+        zsum = z.sum(0) if z.shape[0] > 1 else z[0]
+        if self._batched(act.counts):
+            self._expand_batched(y, zsum, act, weights)
+            return
         ranks = weights.ranks.tolist()
         scales = weights.scales.tolist()
         offsets = weights.slice_offsets()
-        zsum = z.sum(0) if z.shape[0] > 1 else z[0]
-        for s, rows in self._groups(meta):
+        for s, rows in self._groups(act):
             for k, width in enumerate(weights.out_features):
                 r = ranks[k][s]
                 if r == 0:

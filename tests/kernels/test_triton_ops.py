@@ -16,7 +16,7 @@ from dataplane.kernels import (
     get_lora_backend,
 )
 
-from .conftest import CPU_BACKENDS
+from .conftest import CPU_BACKENDS, make_cpu_backend
 
 # Triton runs on CUDA when there is a device, else on the CPU interpreter
 # (conftest sets TRITON_INTERPRET=1 whenever CUDA is absent).
@@ -92,7 +92,7 @@ def test_custom_ops_pass_opcheck() -> None:
 
 def test_bad_shapes_raise_typed_errors_and_change_nothing() -> None:
     for name in CPU_BACKENDS:
-        backend = get_lora_backend("cpu", prefer=name)
+        backend = make_cpu_backend(name)
         table = LoraFactorTable(2, 16, (8,), max_rank=4, dtype=torch.float32, device="cpu")
         table.set_slot(0, {0: (torch.randn(4, 16), torch.randn(8, 4), 1.0)})
         meta = backend.build_meta(
