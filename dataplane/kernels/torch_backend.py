@@ -7,20 +7,29 @@ Two paths, same contract (:class:`dataplane.kernels.base.LoraBackend`):
   come from strided views of the storage when the table is stacked, else they
   are gathered through the row-address tables. Host work grows with the number
   of active slots; each factor is read once per step.
-* **batched** — per slice, for all active rows at once: gather every row's
-  ``A`` / ``Bt`` rank rows through its slot (``[n, Rp, d]``, ``Rp`` = the
-  largest rank among the step's active slots) and one ``bmm`` each for shrink
-  and expand (Punica BGMV style). Host work is independent of the slot count,
-  but a factor is read once per *row*. Rank rows ``i >= ranks[k, s]`` are
-  masked with ``torch.where`` (addresses to 0, ``z`` and ``Bt`` to zero), so
-  whatever the storage holds there (stale pages, NaN) is never used, and rows
-  whose slice has rank 0 are not written, as the contract requires.
+* **batched** — per slice, for all active rows at once: gather the live rank
+  rows (``i < ranks[k, s]``) of every active slot's ``A`` / ``Bt`` once into
+  ``[L, d]`` (``L`` = sum of the active slots' ranks, through the stacked view
+  or the row-address tables), one ``mm`` of all active rows against all of
+  them, and keep each row's own block (``gather``); expand scatters each row's
+  ``z`` into its slot's block of a zero ``[n, L]`` bottleneck and does one
+  ``mm`` with the ``Bt`` rows. Host work is a few ops per slice whatever the
+  slot count; the price is ``n · L · d`` multiply-adds instead of
+  ``n · r · d`` (every row meets every active slot). Only live rank rows are
+  ever read, so whatever the storage holds past a slot's rank (stale pages,
+  NaN) is never used; ``z`` past a row's rank is zero, rows whose slice has
+  rank 0 are not written, rows with slot ``-1`` are not touched. The index
+  tensors depend only on (rows per slot, ranks): they are cached per backend,
+  so all layers of a step share them.
 
-Rule (``path="auto"``, the default): batched when at least two slots are active
-and the active rows average at most :data:`BATCHED_MAX_ROWS_PER_SLOT` per
-active slot (decode-sized steps); otherwise loop (prefill-heavy steps, or one
-slot, where the per-row gather would re-read the factors for nothing). Shrink
-and expand take the decision from the same metadata, so they always agree.
+Rule (``path="auto"``, the default), per step: slots with at most
+:data:`BATCHED_MAX_ROWS_PER_SLOT` rows (decode rows: each loop iteration would
+do little work for its fixed host cost) go through the batched path, provided
+there are at least two of them; the other slots (prefill chunks, where the
+``L / r`` wasted products would dominate) go through the loop. A mixed step
+(one prefill chunk plus decode rows) uses both, on disjoint rows.
+``path="loop"`` / ``"batched"`` force one path for every slot (tests, benches).
+Shrink and expand split from the same metadata, so they agree.
 
 Reads slot counts and ranks on the host, so on CUDA it syncs and is not
 graph-capturable: it is the CPU path and a second oracle, the Triton backend
@@ -100,7 +109,7 @@ class _SliceBlocks:
 
 
 class TorchLoraBackend(LoraBackend):
-    """Torch LoRA branch: per-slot loop or per-row batched gather (module docstring)."""
+    """Torch LoRA branch: per-slot loop or one batched mm per slice (module docstring)."""
 
     name = "torch"
 
@@ -116,15 +125,16 @@ class TorchLoraBackend(LoraBackend):
     def workspace_numel(self, max_rows: int, max_slices: int, max_rank: int) -> int:
         return max_rows * max_slices * max_rank
 
-    def chooses_batched(self, meta: LoraBatchMeta) -> bool:
-        """Whether shrink/expand take the batched path for this step's metadata."""
-        return self._batched(meta.slot_counts.tolist())
+    def batched_slots(self, meta: LoraBatchMeta) -> list[int]:
+        """Slots this step's shrink/expand handle on the batched path (the rest loop)."""
+        return self._light(meta.slot_counts.tolist())
 
-    def _batched(self, counts: list[int]) -> bool:
+    def _light(self, counts: list[int]) -> list[int]:
+        on = [s for s, c in enumerate(counts) if c > 0]
         if self.path != "auto":
-            return self.path == "batched"
-        slots_on = sum(1 for c in counts if c > 0)
-        return slots_on >= 2 and sum(counts) <= BATCHED_MAX_ROWS_PER_SLOT * slots_on
+            return on if self.path == "batched" else []
+        light = [s for s in on if counts[s] <= BATCHED_MAX_ROWS_PER_SLOT]
+        return light if len(light) >= 2 else []
 
     def _active(self, meta: LoraBatchMeta) -> _ActiveRows:
         counts = meta.slot_counts.tolist()
@@ -144,13 +154,24 @@ class TorchLoraBackend(LoraBackend):
             return w.stacked[k][1][s, :r]
         return _factor_rows(w.storage, w.b_rows[k, s, :r], w.out_features[k])
 
-    def _groups(self, act: _ActiveRows) -> list[tuple[int, torch.Tensor]]:
-        groups, start = [], 0
+    def _split(self, act: _ActiveRows) -> tuple[list[tuple[int, torch.Tensor]], _ActiveRows | None]:
+        """(loop groups ``(slot, rows)``, active rows of the batched slots or None)."""
+        light = set(self._light(act.counts))
+        loop: list[tuple[int, torch.Tensor]] = []
+        parts: list[tuple[int, torch.Tensor]] = []
+        start = 0
         for s, c in enumerate(act.counts):
             if c > 0:
-                groups.append((s, act.rows[start : start + c]))
+                (parts if s in light else loop).append((s, act.rows[start : start + c]))
             start += c
-        return groups
+        if not parts:
+            return loop, None
+        if not loop:
+            return loop, act
+        counts = [c if s in light else 0 for s, c in enumerate(act.counts)]
+        rows = torch.cat([r for _, r in parts])
+        slots = torch.cat([torch.full_like(r, s) for s, r in parts])
+        return loop, _ActiveRows(counts, [s for s, _ in parts], rows, slots)
 
     # -- batched path --------------------------------------------------------
 
@@ -172,7 +193,9 @@ class TorchLoraBackend(LoraBackend):
 
     def _build_blocks(self, act: _ActiveRows, on: list[int], max_rank: int) -> _SliceBlocks:
         rank = max(on)
-        flat, cols, off = [], [], 0
+        flat: list[int] = []
+        cols: list[list[int]] = []
+        off = 0
         for s, r in zip(act.slots_on, on, strict=True):
             flat.extend(range(s * max_rank, s * max_rank + r))
             cols.append([off + i if i < r else 0 for i in range(rank)])
@@ -193,9 +216,7 @@ class TorchLoraBackend(LoraBackend):
             live, keep,
         )  # fmt: skip
 
-    def _factors(
-        self, w: LoraModuleWeights, k: int, which: int, bl: _SliceBlocks
-    ) -> torch.Tensor:
+    def _factors(self, w: LoraModuleWeights, k: int, which: int, bl: _SliceBlocks) -> torch.Tensor:
         """Live rank rows of ``A`` (``which=0``) or ``Bt`` (1), ``[L, d]``."""
         width = w.in_features if which == 0 else w.out_features[k]
         if w.stacked is not None:
@@ -258,11 +279,11 @@ class TorchLoraBackend(LoraBackend):
         act = self._active(meta)
         if not act.slots_on:
             return z
-        if self._batched(act.counts):
-            self._shrink_batched(x, z, act, weights)
-            return z
+        loop, light = self._split(act)
+        if light is not None:
+            self._shrink_batched(x, z, light, weights)
         ranks = weights.ranks.tolist()
-        for s, rows in self._groups(act):
+        for s, rows in loop:
             xs = x.index_select(0, rows)
             for k in range(weights.num_slices):
                 r = ranks[k][s]
@@ -284,13 +305,13 @@ class TorchLoraBackend(LoraBackend):
         if not act.slots_on:
             return
         zsum = z.sum(0) if z.shape[0] > 1 else z[0]
-        if self._batched(act.counts):
-            self._expand_batched(y, zsum, act, weights)
-            return
+        loop, light = self._split(act)
+        if light is not None:
+            self._expand_batched(y, zsum, light, weights)
         ranks = weights.ranks.tolist()
         scales = weights.scales.tolist()
         offsets = weights.slice_offsets()
-        for s, rows in self._groups(act):
+        for s, rows in loop:
             for k, width in enumerate(weights.out_features):
                 r = ranks[k][s]
                 if r == 0:

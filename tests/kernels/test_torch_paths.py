@@ -1,10 +1,10 @@
 """Torch backend: the loop / batched choice, and padded rank rows never leaking.
 
-The batched path pads every row to the step's largest rank and gathers through
-the address tables, so whatever the storage holds past a slot's rank must not
-reach ``y``: here those rows hold NaN, and the float64 reference (which only
-sees the real factors) must still match, with exact zero deltas where a slot is
-absent or a slice has rank 0.
+The batched path reads the active slots' factors into one block matrix and pads
+each row's bottleneck to the step's largest rank, so whatever the storage holds
+past a slot's rank must not reach ``y``: here those rank rows hold NaN, and the
+float64 reference (which only sees the real factors) must still match, with
+exact zero deltas where a slot is absent or a slice has rank 0.
 """
 
 from __future__ import annotations
@@ -25,18 +25,39 @@ def _meta(row_slot: list[int], num_slots: int) -> LoraBatchMeta:
     return backend.build_meta(torch.tensor(row_slot, dtype=torch.int32), buffers)
 
 
-def test_auto_rule_batches_decode_steps_and_loops_prefill_steps() -> None:
+def test_auto_rule_batches_decode_slots_and_loops_prefill_slots() -> None:
     auto = TorchLoraBackend()
     n = BATCHED_MAX_ROWS_PER_SLOT
     decode = [0, 1, 2, 3] * n + [-1] * 7  # n rows per active slot; -1 rows not counted
-    prefill = [0] * (4 * n + 1) + [1, 2, 3] * n  # one more row than the bound allows
-    single = [2] * 3  # one active slot: the loop has a single iteration
-    assert auto.chooses_batched(_meta(decode, 5))
-    assert not auto.chooses_batched(_meta(prefill, 5))
-    assert not auto.chooses_batched(_meta(single, 5))
-    assert not auto.chooses_batched(_meta([-1, -1], 5))
-    assert TorchLoraBackend("batched").chooses_batched(_meta(single, 5))
-    assert not TorchLoraBackend("loop").chooses_batched(_meta(decode, 5))
+    mixed = [0] * (n + 1) + [1, 2, 3] * n  # slot 0: one row more than the bound
+    single = [2] * 3  # one light slot: the loop has a single iteration
+    assert auto.batched_slots(_meta(decode, 5)) == [0, 1, 2, 3]
+    assert auto.batched_slots(_meta(mixed, 5)) == [1, 2, 3]
+    assert auto.batched_slots(_meta(mixed[: n + 1] + [1] * n, 5)) == []
+    assert auto.batched_slots(_meta(single, 5)) == []
+    assert auto.batched_slots(_meta([-1, -1], 5)) == []
+    assert TorchLoraBackend("batched").batched_slots(_meta(single, 5)) == [2]
+    assert TorchLoraBackend("loop").batched_slots(_meta(decode, 5)) == []
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_auto_mixed_step_matches_reference(dtype: torch.dtype) -> None:
+    """One prefill-sized slot (loop) next to decode-sized ones (batched)."""
+    case = make_case(
+        dtype=dtype,
+        in_features=40,
+        out_features=(48, 16, 16),
+        ranks=[4, 16, 9],
+        num_rows=30,
+        dist="skewed",  # slot 0 holds 3/4 of the rows, the others one or two each
+        none_share=0.1,
+        seed=3,
+        absent_every=3,
+    )
+    auto = TorchLoraBackend()
+    light = auto.batched_slots(_meta(case.row_slot, case.table.num_slots))
+    assert 0 not in light and len(light) >= 2
+    check_case(case, auto)
 
 
 def test_unknown_path_is_rejected() -> None:
