@@ -358,7 +358,8 @@ def decode_step_main(args: argparse.Namespace) -> list[dict]:
     for n in [0, *args.adapters]:
         cfg = EngineConfig(max_num_seqs=batch, max_num_batched_tokens=max(batch, 2048),
                            num_kv_blocks=args.kv_blocks, block_size=16, max_slots=n,
-                           max_rank=16, max_model_len=ctx + args.steps + 32)
+                           max_rank=16, max_model_len=ctx + args.steps + 32,
+                           enable_cuda_graphs=not args.no_graphs)
         engine = Engine(model, cfg, digest)
         handles = [engine.register_loaded_adapter(random_adapter(config, 16, i, dev, dtype))
                    for i in range(n)]
@@ -380,6 +381,8 @@ def decode_step_main(args: argparse.Namespace) -> list[dict]:
             engine.step()
             sync(dev)
             times.append(time.perf_counter() - t0)
+        if args.profile:
+            profile_steps(engine, dev, Path(args.out or ".") / f"profile_n{n}.txt")
         floor = (weights + kv + min(n, batch) * per_adapter * elem) / (args.bandwidth * 1e9)
         step = percentile(times, 50)
         results.append({"system": f"decode step B={batch} ctx~{ctx}", "adapters": n,
@@ -391,6 +394,21 @@ def decode_step_main(args: argparse.Namespace) -> list[dict]:
         if dev == "cuda":
             torch.cuda.empty_cache()
     return results
+
+
+def profile_steps(engine: Engine, dev: str, path: Path) -> None:
+    """Kernel-level breakdown of 3 decode steps (torch.profiler) written to `path`."""
+    from torch.profiler import ProfilerActivity, profile
+
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if dev == "cuda" else [])
+    with profile(activities=acts) as prof:
+        for _ in range(3):
+            engine.step()
+        sync(dev)
+    key = "cuda_time_total" if dev == "cuda" else "cpu_time_total"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(prof.key_averages().table(sort_by=key, row_limit=40, max_name_column_width=90))
+    print(f"# profile written to {path}", file=sys.stderr, flush=True)
 
 
 def markdown(results: list[dict]) -> str:
@@ -437,6 +455,9 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=20, help="decode-step mode: timed steps")
     p.add_argument("--bandwidth", type=float, default=4073.0,
                    help="decode-step mode: HBM GB/s for the floor (BENCHMARKS.md, H200)")
+    p.add_argument("--profile", action="store_true",
+                   help="decode-step mode: write a torch.profiler table per case to --out")
+    p.add_argument("--no-graphs", action="store_true", help="disable CUDA graphs")
     p.add_argument("--workdir", default="/tmp/adapterplane-bench-engine")
     p.add_argument("--out", default=None, help="directory for results.json")
     args = p.parse_args()

@@ -39,6 +39,7 @@ from dataplane.engine.adapters import (
 from dataplane.engine.model_runner import ModelRunner
 from dataplane.engine.scheduler import ScheduleOutput, Scheduler, SchedulerConfig
 from dataplane.kvcache import BlockManager, CacheABI, FreeListPagePool
+from dataplane.kvcache.page_pool import PagePool
 from dataplane.models import load_model
 from dataplane.models.llama import LlamaForCausalLM
 from dataplane.sampling.sampler import Sampler, TokenLogprobs
@@ -103,10 +104,13 @@ class Engine:
     """Continuous-batching multi-LoRA engine over one Llama-family base model."""
 
     def __init__(self, model: LlamaForCausalLM, config: EngineConfig, base_digest: str,
-                 base_abi: BaseModelABI | None = None, tokenizer: Tokenizer | None = None
-                 ) -> None:
+                 base_abi: BaseModelABI | None = None, tokenizer: Tokenizer | None = None,
+                 kv_pages: PagePool | None = None) -> None:
         """`base_digest` is H_base (keys the prefix cache); `base_abi` validates PEFT dirs
-        (None: only pre-loaded adapters via `register_loaded_adapter`)."""
+        (None: only pre-loaded adapters via `register_loaded_adapter`). `kv_pages` is where
+        KV blocks come from (None: a private free list of `num_kv_blocks`; the agent passes
+        its unified pool's KV view, whose page ids must index this engine's KV cache, so it
+        must hold no more than `num_kv_blocks` pages)."""
         self.config = config
         self.base_abi = base_abi
         self.model = model
@@ -122,7 +126,7 @@ class Engine:
         self.adapters = AdapterRegistry(self.runner)
         kv_dtype = str(model.dtype).removeprefix("torch.")
         self.block_manager = BlockManager(
-            FreeListPagePool(config.num_kv_blocks),
+            kv_pages if kv_pages is not None else FreeListPagePool(config.num_kv_blocks),
             CacheABI(base_digest=base_digest, kv_dtype=kv_dtype, block_size=config.block_size),
             enable_prefix_caching=config.enable_prefix_caching)
         self.scheduler = Scheduler(
