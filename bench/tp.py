@@ -11,11 +11,16 @@ the median step time and the collective calls / payload bytes / ring bytes per s
     the layouts "no_extra_collectives" (default) and "paper" (seed §0x06F2–F3).
 
 Decode: `--batch` requests of `--context` prompt tokens, prefilled once, then `--steps`
-timed decode steps (eager; adapter of request i = i % n). Prefill: `--prefill-requests`
-requests of `--prefill-len` tokens in one step. Targets (issue 6): the default layout adds
-no collective call, and TP=2 decode with adapters keeps >= 90% of TP=2 no-LoRA throughput.
+timed decode steps (adapter of request i = i % n), run eagerly and/or replayed from CUDA
+graphs (`--graphs eager|graphs|both`; TP=1 uses the engine's `CudaGraphRunner`, TP=2
+`dataplane.parallel.tp_graphs.TPCudaGraphRunner`, which captures each rank's step with
+its NCCL collectives and counts the captured collectives on every replay). Only the
+`--batch` size is captured (one graph per rank), context width `--context + --steps`.
+Prefill: `--prefill-requests` requests of `--prefill-len` tokens in one step.
+Targets (issue 6): the default layout adds no collective call, and TP=2 decode with
+adapters keeps >= 90% of TP=2 no-LoRA throughput (printed as "keep" lines at the end).
 
-    python bench/tp.py --out $OUT                       # on nvidia-h200-x2 (both GPUs)
+    python bench/tp.py --out $OUT --graphs both         # on nvidia-h200-x2 (both GPUs)
     python bench/tp.py --shape tiny --device cpu --tp 1 2 --steps 2 --out /tmp/tp  # smoke
 """
 
@@ -37,11 +42,13 @@ import torch.multiprocessing as mp
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from dataplane.core import Sequence, build_batch_plan
+from dataplane.engine.cuda_graphs import CudaGraphRunner
 from dataplane.engine.model_runner import ModelRunner
 from dataplane.models import ModelConfig, init_random
 from dataplane.models.llama import LORA_GROUPS, LlamaForCausalLM
 from dataplane.parallel import LAYOUT_LOCAL, LAYOUT_PAPER, TPGroup, init_tp_group
 from dataplane.parallel.llama_tp import TPLlamaForCausalLM
+from dataplane.parallel.tp_graphs import TPCudaGraphRunner
 
 SHAPES: dict[str, dict[str, Any]] = {
     "8b": {
@@ -200,6 +207,31 @@ def run_phase(
     }
 
 
+def capture_graphs(runner: ModelRunner, group: TPGroup | None,
+                   args: argparse.Namespace) -> str | None:
+    """Capture the decode graph of `--batch` rows (CUDA only); None or the error text.
+
+    Every rank captures the same single (batch, width) graph, so their NCCL collectives
+    match during capture and replay."""
+    if runner.device.type != "cuda" or not runner.graph_safe:
+        return "CUDA graphs need a CUDA device and a graph-safe LoRA backend"
+    max_context = args.context + args.steps + 2
+    try:
+        if group is None:
+            graphs: CudaGraphRunner = CudaGraphRunner(
+                runner, args.batch, max_context, batch_sizes=(args.batch,)
+            )
+        else:
+            graphs = TPCudaGraphRunner(
+                runner, group, args.batch, max_context, batch_sizes=(args.batch,)
+            )
+        graphs.capture_all()
+    except Exception as exc:  # reported in the row, eager rows still stand
+        return f"{type(exc).__name__}: {exc}"[:500]
+    runner.graphs = graphs
+    return None
+
+
 def build_global(
     config: ModelConfig, args: argparse.Namespace, device: torch.device
 ) -> LlamaForCausalLM:
@@ -221,6 +253,8 @@ def bench_rank(
     )
     global_model = build_global(config, args, device)
     rows = []
+    modes = ["eager", "graphs"] if args.graphs == "both" else [args.graphs]
+    contents: dict[int, dict[tuple[int, str], Any]] = {}
     max_rows = max(args.batch, args.context, args.prefill_requests * args.prefill_len)
     for n in args.adapters:
         layouts = [LAYOUT_LOCAL, LAYOUT_PAPER] if (tp > 1 and n > 0) else [LAYOUT_LOCAL]
@@ -246,28 +280,49 @@ def bench_rank(
                 attention_backend=args.attention,
             )
             for slot in range(n):  # distinct storage per slot; 16 distinct contents
-                factors = random_adapter(config, args.rank, slot % 16, device, dtype)
+                if slot % 16 not in contents:  # generated once, copied into each slot
+                    contents[slot % 16] = random_adapter(config, args.rank, slot % 16, device,
+                                                         dtype)
+                factors = contents[slot % 16]
                 if isinstance(model, TPLlamaForCausalLM):
                     model.load_adapter(slot, factors)
                 else:
                     for key, slices in factors.items():
                         runner.tables[key].set_slot(slot, slices)
                         runner.linears[key].has_factors = True
-            for phase in ("decode", "prefill"):
-                row = run_phase(runner, group, args, n, phase)
+            runs = [("decode", mode) for mode in modes] + [("prefill", "eager")]
+            for phase, mode in runs:
+                extra: dict[str, Any] = {}
+                if mode == "graphs":
+                    error = capture_graphs(runner, group, args)
+                    if error is not None:  # keep the eager rows of this run
+                        extra["graphs_error"] = error
+                row: dict[str, Any] = (
+                    {"phase": phase}
+                    if "graphs_error" in extra
+                    else run_phase(runner, group, args, n, phase)
+                )
+                replays = getattr(runner.graphs, "replays", None)
+                runner.graphs = None
                 row.update(
                     {
+                        "mode": mode,
                         "tp": tp,
                         "layout": layout if (n and tp > 1) else "-",
                         "adapters": n,
                         "rank": args.rank,
                         "shape": args.shape,
                         "dtype": args.dtype,
+                        **extra,
                     }
                 )
+                if mode == "graphs":
+                    row["graph_replays"] = replays
                 rows.append(row)
                 if rank == 0:
                     print(json.dumps(row), flush=True)
+                    with (args.out / "tp_rows.jsonl").open("a") as f:  # survives a timeout
+                        f.write(json.dumps(row) + "\n")
             del runner, model
             if device.type == "cuda":
                 torch.cuda.empty_cache()
@@ -277,6 +332,30 @@ def bench_rank(
         import torch.distributed as dist
 
         dist.destroy_process_group()
+
+
+def keep_ratios(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Decode tok/s of each LoRA row over the same TP degree and mode without LoRA
+    (issue 6 target: >= 0.90 for TP=2, default layout)."""
+    base = {
+        (r["tp"], r["mode"]): r["tokens_per_s"]
+        for r in rows
+        if r["phase"] == "decode" and r["adapters"] == 0 and "tokens_per_s" in r
+    }
+    out = []
+    for r in rows:
+        key = (r["tp"], r["mode"])
+        if r["phase"] == "decode" and r["adapters"] and key in base and "tokens_per_s" in r:
+            out.append(
+                {
+                    "keep": round(r["tokens_per_s"] / base[key], 3),
+                    "tp": r["tp"],
+                    "mode": r["mode"],
+                    "layout": r["layout"],
+                    "adapters": r["adapters"],
+                }
+            )
+    return out
 
 
 def main() -> None:
@@ -295,6 +374,12 @@ def main() -> None:
     p.add_argument("--prefill-steps", type=int, default=3)
     p.add_argument("--kv-blocks", type=int, default=4096)
     p.add_argument("--attention", choices=("torch", "triton"), default=None)
+    p.add_argument(
+        "--graphs",
+        choices=("eager", "graphs", "both"),
+        default="eager",
+        help="decode steps eager, replayed from CUDA graphs, or both (prefill is eager)",
+    )
     p.add_argument("--out", type=Path, default=Path("."))
     args = p.parse_args()
     if args.device == "cpu":
@@ -315,6 +400,8 @@ def main() -> None:
                 )
             rows += json.loads((Path(tmp) / f"tp{tp}.json").read_text())
     (args.out / "tp_bench.json").write_text(json.dumps(rows, indent=1))
+    for line in keep_ratios(rows):
+        print(json.dumps(line))
     print(json.dumps({"written": str(args.out / "tp_bench.json"), "rows": len(rows)}))
 
 

@@ -383,11 +383,21 @@ class LocalModuleLayout:
             raise IdentityError("invalid_field", f"{self.name}: axes must permute A/B axes")
 
     def local_scalars(self, spec: ModuleSpec) -> int:
+        """Scalars of A and B this rank stores: each factor is the product of its two
+        logical axis lengths, with the sharded axis (whichever it is) cut to its range.
+
+        A has axes (rank, input), B (output, rank); a shard names the axis it splits, so
+        A split on the rank axis (paper column schedule) keeps all `d_in` columns of
+        `r/N` rows, while A split on the input axis keeps all `r` rows. A shard on an axis
+        the factor lacks, or past that axis' length, raises `layout_mismatch`.
+        """
         if spec.name != self.name:
             raise IdentityError("layout_mismatch", f"layout {self.name} vs spec {spec.name}")
-        a_in = spec.d_in if self.a_shard is None else self.a_shard.size
-        b_out = spec.d_out if self.b_shard is None else self.b_shard.size
-        return spec.rank * a_in + spec.rank * b_out
+        a = _local_factor_size(self.name, "A", {"rank": spec.rank, "input": spec.d_in},
+                               self.a_shard)
+        b = _local_factor_size(self.name, "B", {"output": spec.d_out, "rank": spec.rank},
+                               self.b_shard)
+        return a + b
 
     def to_record(self) -> dict[str, JSONValue]:
         return {
@@ -397,6 +407,24 @@ class LocalModuleLayout:
             "a_shard": None if self.a_shard is None else self.a_shard.to_record(),
             "b_shard": None if self.b_shard is None else self.b_shard.to_record(),
         }
+
+
+def _local_factor_size(name: str, factor: str, dims: dict[str, int],
+                       shard: ShardRange | None) -> int:
+    """Product of `dims` (logical axis -> length) with `shard`'s axis cut to its range."""
+    if shard is not None:
+        if shard.axis not in dims:
+            raise IdentityError("layout_mismatch", f"{name}: {factor} has no "
+                                f"{shard.axis!r} axis (axes {sorted(dims)})")
+        if shard.stop > dims[shard.axis]:
+            raise IdentityError("layout_mismatch", f"{name}: {factor} shard "
+                                f"[{shard.start}, {shard.stop}) exceeds {shard.axis} "
+                                f"length {dims[shard.axis]}")
+        dims = {**dims, shard.axis: shard.size}
+    size = 1
+    for length in dims.values():
+        size *= length
+    return size
 
 
 def _split(dim: int, tp_rank: int, tp_size: int, axis: str) -> ShardRange:

@@ -54,6 +54,20 @@ class CollectiveCounter:
         tally.payload_bytes += payload_bytes
         tally.ring_bytes += ring_bytes
 
+    def tallies(self) -> dict[tuple[str, str], CollectiveTally]:
+        """A copy of the ledgers (e.g. what one captured CUDA graph issues per replay)."""
+        return {key: CollectiveTally(t.calls, t.payload_bytes, t.ring_bytes)
+                for key, t in self._tallies.items()}
+
+    def add(self, tallies: dict[tuple[str, str], CollectiveTally]) -> None:
+        """Add ledgers recorded elsewhere: a graph replay issues its captured collectives
+        without running the Python wrappers, so the replayer adds the capture's tally."""
+        for key, t in tallies.items():
+            mine = self._tallies[key]
+            mine.calls += t.calls
+            mine.payload_bytes += t.payload_bytes
+            mine.ring_bytes += t.ring_bytes
+
     def calls(self, purpose: str | None = None, kind: str | None = None) -> int:
         return sum(t.calls for (p, k), t in self._tallies.items()
                    if purpose in (None, p) and kind in (None, k))

@@ -76,15 +76,9 @@ def schedule_of(layout: LocalModuleLayout) -> tuple[str, str]:
 
 
 def local_factor_scalars(spec: ModuleSpec, layout: LocalModuleLayout) -> int:
-    """Scalars of A and B this rank stores under `layout` (rank-axis shards included)."""
-    a_rows, a_cols = spec.rank, spec.d_in
-    if layout.a_shard is not None:
-        if layout.a_shard.axis == "rank":
-            a_rows = layout.a_shard.size
-        else:
-            a_cols = layout.a_shard.size
-    b_rows = spec.d_out if layout.b_shard is None else layout.b_shard.size
-    return a_rows * a_cols + b_rows * spec.rank
+    """Scalars of A and B this rank stores under `layout` (rank-axis shards included);
+    the axis-aware count is `LocalModuleLayout.local_scalars`."""
+    return layout.local_scalars(spec)
 
 
 def tp_kernel_local_identity(*, adapter_semantic: str, kernel_family: str,

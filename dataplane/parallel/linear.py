@@ -30,6 +30,9 @@ from dataplane.parallel.shard import (
 
 class _ParallelLinear(nn.Module):
     style: str
+    owns_lora_tables = True
+    """ModelRunner contract: a linear with this flag keeps its own (sharded) LoRA tables;
+    the runner allocates no `LoraFactorTable` for it and leaves its `factors` alone."""
 
     def __init__(self, group: TPGroup, in_features: int, out_features: tuple[int, ...],
                  slice_names: tuple[str, ...], bias: bool, dtype: torch.dtype) -> None:

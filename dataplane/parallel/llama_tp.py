@@ -14,8 +14,8 @@ Per decode/prefill step the base path issues ``2 * num_layers + 2`` collectives;
 branch adds none in the default layout and one per paper-layout projection.
 The engine's `ModelRunner` drives it as it drives a single-GPU model (KV cache sized by
 the local config). Adapters are loaded with `load_adapter(slot, factors)` from *global*
-PEFT factors; each module shards them (see report: the runner still allocates its own
-unused per-module tables, a hook is needed there).
+PEFT factors; each module shards them into its own tables (`owns_lora_tables = True`,
+so the runner allocates none for these projections).
 """
 
 from __future__ import annotations

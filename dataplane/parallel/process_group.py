@@ -1,8 +1,10 @@
 """Process-group setup for tensor parallelism: one process per device, one TP group.
 
-Launch model (documented choice): one agent per node starts one process per GPU of the
-TP group (`torchrun`-style environment: RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR,
-MASTER_PORT); every process builds the same modules and loads only its shards. NCCL on
+Launch model (documented choice): one agent per node drives the TP group of its GPUs —
+the agent process is rank 0 and spawns ranks 1..N-1 (agent/tp_ranks.py, file://
+rendezvous; `init_tp_group_from_env` also accepts a torchrun-style environment: RANK,
+WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT); every process builds the same modules
+and loads only its shards. NCCL on
 CUDA, gloo on CPU (tests). The whole world is the TP group (no pipeline/data axes yet).
 """
 

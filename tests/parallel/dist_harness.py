@@ -1,4 +1,5 @@
-"""Run a scenario on every rank of a real gloo group (one spawn per test module).
+"""Run a scenario on every rank of a real gloo group (or NCCL, one GPU per rank, with
+device="cuda"), one spawn per test module.
 
 `run_world("parallel.scenarios_layouts:run", payload)` spawns `world_size` processes with
 torch.multiprocessing, each joins a gloo group through a file:// rendezvous, calls the
@@ -20,13 +21,14 @@ import torch.multiprocessing as mp
 
 
 def _entry(rank: int, world_size: int, init_file: str, target: str, payload: Any,
-           out_dir: str) -> None:
+           out_dir: str, device: str = "cpu") -> None:
     torch.set_num_threads(1)
     from dataplane.parallel import destroy_tp_group, init_tp_group
 
     module, name = target.split(":")
     fn = getattr(importlib.import_module(module), name)
-    group = init_tp_group(rank, world_size, init_method=f"file://{init_file}", device="cpu")
+    dev = f"cuda:{rank}" if device == "cuda" else "cpu"  # cuda: NCCL, one GPU per rank
+    group = init_tp_group(rank, world_size, init_method=f"file://{init_file}", device=dev)
     try:
         result = fn(group, payload)
     finally:
@@ -34,11 +36,11 @@ def _entry(rank: int, world_size: int, init_file: str, target: str, payload: Any
     torch.save(result, Path(out_dir) / f"rank{rank}.pt")
 
 
-def run_world(target: str, payload: Any, world_size: int = 2, timeout_s: float = 120.0
-              ) -> list[Any]:
+def run_world(target: str, payload: Any, world_size: int = 2, timeout_s: float = 120.0,
+              device: str = "cpu") -> list[Any]:
     with tempfile.TemporaryDirectory() as tmp:
         init_file = str(Path(tmp) / "rendezvous")
-        ctx = mp.start_processes(_entry, args=(world_size, init_file, target, payload, tmp),
+        ctx = mp.start_processes(_entry, args=(world_size, init_file, target, payload, tmp, device),
                                  nprocs=world_size, join=False, start_method="spawn")
         deadline = time.monotonic() + timeout_s
         while not ctx.join(timeout=1.0):

@@ -1,0 +1,139 @@
+"""One agent per node drives its tensor-parallel ranks: the agent process is rank 0.
+
+`launch_tp_ranks(spec)` spawns ranks 1..N-1 with torch.multiprocessing (spawn), joins the
+TP group as rank 0 in the calling (agent) process and returns a `TPRanks` whose `engine`
+is rank 0's `TPEngine` — an `Engine`, so the agent's serving code uses it unchanged.
+Every rank loads its shard of the same checkpoint and builds the same engine; each step
+rank 0 schedules, broadcasts the `BatchPlan`, all ranks execute it (same collectives, same
+CUDA graph), and only rank 0 samples and returns tokens. Adapter (un)loads follow the same
+path and publish only when all ranks validated their shard (dataplane.parallel.tp_engine).
+
+Devices: rank r uses ``cuda:r`` (``device="cuda"``) or the CPU (``"cpu"``: gloo, tests).
+Rendezvous: a file:// store in a private temporary directory (single node).
+`TPRanks.shutdown()` stops the followers and joins them; a follower that dies makes the
+next collective fail on rank 0 (NCCL/gloo timeout), which the agent treats as an engine
+failure.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.multiprocessing as mp
+
+from dataplane.parallel import TPGroup, destroy_tp_group, init_tp_group
+from dataplane.parallel.errors import ProcessGroupError
+from dataplane.parallel.tp_engine import TPEngine
+
+
+@dataclass(frozen=True)
+class TPLaunchSpec:
+    """What every rank builds. `engine_sizes` are `EngineConfig` fields (same on all ranks).
+
+    `lora_layouts`: fused projection -> LoRA layout (default no_extra_collectives).
+    """
+
+    model_dir: str
+    tp_size: int
+    device: str = "cuda"
+    dtype: str = "bfloat16"
+    lora_layouts: dict[str, str] | None = None
+    engine_sizes: dict[str, Any] = field(default_factory=dict)
+    torch_threads: int | None = None
+    timeout_s: float = 600.0
+
+
+def _rank_device(spec: TPLaunchSpec, rank: int) -> torch.device:
+    if spec.device == "cpu":
+        return torch.device("cpu")
+    if spec.device != "cuda":
+        raise ProcessGroupError(f"unknown TP device {spec.device!r}")
+    return torch.device("cuda", rank)
+
+
+def _build(spec: TPLaunchSpec, rank: int, init_method: str,
+           engine_cls: type[TPEngine] = TPEngine) -> TPEngine:
+    group: TPGroup = init_tp_group(rank, spec.tp_size, init_method=init_method,
+                                   device=_rank_device(spec, rank), timeout_s=spec.timeout_s)
+    return engine_cls.from_global_model_dir(spec.model_dir, group, dtype=spec.dtype,
+                                            lora_layouts=spec.lora_layouts,
+                                            **spec.engine_sizes)
+
+
+def _follower_main(index: int, spec: TPLaunchSpec, init_method: str) -> None:
+    """Process entry of rank ``index + 1``: build, follow rank 0 until stopped."""
+    if spec.torch_threads is not None:
+        torch.set_num_threads(spec.torch_threads)
+    engine = _build(spec, index + 1, init_method)
+    try:
+        engine.serve()
+    finally:
+        destroy_tp_group(engine.group)
+
+
+class TPRanks:
+    """Rank 0's engine plus the follower processes; `shutdown()` ends them."""
+
+    def __init__(self, engine: TPEngine, context: Any, tmp: tempfile.TemporaryDirectory[str]
+                 ) -> None:
+        self.engine = engine
+        self._context = context
+        self._tmp = tmp
+        self._closed = False
+
+    @property
+    def tp_size(self) -> int:
+        return self.engine.group.size
+
+    def shutdown(self, timeout_s: float = 60.0) -> None:
+        """Stop followers (they return from `serve()`), join them, leave the group."""
+        if self._closed:
+            return
+        self._closed = True
+        self.engine.shutdown()
+        try:
+            if self._context is not None and not self._context.join(timeout=timeout_s):
+                for proc in self._context.processes:
+                    if proc.is_alive():
+                        proc.terminate()
+                raise ProcessGroupError(f"TP followers did not stop within {timeout_s} s")
+        finally:
+            destroy_tp_group(self.engine.group)
+            self._tmp.cleanup()
+
+
+def launch_tp_ranks(spec: TPLaunchSpec, engine_cls: type[TPEngine] = TPEngine) -> TPRanks:
+    """Start a TP group of `spec.tp_size` ranks on this node; this process is rank 0.
+
+    `engine_cls` is rank 0's engine class (a `TPEngine` subclass, e.g. the agent's metered
+    engine mixed in: ``class MeteredTPEngine(MeteredEngine, TPEngine)``); followers are
+    plain `TPEngine`s (they only execute plans, so host-side extras do not matter).
+    """
+    if spec.tp_size < 1:
+        raise ProcessGroupError("tp_size must be >= 1")
+    if spec.device == "cuda" and torch.cuda.device_count() < spec.tp_size:
+        raise ProcessGroupError(f"tp_size {spec.tp_size} needs as many GPUs "
+                                f"({torch.cuda.device_count()} visible)")
+    if not Path(spec.model_dir, "config.json").is_file():
+        raise ProcessGroupError(f"no model at {spec.model_dir!r}")
+    tmp = tempfile.TemporaryDirectory(prefix="tp-rdv-")
+    init_method = f"file://{os.path.join(tmp.name, 'rendezvous')}"
+    context = None
+    if spec.tp_size > 1:
+        context = mp.start_processes(_follower_main, args=(spec, init_method),
+                                     nprocs=spec.tp_size - 1, join=False,
+                                     start_method="spawn")
+    try:
+        engine = _build(spec, 0, init_method, engine_cls)
+    except BaseException:
+        if context is not None:
+            for proc in context.processes:
+                proc.terminate()
+        tmp.cleanup()
+        raise
+    return TPRanks(engine, context, tmp)

@@ -1,0 +1,252 @@
+"""The real `Engine` on every TP rank, in lockstep: rank 0 leads, the others follow.
+
+Every rank builds the same `TPEngine` (same `EngineConfig`, its shard of the same base),
+so the KV caches, LoRA slots and captured CUDA graphs are alike on all ranks. Only the
+leader (rank 0) schedules, samples and returns outputs; per step it broadcasts the
+`BatchPlan` it is about to execute over the `ControlChannel`, and every follower executes
+that same plan (`serve()`), so all ranks issue the same collectives in the same order and
+replay the same graph; the leader's step/register/unregister/shutdown hold one lock, so
+calls from several threads never interleave their collectives. Adapter loads/unloads go
+the same way: the leader validates the
+*global* PEFT factors against the global config, broadcasts them with their slot and
+generation, every rank shards them into its own tables and the slot is published only
+when all ranks have validated their shard (`publication.publish_when_all_valid`);
+otherwise every rank rolls back and the leader raises `AdapterError`.
+
+Messages (leader -> followers): ("plan", BatchPlan), ("load", slot, generation, adapter or
+None), ("stop",). A plan the runner rejects (`EngineError`) is rejected identically, before
+any collective, on every rank; followers skip it.
+
+CUDA graphs: decode graphs are captured by `tp_graphs.TPCudaGraphRunner` (collectives
+counted per replay) when the engine config enables them on CUDA.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import threading
+from pathlib import Path
+
+import torch
+
+from dataplane.artifacts import BaseModelABI
+from dataplane.core import BatchPlan, EngineError
+from dataplane.engine.adapters import (
+    AdapterError,
+    AdapterHandle,
+    AdapterRegistry,
+    LoadedAdapter,
+)
+from dataplane.engine.engine import Engine, EngineConfig, RequestOutput
+from dataplane.engine.scheduler import ScheduleOutput
+from dataplane.kvcache.page_pool import PagePool
+from dataplane.models.llama import LORA_GROUPS
+from dataplane.parallel.collectives import TPGroup
+from dataplane.parallel.control import ControlChannel
+from dataplane.parallel.errors import ProcessGroupError
+from dataplane.parallel.llama_tp import TPLlamaForCausalLM, group_peft_modules
+from dataplane.parallel.publication import PublicationOutcome, publish_when_all_valid, shard_digest
+from dataplane.tokenizer import Tokenizer
+
+PLAN, LOAD, STOP = "plan", "load", "stop"
+
+
+class TPAdapterRegistry(AdapterRegistry):
+    """Slot bookkeeping of `AdapterRegistry`; factors sharded by the TP model.
+
+    Validates adapters against the model's *global* config (the runner's config is the
+    per-rank one) and writes through `TPLlamaForCausalLM.load_adapter`.
+    """
+
+    def __init__(self, engine: TPEngine) -> None:
+        super().__init__(engine.runner)
+        self.model, self.channel = engine.tp_model, engine.channel
+
+    def _check_fits(self, adapter: LoadedAdapter) -> None:
+        shapes = self.model.global_config.module_shapes
+        for m in adapter.modules:
+            if m.rank > self.runner.max_rank:
+                raise AdapterError(f"adapter rank {m.rank} exceeds max_rank "
+                                   f"{self.runner.max_rank}", rank=m.rank)
+            if m.module not in shapes:
+                raise AdapterError(f"{m.module!r} is not a LoRA projection", module=m.module)
+            d_out, d_in = shapes[m.module]
+            if not 0 <= m.layer < self.model.global_config.num_layers or \
+                    tuple(m.a.shape) != (m.rank, d_in) or tuple(m.b.shape) != (d_out, m.rank):
+                raise AdapterError(f"layer {m.layer} {m.module}: factors do not fit the model")
+
+    def register(self, adapter: LoadedAdapter) -> AdapterHandle:
+        if self.runner.max_slots == 0:
+            raise AdapterError("this engine has LoRA disabled (max_slots=0)")
+        for handle in self._by_slot.values():
+            if handle.digest == adapter.digest:
+                return handle
+        free = [s for s in range(self.runner.max_slots) if s not in self._by_slot]
+        if not free:
+            raise AdapterError("no free adapter slot", max_slots=self.runner.max_slots)
+        slot = free[0]
+        self._check_fits(adapter)
+        generation = self._generations.get(slot, 0) + 1
+        self.channel.send((LOAD, slot, generation, adapter))
+        outcome = self.load_local(slot, generation, adapter)
+        if not outcome.published:
+            raise AdapterError(f"adapter not published: {outcome.reason}", slot=slot)
+        self._generations[slot] = generation
+        handle = AdapterHandle(slot, adapter.digest, generation, adapter.max_rank,
+                               adapter.source)
+        self._by_slot[slot] = handle
+        return handle
+
+    def unregister(self, handle: AdapterHandle, in_use: bool) -> None:
+        self.check_handle(handle)
+        if in_use:
+            raise AdapterError("adapter is used by live requests", slot=handle.slot)
+        self.channel.send((LOAD, handle.slot, handle.slot_generation, None))
+        self.load_local(handle.slot, handle.slot_generation, None)
+        del self._by_slot[handle.slot]
+
+    def _clear(self, slot: int) -> None:
+        for layer in range(len(self.model.layers)):
+            for attr in LORA_GROUPS:
+                branch = self.model.parallel_linear(layer, attr).branch
+                if branch is not None:
+                    branch.clear_slot(slot)
+
+    def load_local(self, slot: int, generation: int, adapter: LoadedAdapter | None
+                   ) -> PublicationOutcome:
+        """Every rank: shard `adapter` (None = clear) into `slot`, then vote (collective)."""
+        ok = True
+        try:
+            if adapter is None:
+                self._clear(slot)
+            else:
+                self.model.load_adapter(slot, group_peft_modules(adapter.modules))
+        except Exception:  # any local failure is a "no" vote: every rank must vote
+            ok = False
+        tensors = []
+        for layer in range(len(self.model.layers)):
+            for attr in LORA_GROUPS:
+                branch = self.model.parallel_linear(layer, attr).branch
+                for _k, f in sorted((branch.local.get(slot, {}) if branch else {}).items()):
+                    tensors += [f.a, f.b]
+        contract = hashlib.sha256(json.dumps(
+            {"adapter": None if adapter is None else adapter.digest, "slot": slot,
+             "tp_size": self.model.group.size, "layouts": self.model.lora_layouts},
+            sort_keys=True).encode()).hexdigest()
+        return publish_when_all_valid(
+            self.model.group, generation=generation, contract_digest=contract, local_ok=ok,
+            local_shard_digest=shard_digest(tensors), publish=lambda: None,
+            rollback=lambda: self._clear(slot))
+
+
+class TPEngine(Engine):
+    """`Engine` over this rank's `TPLlamaForCausalLM` (see module docstring).
+
+    All ranks construct it with the same arguments at the same point (the control channel
+    and graph capture are collective). On the leader use it as an `Engine`; on a follower
+    call `serve()` until the leader calls `shutdown()`.
+    """
+
+    def __init__(self, model: TPLlamaForCausalLM, config: EngineConfig, base_digest: str,
+                 base_abi: BaseModelABI | None = None, tokenizer: Tokenizer | None = None,
+                 kv_pages: PagePool | None = None) -> None:
+        super().__init__(model, dataclasses.replace(config, enable_cuda_graphs=False),
+                         base_digest, base_abi, tokenizer, kv_pages)
+        self.config = config
+        self.tp_model = model
+        self.group: TPGroup = model.group
+        self.channel = ControlChannel(model.group)
+        self.adapters = TPAdapterRegistry(self)
+        self.scheduler.adapter_ready = self.adapters.is_ready
+        self._stopped = False
+        # One leader message + its collectives at a time: a step and an adapter load from
+        # two threads must not interleave their collectives (ranks would mismatch).
+        self._lock = threading.RLock()
+        if (self.runner.device.type == "cuda" and config.enable_cuda_graphs
+                and self.runner.graph_safe):  # CUDA-only
+            from dataplane.parallel.tp_graphs import attach_tp_graphs
+
+            attach_tp_graphs(self.runner, self.group, config.max_num_seqs,
+                             min(self.max_model_len, config.max_graph_context))
+
+    @classmethod
+    def from_global_model_dir(cls, path: str | Path, group: TPGroup, *,
+                              dtype: str = "float32",
+                              lora_layouts: dict[str, str] | None = None,
+                              **sizes: object) -> TPEngine:
+        """Load the global checkpoint on CPU, keep this rank's shard on `group.device`."""
+        from dataplane.artifacts import read_base_abi
+        from dataplane.engine.engine import _DTYPES
+        from dataplane.models import load_model
+
+        config = EngineConfig(**sizes)  # type: ignore[arg-type]
+        global_model = load_model(Path(path), _DTYPES[dtype], torch.device("cpu"))
+        model = TPLlamaForCausalLM(global_model, group, lora_layouts=lora_layouts,
+                                   max_slots=config.max_slots, max_rank=config.max_rank)
+        del global_model
+        abi = read_base_abi(Path(path))
+        tokenizer = (Tokenizer.from_dir(path) if (Path(path) / "tokenizer.json").is_file()
+                     else None)
+        return cls(model, config, abi.h_base, abi, tokenizer)
+
+    @property
+    def is_leader(self) -> bool:
+        return self.group.rank == 0
+
+    def build_plan(self, out: ScheduleOutput) -> BatchPlan:
+        """Leader: the step's plan, sent to every follower before it is executed."""
+        if not self.is_leader:
+            raise ProcessGroupError("followers do not schedule; call serve()")
+        plan = super().build_plan(out)
+        self.channel.send((PLAN, plan))
+        return plan
+
+    def step(self) -> list[RequestOutput]:
+        with self._lock:
+            return super().step()
+
+    def register_adapter(self, peft_dir: str | Path) -> AdapterHandle:
+        with self._lock:
+            return super().register_adapter(peft_dir)
+
+    def register_loaded_adapter(self, adapter: LoadedAdapter) -> AdapterHandle:
+        with self._lock:
+            return super().register_loaded_adapter(adapter)
+
+    def unregister_adapter(self, handle: AdapterHandle) -> None:
+        with self._lock:
+            super().unregister_adapter(handle)
+
+    def serve(self) -> int:
+        """Follower: execute the leader's messages until ("stop",); returns plans run."""
+        if self.is_leader:
+            raise ProcessGroupError("the leader does not serve")
+        plans = 0
+        while True:
+            message = self.channel.recv()
+            if message[0] == STOP:
+                self.channel.close()
+                return plans
+            if message[0] == PLAN:
+                try:
+                    self.runner.execute(message[1])
+                except EngineError:
+                    continue  # rejected identically by the leader, before any collective
+                plans += 1
+            elif message[0] == LOAD:
+                _, slot, generation, adapter = message
+                registry = self.adapters
+                if isinstance(registry, TPAdapterRegistry):
+                    registry.load_local(slot, generation, adapter)
+            else:
+                raise ProcessGroupError(f"unknown control message {message[0]!r}")
+
+    def shutdown(self) -> None:
+        """Leader: release the followers (their `serve()` returns). Idempotent."""
+        with self._lock:
+            if self.is_leader and not self._stopped:
+                self._stopped = True
+                self.channel.send((STOP,))
+                self.channel.close()

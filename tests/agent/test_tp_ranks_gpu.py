@@ -1,0 +1,44 @@
+"""Two GPUs: the agent's TP ranks with CUDA graphs give the eager TP=2 and the TP=1 greedy
+tokens, and decode steps are replayed. Skipped without two CUDA devices."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from agent.tp_ranks import TPLaunchSpec, launch_tp_ranks
+from dataplane.engine import Engine
+
+from .test_tp_ranks import SIZES, assets, greedy, one_thread  # noqa: F401 - fixtures
+
+pytestmark = [pytest.mark.gpu,
+              pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 CUDA devices")]
+
+GPU_SIZES = {**SIZES, "attention_backend": "triton"}
+
+
+def tp2_tokens(base: Path, adapters: dict[str, Path], graphs: bool
+               ) -> tuple[list[tuple[int, ...]], int]:
+    sizes = {**GPU_SIZES, "enable_cuda_graphs": graphs}
+    ranks = launch_tp_ranks(TPLaunchSpec(str(base), 2, device="cuda", dtype="float32",
+                                         engine_sizes=sizes, timeout_s=300.0))
+    try:
+        tokens = greedy(ranks.engine, adapters)
+        replays = getattr(ranks.engine.runner.graphs, "replays", 0)
+    finally:
+        ranks.shutdown(timeout_s=120.0)
+    return tokens, replays
+
+
+def test_tp2_graphs_equal_eager_and_tp1(assets: tuple[Path, dict[str, Path]],  # noqa: F811
+                                        one_thread: None) -> None:  # noqa: F811
+    base, adapters = assets
+    reference = greedy(Engine.from_model_dir(base, dtype="float32", device="cuda",
+                                             **{**GPU_SIZES, "enable_cuda_graphs": False}),
+                       adapters)
+    eager, eager_replays = tp2_tokens(base, adapters, graphs=False)
+    graphed, replays = tp2_tokens(base, adapters, graphs=True)
+    assert eager_replays == 0 and replays > 0
+    assert graphed == eager == reference

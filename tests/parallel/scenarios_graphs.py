@@ -1,0 +1,86 @@
+"""Rank-side half of test_tp_graphs*.py: a TP rank's decode step, graphed vs eager.
+
+`run(group, payload)`: the TP=2 shard of the scenarios_model tiny Llama with two adapters
+(default layout, or the paper layout with payload["layouts"] == "paper"); requests are
+prefilled eagerly, then every decode step runs twice on the same plan: through the graph
+runner (`TPCudaGraphRunner`: replayed on CUDA, `run_padded` on CPU) and eagerly
+(`ModelRunner.execute` with no graphs). Both write the same K/V (same tokens, same slots),
+so the second run sees the cache the first left. Returns, per step, both logits (CPU) and
+the per-step collective ledger of each path.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from dataplane.core import Sequence, build_batch_plan
+from dataplane.engine.model_runner import ModelRunner
+from dataplane.models import ModelConfig, init_random
+from dataplane.models.llama import LlamaForCausalLM
+from dataplane.parallel import TPGroup
+from dataplane.parallel.llama_tp import TPLlamaForCausalLM
+from dataplane.parallel.tp_graphs import TPCudaGraphRunner, attach_tp_graphs
+
+from .scenarios_model import BLOCK, CONFIG, LAYOUT_SETS, MAX_RANK, REQUESTS, adapters
+
+DECODE_STEPS = 4
+MAX_BATCH = 8
+MAX_CONTEXT = 32
+
+
+def _ledger(group: TPGroup) -> dict[str, int]:
+    c = group.counter
+    return {"base_calls": c.calls("base"), "lora_calls": c.calls("lora"),
+            "base_bytes": c.payload_bytes("base"), "lora_bytes": c.payload_bytes("lora")}
+
+
+def run(group: TPGroup, payload: dict[str, Any]) -> dict[str, Any]:
+    dev = group.device
+    config = ModelConfig.from_dict(dict(CONFIG))
+    model = init_random(LlamaForCausalLM(config, torch.float32, torch.device("cpu")), seed=5)
+    tp = TPLlamaForCausalLM(model, group, lora_layouts=LAYOUT_SETS[payload["layouts"]],
+                            max_slots=2, max_rank=MAX_RANK)
+    attention = "triton" if dev.type == "cuda" else "torch"
+    runner = ModelRunner(tp, num_kv_blocks=64, block_size=BLOCK, max_rows=64, max_slots=2,
+                         max_rank=MAX_RANK, attention_backend=attention)
+    for slot, per in adapters(config).items():
+        tp.load_adapter(slot, {k: {i: (a.to(dev), b.to(dev), s) for i, (a, b, s) in v.items()}
+                               for k, v in per.items()})
+    graphs: TPCudaGraphRunner
+    if dev.type == "cuda":  # CUDA-only: capture (collective) on every rank, same sizes
+        graphs = attach_tp_graphs(runner, group, MAX_BATCH, MAX_CONTEXT)
+        runner.graphs = None
+    else:
+        graphs = TPCudaGraphRunner(runner, group, MAX_BATCH, MAX_CONTEXT)
+    seqs = []
+    for i, (prompt, slot) in enumerate(REQUESTS):
+        seq = Sequence(f"r{i}", tuple(prompt), adapter_slot=slot,
+                       adapter_digest=None if slot < 0 else "0" * 64)
+        seq.block_table.extend(range(i * 8, i * 8 + 8))
+        seqs.append(seq)
+    first = runner.execute(build_batch_plan([(s, s.num_tokens) for s in seqs], [],
+                                            block_size=BLOCK, generation=0))
+    next_ids = first.argmax(-1).tolist()
+    steps = []
+    for step in range(DECODE_STEPS):
+        for s, tok in zip(seqs, next_ids, strict=True):
+            s.num_computed_tokens = s.num_tokens
+            s.token_ids.append(tok)
+        plan = build_batch_plan([], seqs, block_size=BLOCK, generation=step + 1)
+        group.counter.reset()
+        if dev.type == "cuda":
+            graphed = graphs.try_replay(plan)
+            if graphed is None:
+                raise RuntimeError("decode plan did not fit a captured graph")
+        else:
+            graphed = graphs.run_padded(plan)
+        graphed = graphed.clone()
+        graph_ledger = _ledger(group)
+        group.counter.reset()
+        eager = runner.execute(plan)  # runner.graphs is None: the eager path
+        steps.append({"graphed": graphed.cpu(), "eager": eager.cpu(),
+                      "graph_ledger": graph_ledger, "eager_ledger": _ledger(group)})
+        next_ids = eager.argmax(-1).tolist()
+    return {"steps": steps, "replays": graphs.replays, "num_layers": config.num_layers}
