@@ -12,9 +12,17 @@ bandwidth measured in the same run. The metadata build (shared by all layers
 of a step) is timed separately. ``loop`` (per-adapter index_select + 2 mm +
 index_add) and the base GEMM are timed in the same run.
 
-    python3 bench/lora_kernels.py --tune --out $OUT   # sweep configs, then bench
+    python3 bench/lora_kernels.py --tune --no-loop --no-stacked --out $OUT  # sweep, then bench
     python3 bench/lora_kernels.py --out $OUT          # bench with the committed table
     python3 bench/lora_kernels.py --no-loop --only prefill,qkv --out $OUT  # a subset
+
+``--tune`` sweeps what is not settled (prefill expand per rank group incl. the
+``y``-prefetch loop; the fused launch's ``min_split`` for q/k/v and gate/up with
+64 live slots; ``--tune-decode`` adds the decode fused sweep of the last run)
+and prints the winners as Python to paste into ``configs.py``. The metadata
+section times every build method at T = 64 … 16384 and prints the auto edge.
+Results are appended to ``lora_bench.json`` after every row (a cut-off run
+keeps what it measured).
 
 "ours" is ``add_lora`` (one fused launch at decode sizes); decode rows also time
 the two-kernel ``add_lora`` on the same ring for comparison.
@@ -32,6 +40,7 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -40,6 +49,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from dataplane.kernels import LoraFactorTable, LoraMetaBuffers, LoraWorkspace
 from dataplane.kernels.triton import configs
 from dataplane.kernels.triton.backend import TritonLoraBackend
+from dataplane.kernels.triton.fused_ops import fused_fits
 from dataplane.kernels.triton.meta_kernel import build_meta_triton
 
 DT = torch.bfloat16
@@ -233,14 +243,18 @@ def time_base_gemm(rows: int, d_in: int = 4096, d_out: int = 4096) -> float:
 
 
 def time_meta(
-    backend: TritonLoraBackend, rows: int, num_slots: int, method: str | None = None
+    backend: TritonLoraBackend,
+    rows: int,
+    num_slots: int,
+    method: str | None = None,
+    block: int | None = None,
 ) -> dict[str, float]:
     gen = torch.Generator().manual_seed(3)
     slots = torch.randint(-1, num_slots, (rows,), generator=gen, dtype=torch.int32).cuda()
     buffers = LoraMetaBuffers(rows, num_slots, "cuda")
 
     def build() -> None:
-        build_meta_triton(slots, buffers, method)
+        build_meta_triton(slots, buffers, method, block)
 
     def build_32() -> None:  # amortise the graph launch over 32 builds
         for _ in range(32):
@@ -269,6 +283,9 @@ SCENARIOS = [
 ]  # fmt: skip
 EXTRA = [
     Scenario("decode", 64, 16, (16,), (4096, 1024, 1024)),
+    Scenario("decode", 64, 64, (16,), (4096, 1024, 1024)),  # engine q/k/v (Llama-8B)
+    Scenario("decode", 64, 64, (16,), (14336, 14336)),  # engine gate/up
+    Scenario("decode", 64, 64, (16,), (4096,), 14336),  # engine down
     Scenario("decode", 256, 64, (64,), (4096, 1024, 1024)),
     Scenario("prefill", 4096, 32, (16,), (4096, 1024, 1024)),
     Scenario("decode", 256, 64, (8, 16, 32, 64)),
@@ -276,13 +293,49 @@ EXTRA = [
 ]
 
 
-def _install(table: dict, t_keys: tuple[int, ...]) -> Callable[[object], None]:
-    """Installer of a shrink/expand candidate for every rank bucket of ``t_keys``."""
+META_CASES: list[tuple[int, int, str | None, int | None]] = [
+    (64, 64, None, None), (256, 64, None, None), (256, 256, None, None),  # auto = sort
+    *[(t, 32, m, b) for t in (512, 1024) for m, b in
+      (("sort", None), ("blocked", 256), ("blocked1", 256))],
+    (4096, 32, None, None), (4096, 32, "sort", None),
+    *[(4096, 32, m, b) for m in ("blocked", "blocked1") for b in (256, 512, 1024)],
+    (16384, 256, None, None), (16384, 256, "blocked", 1024), (16384, 256, "blocked1", 512),
+]  # fmt: skip
 
-    def put(c: object) -> None:
+
+def meta_advice(times: dict[str, dict[str, float]]) -> str:
+    """Paste-able ``meta_kernel.py`` constants from the metadata timings."""
+    best: dict[int, tuple[float, str]] = {}
+    sort_edge = 256
+    for key, v in times.items():
+        t = int(key.split()[0].removeprefix("T="))
+        if t == 4096 and "blocked" in key and v["graph_us"] < best.get(t, (math.inf, ""))[0]:
+            best[t] = (v["graph_us"], key)
+    for t in (512, 1024):
+        sort = times.get(f"T={t} S=32 sort", {}).get("graph_us", float("inf"))
+        blk = min(
+            times.get(f"T={t} S=32 {m} block=256", {}).get("graph_us", float("inf"))
+            for m in ("blocked", "blocked1")
+        )
+        if sort <= blk:
+            sort_edge = t
+    lines = ["# ---- paste into dataplane/kernels/triton/meta_kernel.py ----",
+             f"SORT_AUTO_MAX_ROWS = {sort_edge}"]  # fmt: skip
+    if 4096 in best:
+        us, key = best[4096]
+        parts = key.split()
+        lines.append(f'BLOCKED_METHOD = "{parts[2]}"  # T=4096 S=32: {us:.2f} µs')
+        lines.append(f"BLOCKED_ROWS = {parts[3].removeprefix('block=')}")
+    return "\n".join(lines)
+
+
+def _install_expand(t_keys: tuple[int, ...], r_keys: tuple[int, ...]) -> Callable[[object], None]:
+    """Installer of an expand candidate for the given T classes and rank buckets."""
+
+    def put(c: Any) -> None:
         for tk in t_keys:
-            for r_key in configs.R_BUCKETS:
-                table[(tk, r_key)] = dataclasses.replace(c, block_r=min(64, r_key))  # type: ignore[type-var]
+            for r_key in r_keys:
+                configs.EXPAND_TABLE[(tk, r_key)] = dataclasses.replace(c, block_r=min(64, r_key))
 
     return put
 
@@ -301,13 +354,14 @@ def _sweep(
     for c in cands:
         install(c)
         try:
-            total = sum(
-                math.log(time_ours(sc, ring, backend, (metric,))[metric]) for sc, ring in built
-            )
+            times = [time_ours(sc, ring, backend, (metric,))[metric] for sc, ring in built]
         except Exception as exc:  # a config that fails to compile/launch
             log(f"  {c} failed: {type(exc).__name__}: {exc}")
             continue
-        log(f"  {c}: {metric} geomean {math.exp(total / len(built)):.2f} µs")
+        total = sum(math.log(t) for t in times)
+        each = ", ".join(f"{sc.name}{'' if sc.outs == (4096,) else ' ' + _outs(sc)} {t:.2f}"
+                         for (sc, _), t in zip(built, times, strict=True))  # fmt: skip
+        log(f"  {c}: {metric} geomean {math.exp(total / len(built)):.2f} µs ({each})")
         if total < best_t:
             best, best_t = c, total
     if best is None:
@@ -316,57 +370,101 @@ def _sweep(
     return best, math.exp(best_t / len(built))
 
 
-def tune(backend: TritonLoraBackend, log: Callable[[str], None]) -> dict[str, object]:
-    """Sweep the knobs added since the committed table, keep the winners.
+def _outs(sc: Scenario) -> str:
+    return f"{sc.d_in}->{'/'.join(map(str, sc.outs))}"
 
-    Decode (T classes 64, 256; r in {16, 64}, n in {1, 16, 64}): the fused
-    launch's config (the committed entry is the first candidate). Prefill
-    (T = 4096, r = 64, n in {4, 32}): shrink row tile / warps, expand column
-    tiles per program.
-    Rank-bucket entries get the winner with ``block_r`` capped at the bucket.
-    """
-    SC, EC, FC = configs.ShrinkConfig, configs.ExpandConfig, configs.FusedConfig
-    two = TritonLoraBackend(fused=False)
-    chosen: dict[str, object] = {}
+
+def _tune_decode_fused(backend: TritonLoraBackend, log: Callable[[str], None]) -> None:
+    """The last run's decode sweep of the fused launch (committed entries won)."""
     for rows in (64, 256):
         t_key = configs.bucket(rows, configs.T_BUCKETS)
         scs = [Scenario("decode", rows, n, (r,)) for r in (16, 64) for n in (1, 16, 64)]
         built = [(sc, build_ring(sc, "scattered")) for sc in scs]
         cur = configs.FUSED_TABLE[t_key]
-        fused_c = [cur] + [
-            FC(16, bk, sk, w, st, per, ne)
-            for bk, sk, w, st, per, ne in (
-                (256, 16, 4, 3, 4, 8192), (128, 32, 4, 3, 4, 8192), (256, 16, 8, 3, 2, 16384),
-            )
+        cands = [cur] + [
+            dataclasses.replace(cur, block_k=bk, split_k=sk, num_warps=w, per_sm=per, n_elems=ne)
+            for bk, sk, w, per, ne in ((256, 16, 4, 4, 8192), (128, 32, 4, 4, 8192),
+                                       (256, 16, 8, 2, 16384))
         ]  # fmt: skip
+        keys = (16, 64) if t_key == 64 else (t_key,)
+
+        def put(c: object, keys: tuple[int, ...] = keys) -> None:
+            for k in keys:
+                configs.FUSED_TABLE[k] = c  # type: ignore[assignment]
+
+        best, t = _sweep(put, cands, built, backend, "ours", log)
+        log(f"tuned fused T<={t_key}: {best} ({t:.2f} µs)")
+        del built
+        torch.cuda.empty_cache()
+
+
+def tune(backend: TritonLoraBackend, log: Callable[[str], None], decode: bool) -> dict[str, object]:
+    """Sweep the open choices, keep the winners installed, print them as Python.
+
+    1. Prefill expand (T = 4096, n in {4, 32}), rank groups 16 and 64 apart:
+       ``Bt``- vs ``y``-prefetching column loop, row tile, column tile, tiles
+       per program (metric: the expand alone, two-kernel path).
+    2. Fused launch ``min_split`` (1 = old rule: such steps run two kernels;
+       2, 4) on the engine's many-slot multi-slice decode steps: q/k/v at T=64
+       r=16 and T=256 r=64, gate/up at T=64 r=16, 64 slots (metric: add_lora).
+    3. With ``decode``: the decode fused sweep of the last run.
+    """
+    ec = configs.ExpandConfig
+    two = TritonLoraBackend(fused=False)
+    chosen: dict[str, object] = {}
+    exp_c = [
+        ec(64, 128, 64, 4, 3, 4),  # committed for r = 64 (34.5 µs at n = 4)
+        ec(64, 128, 64, 4, 3, 4, y_prefetch=True),  # committed for r <= 32
+        ec(64, 64, 64, 4, 3, 8, y_prefetch=True),  # half the live y/acc registers
+        ec(32, 128, 64, 4, 3, 4, y_prefetch=True),
+        ec(64, 64, 64, 4, 3, 8),
+        ec(32, 128, 64, 4, 3, 8),
+        ec(64, 128, 64, 8, 3, 4, y_prefetch=True),  # 8 warps: half the registers per thread
+        ec(64, 128, 64, 4, 3, 2, y_prefetch=True),  # twice the programs
+    ]
+    for group, r_keys in ((16, (16, 32)), (64, (64, 128, 256))):
+        built = [(sc, build_ring(sc, "scattered"))
+                 for sc in (Scenario("prefill", 4096, n, (group,)) for n in (4, 32))]  # fmt: skip
+        put = _install_expand((4096, 1 << 30), r_keys)
+        best, t = _sweep(put, exp_c, built, two, "expand", log)
+        configs.EXPAND_BY_RANK[(4096, group)] = best  # type: ignore[assignment]
+        log(f"tuned prefill expand r-group {group}: {best} ({t:.2f} µs)")
+        chosen[f"expand 4096 r{group}"] = repr(best)
+        del built
+        torch.cuda.empty_cache()
+    for rows, rank in ((64, 16), (256, 64)):
+        t_key = configs.bucket(rows, configs.T_BUCKETS)
+        scs = [Scenario("decode", rows, 64, (rank,), (4096, 1024, 1024))]
+        if rows == 64:
+            scs.append(Scenario("decode", rows, 64, (rank,), (14336, 14336)))
+        built = [(sc, build_ring(sc, "scattered")) for sc in scs]
+        cur = configs.FUSED_TABLE[t_key]
+        cands = [dataclasses.replace(cur, min_split=m) for m in (2, 4, 1)]
         keys = (16, 64) if t_key == 64 else (t_key,)
 
         def put_fused(c: object, keys: tuple[int, ...] = keys) -> None:
             for k in keys:
                 configs.FUSED_TABLE[k] = c  # type: ignore[assignment]
 
-        best, t = _sweep(put_fused, fused_c, built, backend, "ours", log)
-        log(f"tuned fused T<={t_key}: {best} ({t:.2f} µs)")
+        best, t = _sweep(put_fused, cands, built, backend, "ours", log)
+        log(f"tuned fused min_split T<={t_key}: {best} ({t:.2f} µs; min_split 1 = two kernels)")
         chosen[f"fused {t_key}"] = repr(best)
         del built
         torch.cuda.empty_cache()
-    t_key = 4096
-    built = [(sc, build_ring(sc, "scattered"))
-             for sc in (Scenario("prefill", 4096, n, (64,)) for n in (4, 32))]  # fmt: skip
-    shr_c = [SC(bm, 64, 128, 8, w, 3) for bm, w in ((32, 4), (64, 8), (128, 8))]
-    exp_c = [EC(64, 128, 64, 4, 3, it) for it in (4, 8)]
-    sweeps = (
-        ("shrink", shr_c, configs.SHRINK_TABLE, "ours"),
-        ("expand", exp_c, configs.EXPAND_TABLE, "expand"),
-    )
-    for op, cands, table, metric in sweeps:
-        put = _install(table, (4096, 1 << 30))
-        best, t = _sweep(put, cands, built, two, metric, log)
-        log(f"tuned {op} T<={t_key}: {best} ({t:.2f} µs)")
-        chosen[f"{op} {t_key}"] = repr(best)
-    del built
-    torch.cuda.empty_cache()
+    if decode:
+        _tune_decode_fused(backend, log)
     return chosen
+
+
+def paste_block() -> str:
+    """The tuned tables as Python for ``configs.py``."""
+    by_rank = ",\n".join(f"    {k}: {v!r}" for k, v in sorted(configs.EXPAND_BY_RANK.items()))
+    fused = ",\n".join(f"    {k}: {v!r}" for k, v in sorted(configs.FUSED_TABLE.items()))
+    return (
+        "# ---- paste into dataplane/kernels/triton/configs.py ----\n"
+        f"EXPAND_BY_RANK: dict[tuple[int, int], ExpandConfig] = {{\n{by_rank},\n}}\n"
+        f"FUSED_TABLE: dict[int, FusedConfig] = {{\n{fused},\n}}"
+    )
 
 
 def main() -> None:
@@ -376,7 +474,10 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="skip loop/base/extras")
     ap.add_argument("--no-loop", action="store_true", help="skip the (slow) loop baseline")
     ap.add_argument("--only", default="", help="comma list: scenarios whose name has one")
+    ap.add_argument("--no-stacked", action="store_true", help="skip the stacked-layout rings")
+    ap.add_argument("--tune-decode", action="store_true", help="also re-sweep decode fused")
     args = ap.parse_args()
+    t_start = time.time()
     os.makedirs(args.out, exist_ok=True)
     logf = open(os.path.join(args.out, "lora_bench.log"), "a")  # noqa: SIM115
 
@@ -395,33 +496,56 @@ def main() -> None:
     if args.tune:
         t0 = time.time()
         try:
-            results["tuned"] = tune(backend, log)
+            results["tuned"] = tune(backend, log, args.tune_decode)
         except Exception as exc:  # keep benchmarking with what we have
             log(f"tuning failed: {type(exc).__name__}: {exc}")
         log(f"tuning took {time.time() - t0:.0f} s")
-        log("SHRINK_TABLE = " + repr(configs.SHRINK_TABLE))
-        log("EXPAND_TABLE = " + repr(configs.EXPAND_TABLE))
-        log("FUSED_TABLE = " + repr(configs.FUSED_TABLE))
+        log(paste_block())
+    dump = os.path.join(args.out, "lora_bench.json")
+
+    def save() -> None:
+        with open(dump, "w") as f:
+            json.dump(results, f, indent=1, default=str)
+
+    save()
+    t_meta = time.time()
     meta_times = {} if args.only else {
-        f"T={t} S={s} {m or 'auto'}": time_meta(backend, t, s, m)
-        for t, s, m in (
-            (64, 64, None), (64, 64, "sort"), (256, 64, None), (256, 64, "sort"),
-            (256, 256, None), (256, 256, "sort"), (4096, 32, None), (4096, 32, "chunked"),
+        f"T={t} S={s} {m or 'auto'}{'' if b is None else f' block={b}'}": time_meta(
+            backend, t, s, m, b
         )
+        for t, s, m, b in META_CASES
     }  # fmt: skip
+    log(f"metadata timing took {time.time() - t_meta:.0f} s")
     results["meta"] = meta_times
     for k, v in meta_times.items():
         log(f"meta build {k}: graph {v['graph_us']:.2f} µs, eager host {v['eager_host_us']:.1f} µs")
+    if meta_times:
+        log(meta_advice(meta_times))
+    save()
     base = {t: time_base_gemm(t) for t in (64, 256, 4096)} if not (args.quick or args.only) else {}
-    rows_out = []
+    rows_out: list[dict[str, Any]] = []
     header = ("| r | scenario | floor | base GEMM | loop | ours (paged) | ours (stacked) | "
               "two-kernel | shrink | expand | best peer | ours/peer speedup | "
               "ours/floor |")  # fmt: skip
     log(header)
     log("|" + "---|" * 13)
+    results["rows"] = rows_out
 
     def display(sc: Scenario) -> str:
-        return sc.name + ("" if sc.outs == (4096,) else " qkv 4096/1024/1024")
+        if sc.outs == (4096,) and sc.d_in == 4096:
+            return sc.name
+        kind = {3: "qkv", 2: "gate/up"}.get(len(sc.outs), "down")
+        return f"{sc.name} {kind} {_outs(sc)}"
+
+    def path(sc: Scenario) -> str:
+        """Which launch ``add_lora`` takes for this step (all slots live)."""
+        cfg = configs.fused_config(sc.rows, sc.max_rank, sc.d_in)
+        if cfg is None:
+            return "two kernels"
+        fits = fused_fits(sc.rows, sc.n, len(sc.outs), sc.max_rank, cfg,
+                          backend.workspace_numel(sc.rows, len(sc.outs), sc.max_rank),
+                          LoraWorkspace.COUNTERS, torch.device("cuda"))  # fmt: skip
+        return "fused" if fits else "two kernels (fused_fits)"
 
     only = [w for w in args.only.split(",") if w]
     for sc in [s for s in SCENARIOS + EXTRA if not only or any(w in display(s) for w in only)]:
@@ -432,7 +556,9 @@ def main() -> None:
             two_k = time_ours(sc, ring, two, ("ours",))["ours"]
         del ring
         stacked, loop = float("nan"), float("nan")
-        both_layouts = sc.n == 64 or (sc.kind == "prefill" and sc.max_rank == 64)
+        both_layouts = not args.no_stacked and (
+            sc.n == 64 or (sc.kind == "prefill" and sc.max_rank == 64)
+        )
         if both_layouts or (not args.quick and not args.no_loop and sc in SCENARIOS):
             ring = build_ring(sc, "stacked")
             if both_layouts:
@@ -446,23 +572,22 @@ def main() -> None:
         name = display(sc)
         plain = len(sc.ranks) == 1 and sc.outs == (4096,)
         peer = PEER.get((sc.max_rank, sc.name)) if plain else None
-        row = {
+        row: dict[str, Any] = {
             "r": r, "scenario": name, "floor": floor, "base": base.get(sc.rows, float("nan")),
             "loop": loop, "ours": ours["ours"], "stacked": stacked, "shrink": ours["shrink"],
             "expand": ours["expand"], "two_kernel": two_k, "peer": peer, "ring": ring_size(sc),
-            "floor_4073": sc.floor_bytes() / 4073 / 1e3,
+            "floor_4073": sc.floor_bytes() / 4073 / 1e3, "path": path(sc),
         }  # fmt: skip
         rows_out.append(row)
+        save()
         pc = f"{peer[0]:.1f} ({peer[1]})" if peer else "—"
         sp = f"{peer[0] / ours['ours']:.2f}×" if peer else "—"
         f4073 = ours["ours"] / (sc.floor_bytes() / 4073 / 1e3)
         log(f"| {r} | {name} | {floor:.1f} | {row['base']:.1f} | {loop:.1f} | "
             f"{ours['ours']:.1f} | {stacked:.1f} | {two_k:.1f} | {ours['shrink']:.1f} | "
             f"{ours['expand']:.1f} | {pc} | {sp} | {ours['ours'] / floor:.2f}× | "
-            f"(vs 4073 GB/s floor {f4073:.2f}×)")  # fmt: skip
-    results["rows"] = rows_out
-    with open(os.path.join(args.out, "lora_bench.json"), "w") as f:
-        json.dump(results, f, indent=1, default=str)
+            f"(vs 4073 GB/s floor {f4073:.2f}×; {row['path']})")  # fmt: skip
+    log(f"total {time.time() - t_start:.0f} s")
 
 
 if __name__ == "__main__":

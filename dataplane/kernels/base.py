@@ -67,19 +67,32 @@ class LoraMetaBuffers:
     One instance per engine (or per captured batch size). ``views(T)`` returns
     the metadata for the first ``T`` rows; building writes only into these
     buffers, so a graph-captured build allocates nothing.
+
+    ``scratch``: int32 ``[2 * cdiv(max_rows, min_block) * slot_pad]`` for the
+    multi-program build of large steps (per-block slot histograms and per-block
+    scatter offsets, ``slot_pad`` = next power of two >= ``num_slots + 1``, at
+    least 16); blocks of fewer than ``min_block`` rows are refused.
     """
 
-    def __init__(self, max_rows: int, num_slots: int, device: torch.device | str) -> None:
-        if max_rows <= 0 or num_slots <= 0:
-            raise LoraShapeError(f"max_rows={max_rows} and num_slots={num_slots} must be > 0")
+    def __init__(
+        self, max_rows: int, num_slots: int, device: torch.device | str, min_block: int = 128
+    ) -> None:
+        if max_rows <= 0 or num_slots <= 0 or min_block <= 0:
+            raise LoraShapeError(
+                f"max_rows={max_rows}, num_slots={num_slots}, min_block={min_block} must be > 0"
+            )
         self.max_rows = max_rows
         self.num_slots = num_slots
+        self.min_block = min_block
+        self.slot_pad = max(16, 1 << num_slots.bit_length())  # next pow2 >= num_slots + 1
         i32 = torch.int32
         self.row_slot = torch.full((max_rows,), -1, dtype=i32, device=device)
         self.device = self.row_slot.device  # normalised ("cuda" -> "cuda:0")
         self.sorted_rows = torch.zeros(max_rows, dtype=i32, device=self.device)
         self.slot_counts = torch.zeros(num_slots, dtype=i32, device=self.device)
         self.slot_starts = torch.zeros(num_slots, dtype=i32, device=self.device)
+        blocks = -(-max_rows // min_block)
+        self.scratch = torch.zeros(2 * blocks * self.slot_pad, dtype=i32, device=self.device)
 
     def views(self, num_rows: int) -> LoraBatchMeta:
         if not 0 < num_rows <= self.max_rows:

@@ -6,6 +6,7 @@ Marked ``gpu``; skipped without CUDA. Run on the device with
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 
 import pytest
@@ -116,6 +117,8 @@ def test_fused_decode_is_deterministic_and_resets_counters(
     repeat bit for bit (a race would move it), and leave the counters at zero.
     """
     from dataplane.kernels.triton.backend import TritonLoraBackend
+    from dataplane.kernels.triton.configs import fused_config
+    from dataplane.kernels.triton.fused_ops import fused_fits
 
     fused, two = TritonLoraBackend(fused=True), TritonLoraBackend(fused=False)
     ws = LoraWorkspace(fused.workspace_numel(256, 3, 128), cuda_device)
@@ -125,6 +128,10 @@ def test_fused_decode_is_deterministic_and_resets_counters(
         (64, "identical", [128, 8], (4096, 1024, 1024)),
         (256, "uniform", [8, 16, 32, 64], (4096,)),
         (7, "zipf1.5", [1, 33], (4000, 1000)),  # widths off the tile
+        # q/k/v with 64 live slots: >= 2 K splits only above the per-SM bound
+        (64, "distinct", [16], (4096, 1024, 1024)),  # the engine's decode case
+        (256, "distinct", [64], (4096, 1024, 1024)),
+        (64, "distinct", [16], (14336, 14336)),  # gate/up, Llama-8B widths
     ]):  # fmt: skip
         case = make_case(dtype=dtype, in_features=4096 if k != 4 else 4000, out_features=outs,
                          ranks=ranks, num_rows=rows, dist=dist, none_share=0.2 * (k % 2),
@@ -132,6 +139,12 @@ def test_fused_decode_is_deterministic_and_resets_counters(
         buffers = LoraMetaBuffers(rows, case.table.num_slots, cuda_device)
         slots = torch.tensor(case.row_slot, dtype=torch.int32, device=cuda_device)
         meta = fused.build_meta(slots, buffers)
+        w = case.table.weights
+        cfg = fused_config(rows, w.max_rank, w.in_features)
+        assert cfg is not None and fused_fits(  # every case here takes the fused launch
+            rows, w.num_slots, w.num_slices, w.max_rank, cfg, ws.buffer.numel(), ws.COUNTERS,
+            cuda_device,
+        )  # fmt: skip
         outs_seen = []
         for backend in (fused, fused, fused, two):
             y = case.y0.clone()
@@ -146,3 +159,91 @@ def test_fused_decode_is_deterministic_and_resets_counters(
         for y in (outs_seen[0], outs_seen[3]):
             err = float((y.double() - ref).norm() / ref.norm())
             assert err < TOLERANCE[dtype], (k, err)
+
+
+@pytest.mark.parametrize(("num_rows", "num_slots"), [(1000, 32), (4096, 32), (16500, 256)])
+def test_large_step_metadata_matches_stable_sort(
+    cuda_device: torch.device, num_rows: int, num_slots: int
+) -> None:
+    """Every metadata method (incl. the blocked ones at several block sizes)
+    against torch's stable sort, at prefill sizes."""
+    from dataplane.kernels.triton.meta_kernel import build_meta_triton
+
+    gen = torch.Generator().manual_seed(num_rows)
+    per = max(1, num_rows // num_slots)  # prefill-like runs, then shuffled tail with -1 rows
+    slots = [min(t // per, num_slots - 1) for t in range(num_rows)]
+    tail = torch.randint(-1, num_slots, (num_rows // 3,), generator=gen).tolist()
+    row_slot = torch.tensor(slots[: num_rows - len(tail)] + tail, dtype=torch.int32)
+    key = torch.where(row_slot < 0, num_slots, row_slot.long())
+    counts = torch.bincount(key, minlength=num_slots + 1)[:num_slots]
+    want = (torch.sort(key, stable=True).indices.tolist(), counts.tolist(),
+            (torch.cumsum(counts, 0) - counts).tolist())  # fmt: skip
+    variants = [(None, None), ("blocked", 256), ("blocked", 1024), ("blocked1", 256),
+                ("blocked1", 512), ("sort", None), ("chunked", None)]  # fmt: skip
+    for method, block in variants:
+        if method == "sort" and num_rows > 16384:
+            continue
+        buffers = LoraMetaBuffers(num_rows, num_slots, cuda_device)
+        meta = build_meta_triton(row_slot.to(cuda_device), buffers, method, block)
+        got = (meta.sorted_rows.tolist(), meta.slot_counts.tolist(), meta.slot_starts.tolist())
+        assert got == want, (method, block)
+
+
+@pytest.mark.parametrize("y_prefetch", [False, True])
+@pytest.mark.parametrize("rank_set", [[16], [64], [1, 128, 7, 33]], ids=str)
+def test_prefill_expand_variants_on_cuda(
+    cuda_device: torch.device,
+    monkeypatch: pytest.MonkeyPatch,
+    y_prefetch: bool,
+    rank_set: list[int],
+) -> None:
+    """Both prefill column loops (``y`` or ``Bt`` prefetch), every rank bucket."""
+    from dataplane.kernels.triton import configs
+    from dataplane.kernels.triton.backend import TritonLoraBackend
+
+    for r_key in configs.R_BUCKETS:
+        cur = configs.EXPAND_TABLE[(4096, r_key)]
+        monkeypatch.setitem(
+            configs.EXPAND_TABLE, (4096, r_key), dataclasses.replace(cur, y_prefetch=y_prefetch)
+        )
+    case = make_case(dtype=torch.bfloat16, in_features=4096, out_features=(4096, 1000),
+                     ranks=rank_set, num_rows=4096, dist="zipf1.5", none_share=0.1,
+                     seed=len(rank_set) + y_prefetch, device=cuda_device)  # fmt: skip
+    y = case.run(TritonLoraBackend(fused=False)).double()
+    ref = case.y0.double() + lora_delta_reference_grouped(
+        case.x, case.row_slot, case.factors, case.out_features, cuda_device
+    )
+    err = float((y - ref).norm() / ref.norm())
+    assert err < TOLERANCE[torch.bfloat16], err
+    untouched = torch.tensor([s < 0 for s in case.row_slot], device=cuda_device)
+    assert torch.equal(y[untouched], case.y0.double()[untouched])
+
+
+def test_blocked_metadata_is_cuda_graph_capturable(cuda_device: torch.device) -> None:
+    """The default large-step build (two launches, scratch in the buffers)
+    captured once, replayed with new slots: same as torch's stable sort."""
+    from dataplane.kernels.triton.backend import TritonLoraBackend
+
+    t, s = 3000, 40
+    backend = TritonLoraBackend()
+    buffers = LoraMetaBuffers(t, s, cuda_device)
+    static_slots = torch.zeros(t, dtype=torch.int32, device=cuda_device)
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        backend.build_meta(static_slots, buffers)  # compile outside the capture
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        meta = backend.build_meta(static_slots, buffers)
+    gen = torch.Generator().manual_seed(9)
+    for _ in range(3):
+        new = torch.randint(-1, s, (t,), generator=gen, dtype=torch.int32)
+        static_slots.copy_(new)
+        graph.replay()
+        torch.cuda.synchronize()
+        key = torch.where(new < 0, s, new.long())
+        counts = torch.bincount(key, minlength=s + 1)[:s]
+        assert meta.sorted_rows.tolist() == torch.sort(key, stable=True).indices.tolist()
+        assert meta.slot_counts.tolist() == counts.tolist()
+        assert meta.slot_starts.tolist() == (torch.cumsum(counts, 0) - counts).tolist()

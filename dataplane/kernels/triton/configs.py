@@ -33,7 +33,9 @@ class ShrinkConfig:
 @dataclass(frozen=True)
 class ExpandConfig:
     """``y += s z @ Bt`` tiles: rows × output columns × rank chunk; each program
-    covers ``n_iters`` consecutive column tiles (pipelined loads)."""
+    covers ``n_iters`` consecutive column tiles. ``y_prefetch``: the column
+    loop loads the next ``y`` tile ahead instead of the next ``Bt`` tile
+    (``lora_expand_kernel``'s ``Y_PREFETCH``)."""
 
     block_m: int
     block_n: int
@@ -41,6 +43,7 @@ class ExpandConfig:
     num_warps: int
     num_stages: int
     n_iters: int = 1
+    y_prefetch: bool = False
 
 
 @dataclass(frozen=True)
@@ -50,7 +53,11 @@ class FusedConfig:
     ``block_r`` is not stored: it is the module's rank bucket (one rank chunk).
     ``block_n`` = ``min(256, n_elems // block_r)`` output columns per tile.
     ``per_sm`` bounds live programs (``per_sm`` × multiprocessors) when the
-    device picks the split; ``split_k`` is the most K splits.
+    device picks the split; ``split_k`` is the most K splits. ``min_split``:
+    the device never picks fewer K splits than this, even where that exceeds
+    the ``per_sm`` bound (up to ``FUSED_MAX_PROGRAMS`` programs; q/k/v with
+    64 live slots = 192 tiles would otherwise get 1 split, each program
+    streaming all of K alone, measured 68 µs vs 57 for two kernels).
     """
 
     block_m: int
@@ -60,6 +67,7 @@ class FusedConfig:
     num_stages: int
     per_sm: int = 2
     n_elems: int = 8192
+    min_split: int = 2
 
 
 def bucket(value: int, edges: tuple[int, ...]) -> int:
@@ -83,7 +91,21 @@ _TUNED_EXPAND = {
     256: ExpandConfig(16, 256, 64, 4, 2, 1),
     4096: ExpandConfig(64, 128, 64, 4, 3, 4),
 }
+# Per rank group (key: (T class, 16) for rank buckets <= 32, (T class, 64) above),
+# overriding `_TUNED_EXPAND` there. `--tune` sweeps prefill r = 16 and r = 64 apart
+# and prints this dict. Not yet measured as such: r = 16 prefill gained with a `y`
+# prefetch (42.0 -> 38.6 µs total, within a variant that also hurt r = 64), so the
+# rank group 16 starts with it; rank 64 keeps the measured 34.5 µs expand.
+EXPAND_BY_RANK: dict[tuple[int, int], ExpandConfig] = {
+    (4096, 16): ExpandConfig(64, 128, 64, 4, 3, 4, y_prefetch=True),
+}
 _NEAREST = {16: 64, 64: 64, 256: 256, 4096: 4096, 1 << 30: 4096}
+
+
+def rank_group(r_bucket: int) -> int:
+    """Rank buckets sharing one expand entry: 16 (r <= 32) or 64 (r > 32)."""
+    return 16 if r_bucket <= 32 else 64
+
 
 # Keys: (T bucket, R bucket). Entries missing here fall back to `default_*`.
 SHRINK_TABLE: dict[tuple[int, int], ShrinkConfig] = {
@@ -92,7 +114,9 @@ SHRINK_TABLE: dict[tuple[int, int], ShrinkConfig] = {
     for r in R_BUCKETS
 }
 EXPAND_TABLE: dict[tuple[int, int], ExpandConfig] = {
-    (t, r): replace(_TUNED_EXPAND[src], block_r=min(64, r))
+    (t, r): replace(
+        EXPAND_BY_RANK.get((src, rank_group(r)), _TUNED_EXPAND[src]), block_r=min(64, r)
+    )
     for t, src in _NEAREST.items()
     for r in R_BUCKETS
 }
@@ -101,7 +125,10 @@ EXPAND_TABLE: dict[tuple[int, int], ExpandConfig] = {
 # Fused decode path (one launch): T classes up to 256; larger steps use two kernels.
 # `bench/lora_kernels.py --tune` on the H200, 2026-11-29 (r 16/64 x n 1/16/64): these
 # entries won their sweeps (T=64: 11.94 µs geomean vs 12.88-13.41 for per_sm 4,
-# block_k 128 / split 32, 8 warps; T=256: 13.45 vs 14.50-16.84).
+# block_k 128 / split 32, 8 warps; T=256: 13.45 vs 14.50-16.84). `min_split` (default
+# 2) is new and not yet measured: it only changes steps where the per-SM bound left one
+# split (q/k/v or gate/up with ~64 live slots), which ran two kernels before;
+# `--tune` compares min_split 2 / 4 / 1 (= two kernels) on those steps.
 FUSED_MAX_RANK = 128
 FUSED_TABLE: dict[int, FusedConfig] = {
     16: FusedConfig(16, 256, 16, 4, 3),

@@ -10,7 +10,9 @@ program issues those loads first, then does its share of the shrink.
 Decomposition: live programs are ``(row tile, slice, split)`` with the split
 fastest, ``p = (tile * NS + slice) * eff + split``. ``eff`` (K splits per
 tile) is picked on the device from the live tiles as in the two-kernel path:
-the largest power of two ``<= SPLIT_MAX`` with ``tiles * NS * eff <= TARGET``.
+the largest power of two ``<= SPLIT_MAX`` with ``tiles * NS * eff <= TARGET``,
+but at least ``MIN_SPLIT`` (so q/k/v with many live slots still splits K;
+the host sizes the scratch for ``max(TARGET, tiles * NS * MIN_SPLIT)``).
 Each program:
 
 1. loads its slot's factor-row addresses, its first ``Bt`` tile and ``y`` tile;
@@ -76,7 +78,8 @@ def lora_fused_kernel(
     S, K, NS, R_MAX, stride_xm, stride_ym, DEPART_OFF,
     W0: tl.constexpr, W1: tl.constexpr, W2: tl.constexpr, W3: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr,
-    BLOCK_N: tl.constexpr, SPLIT_MAX: tl.constexpr, TARGET: tl.constexpr,
+    BLOCK_N: tl.constexpr, SPLIT_MAX: tl.constexpr, MIN_SPLIT: tl.constexpr,
+    TARGET: tl.constexpr,
     S_PAD: tl.constexpr, ALIGN: tl.constexpr, UPCAST: tl.constexpr, PREC: tl.constexpr,
 ):  # fmt: skip
     """``y[rows, slice] += scale * (x[rows] @ A^T) @ Bt`` for one row tile's share.
@@ -88,7 +91,7 @@ def lora_fused_kernel(
     counts = tl.load(counts_ptr + cols, mask=cols < S, other=0)
     tiles = (counts + BLOCK_M - 1) // BLOCK_M
     total = tl.sum(tiles, axis=0)
-    eff = _eff_split(total * NS, SPLIT_MAX, TARGET)
+    eff = tl.maximum(_eff_split(total * NS, SPLIT_MAX, TARGET), MIN_SPLIT)
     if p >= total * NS * eff:
         return
     q = p // eff

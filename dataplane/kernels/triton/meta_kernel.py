@@ -2,14 +2,15 @@
 # (Triton JIT kernels take untyped pointer/scalar arguments.)
 """Per-step metadata on the device: a stable sort of rows by slot, one launch.
 
-Up to ``MAX_SORT_ROWS`` rows (every decode step and ordinary prefill chunks):
-one program loads all slots at once, counts them with ``tl.histogram`` and
-sorts the packed keys ``slot * BLOCK_T + row`` with ``tl.sort`` (unique keys,
-so the order is stable). Larger steps use a chunked counting sort: two passes,
-each row's rank among earlier rows of its slot from a one-hot
-``[CHUNK, S_PAD]`` cumulative sum. Rows of slot ``-1`` use bucket ``S`` and land
-after every active row. No allocation, no host sync: captured in the step's
-CUDA graph.
+Decode-sized steps (up to ``SORT_AUTO_MAX_ROWS`` rows): one program loads all
+slots at once, counts them with ``tl.histogram`` and sorts the packed keys
+``slot * BLOCK_T + row`` with ``tl.sort`` (unique keys, so the order is
+stable). Larger steps use the multi-program blocked grouping of
+``meta_blocked.py`` (per-block histograms, scan, stable scatter), which needs
+``LoraMetaBuffers.scratch``. ``chunked`` (one program, two counting passes
+over ``[CHUNK, S_PAD]`` one-hots) and ``pairwise`` stay available by name.
+Rows of slot ``-1`` use bucket ``S`` and land after every active row. No
+allocation, no host sync: captured in the step's CUDA graph.
 """
 
 from __future__ import annotations
@@ -20,12 +21,19 @@ import triton.language as tl
 
 from dataplane.kernels.base import LoraBatchMeta, LoraMetaBuffers
 from dataplane.kernels.errors import LoraShapeError
+from dataplane.kernels.triton.meta_blocked import launch_blocked
 
 MAX_SORT_ROWS = 16384
-# Auto never picks pairwise ranking any more: in a graph (32 builds per replay,
-# H200, 2026-11-29) `tl.sort` took 1.7 / 2.2 / 2.8 µs at T=64 S=64, T=256 S=64,
+# Auto: one-program `tl.sort` up to this many rows (1.7-2.8 µs at T <= 256 on the
+# H200; 64 µs at T = 4096), the blocked multi-program grouping above it.
+# `bench/lora_kernels.py` times both at T = 512 .. 16384 to place this edge.
+SORT_AUTO_MAX_ROWS = 512
+BLOCKED_ROWS = 256  # rows per program of the blocked grouping (auto)
+BLOCKED_METHOD = "blocked"  # two launches; "blocked1" = one launch, O(T) reads per program
+METHODS = ("pairwise", "sort", "chunked", "blocked", "blocked1")
+# Auto never picks pairwise ranking: in a graph (32 builds per replay, H200,
+# 2026-11-29) `tl.sort` took 1.7 / 2.2 / 2.8 µs at T=64 S=64, T=256 S=64,
 # T=256 S=256 against 2.0 / 8.2 / 9.2 µs pairwise. Kept for `method="pairwise"`.
-PAIRWISE_MAX_ROWS = 0
 
 
 @triton.jit
@@ -122,28 +130,53 @@ def _build_meta_kernel(
 
 
 def build_meta_triton(
-    row_slot: torch.Tensor, buffers: LoraMetaBuffers, method: str | None = None
+    row_slot: torch.Tensor,
+    buffers: LoraMetaBuffers,
+    method: str | None = None,
+    block: int | None = None,
 ) -> LoraBatchMeta:
-    """Fill ``buffers`` for ``row_slot`` (int32/int64 ``[T]``) in one launch.
+    """Fill ``buffers`` for ``row_slot`` (int32/int64 ``[T]``).
 
-    ``method`` forces ``"pairwise"``, ``"sort"`` or ``"chunked"`` (tests and
-    benchmark); by default the fastest valid one for ``T`` is used.
+    ``method`` forces one of :data:`METHODS` (tests and benchmark); by default
+    ``sort`` up to ``SORT_AUTO_MAX_ROWS`` rows, else ``BLOCKED_METHOD``.
+    ``block``: rows per program of the blocked methods (power of two >=
+    ``buffers.min_block``; default ``BLOCKED_ROWS``). Every method writes the
+    same outputs.
     """
     if row_slot.dim() != 1 or row_slot.dtype not in (torch.int32, torch.int64):
         raise LoraShapeError("row_slot must be a 1-D int32/int64 tensor")
     if row_slot.device != buffers.device:
         raise LoraShapeError(f"row_slot on {row_slot.device}, buffers on {buffers.device}")
+    if method is not None and method not in METHODS:
+        raise LoraShapeError(f"unknown metadata method {method!r}; one of {METHODS}")
     meta = buffers.views(row_slot.shape[0])
     s_pad = max(16, triton.next_power_of_2(buffers.num_slots + 1))
     block_t = max(16, triton.next_power_of_2(meta.num_rows))
     sortable = meta.num_rows <= MAX_SORT_ROWS and (buffers.num_slots + 1) * MAX_SORT_ROWS < 2**31
+    blk = max(BLOCKED_ROWS, buffers.min_block) if block is None else block
+    blockable = (
+        blk >= buffers.min_block and blk & (blk - 1) == 0 and (buffers.num_slots + 1) * blk < 2**31
+    )
     if method is None:
-        if meta.num_rows <= PAIRWISE_MAX_ROWS and sortable:
-            method = "pairwise"
+        if meta.num_rows <= SORT_AUTO_MAX_ROWS and sortable:
+            method = "sort"
+        elif blockable:
+            method = BLOCKED_METHOD
         else:
             method = "sort" if sortable else "chunked"
     if method in ("pairwise", "sort") and not sortable:
         raise LoraShapeError(f"{method} needs T <= {MAX_SORT_ROWS} and a packable key")
+    if method in ("blocked", "blocked1"):
+        if not blockable:
+            raise LoraShapeError(
+                f"block {blk} must be a power of two >= buffers.min_block {buffers.min_block}"
+            )
+        launch_blocked(
+            row_slot, meta.row_slot, meta.sorted_rows, meta.slot_counts, meta.slot_starts,
+            buffers.scratch, meta.num_rows, buffers.num_slots, s_pad, blk,
+            one_pass=method == "blocked1",
+        )  # fmt: skip
+        return meta
     if method == "pairwise":
         _build_meta_pairwise_kernel[(1,)](
             row_slot,

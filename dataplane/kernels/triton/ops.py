@@ -17,7 +17,8 @@ import triton
 
 from dataplane.kernels.errors import LoraShapeError
 from dataplane.kernels.triton.configs import expand_config, shrink_config
-from dataplane.kernels.triton.lora_kernels import lora_expand_kernel, lora_shrink_kernel
+from dataplane.kernels.triton.expand_kernel import lora_expand_kernel
+from dataplane.kernels.triton.lora_kernels import lora_shrink_kernel
 
 MAX_SLICES = 4
 
@@ -113,7 +114,7 @@ def launch_expand(
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, N_ITERS=cfg.n_iters,
         BLOCK_R=cfg.block_r,
         S_PAD=_s_pad(s), ALIGN=align, UPCAST=_interpreting(), PREC=_precision(y.dtype),
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        Y_PREFETCH=cfg.y_prefetch, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )  # fmt: skip
 
 
