@@ -22,6 +22,8 @@ latency is the batch's mean step time.
     python bench/engine.py --mode cuda --shape tiny --device cpu --dtype float32  # smoke
     python bench/engine.py --mode decode-step --max-num-seqs 64 --prompt-max 512 \
         --adapters 16 128 --kv-blocks 4096   # one decode step vs the HBM floor
+    python bench/engine.py --mode host-step --max-num-seqs 64 --prompt-max 512 \
+        --kv-blocks 4096 --adapters 128      # host (Python) ms of a graph-path step, CPU
 """
 
 from __future__ import annotations
@@ -192,9 +194,9 @@ def run_hf(
         t0 = time.perf_counter()
         kwargs = {"adapter_names": names} if adapter_names else {}
         with torch.no_grad():
-            model.generate(
+            model.generate(  # type: ignore[attr-defined]
                 ids.to(device),
-                attention_mask=mask.to(device),  # type: ignore[attr-defined]
+                attention_mask=mask.to(device),
                 max_new_tokens=new,
                 min_new_tokens=new,
                 do_sample=False,
@@ -396,6 +398,54 @@ def decode_step_main(args: argparse.Namespace) -> list[dict]:
     return results
 
 
+def host_step_main(args: argparse.Namespace) -> list[dict]:
+    """Host time of one CUDA-graph decode step without the device: the tiny shape on CPU,
+    `--max-num-seqs` requests decoding at context ~`--prompt-max`; per step: schedule ->
+    plan -> runner.check_plan -> CudaGraphRunner._fill (input staging) -> greedy sample on
+    stand-in logits [B, 16] -> postprocess -> request outputs. Median ms over `--steps`."""
+    from dataplane.engine.cuda_graphs import CudaGraphRunner
+
+    config = ModelConfig.from_dict(TINY_SHAPE)
+    model = init_random(LlamaForCausalLM(config, torch.float32, torch.device("cpu")), seed=0)
+    batch, ctx = args.max_num_seqs, args.prompt_max
+    results = []
+    for n in [0, *args.adapters]:
+        cfg = EngineConfig(max_num_seqs=batch, max_num_batched_tokens=max(batch, 8192),
+                           num_kv_blocks=args.kv_blocks, block_size=16, max_slots=n,
+                           max_rank=16, max_model_len=ctx + args.steps + 32)
+        engine = Engine(model, cfg, hashlib.sha256(b"tiny").hexdigest())
+        handles = [engine.register_loaded_adapter(random_adapter(config, 16, i, "cpu",
+                                                                 torch.float32))
+                   for i in range(n)]
+        gen = torch.Generator().manual_seed(args.seed)
+        for i in range(batch):
+            engine.add_request(f"h{i}", torch.randint(3, config.vocab_size, (ctx,),
+                                                      generator=gen).tolist(),
+                               SamplingParams(temperature=0.0, max_tokens=args.steps + 16,
+                                              ignore_eos=True),
+                               handles[i % n] if n else None)
+        while engine.scheduler.waiting or any(s.in_prefill for s in engine.scheduler.running):
+            engine.step()
+        graphs = CudaGraphRunner(engine.runner, batch, ctx + args.steps + 32)
+        stand_in = torch.randn(batch, 16)
+        times = []
+        for _ in range(args.steps):
+            t0 = time.perf_counter()
+            out = engine.scheduler.schedule()
+            plan = engine.build_plan(out)
+            engine.runner.check_plan(plan)
+            graphs._fill(plan, next(b for b in graphs.batch_sizes if b >= plan.num_rows))
+            result = engine.sampler.sample(stand_in[:plan.num_rows], out.sampled)
+            for u in engine.scheduler.postprocess(out, result.token_ids):
+                engine._output(u.seq, (u.token_id,), u.text)
+            times.append(time.perf_counter() - t0)
+        step = percentile(times, 50)
+        results.append({"system": f"host step B={batch} ctx~{ctx} (CPU)", "adapters": n,
+                        "step_ms": 1e3 * step, "floor_ms": float("nan"), "ratio": float("nan")})
+        print(f"# host step n={n}: {1e3 * step:.3f} ms", file=sys.stderr, flush=True)
+    return results
+
+
 def profile_steps(engine: Engine, dev: str, path: Path) -> None:
     """Kernel-level breakdown of 3 decode steps (torch.profiler) written to `path`."""
     from torch.profiler import ProfilerActivity, profile
@@ -433,7 +483,8 @@ def markdown(results: list[dict]) -> str:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--mode", choices=("cpu", "cuda", "decode-step"), default="cpu")
+    p.add_argument("--mode", choices=("cpu", "cuda", "decode-step", "host-step"),
+                   default="cpu")
     p.add_argument("--adapters", type=int, nargs="+", default=None)
     p.add_argument("--requests", type=int, default=32)
     p.add_argument("--rate", type=float, default=float("inf"), help="req/s; inf = offline")
@@ -465,7 +516,8 @@ def main() -> None:
         torch.set_num_threads(args.threads)
     if args.adapters is None:
         args.adapters = [8] if args.mode == "cpu" else [1, 16, 128]
-    runners = {"cpu": cpu_main, "cuda": cuda_main, "decode-step": decode_step_main}
+    runners = {"cpu": cpu_main, "cuda": cuda_main, "decode-step": decode_step_main,
+               "host-step": host_step_main}
     results = runners[args.mode](args)
     if args.mode == "cpu":
         for r in results:

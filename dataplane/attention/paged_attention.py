@@ -1,6 +1,7 @@
 """Attention over packed prefill + decode rows with a paged KV cache (torch SDPA path).
 
-Works on CPU and CUDA. Per layer: write this step's K/V into their KV slots, then
+Works on CPU and CUDA. Per layer: write this step's K/V into their KV slots (unless the
+caller's fused RoPE kernel did), then
 - each prefill request: its rows attend to its own context (this chunk's fresh keys when the
   chunk starts at position 0, else the cache gathered through its block table);
 - all decode rows at once: each row attends to its own cached keys, either through the
@@ -19,10 +20,14 @@ from dataplane.attention.metadata import AttentionMetadata
 
 def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: int,
                     cache: PagedKVCache, meta: AttentionMetadata, window: int | None,
-                    scale: float) -> torch.Tensor:
-    """q [T, Hq, D], k/v [T, Hkv, D] (RoPE applied) -> out [T, Hq, D] in q's dtype."""
-    cache.write(layer, meta.slot_mapping, k, v)
-    out = torch.empty_like(q)
+                    scale: float, write_kv: bool = True) -> torch.Tensor:
+    """q [T, Hq, D], k/v [T, Hkv, D] (RoPE applied) -> out [T, Hq, D] in q's dtype.
+
+    `write_kv=False`: the caller already stored k/v at `meta.slot_mapping` (the fused
+    `dataplane.ops.rope_and_cache` does)."""
+    if write_kv:
+        cache.write(layer, meta.slot_mapping, k, v)
+    out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     k_all, v_all = cache.k[layer], cache.v[layer]
     for seg in meta.prefills:
         qs = q[seg.start:seg.end]
@@ -40,9 +45,9 @@ def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: in
         from dataplane.attention.triton_decode import paged_decode_attention
 
         dec = meta.decode
-        out[meta.doff:] = paged_decode_attention(
+        paged_decode_attention(
             q[meta.doff:], k_all, v_all, dec.block_tables, dec.context_lens, dec.positions,
-            cache.block_size, scale, window)
+            cache.block_size, scale, window, out=out[meta.doff:])
     elif meta.decode is not None:
         if meta.decode.key_slots is None or meta.decode.masks is None:
             raise ValueError("torch decode path needs gathered key slots and masks")

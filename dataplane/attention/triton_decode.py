@@ -91,8 +91,10 @@ def _paged_decode_kernel(
 def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                            block_tables: torch.Tensor, context_lens: torch.Tensor,
                            positions: torch.Tensor, block_size: int, scale: float,
-                           window: int | None) -> torch.Tensor:
-    """See the module docstring. Every row must have context_lens >= 1."""
+                           window: int | None, out: torch.Tensor | None = None
+                           ) -> torch.Tensor:
+    """See the module docstring. Every row must have context_lens >= 1. `out` (optional,
+    [D, Hq, Dh] in q's dtype, unit inner stride) receives the result in place."""
     rows, heads, head_dim = q.shape
     kv_heads = k_cache.shape[1]
     if heads % kv_heads or k_cache.shape[2] != head_dim or q.stride(2) != 1 \
@@ -102,7 +104,10 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     group = heads // kv_heads
     # Triton's CPU interpreter computes bf16 dots wrongly: upcast there (tests only).
     interpreting = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
-    out = torch.empty_like(q)
+    if out is None:
+        out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    elif out.shape != q.shape or out.dtype != q.dtype or out.stride(2) != 1:
+        raise ValueError("paged_decode_attention: out must match q's shape and dtype")
     if rows == 0:
         return out
     _paged_decode_kernel[(rows, kv_heads)](

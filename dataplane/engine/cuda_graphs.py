@@ -57,14 +57,29 @@ class CudaGraphRunner:
         buckets.append(max_context)
         self.context_buckets = tuple(buckets)
         self.max_blocks = (max_context + self.block_size - 1) // self.block_size
-        b, dev, i64 = self.max_batch, self.device, torch.int64
+        b, dev = self.max_batch, self.device
         trash = runner.cache.trash_slot
-        self.input_ids = torch.zeros(b, dtype=i64, device=dev)
-        self.positions = torch.zeros(b, dtype=i64, device=dev)
-        self.slot_mapping = torch.full((b,), trash, dtype=i64, device=dev)
-        self.row_slot = torch.full((b,), -1, dtype=torch.int32, device=dev)
-        self.block_tables = torch.zeros(b, self.max_blocks, dtype=i64, device=dev)
-        self.context_lens = torch.ones(b, dtype=i64, device=dev)
+        # All int64 inputs live in one device buffer (one H2D copy per step) staged from a
+        # pinned host mirror filled through numpy:
+        #   [input_ids B | positions B | slot_mapping B | context_lens B | block_tables B x M]
+        m = self.max_blocks
+        self._staged = _Staging(4 * b + b * m, torch.int64, dev)
+        self._staged_slots = _Staging(b, torch.int32, dev)
+        flat = self._staged.device
+        self.input_ids = flat[0:b]
+        self.positions = flat[b:2 * b]
+        self.slot_mapping = flat[2 * b:3 * b]
+        self.context_lens = flat[3 * b:4 * b]
+        self.block_tables = flat[4 * b:].view(b, m)
+        self.row_slot = self._staged_slots.device
+        host = self._staged.array
+        self._host_ids, self._host_pos = host[0:b], host[b:2 * b]
+        self._host_slots, self._host_ctx = host[2 * b:3 * b], host[3 * b:4 * b]
+        self._host_tables = host[4 * b:].reshape(b, m)
+        self._host_row_slot = self._staged_slots.array
+        self._table_rows: list[tuple[int, ...] | None] = [None] * b
+        """The block table last staged in each row (rows are re-staged only on change)."""
+        self._identity = {n: tuple(range(n)) for n in range(b + 1)}
         self.lora_buffers = (LoraMetaBuffers(b, runner.max_slots, dev)
                              if runner.max_slots > 0 else None)
         self.windows = distinct_windows(runner.config.layer_windows)
@@ -74,7 +89,14 @@ class CudaGraphRunner:
         # Pad rows reach the trash slot (= num_blocks * bs) as position 0 of block num_blocks;
         # decode_batch clamps every key slot to the trash slot, so that block id is safe.
         self._pad_block = trash // self.block_size
-        self.block_tables[:, 0] = self._pad_block
+        self._trash = trash
+        host[:] = 0
+        self._host_slots[:] = trash
+        self._host_ctx[:] = 1
+        self._host_tables[:, 0] = self._pad_block
+        self._host_row_slot[:] = -1
+        self._staged.upload(len(host))
+        self._staged_slots.upload(b)
 
     def _forward(self, batch: int, width: int) -> torch.Tensor:
         r = self.runner
@@ -118,22 +140,32 @@ class CudaGraphRunner:
         return batch, width
 
     def try_replay(self, plan: BatchPlan) -> torch.Tensor | None:
-        """Logits [N, vocab] for a decode-only plan that fits a captured graph, else None."""
-        if plan.num_prefills != 0 or plan.doff != 0:
+        """Logits [N, vocab] for a decode-only plan that fits a captured graph, else None.
+
+        Host work: O(rows) numpy fills of pinned staging buffers, two non-blocking H2D
+        copies, one graph launch; no device sync. For a decode-only plan the sample rows
+        are the rows in order, so the result is a view of the graph's logits (valid until
+        the next replay)."""
+        if plan.doff != 0 or len(plan.prefill_indptr) != 1:
             return None
         rows = plan.num_rows
         picked = self._pick(rows, max(plan.context_lens))
         if picked is None:
             return None
-        if self.lora_buffers is None and any(s >= 0 for s in plan.row_slot):
+        if self.lora_buffers is None and max(plan.row_slot) >= 0:
             return None
         batch, _width = picked
         self._fill(plan, batch)
         entry = self.graphs[picked]
         entry.graph.replay()
         self.replays += 1
-        order = torch.tensor(plan.sample_rows, dtype=torch.int64, device=self.device)
-        return entry.logits.index_select(0, order)
+        return self._sampled(entry.logits, plan)
+
+    def _sampled(self, logits: torch.Tensor, plan: BatchPlan) -> torch.Tensor:
+        if plan.sample_rows == self._identity[plan.num_rows]:
+            return logits[:plan.num_rows]
+        order = torch.tensor(plan.sample_rows, dtype=torch.int64).to(self.device)
+        return logits.index_select(0, order)
 
     @torch.inference_mode()
     def run_padded(self, plan: BatchPlan) -> torch.Tensor:
@@ -146,28 +178,65 @@ class CudaGraphRunner:
         if plan.num_prefills or batch is None or width is None:
             raise ValueError("plan is not a decode-only step within the graph limits")
         self._fill(plan, batch)
-        logits = self._forward(batch, width)
-        order = torch.tensor(plan.sample_rows, dtype=torch.int64, device=self.device)
-        return logits.index_select(0, order)
+        return self._sampled(self._forward(batch, width), plan).clone()
 
     def _fill(self, plan: BatchPlan, batch: int) -> None:
-        d, dev = plan.num_rows, self.device
-        tables = torch.zeros(batch, self.max_blocks, dtype=torch.int64)
-        tables[:, 0] = self._pad_block
-        for i, table in enumerate(plan.block_tables):
-            n = min(len(table), self.max_blocks)
-            tables[i, :n] = torch.tensor(table[:n], dtype=torch.int64)
-        pad = batch - d
-        trash = self.runner.cache.trash_slot
-        host = {
-            "input_ids": list(plan.input_ids) + [0] * pad,
-            "positions": list(plan.positions) + [0] * pad,
-            "slot_mapping": list(plan.slot_mapping) + [trash] * pad,
-            "context_lens": list(plan.context_lens) + [1] * pad,
-        }
-        for name, values in host.items():
-            getattr(self, name)[:batch].copy_(torch.tensor(values, dtype=torch.int64),
-                                              non_blocking=False)
-        self.row_slot[:batch].copy_(torch.tensor(list(plan.row_slot) + [-1] * pad,
-                                                 dtype=torch.int32))
-        self.block_tables[:batch].copy_(tables.to(dev))
+        """Stage the plan's D rows and pad rows D..batch-1 (token 0, KV write to the trash
+        slot, slot -1, context 1 in the pad block), then copy to the device buffers.
+
+        Block-table entries beyond a row's context are never read (the Triton kernel stops
+        at context_lens; the torch gather masks them and clamps slots), so a row is
+        re-staged only when its table changed and stale tails are left in place."""
+        d = plan.num_rows
+        self._staged.wait()
+        self._staged_slots.wait()
+        self._host_ids[:d] = plan.input_ids
+        self._host_pos[:d] = plan.positions
+        self._host_slots[:d] = plan.slot_mapping
+        self._host_ctx[:d] = plan.context_lens
+        self._host_row_slot[:d] = plan.row_slot
+        if batch > d:
+            self._host_ids[d:batch] = 0
+            self._host_pos[d:batch] = 0
+            self._host_slots[d:batch] = self._trash
+            self._host_ctx[d:batch] = 1
+            self._host_row_slot[d:batch] = -1
+            self._host_tables[d:batch, 0] = self._pad_block
+            for i in range(d, batch):
+                self._table_rows[i] = None
+        tables, staged, host_tables, m = (plan.block_tables, self._table_rows,
+                                          self._host_tables, self.max_blocks)
+        for i in range(d):
+            table = tables[i]
+            if staged[i] != table:
+                n = min(len(table), m)
+                host_tables[i, :n] = table[:n]
+                staged[i] = table
+        self._staged.upload(len(self._staged.array))
+        self._staged_slots.upload(batch)
+
+
+class _Staging:
+    """A device buffer and its host mirror (pinned on CUDA) with a numpy view for fast
+    fills. `upload(n)` copies the first n elements asynchronously and records an event;
+    `wait()` blocks until that copy has read the host buffer (normally long done: the
+    engine syncs on the sampled tokens every step), so refilling never races a copy."""
+
+    def __init__(self, numel: int, dtype: torch.dtype, device: torch.device) -> None:
+        cuda = device.type == "cuda"
+        self.host = torch.zeros(numel, dtype=dtype, pin_memory=cuda)
+        self.array = self.host.numpy()
+        self.device = torch.zeros(numel, dtype=dtype, device=device)
+        self._event: Any = torch.cuda.Event() if cuda else None
+        self._pending = False
+
+    def upload(self, n: int) -> None:
+        self.device[:n].copy_(self.host[:n], non_blocking=True)
+        if self._event is not None:
+            self._event.record()
+            self._pending = True
+
+    def wait(self) -> None:
+        if self._pending:
+            self._event.synchronize()
+            self._pending = False

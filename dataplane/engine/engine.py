@@ -84,6 +84,7 @@ class EngineConfig:
     enable_cuda_graphs: bool = True
     lora_backend: str | None = None
     attention_backend: str | None = None
+    ops_backend: str | None = None
     max_graph_context: int = 4096
     sampler_seed: int | None = 0
 
@@ -122,7 +123,8 @@ class Engine:
                                   max_rows=max(config.max_num_batched_tokens, config.max_num_seqs),
                                   max_slots=config.max_slots, max_rank=config.max_rank,
                                   lora_backend=config.lora_backend,
-                                  attention_backend=config.attention_backend)
+                                  attention_backend=config.attention_backend,
+                                  ops_backend=config.ops_backend)
         self.adapters = AdapterRegistry(self.runner)
         kv_dtype = str(model.dtype).removeprefix("torch.")
         self.block_manager = BlockManager(

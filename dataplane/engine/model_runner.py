@@ -33,12 +33,20 @@ class ModelRunner:
         lora_backend: kernels backend name (None: Triton on CUDA, torch on CPU).
         attention_backend: decode attention, "triton" (paged kernel) or "torch" (gather +
             SDPA); None: Triton on CUDA, torch on CPU.
+        ops_backend: fused elementwise ops (dataplane.ops): "auto" (Triton on CUDA, torch
+            on CPU), "torch" or "triton" (on CPU only under TRITON_INTERPRET=1, tests);
+            None leaves the model's setting.
+
+    A LoRA linear with a true attribute `owns_lora_tables` (tensor-parallel projections
+    holding their own sharded tables) gets no `LoraFactorTable` from the runner and its
+    `factors` are left alone; it is not in `tables` / `linears`, so adapters are loaded
+    into it by its owner (e.g. `TPLlamaForCausalLM.load_adapter`).
     """
 
     def __init__(self, model: LlamaForCausalLM, num_kv_blocks: int, block_size: int,
                  max_rows: int, max_slots: int, max_rank: int,
-                 lora_backend: str | None = None, attention_backend: str | None = None
-                 ) -> None:
+                 lora_backend: str | None = None, attention_backend: str | None = None,
+                 ops_backend: str | None = None) -> None:
         self.model = model
         self.config = model.config
         self.device = model.embed_tokens.weight.device
@@ -56,14 +64,18 @@ class ModelRunner:
         self.tables: dict[tuple[int, str], LoraFactorTable] = {}
         self.linears: dict[tuple[int, str], LoRALinear] = {}
         self.graphs: object | None = None  # CudaGraphRunner, set by the engine on CUDA
-        for _layer, _attr, linear in model.lora_linears():  # detach a previous runner's tables
+        if ops_backend is not None:
+            model.set_ops_backend(ops_backend)
+        own = [(layer, attr, linear) for layer, attr, linear in model.lora_linears()
+               if not getattr(linear, "owns_lora_tables", False)]
+        for _layer, _attr, linear in own:  # detach a previous runner's tables
             linear.factors, linear.has_factors = None, False
         if max_slots > 0:
             self.backend = get_lora_backend(self.device, prefer=lora_backend)
             self.meta_buffers = LoraMetaBuffers(max_rows, max_slots, self.device)
             self.workspace = LoraWorkspace(
                 self.backend.workspace_numel(max_rows, 3, max_rank), self.device)
-            for layer, attr, linear in model.lora_linears():
+            for layer, attr, linear in own:
                 table = LoraFactorTable(max_slots, linear.in_features, linear.out_features,
                                         max_rank, self.dtype, self.device)
                 linear.factors = table
@@ -88,9 +100,9 @@ class ModelRunner:
                                    f"1..{self.max_rows}")
         if plan.block_size != self.cache.block_size:
             raise InvalidBatchPlan("plan block_size differs from the KV cache's")
-        if any(s >= self.max_slots for s in plan.row_slot):
+        if max(plan.row_slot) >= self.max_slots:  # C-level scans: this runs every step
             raise InvalidBatchPlan("row slot outside the runner's slots", slots=self.max_slots)
-        if any(not 0 <= s < self.cache.num_slots for s in plan.slot_mapping):
+        if min(plan.slot_mapping) < 0 or max(plan.slot_mapping) >= self.cache.num_slots:
             raise InvalidBatchPlan("KV slot outside the cache")
 
     @torch.inference_mode()

@@ -176,6 +176,11 @@ class Scheduler:
             if seq.in_prefill or not self.adapter_ready(seq):
                 i += 1
                 continue
+            if bm.blocks_needed(seq) == 0:  # the common decode step: no block to add
+                out.decodes.append(seq)
+                budget -= 1
+                i += 1
+                continue
             while not bm.can_append(seq):
                 self._preempt(self.running[-1], out)
                 if seq not in self.running:
@@ -223,10 +228,15 @@ class Scheduler:
         if len(token_ids) != len(sampled):
             raise SchedulerError("one sampled token per sampled sequence is required",
                                  expected=len(sampled), got=len(token_ids))
-        for seq, n in [*out.prefills, *((s, 1) for s in out.decodes)]:
-            if seq.status is SequenceStatus.RUNNING:
+        running, cache_blocks = SequenceStatus.RUNNING, self.block_manager.cache_computed_blocks
+        for seq, n in out.prefills:
+            if seq.status is running:
                 seq.num_computed_tokens += n
-                self.block_manager.cache_computed_blocks(seq)
+                cache_blocks(seq)
+        for seq in out.decodes:
+            if seq.status is running:
+                seq.num_computed_tokens += 1
+                cache_blocks(seq)
         updates: list[StepUpdate] = []
         for seq, token in zip(sampled, token_ids, strict=True):
             if seq.status is not SequenceStatus.RUNNING:

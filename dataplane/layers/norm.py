@@ -1,9 +1,15 @@
-"""RMSNorm exactly as HF Llama computes it (fp32 statistics, weight applied in input dtype)."""
+"""RMSNorm exactly as HF Llama computes it (fp32 statistics, weight applied in input dtype).
+
+The math lives in `dataplane.ops.rms_norm` (Triton kernel on CUDA, torch reference
+elsewhere); `ops_backend` ("auto" | "torch" | "triton") picks the path.
+"""
 
 from __future__ import annotations
 
 import torch
 from torch import nn
+
+from dataplane.ops import fused_add_rms_norm, rms_norm
 
 
 class RMSNorm(nn.Module):
@@ -15,9 +21,14 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(hidden_size, dtype=dtype, device=device),
                                    requires_grad=False)
         self.eps = eps
+        self.ops_backend = "auto"
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        dtype = x.dtype
-        h = x.to(torch.float32)
-        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * h.to(dtype)
+        """x [T, N] -> RMSNorm(x) [T, N] (x is not modified)."""
+        return rms_norm(x, self.weight, self.eps, self.ops_backend)
+
+    def forward_add(self, x: torch.Tensor, residual: torch.Tensor
+                    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(RMSNorm(x + residual), x + residual). May reuse the buffers of x and residual:
+        callers must not read either input afterwards."""
+        return fused_add_rms_norm(x, residual, self.weight, self.eps, self.ops_backend)

@@ -1,8 +1,9 @@
 """Rotary position embeddings with HF's scaling variants (default, linear, llama3, yarn).
 
 Inverse frequencies follow transformers' `modeling_rope_utils` formulas bit for bit (fp32);
-cos/sin are computed per step from absolute positions (so there is no length cap) and cast
-to the activation dtype, then applied with the half-rotation convention of HF Llama.
+cos/sin are computed once per step from absolute positions (so there is no length cap) and
+cast to the activation dtype; `dataplane.ops.rope_and_cache` applies them with HF Llama's
+half-rotation convention.
 """
 
 from __future__ import annotations
@@ -82,7 +83,7 @@ def _yarn(rope: RopeConfig, dim: int) -> tuple[torch.Tensor, float]:
 
 
 class RotaryEmbedding(torch.nn.Module):
-    """cos/sin for absolute positions; `apply` rotates q [T, Hq, D] and k [T, Hk, D]."""
+    """Inverse frequencies of one RoPE variant; `cos_sin` gives a step's tables."""
 
     inv_freq: torch.Tensor
 
@@ -94,16 +95,14 @@ class RotaryEmbedding(torch.nn.Module):
 
     def cos_sin(self, positions: torch.Tensor, dtype: torch.dtype
                 ) -> tuple[torch.Tensor, torch.Tensor]:
-        """positions [T] int64 -> (cos, sin) each [T, 1, head_dim] in `dtype`."""
+        """positions [T] int64 -> (cos, sin) each [T, head_dim / 2] in `dtype`.
+
+        Half width: HF's tables repeat these columns twice (cat(freqs, freqs)); the
+        rotation (dataplane.ops.rope_and_cache) reads each column for both halves, so
+        the values are HF's exactly (attention factor applied before the cast).
+        """
         freqs = positions.to(torch.float32)[:, None] * self.inv_freq[None, :]
-        emb = torch.cat((freqs, freqs), dim=-1)
-        cos = (emb.cos() * self.attention_factor).to(dtype)
-        sin = (emb.sin() * self.attention_factor).to(dtype)
-        return cos[:, None, :], sin[:, None, :]
-
-
-def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x [T, H, D] rotated by (cos, sin) [T, 1, D] with HF's rotate_half convention."""
-    half = x.shape[-1] // 2
-    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-    return x * cos + rotated * sin
+        cos, sin = freqs.cos(), freqs.sin()
+        if self.attention_factor != 1.0:
+            cos, sin = cos * self.attention_factor, sin * self.attention_factor
+        return cos.to(dtype), sin.to(dtype)

@@ -6,6 +6,10 @@ and the paged KV cache. q/k/v and gate/up are fused `LoRALinear`s with one slice
 projection, so one base GEMM and one LoRA call serve each fused group.
 Numerics follow HF modeling_llama: residual stream and projections in the model dtype,
 RMSNorm statistics and RoPE angles in fp32, logits returned in fp32.
+
+Layers pass (hidden, residual) along as vLLM does, so the elementwise work between GEMMs
+is one fused op each (dataplane.ops): residual-add + RMSNorm, RoPE + KV cache write,
+SiLU * up. `ops_backend` ("auto": Triton on CUDA tensors, torch otherwise) picks the path.
 """
 
 from __future__ import annotations
@@ -19,8 +23,9 @@ from dataplane.attention.metadata import AttentionMetadata
 from dataplane.attention.paged_attention import paged_attention
 from dataplane.layers.lora_linear import LoRALinear, LoraStepContext
 from dataplane.layers.norm import RMSNorm
-from dataplane.layers.rotary import RotaryEmbedding, apply_rotary
+from dataplane.layers.rotary import RotaryEmbedding
 from dataplane.models.config import ModelConfig
+from dataplane.ops import check_ops_backend, rope_and_cache, silu_and_mul
 
 QKV_SLICES = ("q_proj", "k_proj", "v_proj")
 GATE_UP_SLICES = ("gate_proj", "up_proj")
@@ -48,26 +53,37 @@ class DecoderLayer(nn.Module):
                                        dtype, device)
         self.down_proj = LoRALinear(c.intermediate_size, ("down_proj",), (c.hidden_size,),
                                     c.mlp_bias, dtype, device)
+        self.ops_backend = "auto"
 
-    def forward(self, h: torch.Tensor, cos_sin: tuple[torch.Tensor, torch.Tensor],
-                attn: AttentionMetadata, cache: PagedKVCache,
-                lora: LoraStepContext | None) -> torch.Tensor:
+    def forward(self, h: torch.Tensor, residual: torch.Tensor | None,
+                cos_sin: tuple[torch.Tensor, torch.Tensor], attn: AttentionMetadata,
+                cache: PagedKVCache, lora: LoraStepContext | None
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(h, residual) -> (this layer's MLP output, residual stream before adding it).
+
+        The first layer gets residual None (h = the embeddings). The hidden state after
+        the layer is `h' + residual'`; the next layer's fused add-norm forms it. Buffers
+        of `h` and `residual` may be reused in place: callers use the returned tensors.
+        """
         t = h.shape[0]
-        x = self.input_layernorm(h)
+        if residual is None:
+            residual, x = h, self.input_layernorm(h)
+        else:
+            x, residual = self.input_layernorm.forward_add(h, residual)
         qkv = self.qkv_proj(x, lora)
         q_size, kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
         q = qkv[:, :q_size].view(t, self.num_heads, self.head_dim)
         k = qkv[:, q_size:q_size + kv_size].view(t, self.num_kv_heads, self.head_dim)
-        v = qkv[:, q_size + kv_size:].reshape(t, self.num_kv_heads, self.head_dim)
+        v = qkv[:, q_size + kv_size:].view(t, self.num_kv_heads, self.head_dim)
         cos, sin = cos_sin
-        q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
-        o = paged_attention(q, k, v, self.index, cache, attn, self.window, self.scale)
-        h = h + self.o_proj(o.reshape(t, q_size), lora)
-        x = self.post_attention_layernorm(h)
-        gate_up = self.gate_up_proj(x, lora)
-        inter = gate_up.shape[1] // 2
-        act = F.silu(gate_up[:, :inter]) * gate_up[:, inter:]
-        return h + self.down_proj(act, lora)
+        q, k = rope_and_cache(q, k, v, cos, sin, cache.k[self.index], cache.v[self.index],
+                              attn.slot_mapping, self.ops_backend)
+        o = paged_attention(q, k, v, self.index, cache, attn, self.window, self.scale,
+                            write_kv=False)
+        x, residual = self.post_attention_layernorm.forward_add(
+            self.o_proj(o.view(t, q_size), lora), residual)
+        act = silu_and_mul(self.gate_up_proj(x, lora), self.ops_backend)
+        return self.down_proj(act, lora), residual
 
 
 class LlamaForCausalLM(nn.Module):
@@ -93,15 +109,24 @@ class LlamaForCausalLM(nn.Module):
             self.lm_head = nn.Parameter(torch.empty(c.vocab_size, c.hidden_size, dtype=dtype,
                                                     device=device), requires_grad=False)
             self.lm_head_weight = self.lm_head
+        self.ops_backend = "auto"
+
+    def set_ops_backend(self, name: str) -> None:
+        """Fused elementwise ops path for every layer: "auto" | "torch" | "triton"."""
+        self.ops_backend = check_ops_backend(name)
+        for module in self.modules():
+            if hasattr(module, "ops_backend"):
+                setattr(module, "ops_backend", name)  # noqa: B010 - nn.Module typing
 
     def forward(self, input_ids: torch.Tensor, attn: AttentionMetadata, cache: PagedKVCache,
                 lora: LoraStepContext | None) -> torch.Tensor:
         """input_ids [T] -> final hidden states [T, hidden] (before the final norm)."""
         h = self.embed_tokens(input_ids)
         cos_sin = self.rotary.cos_sin(attn.positions, self.dtype)
+        residual: torch.Tensor | None = None
         for layer in self.layers:
-            h = layer(h, cos_sin, attn, cache, lora)
-        return h
+            h, residual = layer(h, residual, cos_sin, attn, cache, lora)
+        return h if residual is None else h + residual
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden [N, hidden] (rows to sample) -> logits [N, vocab] float32."""

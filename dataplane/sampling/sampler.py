@@ -66,7 +66,7 @@ def processed_probs(logits: torch.Tensor, params: SequenceOf[SamplingParams]) ->
         kth = sorted_desc.gather(1, torch.tensor(ks, device=dev).unsqueeze(1) - 1)
         scaled = scaled.masked_fill(scaled < kth, float("-inf"))
     top_p = torch.tensor([p.top_p for p in params], dtype=torch.float32, device=dev)
-    if bool((top_p < 1.0).any()):
+    if any(p.top_p < 1.0 for p in params):  # decided on the host: no device sync
         probs = scaled.softmax(dim=-1)
         sp, idx = probs.sort(dim=-1, descending=True, stable=True)
         before = sp.cumsum(dim=-1) - sp  # mass strictly before each token
@@ -74,7 +74,7 @@ def processed_probs(logits: torch.Tensor, params: SequenceOf[SamplingParams]) ->
         drop = torch.zeros_like(drop_sorted).scatter(1, idx, drop_sorted)
         scaled = scaled.masked_fill(drop & (top_p < 1.0).unsqueeze(1), float("-inf"))
     probs = scaled.softmax(dim=-1)
-    if bool(greedy.any()):
+    if any(p.greedy for p in params):
         onehot = torch.zeros_like(probs).scatter(1, logits.argmax(dim=-1, keepdim=True), 1.0)
         probs = torch.where(greedy.unsqueeze(1), onehot, probs)
     return probs

@@ -113,12 +113,14 @@ def test_base_rows_get_exactly_zero_delta(tiny_llama: Path,
     assert not torch.allclose(with_lora[0], without[0])  # adapter rows do change
 
 
+@pytest.mark.parametrize("ops", ["torch", "triton"])
 @pytest.mark.parametrize("attention", ["torch", "triton"])
 def test_graph_input_path_equals_eager(tiny_llama: Path, tiny_adapters: dict[str, Path],
-                                       attention: str) -> None:
-    """Triton = the paged decode kernel (interpreted on CPU); the eager reference is always
-    the torch gather path."""
+                                       attention: str, ops: str) -> None:
+    """Triton = the paged decode kernel / the fused elementwise ops (interpreted on CPU);
+    the eager reference is always the torch gather path with the torch ops."""
     runner = _runner(tiny_llama, tiny_adapters, attention=attention)
+    runner.model.set_ops_backend(ops)
     blocks = _Blocks()
     seqs = [_seq("x", [1, 2, 3, 4, 5], "b"), _seq("y", [7] * 9, None), _seq("z", [3, 4], "c")]
     for s in seqs:
@@ -134,5 +136,6 @@ def test_graph_input_path_equals_eager(tiny_llama: Path, tiny_adapters: dict[str
     allowed = set(plan.slot_mapping) | {runner.cache.trash_slot}
     assert set(changed.tolist()) <= allowed
     runner.decode_kernel = "torch"
+    runner.model.set_ops_backend("torch")
     eager = runner.execute(plan)
     torch.testing.assert_close(padded, eager, **TOL)

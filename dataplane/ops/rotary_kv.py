@@ -1,0 +1,52 @@
+"""RoPE on q and k in place, fused with writing k and v into their paged KV cache slots.
+
+    rope_and_cache(q, k, v, cos, sin, k_cache, v_cache, slot_mapping) -> (q', k')
+
+q [T, Hq, D], k/v [T, Hkv, D] (views of the fused qkv output are fine: any row and head
+stride, unit inner stride). cos/sin [T, D/2] in the activation dtype: the step's
+half-width table from `RotaryEmbedding.cos_sin` (every RoPE variant, attention factor
+included, lives in it). HF's rotate_half convention:
+
+    x' = [x1 * c - x2 * s, x2 * c + x1 * s]   with x = [x1, x2] split at D/2
+
+k_cache/v_cache [S, Hkv, D] are one layer's flat KV slots; slot_mapping [T] int64 is each
+row's slot (the trash slot for graph padding). Afterwards k_cache[slot[t]] = k'[t] and
+v_cache[slot[t]] = v[t].
+
+Triton (ops/triton/rotary_kv.py): one program per (row, head) of q and k (grid
+(T, Hq + Hkv)); q and k are rotated in place (no allocation), in fp32 with one rounding.
+The torch reference returns new q', k' computed in the dtype (HF's roundings) and writes
+the cache with index_copy_.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from dataplane.ops.backend import use_triton
+
+
+def apply_rotary_torch(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Reference: x [T, H, D] rotated by half-width cos/sin [T, D/2], in x's dtype.
+
+    Bit-identical to HF's `x * cat(c, c) + rotate_half(x) * cat(s, s)`.
+    """
+    half = x.shape[-1] // 2
+    x1, x2 = x[..., :half], x[..., half:]
+    c, s = cos[:, None, :], sin[:, None, :]
+    return torch.cat((x1 * c - x2 * s, x2 * c + x1 * s), dim=-1)
+
+
+def rope_and_cache(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: torch.Tensor,
+                   sin: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                   slot_mapping: torch.Tensor, backend: str = "auto"
+                   ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rotated (q, k); k and v stored at their KV slots (module docstring)."""
+    if not use_triton(q, backend):
+        q, k = apply_rotary_torch(q, cos, sin), apply_rotary_torch(k, cos, sin)
+        k_cache.index_copy_(0, slot_mapping, k)
+        v_cache.index_copy_(0, slot_mapping, v)
+        return q, k
+    from dataplane.ops.triton.rotary_kv import rope_and_cache_triton
+
+    return rope_and_cache_triton(q, k, v, cos, sin, k_cache, v_cache, slot_mapping)
