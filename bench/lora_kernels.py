@@ -17,12 +17,13 @@ index_add) and the base GEMM are timed in the same run.
     python3 bench/lora_kernels.py --no-loop --only prefill,qkv --out $OUT  # a subset
 
 ``--tune`` sweeps what is not settled (prefill expand per rank group incl. the
-``y``-prefetch loop; the fused launch's ``min_split`` for q/k/v and gate/up with
-64 live slots; ``--tune-decode`` adds the decode fused sweep of the last run)
-and prints the winners as Python to paste into ``configs.py``. The metadata
-section times every build method at T = 64 … 16384 and prints the auto edge.
-Results are appended to ``lora_bench.json`` after every row (a cut-off run
-keeps what it measured).
+``y``-prefetch loop; the prefill shrink per rank group: row tile, ``BLOCK_K``,
+stages, programs per SM = K splits, evict-first ``x``; the fused launch's
+``min_split`` for q/k/v and gate/up with 64 live slots; ``--tune-decode`` adds
+the decode fused sweep of the last run) and prints the winners as Python to
+paste into ``configs.py``. The metadata section times every build method at
+T = 64 … 16384 and prints the auto edge. Results are appended to
+``lora_bench.json`` after every row (a cut-off run keeps what it measured).
 
 "ours" is ``add_lora`` (one fused launch at decode sizes); decode rows also time
 the two-kernel ``add_lora`` on the same ring for comparison.
@@ -398,6 +399,79 @@ def _tune_decode_fused(backend: TritonLoraBackend, log: Callable[[str], None]) -
         torch.cuda.empty_cache()
 
 
+def _install_shrink(t_keys: tuple[int, ...], r_keys: tuple[int, ...]) -> Callable[[object], None]:
+    """Installer of a shrink candidate for the given T classes and rank buckets."""
+
+    def put(c: Any) -> None:
+        for tk in t_keys:
+            for r_key in r_keys:
+                configs.SHRINK_TABLE[(tk, r_key)] = dataclasses.replace(c, block_r=min(64, r_key))
+
+    return put
+
+
+SHRINK_SWEEP_BUDGET_S = 65.0  # keeps `--tune --no-loop --no-stacked` under 3 minutes
+SHRINK_R16_FINALISTS = 4  # r = 16 times the best r = 64 candidates (and the committed one)
+
+
+def _tune_prefill_shrink(
+    two: TritonLoraBackend, log: Callable[[str], None], budget_s: float = SHRINK_SWEEP_BUDGET_S
+) -> dict[str, object]:
+    """Prefill shrink sweep, T = 4096, n in {4, 32}: r = 64 over every
+    ``configs.PREFILL_SHRINK_CANDIDATES`` entry, then r = 16 over the committed
+    entry and the ``SHRINK_R16_FINALISTS`` best of r = 64 (each variant compiles
+    once per (n, rank) shape; the r = 16 rerun halves the sweep's compile time).
+
+    Metric: the whole two-kernel ``add_lora`` (geomean over n): the K splits
+    the shrink writes are summed by the expand, so a shrink that wins alone by
+    splitting more can lose overall. The shrink alone is logged too. Stops
+    starting new candidates after ``budget_s`` (the committed entry is always
+    timed first). Winners stay installed and go to ``configs.SHRINK_BY_RANK``.
+    """
+    t0 = time.time()
+    chosen: dict[str, object] = {}
+    committed = configs.PREFILL_SHRINK_CANDIDATES[0]
+    ranked: list[tuple[float, object]] = []
+    for group, r_keys in ((64, (64, 128, 256)), (16, (16, 32))):
+        if group == 64:
+            cands: list[object] = list(configs.PREFILL_SHRINK_CANDIDATES)
+        else:
+            best64 = [c for _, c in sorted(ranked, key=lambda p: p[0])]
+            cands = [committed, *[c for c in best64 if c != committed][:SHRINK_R16_FINALISTS]]
+        built = [(sc, build_ring(sc, "scattered"))
+                 for sc in (Scenario("prefill", 4096, n, (group,)) for n in (4, 32))]  # fmt: skip
+        put = _install_shrink((4096, 1 << 30), r_keys)
+        best, best_t = None, math.inf
+        for c in cands:
+            if best is not None and time.time() - t0 > budget_s:
+                log(f"  shrink sweep budget {budget_s:.0f} s spent: {c} and later not timed")
+                break
+            put(c)
+            try:
+                times = [time_ours(sc, ring, two, ("ours", "shrink")) for sc, ring in built]
+            except Exception as exc:  # a config that fails to compile/launch
+                log(f"  {c} failed: {type(exc).__name__}: {exc}")
+                continue
+            geo = math.exp(sum(math.log(t["ours"]) for t in times) / len(times))
+            each = ", ".join(f"n={sc.n} add_lora {t['ours']:.2f} shrink {t['shrink']:.2f}"
+                             for (sc, _), t in zip(built, times, strict=True))  # fmt: skip
+            log(f"  r={group} {c}: add_lora geomean {geo:.2f} µs ({each})")
+            if group == 64:
+                ranked.append((geo, c))
+            if geo < best_t:
+                best, best_t = c, geo
+        if best is None:
+            raise RuntimeError(f"no prefill shrink candidate ran for r={group}")
+        put(best)
+        configs.SHRINK_BY_RANK[(4096, group)] = best  # type: ignore[assignment]
+        log(f"tuned prefill shrink r-group {group}: {best} ({best_t:.2f} µs add_lora geomean)")
+        chosen[f"shrink 4096 r{group}"] = repr(best)
+        del built
+        torch.cuda.empty_cache()
+    log(f"prefill shrink sweep took {time.time() - t0:.0f} s")
+    return chosen
+
+
 def tune(backend: TritonLoraBackend, log: Callable[[str], None], decode: bool) -> dict[str, object]:
     """Sweep the open choices, keep the winners installed, print them as Python.
 
@@ -407,7 +481,10 @@ def tune(backend: TritonLoraBackend, log: Callable[[str], None], decode: bool) -
     2. Fused launch ``min_split`` (1 = old rule: such steps run two kernels;
        2, 4) on the engine's many-slot multi-slice decode steps: q/k/v at T=64
        r=16 and T=256 r=64, gate/up at T=64 r=16, 64 slots (metric: add_lora).
-    3. With ``decode``: the decode fused sweep of the last run.
+    3. Prefill shrink (``_tune_prefill_shrink``): row tile, ``BLOCK_K``,
+       stages, programs per SM (hence K splits), evict-first ``x``; r = 16
+       and r = 64 apart, with the expand winners of 1 installed.
+    4. With ``decode``: the decode fused sweep of the last run.
     """
     ec = configs.ExpandConfig
     two = TritonLoraBackend(fused=False)
@@ -432,6 +509,7 @@ def tune(backend: TritonLoraBackend, log: Callable[[str], None], decode: bool) -
         chosen[f"expand 4096 r{group}"] = repr(best)
         del built
         torch.cuda.empty_cache()
+    chosen.update(_tune_prefill_shrink(two, log))
     for rows, rank in ((64, 16), (256, 64)):
         t_key = configs.bucket(rows, configs.T_BUCKETS)
         scs = [Scenario("decode", rows, 64, (rank,), (4096, 1024, 1024))]
@@ -459,10 +537,12 @@ def tune(backend: TritonLoraBackend, log: Callable[[str], None], decode: bool) -
 def paste_block() -> str:
     """The tuned tables as Python for ``configs.py``."""
     by_rank = ",\n".join(f"    {k}: {v!r}" for k, v in sorted(configs.EXPAND_BY_RANK.items()))
+    shrink = ",\n".join(f"    {k}: {v!r}" for k, v in sorted(configs.SHRINK_BY_RANK.items()))
     fused = ",\n".join(f"    {k}: {v!r}" for k, v in sorted(configs.FUSED_TABLE.items()))
     return (
         "# ---- paste into dataplane/kernels/triton/configs.py ----\n"
         f"EXPAND_BY_RANK: dict[tuple[int, int], ExpandConfig] = {{\n{by_rank},\n}}\n"
+        f"SHRINK_BY_RANK: dict[tuple[int, int], ShrinkConfig] = {{\n{shrink},\n}}\n"
         f"FUSED_TABLE: dict[int, FusedConfig] = {{\n{fused},\n}}"
     )
 

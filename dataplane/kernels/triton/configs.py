@@ -20,7 +20,12 @@ R_BUCKETS = (16, 32, 64, 128, 256)
 class ShrinkConfig:
     """``z = x @ A^T`` tiles: rows × rank × K. ``split_k`` is the most K splits
     (fp32 partials) a launch may use; the kernel picks the actual number on the
-    device from the live row tiles."""
+    device from the live row tiles: the largest power of two ``<= split_k``
+    keeping ``tiles * splits <= per_sm * multiprocessors`` programs (the expand
+    derives the same number from the same config). Partials go to separate
+    ``z[split]`` slices summed by the expand while it loads ``z``: no atomics,
+    so ``z`` and ``y`` are deterministic for any split (bit-identical repeats).
+    """
 
     block_m: int
     block_r: int
@@ -28,6 +33,8 @@ class ShrinkConfig:
     split_k: int
     num_warps: int
     num_stages: int
+    per_sm: int = 2
+    evict_x: bool = False  # evict-first hint on the x stream (prefill)
 
 
 @dataclass(frozen=True)
@@ -99,6 +106,34 @@ _TUNED_EXPAND = {
 EXPAND_BY_RANK: dict[tuple[int, int], ExpandConfig] = {
     (4096, 16): ExpandConfig(64, 128, 64, 4, 3, 4, y_prefetch=True),
 }
+# Prefill shrink per rank group, overriding `_TUNED_SHRINK` (same keys as
+# `EXPAND_BY_RANK`). `--tune` sweeps `PREFILL_SHRINK_CANDIDATES` for r = 16 and
+# r = 64 at n = 4 and 32 (metric: the whole two-kernel add_lora, since the
+# number of K splits also sets the expand's z reads) and prints this dict.
+# Empty until that sweep has run on the H200: the committed entry
+# (BLOCK_M 32, 2 programs per SM -> 2 K splits at n = 4) measured 18.5 µs for
+# the r = 64 n = 4 shrink, 2.3x its own x-read floor.
+SHRINK_BY_RANK: dict[tuple[int, int], ShrinkConfig] = {}
+# Candidates of that sweep, (block_m, block_r, block_k, split_k, warps, stages,
+# per_sm, evict_x); block_r is capped at the rank bucket when installed. At T = 4096 with
+# n = 4 (one tile per BLOCK_M rows) the device picks: BLOCK_M 16 -> 256 tiles,
+# 32 -> 128, 64 -> 64, 128 -> 32; splits = largest power of two <= split_k with
+# tiles * splits <= per_sm * 132. Larger BLOCK_M re-reads A less (A bytes per x
+# byte = rank / BLOCK_M from L2) but needs more splits (more z partials).
+PREFILL_SHRINK_CANDIDATES: tuple[ShrinkConfig, ...] = (
+    ShrinkConfig(32, 64, 128, 8, 4, 3, 2),  # committed: 2 splits, 256 programs
+    ShrinkConfig(32, 64, 128, 8, 4, 4, 4),  # 4 splits, 512 programs
+    ShrinkConfig(32, 64, 64, 8, 4, 5, 4),
+    ShrinkConfig(16, 64, 128, 8, 4, 4, 4),  # 256 tiles, 2 splits
+    ShrinkConfig(16, 64, 256, 8, 4, 3, 2),  # 256 tiles, 1 split
+    ShrinkConfig(64, 64, 128, 8, 4, 3, 2),  # 4 splits
+    ShrinkConfig(64, 64, 64, 8, 4, 4, 4),  # 8 splits
+    ShrinkConfig(64, 64, 256, 8, 8, 3, 2),
+    ShrinkConfig(128, 64, 64, 16, 8, 4, 2),  # 8 splits
+    ShrinkConfig(128, 64, 128, 16, 8, 3, 4),  # 16 splits
+    ShrinkConfig(32, 64, 128, 8, 4, 3, 2, True),  # committed + evict-first x
+    ShrinkConfig(64, 64, 128, 8, 4, 4, 4, True),
+)
 _NEAREST = {16: 64, 64: 64, 256: 256, 4096: 4096, 1 << 30: 4096}
 
 
@@ -109,7 +144,9 @@ def rank_group(r_bucket: int) -> int:
 
 # Keys: (T bucket, R bucket). Entries missing here fall back to `default_*`.
 SHRINK_TABLE: dict[tuple[int, int], ShrinkConfig] = {
-    (t, r): replace(_TUNED_SHRINK[src], block_r=min(64, r))
+    (t, r): replace(
+        SHRINK_BY_RANK.get((src, rank_group(r)), _TUNED_SHRINK[src]), block_r=min(64, r)
+    )
     for t, src in _NEAREST.items()
     for r in R_BUCKETS
 }
@@ -173,8 +210,31 @@ def shrink_config(num_rows: int, max_rank: int, in_features: int) -> ShrinkConfi
     split = min(cfg.split_k, k_tiles)
     block_r = min(cfg.block_r, max(16, key[1]))
     if split != cfg.split_k or block_r != cfg.block_r:
-        cfg = ShrinkConfig(cfg.block_m, block_r, cfg.block_k, split, cfg.num_warps, cfg.num_stages)
+        cfg = replace(cfg, block_r=block_r, split_k=split)
     return cfg
+
+
+def fit_shrink_smem(cfg: ShrinkConfig, elem_bytes: int, limit: int = 200_000) -> ShrinkConfig:
+    """``cfg`` with fewer stages, then a halved ``block_k``, until the pipelined
+    ``x`` and ``A`` tiles fit shared memory for this element size.
+
+    Triton buffers ``num_stages - 1`` copies of both tiles (see
+    ``fused_ops.fused_block_k``; the H200 allows 232,448 bytes). The bf16
+    table entries fit as they are; fp32 (twice the bytes) may not. Neither
+    change touches ``split_k`` (the ``z`` shape) nor the device's split choice.
+    """
+    stages, bk = cfg.num_stages, cfg.block_k
+
+    def need() -> int:
+        return max(1, stages - 1) * (cfg.block_m + cfg.block_r) * bk * elem_bytes
+
+    while stages > 2 and need() > limit:
+        stages -= 1
+    while bk > 32 and need() > limit:
+        bk //= 2
+    if (stages, bk) == (cfg.num_stages, cfg.block_k):
+        return cfg
+    return replace(cfg, num_stages=stages, block_k=bk)
 
 
 def expand_config(num_rows: int, max_rank: int) -> ExpandConfig:

@@ -138,7 +138,7 @@ def lora_fused_kernel(
     k_per = tl.cdiv(tl.cdiv(K, BLOCK_K), eff) * BLOCK_K
     acc = _shrink_chunk(
         x_ptr, storage_ptr, rows, mmask, a_home, rmask, sp * k_per, K, k_per, stride_xm,
-        BLOCK_M, BLOCK_R, BLOCK_K, UPCAST, PREC,
+        BLOCK_M, BLOCK_R, BLOCK_K, UPCAST, PREC, False,
     )  # fmt: skip
     if eff > 1:
         z = _wait_and_sum(ws_ptr, ctr_ptr, DEPART_OFF, p, q, eff, acc, BLOCK_M, BLOCK_R)

@@ -17,12 +17,17 @@ row-address tables: rank row ``i`` of ``A[k, s]`` starts at
 ``storage + a_rows[k, s, i]`` (paged or stacked, same code).
 
 Shrink splits K into ``eff`` ranges written as separate fp32 partials
-``z[split, row, slice, :]``; expand sums them while loading. Deterministic, no
-atomics, no zero-fill. ``eff`` is chosen *on the device* from the number of
-live row tiles (largest power of two <= ``SPLIT_MAX`` keeping
-``tiles * eff <= TARGET`` programs): one adapter gets many splits (enough
-programs to stream its factors), 64 adapters few (fewer partials to sum).
-Both kernels derive the same ``eff`` from the counts, so nothing is synced.
+``z[split, row, slice, :]``; expand sums them (in split order) while loading.
+Deterministic, no atomics, no zero-fill: repeats are bit-identical for any
+split count, in decode and prefill alike. ``eff`` is chosen *on the device*
+from the number of live row tiles (largest power of two <= ``SPLIT_MAX``
+keeping ``tiles * eff <= TARGET`` programs; ``TARGET`` = the config's
+``per_sm`` × multiprocessors): one adapter gets many splits (enough programs
+to stream its factors), 64 adapters few (fewer partials to sum). In prefill
+the same split-K gives a slot's long run of row tiles more programs than
+``cdiv(T, BLOCK_M)`` (e.g. T = 4096, ``BLOCK_M`` 64: 64 tiles × 4-8 splits
+instead of one program per SM streaming all of K). Both kernels derive the
+same ``eff`` from the counts and the same constexprs, so nothing is synced.
 """
 
 from __future__ import annotations
@@ -65,9 +70,13 @@ def _eff_split(total, SPLIT_MAX: tl.constexpr, TARGET: tl.constexpr):
 def _shrink_chunk(
     x_ptr, storage_ptr, rows, mmask, homes, rmask, k_lo, K, K_PER_SPLIT, stride_xm,
     BLOCK_M: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr,
-    UPCAST: tl.constexpr, PREC: tl.constexpr,
+    UPCAST: tl.constexpr, PREC: tl.constexpr, EVICT_X: tl.constexpr,
 ):  # fmt: skip
-    """``x[rows, k range] @ A[rank chunk, k range]^T`` as fp32 ``[BLOCK_M, BLOCK_R]``."""
+    """``x[rows, k range] @ A[rank chunk, k range]^T`` as fp32 ``[BLOCK_M, BLOCK_R]``.
+
+    ``EVICT_X``: load ``x`` with an evict-first hint (prefill: ``x`` is read
+    once, while ``A`` is re-read from L2 by every row tile of its slot).
+    """
     acc = tl.zeros([BLOCK_M, BLOCK_R], dtype=tl.float32)
     for kk in range(0, K_PER_SPLIT, BLOCK_K):
         k = k_lo + kk + tl.arange(0, BLOCK_K)
@@ -77,11 +86,19 @@ def _shrink_chunk(
             mask=rmask[None, :] & kmask[:, None],
             other=0.0,
         )
-        xt = tl.load(
-            x_ptr + rows[:, None] * stride_xm + k[None, :],
-            mask=mmask[:, None] & kmask[None, :],
-            other=0.0,
-        )
+        if EVICT_X:
+            xt = tl.load(
+                x_ptr + rows[:, None] * stride_xm + k[None, :],
+                mask=mmask[:, None] & kmask[None, :],
+                other=0.0,
+                eviction_policy="evict_first",
+            )
+        else:
+            xt = tl.load(
+                x_ptr + rows[:, None] * stride_xm + k[None, :],
+                mask=mmask[:, None] & kmask[None, :],
+                other=0.0,
+            )
         if UPCAST:
             xt = xt.to(tl.float32)
             at = at.to(tl.float32)
@@ -114,6 +131,7 @@ def lora_shrink_kernel(
     ALIGN: tl.constexpr,
     UPCAST: tl.constexpr,
     PREC: tl.constexpr,
+    EVICT_X: tl.constexpr,
 ):
     pid = tl.program_id(0)
     pid_k = tl.program_id(1)
@@ -141,7 +159,7 @@ def lora_shrink_kernel(
     rmask = r < rank
     acc = _shrink_chunk(
         x_ptr, storage_ptr, rows, mmask, homes, rmask, k_lo, K, K_PER_SPLIT, stride_xm,
-        BLOCK_M, BLOCK_R, BLOCK_K, UPCAST, PREC,
+        BLOCK_M, BLOCK_R, BLOCK_K, UPCAST, PREC, EVICT_X,
     )  # fmt: skip
     zrow = (pid_k * T + rows[:, None]) * NS + sl
     tl.store(z_ptr + zrow * R_MAX + r[None, :], acc, mask=mmask[:, None] & rmask[None, :])
@@ -153,7 +171,7 @@ def lora_shrink_kernel(
             hh = tl.multiple_of(hh, ALIGN)
         acc = _shrink_chunk(
             x_ptr, storage_ptr, rows, mmask, hh, rrmask, k_lo, K, K_PER_SPLIT, stride_xm,
-            BLOCK_M, BLOCK_R, BLOCK_K, UPCAST, PREC,
+            BLOCK_M, BLOCK_R, BLOCK_K, UPCAST, PREC, EVICT_X,
         )  # fmt: skip
         tl.store(z_ptr + zrow * R_MAX + rr[None, :], acc, mask=mmask[:, None] & rrmask[None, :])
 

@@ -16,7 +16,12 @@ import torch
 import triton
 
 from dataplane.kernels.errors import LoraShapeError
-from dataplane.kernels.triton.configs import expand_config, shrink_config
+from dataplane.kernels.triton.configs import (
+    ShrinkConfig,
+    expand_config,
+    fit_shrink_smem,
+    shrink_config,
+)
 from dataplane.kernels.triton.expand_kernel import lora_expand_kernel
 from dataplane.kernels.triton.lora_kernels import lora_shrink_kernel
 
@@ -36,12 +41,18 @@ def _s_pad(num_slots: int) -> int:
     return max(16, triton.next_power_of_2(num_slots))
 
 
-def split_target(device: torch.device) -> int:
-    """Programs the dynamic split-K aims for: two per multiprocessor (small under
-    the interpreter so tests exercise several splits)."""
+def split_target(device: torch.device, per_sm: int = 2) -> int:
+    """Programs the dynamic split-K aims for: ``per_sm`` per multiprocessor
+    (``8 * per_sm`` under the interpreter, so tests exercise several splits)."""
     if device.type != "cuda":
-        return 16
-    return 2 * _sm_count(device.index if device.index is not None else 0)
+        return 8 * per_sm
+    return per_sm * _sm_count(device.index if device.index is not None else 0)
+
+
+def shrink_target(cfg: ShrinkConfig, device: torch.device) -> int:
+    """``TARGET`` of a two-kernel shrink with ``cfg``; the expand reading its
+    ``z`` must pass the same value to derive the same number of splits."""
+    return split_target(device, cfg.per_sm)
 
 
 @functools.cache
@@ -75,14 +86,16 @@ def launch_shrink(
     cfg = shrink_config(t, r_max, k)
     if cfg.split_k != split:
         raise LoraShapeError(f"z has {split} splits, the config table wants {cfg.split_k}")
+    target = shrink_target(cfg, x.device)
+    cfg = fit_shrink_smem(cfg, x.element_size())
     grid = (max_tiles(t, s, cfg.block_m), split, ns)
     lora_shrink_kernel[grid](
         x, storage, a_rows, ranks, z, sorted_rows, slot_counts, slot_starts,
         s, k, t, ns, r_max, x.stride(0),
         BLOCK_M=cfg.block_m, BLOCK_R=cfg.block_r, BLOCK_K=cfg.block_k,
-        SPLIT_MAX=split, TARGET=split_target(x.device),
+        SPLIT_MAX=split, TARGET=target,
         S_PAD=_s_pad(s), ALIGN=align, UPCAST=_interpreting(), PREC=_precision(x.dtype),
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        EVICT_X=cfg.evict_x, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )  # fmt: skip
 
 
@@ -103,14 +116,15 @@ def launch_expand(
     split, t, ns, r_max = z.shape
     s = ranks.shape[1]
     cfg = expand_config(t, r_max)
-    shrink_bm = shrink_config(t, r_max, 1).block_m
+    shrink_cfg = shrink_config(t, r_max, 1)  # block_m and per_sm do not depend on K
     widths = [*out_features, 0, 0, 0][:MAX_SLICES]
     n_tiles = sum(triton.cdiv(w, cfg.block_n * cfg.n_iters) for w in out_features)
     grid = (max_tiles(t, s, cfg.block_m), n_tiles)
     lora_expand_kernel[grid](
         y, z, storage, b_rows, ranks, scales, sorted_rows, slot_counts, slot_starts,
         s, t, ns, r_max, y.stride(0), widths[0], widths[1], widths[2], widths[3],
-        SPLIT_MAX=split, TARGET=split_target(y.device), SHRINK_BM=shrink_bm,
+        SPLIT_MAX=split, TARGET=shrink_target(shrink_cfg, y.device),
+        SHRINK_BM=shrink_cfg.block_m,
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, N_ITERS=cfg.n_iters,
         BLOCK_R=cfg.block_r,
         S_PAD=_s_pad(s), ALIGN=align, UPCAST=_interpreting(), PREC=_precision(y.dtype),
