@@ -3,7 +3,8 @@
 Modules, in request order: `server` (FastAPI: OpenAI-compatible API, /metrics, health,
 state) -> `catalog` (alias resolution at admission, typed HTTP errors) -> `serving`
 (engine-loop thread: admission, cold loads, leases, reclamation) -> `slot_backends`
-(adapter factors in the unified page pool, or the engine's own tables) and
+(`pool_slots`: one unified page pool for KV blocks and adapter factors, engine KV
+block i = pool page i; or the engine's own tables) and
 `artifacts` (download, digest checks, disk cache). `daemon` ties them together with
 `sync` (control-plane client: register, heartbeat, desired-state long-poll);
 `config` holds the settings, `metrics` the Prometheus registry, `supervisor` and

@@ -26,6 +26,7 @@ from dataplane.artifacts import BaseModelABI
 from dataplane.engine.adapters import AdapterError, LoadedAdapter, load_peft_adapter
 from dataplane.identity import h_adapter_semantic
 from dataplane.pool.errors import PoolError
+from dataplane.pool.faults import FaultInjector
 from dataplane.pool.host_tier import DiskCache
 
 CHUNK = 1 << 20
@@ -36,8 +37,9 @@ class ArtifactFetcher:
     """Fetch + verify + load; safe to call from several loader threads at once."""
 
     def __init__(self, cache_dir: Path, base: BaseModelABI, max_rank: int,
-                 fail_download: bool = False, delay_load_s: float = 0.0) -> None:
-        self.cache = DiskCache(cache_dir / "blobs")
+                 fail_download: bool = False, delay_load_s: float = 0.0,
+                 faults: FaultInjector | None = None) -> None:
+        self.cache = DiskCache(cache_dir / "blobs", faults)
         self.dirs = cache_dir / "adapters"
         self.base = base
         self.max_rank = max_rank

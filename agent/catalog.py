@@ -144,7 +144,8 @@ class AliasState:
 
 
 class AgentCatalog:
-    """Thread-safe replica: replaced wholesale by :meth:`update` (one desired state)."""
+    """Thread-safe replica: replaced wholesale by :meth:`update` (a full desired state)
+    or patched by :meth:`merge` (an incremental one: changed aliases only)."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -155,6 +156,19 @@ class AgentCatalog:
         fresh = {s.generations[s.current].name: s for s in aliases}
         with self._lock:
             self._aliases = fresh
+            self.version = version
+
+    def merge(self, version: int, changed: Iterable[AliasState],
+              prefetch: set[str]) -> None:
+        """Apply an incremental desired state: replace the `changed` aliases, keep the
+        rest, and set every alias's `prefetch` from placement's complete digest list."""
+        fresh = {s.generations[s.current].name: s for s in changed}
+        with self._lock:
+            merged = {**self._aliases, **fresh}
+            for state in merged.values():
+                art = state.generations[state.current].artifact
+                state.prefetch = art is not None and art.digest in prefetch
+            self._aliases = merged
             self.version = version
 
     def resolve(self, ref: ModelRef) -> Generation:

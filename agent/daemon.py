@@ -29,10 +29,12 @@ from agent.catalog import AgentCatalog, parse_desired_state
 from agent.config import AgentSettings
 from agent.engine_factory import build_engine
 from agent.metrics import AgentMetrics
+from agent.pool_slots import PoolSlots
 from agent.server import ServingContext, create_agent_app
 from agent.serving import EngineLoop
 from agent.sync import ControlPlaneClient, ControlPlaneError
 from dataplane.models.llama import LORA_GROUPS
+from dataplane.pool.faults import FaultInjector
 
 log = logging.getLogger("adapterplane.agent")
 
@@ -41,7 +43,9 @@ class AgentDaemon:
     def __init__(self, settings: AgentSettings) -> None:
         self.settings = settings
         self.metrics = AgentMetrics()
-        self.engine = build_engine(settings, self.metrics)
+        self.faults = FaultInjector.from_env()
+        """`ADAPTERPLANE_FAULTS` (off unless set): pool copy/validate/publish + download."""
+        self.engine = build_engine(settings, self.metrics, self.faults)
         abi = self.engine.base_abi
         if abi is None:
             raise RuntimeError("the engine has no base ABI")
@@ -49,7 +53,8 @@ class AgentDaemon:
         self.catalog = AgentCatalog()
         self.fetcher = ArtifactFetcher(settings.cache_dir, abi, settings.max_rank,
                                        fail_download=settings.fault_fail_download,
-                                       delay_load_s=settings.fault_delay_load_s)
+                                       delay_load_s=settings.fault_delay_load_s,
+                                       faults=self.faults)
         self.loop = EngineLoop(self.engine, self.fetcher, self.catalog, self.metrics,
                                settings.max_slots, settings.max_queued_requests,
                                settings.fault_step_delay_s)
@@ -66,21 +71,32 @@ class AgentDaemon:
             state={"ready": False, "agent_id": None, "worker_epoch": None, "name": settings.name})
         self.app = create_agent_app(self.ctx)
         self._stop = threading.Event()
+        self._full_due = 0.0
+        """monotonic time by which the next poll asks for a full desired state"""
 
     # ---- control-plane protocol ------------------------------------------------------
     def capabilities(self) -> dict[str, Any]:
-        """Pool geometry in KV-block pages; adapter slots are a fixed part of the pool."""
+        """Pool geometry in KV-block pages. `pool` backend: one unified pool of
+        `num_kv_blocks` pages for KV and adapters, of which placement may fill at most
+        `max_slots` worst-case (max rank, every module) adapters; `engine` backend: the
+        KV blocks plus a fixed adapter area."""
         s, c = self.settings, self.engine.model.config
         elem = self.engine.model.embed_tokens.weight.element_size()
         page_bytes = 2 * c.num_layers * s.block_size * c.num_kv_heads * c.head_dim * elem
         slot_bytes = sum(s.max_rank * (d_in + d_out) * elem
                          for d_out, d_in in c.module_shapes.values()) * c.num_layers
         slot_pages = -(-slot_bytes // page_bytes)
+        slots = getattr(self.engine, "slots", None)
+        if isinstance(slots, PoolSlots):
+            pool_pages, page_bytes = slots.layout.total_pages, slots.layout.geometry.page_bytes
+            slot_pages = -(-slot_bytes // page_bytes)
+            reserve = max(0, pool_pages - s.max_slots * slot_pages)
+        else:
+            pool_pages, reserve = s.num_kv_blocks + s.max_slots * slot_pages, s.num_kv_blocks
         return {"base": self.abi.h_base, "dtypes": [s.dtype], "max_rank": s.max_rank,
                 "targets": sorted(self.targets), "adapter_slots": s.max_slots,
-                "pool_pages": s.num_kv_blocks + s.max_slots * slot_pages,
-                "page_bytes": page_bytes, "kv_reserve_pages": s.num_kv_blocks,
-                "tp_degree": s.tp_degree}
+                "pool_pages": pool_pages, "page_bytes": page_bytes,
+                "kv_reserve_pages": reserve, "tp_degree": s.tp_degree}
 
     def register(self) -> None:
         doc = self.client.register({"name": self.settings.name, "url": self.settings.url,
@@ -89,11 +105,20 @@ class AgentDaemon:
         log.info("registered as agent %s epoch %s", doc["id"], doc["worker_epoch"])
 
     def sync_once(self, wait_s: float) -> None:
+        """One long-poll. Incremental (`since` = the replica's version) once a full state
+        is held, and full again before the download URLs it carried expire."""
         state = self.ctx.state
         after = self.catalog.version if state["ready"] else -1
-        doc = self.client.desired_state(state["agent_id"], state["worker_epoch"], after, wait_s)
+        now = time.monotonic()
+        full = not state["ready"] or now >= self._full_due
+        doc = self.client.desired_state(state["agent_id"], state["worker_epoch"], after, wait_s,
+                                        since=-1 if full else self.catalog.version)
         version, aliases = parse_desired_state(doc)
-        self.catalog.update(version, aliases)  # also when unchanged: placement may move
+        if doc.get("full", True):
+            self.catalog.update(version, aliases)
+            self._full_due = now + float(doc.get("url_ttl_s", 3600)) / 2
+        else:  # also when nothing changed: placement may move
+            self.catalog.merge(version, aliases, set(doc.get("prefetch", [])))
         self.loop.reconcile()
         state["ready"] = True
 

@@ -7,15 +7,22 @@ distinct adapters, rank padding) at the point the plan is selected (seed §0x09K
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
+
+import torch
 
 from agent.config import AgentSettings
 from agent.metrics import AgentMetrics
 from agent.slot_backends import EngineSlots, PoolSlots, SlotBackend
+from dataplane.artifacts import read_base_abi
 from dataplane.core import BatchPlan
-from dataplane.engine.engine import Engine, RequestOutput
+from dataplane.engine.engine import Engine, EngineConfig, RequestOutput
 from dataplane.engine.scheduler import ScheduleOutput
+from dataplane.models import load_model
 from dataplane.pool.errors import StaleGeneration
+from dataplane.pool.faults import FaultInjector
+from dataplane.tokenizer import Tokenizer
 
 
 class MeteredEngine(Engine):
@@ -65,18 +72,35 @@ class MeteredEngine(Engine):
             m.padding_ratio.set(len(adapted) * self.config.max_rank / true)
 
 
-def build_engine(settings: AgentSettings, metrics: AgentMetrics) -> MeteredEngine:
-    engine = MeteredEngine.from_model_dir(
-        settings.model_dir, dtype=settings.dtype, device=settings.device,
-        max_slots=settings.max_slots, max_rank=settings.max_rank,
-        num_kv_blocks=settings.num_kv_blocks, block_size=settings.block_size,
-        max_num_seqs=settings.max_num_seqs,
-        max_num_batched_tokens=settings.max_num_batched_tokens,
+def build_engine(settings: AgentSettings, metrics: AgentMetrics,
+                 faults: FaultInjector | None = None) -> MeteredEngine:
+    """The agent's engine. `pool` backend: one unified pool of `num_kv_blocks` pages
+    (engine KV block i == pool page i) holding KV blocks and adapter factors."""
+    sizes = dict(max_slots=settings.max_slots, max_rank=settings.max_rank,
+                 num_kv_blocks=settings.num_kv_blocks, block_size=settings.block_size,
+                 max_num_seqs=settings.max_num_seqs,
+                 max_num_batched_tokens=settings.max_num_batched_tokens)
+    if settings.residency_backend == "engine":
+        engine = MeteredEngine.from_model_dir(settings.model_dir, dtype=settings.dtype,
+                                              device=settings.device, **sizes)
+        assert isinstance(engine, MeteredEngine)
+        engine.slots = EngineSlots(engine)
+    else:
+        path = Path(settings.model_dir)
+        model = load_model(path, getattr(torch, settings.dtype), torch.device(settings.device))
+        abi = read_base_abi(path)
+        tokenizer = (Tokenizer.from_dir(path) if (path / "tokenizer.json").is_file()
+                     else None)
+        slots = PoolSlots.for_model(model, num_pages=settings.num_kv_blocks,
+                                    block_size=settings.block_size,
+                                    max_slots=settings.max_slots, max_rank=settings.max_rank,
+                                    faults=faults or FaultInjector.from_env())
         # captured graphs would keep reading the engine's own factor tables
-        enable_cuda_graphs=settings.residency_backend == "engine")
-    assert isinstance(engine, MeteredEngine)
+        config = EngineConfig(**sizes, enable_cuda_graphs=False)  # type: ignore[arg-type]
+        engine = MeteredEngine(model, config, abi.h_base, abi, tokenizer,
+                               kv_pages=slots.kv_view)
+        slots.attach(engine)
+        engine.slots = slots
     engine.slot_ranks = {}
     engine.metrics = metrics
-    engine.slots = (PoolSlots(engine) if settings.residency_backend == "pool"
-                    else EngineSlots(engine))
     return engine

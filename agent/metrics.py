@@ -2,8 +2,9 @@
 
 Labels are bounded only: `phase` (prefill|decode), `rank_bucket` (le4..le256, gt256,
 base), `state` (loading|active|idle|retiring), `class`/`state` of pool pages, `result`
-(ok|failed), `stage` (download|engine|digest), `reason` (rejection codes), `residency`
-(base|resident|cold). Never adapter, alias, request or tenant identifiers.
+(ok|failed), `stage` (download|copy|validate|publish|admission|engine|digest), `reason`
+(rejection codes), `residency` (base|resident|cold). Never adapter, alias, request or
+tenant identifiers.
 
 Every counter moves at its publication event (seed §0x09K): loads count when the load
 attempt ends (failed ones included in the latency histogram), cache hits/misses at
@@ -73,8 +74,9 @@ class AgentMetrics:
                             "Resident adapters held by placement (prefetch).", registry=r)
         self.residency = Gauge("adapter_residency_state_count",
                                "Adapters per residency state.", ["state"], registry=r)
-        self.pool_pages = Gauge("joint_pool_pages", "Pool units by class and state "
-                                "(KV blocks; adapter slots).", ["class", "state"], registry=r)
+        self.pool_pages = Gauge("joint_pool_pages", "Pool units by class and state (adapter/"
+                                "kv/pool pages of the unified pool; adapter slots).",
+                                ["class", "state"], registry=r)
         self.distinct = Histogram("adapter_distinct_per_iteration",
                                   "Distinct adapters (base excluded) per iteration.",
                                   buckets=ROW_BUCKETS, registry=r)
@@ -118,9 +120,10 @@ class AgentMetrics:
         """Gauges from the engine loop's state (called after every loop iteration);
         returns the download byte count now accounted for."""
         pages = pool.get("pages", {})
-        for state, n in pages.items():
-            if state != "kv":  # the engine's own KV blocks are reported below
-                self.pool_pages.labels("adapter", "used" if state == "adapter" else state).set(n)
+        if pages:  # unified pool: one page ledger for adapter factors and KV blocks
+            self.pool_pages.labels("adapter", "used").set(pages.get("adapter", 0))
+            self.pool_pages.labels("adapter", "reserved").set(pages.get("reserved", 0))
+            self.pool_pages.labels("pool", "free").set(pages.get("free", 0))
         self.page_reservations.set(pages.get("reserved", 0))
         self.pages_reclaimable.set(pool.get("reclaimable", {}).get("pages", 0))
         if downloaded > downloaded_seen:
@@ -132,8 +135,8 @@ class AgentMetrics:
         self.pinned.set(sum(1 for r in in_slots if r.prefetch))
         self.pool_pages.labels("adapter_slot", "used").set(len(in_slots))
         self.pool_pages.labels("adapter_slot", "free").set(residents.free_slots)
-        self.pool_pages.labels("kv", "free").set(kv_free)
-        self.pool_pages.labels("kv", "used").set(kv_total - kv_free)
+        self.pool_pages.labels("kv", "obtainable").set(kv_free)
+        self.pool_pages.labels("kv", "used").set(pages["kv"] if pages else kv_total - kv_free)
         self.unfinished.labels("active").set(live)
         self.unfinished.labels("loading").set(
             sum(len(r.waiting) for r in residents.by_digest.values()))

@@ -35,7 +35,7 @@ from agent.slot_backends import EngineSlots, SlotBackend
 from dataplane.core import EngineError, SamplingParams
 from dataplane.engine.adapters import AdapterHandle, LoadedAdapter
 from dataplane.engine.engine import Engine, RequestOutput
-from dataplane.pool.errors import PoolError
+from dataplane.pool.errors import AdmissionRefused, InjectedFault, PoolError, ValidationFailed
 
 log = logging.getLogger("adapterplane.agent.serving")
 Event = RequestOutput | ServingError
@@ -63,6 +63,8 @@ class Ticket:
     created: float = field(default_factory=time.monotonic)
     residency: str = "base"
     last_token_at: float | None = None
+    held: AdapterHandle | None = None
+    """The slot handle this request holds in the backend (from engine entry to its end)."""
 
 
 class EngineLoop:
@@ -88,6 +90,7 @@ class EngineLoop:
         self._loader = ThreadPoolExecutor(max_workers=2, thread_name_prefix="adapter-load")
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="engine-loop", daemon=True)
+        self.slots.set_eviction_listener(self._evicted)
 
     # ---- thread-safe API -------------------------------------------------------------
     def start(self) -> None:
@@ -182,8 +185,11 @@ class EngineLoop:
 
     def _enter_engine(self, t: Ticket, handle: AdapterHandle | None) -> None:
         try:
+            if handle is not None:
+                self.slots.hold(handle)  # never an eviction victim while this request runs
+                t.held = handle
             self.engine.add_request(t.request_id, t.prompt, t.params, handle)
-        except EngineError as exc:
+        except (EngineError, PoolError) as exc:
             self._release(t)
             t.sink(BadPrompt(str(exc), code=exc.code))
             return
@@ -209,14 +215,16 @@ class EngineLoop:
 
     def _release(self, t: Ticket) -> None:
         """Drop the request's reference; reclaim or place what that unblocks."""
-        if t.generation is None or t.generation.artifact is None:
-            return
-        res = self.residents.get(t.generation.artifact.digest)
-        if res is None:
-            return
-        res.refcount -= 1
-        res.last_use = time.monotonic()
-        self._reclaim()
+        if t.held is not None:
+            self.slots.unhold(t.held)
+            t.held = None
+        if t.generation is not None and t.generation.artifact is not None:
+            res = self.residents.get(t.generation.artifact.digest)
+            if res is not None:
+                res.refcount -= 1
+                res.last_use = time.monotonic()
+                self._reclaim()
+        # any request's end (base-model ones too) frees KV pages a waiting load may need
         for pending in list(self.residents.by_digest.values()):
             if pending.handle is None and pending.loaded is not None:
                 self._place(pending)
@@ -274,9 +282,18 @@ class EngineLoop:
             self._unload(victim)
             self.metrics.evictions.inc()
         try:
-            res.handle = self.slots.load(res.info.digest, res.loaded)
+            res.handle = self.slots.load(res.info.digest, res.loaded,
+                                         kv_pages=self._kv_pages(res.waiting))
+        except AdmissionRefused as exc:
+            if self._live:
+                return  # KV (or a held adapter) frees when a live request ends: retried then
+            self._load_failed(res, LoadFailed(f"adapter load refused: {exc}"), "admission")
+            return
         except (EngineError, PoolError) as exc:
-            self._load_failed(res, LoadFailed(f"adapter load refused: {exc}"), "engine")
+            stage = ("validate" if isinstance(exc, ValidationFailed)
+                     else str(exc.detail.get("point", "engine"))
+                     if isinstance(exc, InjectedFault) else "engine")
+            self._load_failed(res, LoadFailed(f"adapter load refused: {exc}"), stage)
             return
         self.metrics.h2d_bytes.inc(res.factor_bytes)
         ranks = getattr(self.engine, "slot_ranks", None)
@@ -287,6 +304,31 @@ class EngineLoop:
         for t in waiting:
             if isinstance(t, Ticket):
                 self._enter_engine(t, res.handle)
+
+    def _kv_pages(self, waiting: list[object]) -> int:
+        """Initial KV pages of the waiting requests (prompt + first token), for admission."""
+        bs = self.engine.config.block_size
+        total = 0
+        for t in waiting:
+            if not isinstance(t, Ticket):
+                continue
+            prompt = t.prompt
+            if isinstance(prompt, str):
+                tok = self.engine.tokenizer
+                n = len(tok.encode(prompt)) if tok is not None else len(prompt)
+            else:
+                n = len(prompt)
+            total += -(-(n + 1) // bs)
+        return total
+
+    def _evicted(self, digest: str) -> None:
+        """The slot backend evicted an idle adapter (KV growth or another load's victim)."""
+        res = self.residents.get(digest)
+        if res is None or res.handle is None:
+            return
+        getattr(self.engine, "slot_ranks", {}).pop(res.handle.slot, None)
+        self.residents.remove(digest)
+        self.metrics.evictions.inc()
 
     def _unload(self, res: Resident) -> None:
         if res.handle is not None:

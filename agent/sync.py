@@ -71,8 +71,11 @@ class ControlPlaneClient:
         return result
 
     def desired_state(self, agent_id: int, worker_epoch: int, after: int,
-                      wait_s: float) -> dict[str, Any]:
-        params = {"worker_epoch": worker_epoch, "after": after, "wait": wait_s}
+                      wait_s: float, since: int = -1) -> dict[str, Any]:
+        """Long-poll past catalog version `after`; `since` >= 0 asks for the aliases
+        changed after that version only (incremental), -1 for the full state."""
+        params = {"worker_epoch": worker_epoch, "after": after, "wait": wait_s,
+                  "since": since}
         result: dict[str, Any] = self._call(self._poll, "GET",
                                             f"/v1/agents/{agent_id}/desired-state",
                                             params=params)

@@ -2,26 +2,32 @@
 
 Both experiments drive the library objects the agent uses (``dataplane.pool``):
 ``HostTier`` (verified packed images, pinned on CUDA), ``DevicePool`` (page ledger,
-storage, slots; ``full_audit=False`` as in ``agent.slot_backends.PoolSlots``) and
+storage, slots; ``full_audit=False`` as in ``agent.pool_slots.PoolSlots``) and
 ``LoadTransaction`` / ``LeaseManager``. Factors are random bf16 (values do not matter
-for timing); the page geometry is the agent's (``page_elems`` = widest projection dim).
+for timing); the page geometry is the agent's unified one
+(``dataplane.pool.unified``: a page is one KV block of ``--block-size`` tokens, 2 MiB
+for 8B at 16 tokens, and holds ``floor(page_elems / width)`` factor rows).
 
 1. **Cold load.** One adapter of the chosen shape (``8b``: Llama-3-8B, rank 16, all seven
    linear projections, 41.9 M elements = 83.9 MB bf16; ``tiny``: 2 layers, hidden 64)
-   sits in the host tier. Each timed load is one whole transaction (begin = host-tier
-   lookup + bytes re-hash when ``rehash_on_load`` + admission + reservation; copy =
-   side-stream H2D + page scatter; validate = wait for the event + layout/zero-tail/
-   content check; publish = pointer-table swap + commit), wall clock (perf_counter)
-   from the start of ``begin`` to the end of ``publish`` with the device idle before.
+   sits in the host tier, verified (bytes digest + zero padding) once when it entered.
+   Each timed load is one whole transaction, timed per phase (perf_counter, device idle
+   before): ``reserve`` = host-tier lookup (+ bytes re-hash when ``rehash_on_load``) +
+   admission + victim choice + reservation + audit; ``copy`` = enqueue of the
+   side-stream H2D copy from pinned memory + page scatter, then waiting for its
+   recorded event; ``validate`` = layout + device-side content compare (+ host padding
+   scan when ``rehash_on_load``); ``publish`` = pointer-table swap + commit + audit.
    Between loads the residency is evicted (not timed), so every load is cold.
-   Run twice: ``rehash_on_load=True`` (the pool default, which the agent uses) and
-   ``False``. Floor = bytes / bandwidth, where the bandwidth is measured in the same
-   run by a plain copy of a pinned host tensor of the payload's size (at least 64 MiB)
-   to the device (CUDA events; on ``--device cpu`` a host->host ``copy_`` on one
-   thread, which is *not* an H2D floor). Reported against both the adapter's logical
-   bytes and the padded payload bytes actually copied; target:
+   Run twice: ``rehash_on_load=False`` (what the agent uses: verification happened at
+   host-tier admission) and ``True`` (the pool's debug default). Floor = bytes /
+   bandwidth, where the bandwidth is measured in the same run by a plain copy of a
+   pinned host tensor of the payload's size (at least 64 MiB) to the device (CUDA
+   events; on ``--device cpu`` a host->host ``copy_`` on one thread, which is *not*
+   an H2D floor). Reported against both the adapter's logical bytes and the padded
+   payload bytes actually copied; target:
    ``load - floor <= 2 * floor + 1 ms`` (logical floor).
-2. **Working set.** ``--adapters`` adapters (all in the host tier), ``--requests``
+2. **Working set.** ``--adapters`` adapters (all in the host tier; distinct keys over
+   one shared pinned random payload, verified on entry like any image), ``--requests``
    requests, adapter of each drawn Zipf(1.0) (p_i ∝ 1/i, seeded), served one at a time:
    ``bind`` (resolve the alias, cold-load if not resident, take a reference) ->
    ``begin_launch`` -> ``end_launch`` (an empty launch: a recorded event, no compute) ->
@@ -44,6 +50,7 @@ import os
 import statistics
 import sys
 import time
+from dataclasses import replace
 from fractions import Fraction
 from pathlib import Path
 from typing import Any
@@ -59,6 +66,7 @@ from dataplane.pool.leases import LeaseManager
 from dataplane.pool.packing import Factors, PackedAdapter, pack_adapter
 from dataplane.pool.page_demand import PageGeometry
 from dataplane.pool.transactions import LoadRequest, LoadTransaction
+from dataplane.pool.unified import unified_layout
 
 SHAPES: dict[str, dict[str, int]] = {
     "8b": dict(layers=32, hidden=4096, intermediate=14336, heads=32, kv_heads=8),
@@ -66,6 +74,8 @@ SHAPES: dict[str, dict[str, int]] = {
 }
 MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 DTYPE = torch.bfloat16
+BLOCK_SIZE = 16
+"""KV block tokens of the agent's default engine: sets the unified page size."""
 BANDWIDTH_MIN_BYTES = 64 << 20
 """The bandwidth copy is ``max(payload, 64 MiB)`` (tiny payloads would time call overhead)."""
 
@@ -79,9 +89,13 @@ def module_shapes(shape: dict[str, int]) -> dict[str, tuple[int, int]]:
 
 
 def geometry(shape: dict[str, int]) -> PageGeometry:
-    """The agent's geometry (``PoolSlots``): a page holds one widest rank row."""
+    """The agent's unified geometry (``PoolSlots.for_model``): one KV block per page."""
     elem = torch.tensor([], dtype=DTYPE).element_size()
-    return PageGeometry(max(max(s) for s in module_shapes(shape).values()), elem)
+    return unified_layout(1, num_layers=shape["layers"], block_size=BLOCK_SIZE,
+                          num_kv_heads=shape["kv_heads"],
+                          head_dim=shape["hidden"] // shape["heads"],
+                          widest_row=max(max(s) for s in module_shapes(shape).values()),
+                          elem_bytes=elem).geometry
 
 
 def logical_bytes(shape: dict[str, int], rank: int) -> int:
@@ -95,8 +109,8 @@ def make_packed(key: str, seed: int, shape: dict[str, int], rank: int) -> Packed
     """Random bf16 factors (A ``[r, d_in]``, B ``[d_out, r]``) packed into host pages."""
     g = torch.Generator().manual_seed(seed)
     factors: Factors = {
-        (layer, m): (torch.randn(rank, d_in, generator=g).to(DTYPE) * 0.01,
-                     torch.randn(d_out, rank, generator=g).to(DTYPE) * 0.01, Fraction(2))
+        (layer, m): ((torch.randn(rank, d_in, generator=g) * 0.01).to(DTYPE),
+                     (torch.randn(d_out, rank, generator=g) * 0.01).to(DTYPE), Fraction(2))
         for layer in range(shape["layers"])
         for m, (d_out, d_in) in module_shapes(shape).items()
     }
@@ -133,23 +147,26 @@ def copy_bandwidth(nbytes: int, device: torch.device, reps: int = 10) -> float:
     return nbytes / statistics.median(times)
 
 
-def timed_load(pool: DevicePool, key: str) -> dict[str, float]:
-    """One cold load as a full transaction; seconds per phase and ``total``."""
+def timed_load(pool: DevicePool, key: str) -> tuple[dict[str, float], str]:
+    """One cold load as a full transaction: seconds per phase and ``total``, and the
+    class of its copy event (``CudaEvent`` on CUDA)."""
     sync(pool.storage.device)
     txn = LoadTransaction(pool, LoadRequest(key))
     t = [time.perf_counter()]
     txn.begin()
     t.append(time.perf_counter())
     txn.start_copy()
+    if txn.event is not None:
+        txn.event.synchronize()  # the copy phase ends when its recorded event completes
     t.append(time.perf_counter())
     txn.validate()
     t.append(time.perf_counter())
     txn.publish()
     t.append(time.perf_counter())
-    names = ("begin", "copy_enqueue", "wait_validate", "publish")
+    names = ("reserve", "copy", "validate", "publish")
     out = {n: t[i + 1] - t[i] for i, n in enumerate(names)}
     out["total"] = t[-1] - t[0]
-    return out
+    return out, type(getattr(txn.event, "inner", txn.event)).__name__
 
 
 def cold_loads(packed: PackedAdapter, device: torch.device, loads: int,
@@ -160,8 +177,9 @@ def cold_loads(packed: PackedAdapter, device: torch.device, loads: int,
     pool = DevicePool(packed.plan.geometry, packed.num_pages + 1, 1, DTYPE, device,
                       host_tier=host, rehash_on_load=rehash, full_audit=False)
     runs = []
+    event_kind = ""
     for i in range(loads + 2):
-        phases = timed_load(pool, packed.digest)
+        phases, event_kind = timed_load(pool, packed.digest)
         res = pool.visible(packed.digest)
         if res is None:
             raise RuntimeError("load did not publish")
@@ -170,8 +188,11 @@ def cold_loads(packed: PackedAdapter, device: torch.device, loads: int,
             runs.append(phases)
     med = {k: statistics.median(r[k] for r in runs) for k in runs[0]}
     totals = sorted(r["total"] for r in runs)
+    image = host.peek(packed.digest)
     return {"rehash_on_load": rehash, "loads": loads, "median_s": med,
-            "min_s": totals[0], "max_s": totals[-1]}
+            "min_s": totals[0], "max_s": totals[-1],
+            "host_pinned": bool(image is not None and image.payload.is_pinned()),
+            "side_stream": pool.storage.async_copies, "copy_event": event_kind}
 
 
 def zipf_trace(n_adapters: int, n_requests: int, seed: int) -> list[int]:
@@ -196,7 +217,8 @@ def working_set(host: HostTier, keys: list[str], pool_adapters: int, trace: list
     if first is None:
         raise RuntimeError("adapter missing from the host tier")
     pool = DevicePool(first.plan.geometry, pool_adapters * (first.num_pages + 1),
-                      pool_adapters, DTYPE, device, host_tier=host, full_audit=False)
+                      pool_adapters, DTYPE, device, host_tier=host, rehash_on_load=False,
+                      full_audit=False)
     leases = LeaseManager(pool)
     for i, key in enumerate(keys):  # publish every alias; the last pool_adapters stay
         leases.publish(f"a{i}", key)
@@ -249,7 +271,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     floor_logical, floor_payload = logical / bw, packed.nbytes / bw
     target = 2 * floor_logical + 1e-3
     cold = []
-    for rehash in (True, False):
+    for rehash in (False, True):
         r = cold_loads(packed, device, a.loads, rehash)
         overhead = r["median_s"]["total"] - floor_logical
         r.update(overhead_s=overhead, overhead_over_target=overhead / target,
@@ -258,8 +280,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
     keys = [f"w{i}" for i in range(a.adapters)]
     host = HostTier(a.adapters * packed.nbytes + 1, pin_memory=device.type == "cuda")
-    for i, key in enumerate(keys):
-        host.put(make_packed(key, 100 + i, shape, a.rank))
+    shared = make_packed("w", 100, shape, a.rank)
+    if host.pin_memory:
+        shared = replace(shared, payload=shared.payload.pin_memory())
+    for key in keys:  # distinct keys over one (pinned) payload: values do not matter
+        host.put(replace(shared, digest=key))
     trace = zipf_trace(a.adapters, a.requests, a.seed)
     ws = [working_set(host, keys, n, trace, device) for n in (a.pool_adapters, a.adapters)]
 
@@ -296,7 +321,9 @@ def _print(r: dict[str, Any]) -> None:
     for c in r["cold_load"]:
         med = c["median_s"]
         parts = " ".join(f"{k}={v*ms:.3f}" for k, v in med.items() if k != "total")
-        print(f"  rehash={c['rehash_on_load']}: load {med['total']*ms:.3f} ms (min "
+        print(f"  pinned={c['host_pinned']} side_stream={c['side_stream']} "
+              f"event={c['copy_event']}")
+        print(f"  rehash_on_load={c['rehash_on_load']}: load {med['total']*ms:.3f} ms (min "
               f"{c['min_s']*ms:.3f}, max {c['max_s']*ms:.3f}), overhead "
               f"{c['overhead_s']*ms:.3f} ms = {c['overhead_over_target']:.2f}x target "
               f"[{parts}]")

@@ -13,7 +13,7 @@ from typing import Any
 import typer
 from typer.core import TyperGroup
 
-from cli import artifacts, audit, bases, catalog, namespaces, output, tokens
+from cli import agents, artifacts, audit, bases, catalog, namespaces, output, tokens
 from cli.client import DEFAULT_TIMEOUT_S, DEFAULT_URL, TOKEN_ENV, URL_ENV
 from cli.context import CliContext, OutputFormat
 from cli.errors import CliError
@@ -65,6 +65,7 @@ def root(
 app.command("push")(artifacts.push_command)
 catalog.register(app)
 audit.register(app)
+app.add_typer(agents.app, name="agents")
 app.add_typer(artifacts.app, name="artifacts")
 app.add_typer(bases.app, name="bases")
 app.add_typer(namespaces.app, name="namespaces")

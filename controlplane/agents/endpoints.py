@@ -6,6 +6,8 @@ version is past `V`, else holds the request up to `S` seconds (<= 30), checking 
 catalog again whenever Postgres NOTIFYs a catalog change (controlplane/agents/notify.py;
 every 100 ms on SQLite), and answers with the then-current state either way, so an agent
 learns of a publish within a fraction of a second without polling slowly itself.
+`&since=V` makes the answer incremental (only aliases changed after catalog version V,
+`full: false`; see `controlplane.agents.service.desired_state`).
 
 `GET /v1/agents/authorize?namespace=NS` is called by agents *with a client's token*:
 200 when that token may read NS, 401/403 otherwise.
@@ -30,6 +32,7 @@ from controlplane.agents.schemas import (
     RegisterRequest,
 )
 from controlplane.agents.service import (
+    agent_state,
     check_epoch,
     desired_state,
     get_agent,
@@ -65,7 +68,7 @@ def agent_out(a: Agent) -> AgentOut:
     return AgentOut(id=a.id, name=a.name, url=a.url, base=a.h_base, capabilities=a.capabilities,
                     worker_epoch=a.worker_epoch, registered_at=a.registered_at,
                     last_heartbeat_at=a.last_heartbeat_at, catalog_version=a.catalog_version,
-                    slots=a.slots, load_failures=a.load_failures)
+                    slots=a.slots, load_failures=a.load_failures, state=agent_state(a))
 
 
 @router.post("/register", status_code=status.HTTP_201_CREATED, response_model=AgentOut)
@@ -115,6 +118,7 @@ async def get_desired_state(
     worker_epoch: Annotated[int, Query(ge=1, le=2**31 - 1)],
     after: Annotated[int, Query(ge=-1, le=2**63 - 1)] = -1,
     wait: Annotated[float, Query(ge=0, le=30)] = 0,
+    since: Annotated[int, Query(ge=-1, le=2**63 - 1)] = -1,
 ) -> dict[str, Any]:
     """Long-poll for the agent's desired state (see module docstring)."""
     _require_agent(principal)
@@ -136,6 +140,7 @@ async def get_desired_state(
 
     def build() -> dict[str, Any]:
         with factory() as session:
-            return desired_state(session, store, get_agent(session, agent_id))
+            return desired_state(session, store, get_agent(session, agent_id),
+                                 since if since >= 0 else None)
 
     return await run_in_threadpool(build)

@@ -44,6 +44,8 @@ class AgentOut(BaseModel):
     catalog_version: int
     slots: list[dict[str, Any]]
     load_failures: list[dict[str, Any]]
+    state: str = Field(description="live: heard from (registration or heartbeat) within the "
+                       "liveness window placement uses (60 s); stale: not.")
 
 
 class SlotReport(BaseModel):

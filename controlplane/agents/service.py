@@ -6,7 +6,11 @@
 * `desired_state`: every alias of the agent's base with its recent generations and the
   files to fetch (file:// or presigned URLs), plus `prefetch` from placement
   (controlplane/placement). `version` is the catalog change counter: long-polls
-  return as soon as it passes the caller's `after`.
+  return as soon as it passes the caller's `after`. Incremental with `since=V` (the
+  version the caller's replica is complete at): only aliases with a generation newer
+  than `V` are sent (`full: false`), plus the complete `prefetch` digest list, so a
+  poll costs O(changes) on the wire and in presigned URLs; a caller refreshes with a
+  full state within `url_ttl_s` so its download URLs never expire.
 """
 
 from __future__ import annotations
@@ -119,19 +123,24 @@ def _demand(a: Artifact, h_base: str) -> AdapterDemand | None:
                          nbytes=int(a.tensor_bytes or record.get("total_bytes") or 0))
 
 
-def desired_state(session: Session, store: ObjectStore, agent: Agent) -> dict[str, Any]:
-    """The agent's desired state (see module docstring)."""
+def desired_state(session: Session, store: ObjectStore, agent: Agent,
+                  since: int | None = None) -> dict[str, Any]:
+    """The agent's desired state, all aliases or (``since``) those changed after it."""
     repo = AgentRepository(session)
     version = repo.catalog_version()
     aliases = repo.aliases_for_base(agent.h_base)
     items: list[dict[str, Any]] = []
     demands: list[AdapterDemand] = []
     current_digest: dict[int, str | None] = {}
+    sent: list[tuple[int, dict[str, Any]]] = []
     for alias in aliases:
         gens = repo.recent_generations(alias.id, HISTORY_LIMIT)
-        items.append({"namespace": alias.namespace.name, "alias": alias.name,
-                      "current_generation": alias.current_generation,
-                      "generations": [_generation_doc(store, g) for g in gens]})
+        if since is None or max((g.id for g in gens), default=0) > since:
+            item = {"namespace": alias.namespace.name, "alias": alias.name,
+                    "current_generation": alias.current_generation,
+                    "generations": [_generation_doc(store, g) for g in gens]}
+            items.append(item)
+            sent.append((alias.id, item))
         current = next((g for g in gens if g.generation == alias.current_generation), None)
         art = current.artifact if current is not None else None
         current_digest[alias.id] = art.digest if art is not None else None
@@ -139,15 +148,24 @@ def desired_state(session: Session, store: ObjectStore, agent: Agent) -> dict[st
         if demand is not None:
             demands.append(demand)
     placed = place(demands, _live_capacities(repo, agent)).get(agent.id, frozenset())
-    for alias, item in zip(aliases, items, strict=True):
-        item["prefetch"] = current_digest[alias.id] in placed
+    for alias_id, item in sent:
+        item["prefetch"] = current_digest[alias_id] in placed
+    prefetch = sorted({d for d in current_digest.values() if d is not None and d in placed})
     return {"version": version, "agent_id": agent.id, "worker_epoch": agent.worker_epoch,
-            "aliases": items}
+            "full": since is None, "since": since, "url_ttl_s": URL_TTL_S,
+            "prefetch": prefetch, "aliases": items}
 
 
 def _generation_doc(store: ObjectStore, g: CatalogGeneration) -> dict[str, Any]:
     return {"generation": g.generation, "action": g.action,
             "artifact": _artifact_doc(store, g.artifact) if g.artifact is not None else None}
+
+
+def agent_state(agent: Agent) -> str:
+    """`live` when heard from within :data:`LIVE_WINDOW` (what placement counts), else
+    `stale`."""
+    seen = agent.last_heartbeat_at or agent.registered_at
+    return "live" if seen >= utcnow() - LIVE_WINDOW else "stale"
 
 
 def _live_capacities(repo: AgentRepository, me: Agent) -> list[Any]:

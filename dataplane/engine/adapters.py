@@ -200,6 +200,26 @@ class AdapterRegistry:
                     tuple(m.a.shape) != (m.rank, d_in) or tuple(m.b.shape) != (d_out, m.rank):
                 raise AdapterError(f"layer {m.layer} {m.module}: factors do not fit the model")
 
+    def bind_external(self, handle: AdapterHandle) -> None:
+        """Bind `handle` to its slot for factors that live outside the runner's tables
+        (the agent's unified page pool writes the kernels' address tables itself).
+
+        The slot must be free and within `max_slots`; the runner's tables are not touched.
+        After this, `add_request(adapter=handle)` and the scheduler's readiness check
+        accept the handle exactly as for `register`.
+        """
+        if not 0 <= handle.slot < self.runner.max_slots:
+            raise AdapterError("slot outside the engine's slots", slot=handle.slot,
+                               max_slots=self.runner.max_slots)
+        if handle.slot in self._by_slot:
+            raise AdapterError("slot is already bound", slot=handle.slot)
+        self._by_slot[handle.slot] = handle
+
+    def release_external(self, handle: AdapterHandle) -> None:
+        """Undo :meth:`bind_external` (the caller fences requests that still use it)."""
+        self.check_handle(handle)
+        del self._by_slot[handle.slot]
+
     def check_handle(self, handle: AdapterHandle) -> None:
         if self._by_slot.get(handle.slot) != handle:
             raise AdapterError("adapter handle is not registered (stale or foreign)",

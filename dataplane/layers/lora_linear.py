@@ -11,13 +11,22 @@ of different ranks and target sets share one call (rank/scale tables per slot).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from dataplane.kernels.base import LoraBackend, LoraBatchMeta, LoraWorkspace
+from dataplane.kernels.base import LoraBackend, LoraBatchMeta, LoraModuleWeights, LoraWorkspace
 from dataplane.kernels.factor_table import LoraFactorTable
+
+
+class FactorSource(Protocol):
+    """Where a LoRA linear reads every slot's factors: the engine's `LoraFactorTable`, or
+    an external store (the unified page pool's address tables)."""
+
+    @property
+    def weights(self) -> LoraModuleWeights: ...
 
 
 @dataclass(frozen=True)
@@ -55,9 +64,19 @@ class LoRALinear(nn.Module):
                                    requires_grad=False)
         self.bias = (nn.Parameter(torch.zeros(total, dtype=dtype, device=device),
                                   requires_grad=False) if bias else None)
-        self.factors: LoraFactorTable | None = None
+        self.factors: LoraFactorTable | FactorSource | None = None
         self.has_factors = False
         """Host-side: some slot has rank > 0 in `factors` (kept by the adapter loader)."""
+
+    def attach_factors(self, source: FactorSource | None) -> None:
+        """Read factors from `source` from now on (None: base only); clears `has_factors`
+        until the owner of `source` calls :meth:`set_adapted`."""
+        self.factors, self.has_factors = source, False
+
+    def set_adapted(self, adapted: bool) -> None:
+        """Public form of the host-side `has_factors` flag: True iff some slot of the
+        attached source adapts one of this linear's slices."""
+        self.has_factors = bool(adapted)
 
     def slice_rows(self, name: str) -> tuple[int, int]:
         """[start, end) output rows of slice `name` inside the fused weight."""

@@ -277,7 +277,7 @@ class DevicePool:
                 self.evict(v)
             self.stats.evictions += len(victims)
         pages = self.pages.allocate(KvOwner(owner), n)
-        self.check()
+        self.audit()
         return pages
 
     def free_kv(self, owner: str, pages: Iterable[int] | None = None) -> None:
@@ -305,28 +305,53 @@ class DevicePool:
     def check(self) -> PoolCounts:
         """Page conservation plus agreement of residencies, page owners and pointer table.
 
-        Runs after every transaction, committed or rolled back, and every KV allocation.
-        ``full_audit=False`` (large production pools) keeps the per-page scan out and
-        checks counters and per-owner page sets only.
+        The whole pool: every residency and pointer entry (and, with ``full_audit``, every
+        page). Tests and debugging call it; transactions call :meth:`audit`.
         """
         counts = self.pages.check(full=self.full_audit)
         for res in self.residents.values():
-            if res.state not in HAS_PAGES:
-                raise ConservationError(f"{res.key}@g{res.generation} {res.state.value} listed")
-            owner: ReservedBy | AdapterOwner | KvOwner = (
-                ReservedBy(res.txn) if res.txn else AdapterOwner(res.key, res.generation))
-            held = set(self.pages.pages_of(owner))
-            ok = set(res.pages) <= held if res.txn else set(res.pages) == held
-            if not ok or not res.pages:
-                raise ConservationError(f"{res.key}@g{res.generation} pages {res.pages} "
-                                        f"disagree with {owner!r} {sorted(held)}")
+            self._check_residency(res)
         for owner in self.pages.owners():
             if isinstance(owner, AdapterOwner) and (
                 (owner.key, owner.generation) not in self.residents
             ):
                 raise ConservationError(f"{owner!r} owns pages but has no residency")
         for slot, entry in self.slots.table.entries.items():
-            named = self.residents.get((entry.key, entry.residency_generation))
-            if named is None or named.slot != slot or named.pages != entry.pages:
-                raise ConservationError(f"pointer entry of slot {slot} names no live pages")
+            self._check_entry(slot, entry)
         return counts
+
+    def audit(self, touched: Iterable[Residency] = ()) -> PoolCounts:
+        """The per-transaction audit: :meth:`check` in ``full_audit`` mode; otherwise page
+        conservation by class counters (O(owners)) plus the residencies in ``touched``
+        and their pointer entries (O(pages touched)), so a bind's cost does not grow with
+        the number of residents."""
+        if self.full_audit:
+            return self.check()
+        counts = self.pages.check(full=False)
+        for res in touched:
+            if self.residents.get((res.key, res.generation)) is not res:
+                if self.pages.pages_of(AdapterOwner(res.key, res.generation)):
+                    raise ConservationError(f"{res.key}@g{res.generation} is gone but owns "
+                                            "pages")
+                continue
+            self._check_residency(res)
+            entry = self.slots.table.entries.get(res.slot) if res.slot is not None else None
+            if entry is not None:
+                self._check_entry(res.slot, entry)  # type: ignore[arg-type]
+        return counts
+
+    def _check_residency(self, res: Residency) -> None:
+        if res.state not in HAS_PAGES:
+            raise ConservationError(f"{res.key}@g{res.generation} {res.state.value} listed")
+        owner: ReservedBy | AdapterOwner | KvOwner = (
+            ReservedBy(res.txn) if res.txn else AdapterOwner(res.key, res.generation))
+        held = set(self.pages.pages_of(owner))
+        ok = set(res.pages) <= held if res.txn else set(res.pages) == held
+        if not ok or not res.pages:
+            raise ConservationError(f"{res.key}@g{res.generation} pages {res.pages} "
+                                    f"disagree with {owner!r} {sorted(held)}")
+
+    def _check_entry(self, slot: int, entry: PointerEntry) -> None:
+        named = self.residents.get((entry.key, entry.residency_generation))
+        if named is None or named.slot != slot or named.pages != entry.pages:
+            raise ConservationError(f"pointer entry of slot {slot} names no live pages")

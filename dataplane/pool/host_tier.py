@@ -2,10 +2,13 @@
 
 Seed §0x04A. :class:`HostTier` holds :class:`PackedAdapter` images (the exact bytes the
 device pages get) under a byte budget; an entry is admitted only after its payload
-digest re-verifies, so every entry is a *trusted host source* for loads and for
-compensating rollback. Evicting an entry makes any device residency of that key
-ineligible as a victim (it could not be restored). Pinned memory is used when CUDA is
-available so H2D copies can be asynchronous.
+digest re-verifies and its padding (page tails, rank rows beyond the logical rank) is
+zero, so every entry is a *trusted host source* for loads and for compensating
+rollback: this O(bytes) verification runs once per image, off the load's critical
+path (a device load then only copies and compares on the device; the pool's
+``rehash_on_load`` debug mode re-checks both on every load). Evicting an entry makes
+any device residency of that key ineligible as a victim (it could not be restored).
+Pinned memory is used when CUDA is available so H2D copies can be asynchronous.
 
 :class:`DiskCache` stores downloaded artifact files under their SHA-256 content digest
 (``root/sha256/ab/abcdef...``); a write is verified before an atomic rename, so a
@@ -27,6 +30,7 @@ import torch
 from dataplane.pool.errors import HostTierError
 from dataplane.pool.faults import FaultInjector, FaultPoint
 from dataplane.pool.packing import PackedAdapter, payload_digest
+from dataplane.pool.page_storage import padding_is_zero
 
 _HEX = frozenset("0123456789abcdef")
 
@@ -68,11 +72,14 @@ class HostTier:
         if packed.nbytes > self.byte_budget:
             raise HostTierError(f"{packed.digest}: {packed.nbytes} B exceeds the host budget "
                                 f"{self.byte_budget} B")
-        if payload_digest(packed.payload) != packed.bytes_digest:
-            raise HostTierError(f"{packed.digest}: payload digest mismatch", reason="digest")
         if packed.digest in self._entries:
             self._entries.move_to_end(packed.digest)
             return []
+        if payload_digest(packed.payload) != packed.bytes_digest:
+            raise HostTierError(f"{packed.digest}: payload digest mismatch", reason="digest")
+        if not padding_is_zero(packed.plan, packed.payload):
+            raise HostTierError(f"{packed.digest}: non-zero padding in the host image",
+                                reason="padded_tail")
         if self.pin_memory and not packed.payload.is_pinned():
             packed = replace(packed, payload=packed.payload.pin_memory())
         evicted = []

@@ -7,11 +7,18 @@ block manager's prefix-sharing relation), adapter pages are never handed out her
 (they come only from load transactions), and conservation is audited by the device
 pool. Pages an admission transaction reserved for a request (``KvOwner(request_id)``)
 join the block manager through :meth:`adopt`.
+
+With ``reclaim=True`` (the agent's unified pool) KV growth may evict eligible idle
+adapters (no refs, pins, queued reservations, in-flight events or live launches; LRU):
+``num_free`` then counts free + reclaimable pages, and :meth:`allocate` goes through
+:meth:`DevicePool.allocate_kv`. ``on_evict`` callbacks run after an allocation that
+evicted adapters, so their owner can drop its bindings (slot listeners have already
+seen the unpublication).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 from dataplane.kvcache.errors import InvalidPageOperation, PoolExhausted
 from dataplane.kvcache.page_pool import PageKind
@@ -23,9 +30,12 @@ from dataplane.pool.page_pool import AdapterOwner, KvOwner, PageClass
 class KvPageView:
     """``PagePool`` protocol over a device pool; KV pages are owned by ``KvOwner(owner)``."""
 
-    def __init__(self, pool: DevicePool, owner: str = "kv-blocks") -> None:
+    def __init__(self, pool: DevicePool, owner: str = "kv-blocks", *,
+                 reclaim: bool = False) -> None:
         self.pool = pool
         self.owner = owner
+        self.reclaim = reclaim
+        self.on_evict: list[Callable[[], None]] = []
 
     @property
     def num_pages(self) -> int:
@@ -33,24 +43,35 @@ class KvPageView:
 
     @property
     def num_free(self) -> int:
-        return self.pool.pages.num_free
+        """Pages a KV allocation can obtain now (free, plus reclaimable when ``reclaim``)."""
+        free = self.pool.pages.num_free
+        return free + self.pool.reclaimable_pages() if self.reclaim else free
 
     def num_used(self, kind: PageKind) -> int:
         counts = self.pool.pages.counts()
         return counts.kv if kind is PageKind.KV else counts.adapter
 
     def can_allocate(self, n: int) -> bool:
-        return 0 <= n <= self.pool.pages.num_free
+        return 0 <= n <= self.num_free
 
     def allocate(self, n: int, kind: PageKind) -> list[int]:
         if kind is not PageKind.KV:
             raise InvalidPageOperation("adapter pages come only from load transactions")
         if isinstance(n, bool) or not isinstance(n, int) or n < 0:
             raise InvalidPageOperation("page count must be an int >= 0", n=n)
-        if n > self.pool.pages.num_free:
-            raise PoolExhausted("not enough free pages", requested=n,
-                                free=self.pool.pages.num_free)
-        return list(self.pool.pages.allocate(KvOwner(self.owner), n))
+        if n > self.num_free:
+            raise PoolExhausted("not enough free pages", requested=n, free=self.num_free)
+        if not self.reclaim or n <= self.pool.pages.num_free:
+            return list(self.pool.pages.allocate(KvOwner(self.owner), n))
+        before = self.pool.stats.evictions
+        try:
+            pages = self.pool.allocate_kv(self.owner, n, evict=True)
+        except PoolError as exc:
+            raise PoolExhausted(exc.message, requested=n) from exc
+        if self.pool.stats.evictions != before:
+            for callback in self.on_evict:
+                callback()
+        return list(pages)
 
     def free(self, pages: Iterable[int], kind: PageKind) -> None:
         pages = list(pages)

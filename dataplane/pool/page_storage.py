@@ -67,6 +67,11 @@ class PageStorage:
                              if self.device.type == "cuda" else None)
 
     @property
+    def async_copies(self) -> bool:
+        """True when copies run on a side stream with a recorded event (CUDA)."""
+        return self._copy_stream is not None
+
+    @property
     def total_pages(self) -> int:
         return int(self.data.shape[0])
 
@@ -110,18 +115,20 @@ class PageStorage:
             self.data[self._index(pages)] = 0
 
     def check_staged(self, pages: tuple[int, ...], packed: PackedAdapter,
-                     reference: torch.Tensor | None = None) -> None:
+                     reference: torch.Tensor | None = None, *,
+                     host_verified: bool = False) -> None:
         """Layout + content + zero-padding check of staged pages (after the copy event).
 
         The host payload's padding (page tails, rank rows beyond the logical rank) is
-        checked on the host; the staged pages are then compared with ``reference`` (the
+        checked on the host unless ``host_verified`` (a host-tier image, checked once
+        at admission); the staged pages are then compared with ``reference`` (the
         device-side copy source, or the payload) in one device comparison. On a
         mismatch the failure is classified (``padded_tail`` or ``content``).
         """
         if len(pages) != packed.num_pages:
             raise ValidationFailed(f"{len(pages)} pages staged, plan needs {packed.num_pages}",
                                    reason="layout")
-        if not padding_is_zero(packed.plan, packed.payload):
+        if not host_verified and not padding_is_zero(packed.plan, packed.payload):
             raise ValidationFailed("host payload has non-zero padding", reason="padded_tail")
         staged = self.read(pages)
         ref = reference if reference is not None else packed.payload.to(self.device)

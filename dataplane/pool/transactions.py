@@ -15,7 +15,9 @@ prefetch / hotswap staging, with no request) against the joint page demand::
                   reload every victim from its verified host copy into its own pages
                   under a fresh generation, free the rest
 
-The pool audit (:meth:`DevicePool.check`) runs after every commit and every rollback.
+The pool audit (:meth:`DevicePool.audit`) runs after the reservation, every commit and
+every rollback: the whole pool in ``full_audit`` mode (tests, debugging), else page
+conservation by counters plus the residencies this transaction touched.
 A failure after publication is not rolled back: recovery is a new generation.
 """
 
@@ -138,7 +140,7 @@ class LoadTransaction:
             self.new.pages = adapter_pages
             pool.residents[(req.key, self.new.generation)] = self.new
         self.phase = "reserved"
-        pool.check()
+        pool.audit(self._touched())
 
     # ---- step 2 ------------------------------------------------------------------------
     def start_copy(self) -> None:
@@ -168,7 +170,8 @@ class LoadTransaction:
             self.event.synchronize()
             self.pool.faults.hit(FaultPoint.VALIDATE, key=self.new.key)
             staged = getattr(self.event, "staged", None)
-            self.pool.storage.check_staged(self.new.pages, self.packed, staged)
+            self.pool.storage.check_staged(self.new.pages, self.packed, staged,
+                                           host_verified=not self.pool.rehash_on_load)
             drop_staging(self.event)
             self.new.transition(S.VALIDATED)
         self.phase = "validated"
@@ -203,7 +206,7 @@ class LoadTransaction:
         for v in self.victims:
             v.txn = None
             pool.bury(v)
-        pool.check()
+        pool.audit(self._touched())
         self.phase = "committed"
         pool.stats.loads_committed += 1
         pool.stats.evictions += len(self.victims)
@@ -260,9 +263,14 @@ class LoadTransaction:
         pool.stats.loads_rolled_back += 1
         pool.stats.victims_restored += len(self.restored)
         pool.stats.restore_failures += len(failures)
-        pool.check()
+        pool.audit(self._touched())
         if failures:
             raise RestoreFailed("; ".join(failures))
+
+    def _touched(self) -> list[Residency]:
+        """Residencies this transaction changed (the audit's scope outside full mode)."""
+        touched = [r for r in (self.target, self.new) if r is not None]
+        return touched + self.victims
 
     def _expect(self, *phases: str) -> None:
         if self.phase not in phases:

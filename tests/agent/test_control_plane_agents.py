@@ -100,3 +100,38 @@ def test_serving_agent_reports_its_slots(deployment: Deployment) -> None:
         return any(s["state"] in ("active", "idle") for s in agents["agent-0"]["slots"])
 
     deployment.agent.wait_for(lambda _s: reported())
+
+
+def test_desired_state_is_incremental_since_a_version(deployment: Deployment) -> None:
+    """`since=V` sends only aliases changed after V (plus the full prefetch list); a full
+    state and the merge of incremental ones describe the same catalog."""
+    from agent.catalog import AgentCatalog, parse_desired_state
+
+    agent = http(deployment, deployment.agent_token)
+    me = agent.post("/v1/agents/register", json={
+        "name": "incremental", "url": "http://127.0.0.1:1",
+        "capabilities": caps(deployment)}).json()
+    url, params = f"/v1/agents/{me['id']}/desired-state", {"worker_epoch": me["worker_epoch"]}
+    full = agent.get(url, params=params).json()
+    assert full["full"] is True and full["aliases"] and full["url_ttl_s"] > 0
+    replica = AgentCatalog()
+    replica.update(*parse_desired_state(full))
+    quiet = agent.get(url, params={**params, "since": full["version"]}).json()
+    assert quiet["full"] is False and quiet["aliases"] == []
+    assert quiet["version"] == full["version"] and isinstance(quiet["prefetch"], list)
+    ns = deployment.namespace
+    deployment.admin.publish(ns, "incr", deployment.artifacts["a"]["id"])
+    deployment.admin.publish(ns, "incr", deployment.artifacts["c"]["id"])
+    delta = agent.get(url, params={**params, "since": full["version"]}).json()
+    assert [(a["namespace"], a["alias"]) for a in delta["aliases"]] == [(ns, "incr")]
+    assert delta["aliases"][0]["current_generation"] == 2
+    replica.merge(*parse_desired_state(delta), set(delta["prefetch"]))
+    fresh = AgentCatalog()
+    fresh.update(*parse_desired_state(agent.get(url, params=params).json()))
+    assert replica.version == fresh.version > full["version"]
+    assert sorted((g.name, g.generation, g.artifact.digest if g.artifact else None)
+                  for g in replica.current()) == sorted(
+        (g.name, g.generation, g.artifact.digest if g.artifact else None)
+        for g in fresh.current())
+    assert {a.digest for a in replica.prefetch_targets()} == \
+        set(delta["prefetch"]) & replica.named_digests()

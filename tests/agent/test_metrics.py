@@ -22,10 +22,11 @@ REQUIRED = {
 }
 BOUNDED = {
     "phase": {"prefill", "decode"},
-    "state": {"loading", "active", "idle", "retiring", "used", "free", "reserved"},
-    "class": {"kv", "adapter_slot", "adapter"},
+    "state": {"loading", "active", "idle", "retiring", "used", "free", "reserved",
+              "obtainable"},
+    "class": {"kv", "adapter_slot", "adapter", "pool"},
     "result": {"ok", "failed"},
-    "stage": {"download", "engine", "digest"},
+    "stage": {"download", "copy", "validate", "publish", "admission", "engine", "digest"},
     "residency": {"base", "resident", "cold"},
     "residency_state": {"active", "loading"},
     "rank_bucket": {"base", "le4", "le8", "le16", "le32", "le64", "le128", "le256", "gt256"},

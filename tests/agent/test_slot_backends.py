@@ -46,7 +46,7 @@ def test_slots_serve_the_adapter_they_hold(backend: str, agent_assets: AgentAsse
     for name, handle in handles.items():
         assert run(handle) == reference.greedy(PROMPT, 4, name)
     old_b = handles.pop("b")
-    stale = slots._handles[old_b.slot][0] if isinstance(slots, PoolSlots) else None
+    stale = slots.pool_handle(old_b) if isinstance(slots, PoolSlots) else None
     slots.unload(old_b)
     handles["d"] = load("d")
     assert handles["d"].slot == old_b.slot

@@ -65,3 +65,23 @@ def test_download_fault(tmp_path: Path) -> None:
     with pytest.raises(InjectedFault):
         cache.put_bytes(digest, data)
     assert cache.put_bytes(digest, data).read_bytes() == data  # fired once
+
+
+def test_padding_is_verified_once_at_admission() -> None:
+    """A host image with garbage in a page tail never enters the tier (loads from the
+    tier then skip the O(bytes) host scan; see HostTier's docstring)."""
+    from dataclasses import replace
+
+    from dataplane.pool.packing import payload_digest
+    from dataplane.pool.page_demand import PageGeometry
+
+    geo = PageGeometry(page_elems=12, elem_bytes=2)  # rows of 8: tail of 4 per page
+    img = packed("x", 1, geo)
+    bad = img.payload.clone()
+    bad[0, 10] = 1.0
+    forged = replace(img, payload=bad, bytes_digest=payload_digest(bad))  # digest agrees
+    tier = HostTier(1 << 20, pin_memory=False)
+    with pytest.raises(HostTierError) as err:
+        tier.put(forged)
+    assert err.value.detail["reason"] == "padded_tail" and len(tier) == 0
+    assert tier.put(img) == [] and "x" in tier

@@ -45,3 +45,23 @@ def test_block_manager_over_the_unified_pool() -> None:
     view.free(adm.kv_pages, PageKind.KV)
     assert pool.pages.num_free == 12
     pool.check()
+
+
+def test_kv_growth_reclaims_idle_adapters_but_never_held_ones() -> None:
+    host = HostTier(1 << 20, pin_memory=False)
+    for i, key in enumerate(("a", "b")):
+        host.put(packed(key, i))
+    pool = DevicePool(SLORA_GEOMETRY, 16, 2, torch.float16, host_tier=host)
+    admit(pool, LoadRequest("a"))
+    held = admit(pool, LoadRequest("b", request_id="r-b"))  # r-b holds b
+    view = KvPageView(pool, reclaim=True)
+    fired: list[int] = []
+    view.on_evict.append(lambda: fired.append(pool.stats.evictions))
+    assert view.num_free == 8 + 4  # free + a's pages (b is referenced)
+    got = view.allocate(10, PageKind.KV)
+    assert fired == [1] and pool.visible("a") is None and pool.visible("b") is not None
+    assert set(got).isdisjoint(held.adapter_pages)
+    with pytest.raises(PoolExhausted):
+        view.allocate(view.num_free + 1, PageKind.KV)
+    assert pool.visible("b") is not None
+    pool.check()
