@@ -172,6 +172,9 @@ class AgentDaemon:
     def stop(self) -> None:
         self._stop.set()
         self.loop.stop()
+        ranks = getattr(self.engine, "tp_ranks", None)
+        if ranks is not None:  # tensor-parallel follower processes of this node
+            ranks.shutdown()
         self.client.close()
 
     def serve(self) -> None:

@@ -20,6 +20,7 @@ from dataplane.core import BatchPlan
 from dataplane.engine.engine import Engine, EngineConfig, RequestOutput
 from dataplane.engine.scheduler import ScheduleOutput
 from dataplane.models import load_model
+from dataplane.parallel.tp_engine import TPEngine
 from dataplane.pool.errors import StaleGeneration
 from dataplane.pool.faults import FaultInjector
 from dataplane.tokenizer import Tokenizer
@@ -72,6 +73,28 @@ class MeteredEngine(Engine):
             m.padding_ratio.set(len(adapted) * self.config.max_rank / true)
 
 
+class MeteredTPEngine(MeteredEngine, TPEngine):
+    """Rank 0 of this node's tensor-parallel group, metered like the single-GPU engine."""
+
+
+def _build_tp_engine(settings: AgentSettings, sizes: dict[str, int]) -> MeteredEngine:
+    """Spawn ranks 1..N-1 (agent/tp_ranks.py); this process is rank 0."""
+    if settings.residency_backend != "engine":
+        raise ValueError("tp_degree > 1 needs residency_backend='engine' "
+                         "(TP ranks hold sharded factor tables)")
+    from agent.tp_ranks import TPLaunchSpec, launch_tp_ranks
+
+    ranks = launch_tp_ranks(TPLaunchSpec(str(settings.model_dir), settings.tp_degree,
+                                         device="cpu" if settings.device == "cpu" else "cuda",
+                                         dtype=settings.dtype, engine_sizes=sizes),
+                            engine_cls=MeteredTPEngine)
+    engine = ranks.engine
+    assert isinstance(engine, MeteredEngine)
+    engine.tp_ranks = ranks  # type: ignore[attr-defined]
+    engine.slots = EngineSlots(engine)
+    return engine
+
+
 def build_engine(settings: AgentSettings, metrics: AgentMetrics,
                  faults: FaultInjector | None = None) -> MeteredEngine:
     """The agent's engine. `pool` backend: one unified pool of `num_kv_blocks` pages
@@ -80,10 +103,14 @@ def build_engine(settings: AgentSettings, metrics: AgentMetrics,
                  num_kv_blocks=settings.num_kv_blocks, block_size=settings.block_size,
                  max_num_seqs=settings.max_num_seqs,
                  max_num_batched_tokens=settings.max_num_batched_tokens)
-    if settings.residency_backend == "engine":
-        engine = MeteredEngine.from_model_dir(settings.model_dir, dtype=settings.dtype,
+    engine: MeteredEngine
+    if settings.tp_degree > 1:
+        engine = _build_tp_engine(settings, sizes)
+    elif settings.residency_backend == "engine":
+        single = MeteredEngine.from_model_dir(settings.model_dir, dtype=settings.dtype,
                                               device=settings.device, **sizes)
-        assert isinstance(engine, MeteredEngine)
+        assert isinstance(single, MeteredEngine)
+        engine = single
         engine.slots = EngineSlots(engine)
     else:
         path = Path(settings.model_dir)

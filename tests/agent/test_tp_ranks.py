@@ -80,3 +80,36 @@ def test_two_gloo_ranks_match_tp1_greedy(assets: tuple[Path, dict[str, Path]],
         assert greedy(engine, adapters) == reference
     finally:
         ranks.shutdown(timeout_s=60.0)
+
+
+def test_agent_build_engine_launches_tp_ranks(assets: tuple[Path, dict[str, Path]],
+                                              one_thread: None) -> None:
+    """`tp_degree=2` in the agent's settings: build_engine spawns the follower and returns
+    a metered rank-0 engine whose greedy tokens equal the single-device engine's."""
+    from agent.config import AgentSettings
+    from agent.engine_factory import MeteredTPEngine, build_engine
+    from agent.metrics import AgentMetrics
+
+    base, adapters = assets
+    small = {k: SIZES[k] for k in ("max_num_seqs", "max_num_batched_tokens", "num_kv_blocks",
+                                   "block_size", "max_slots", "max_rank")}
+    reference = greedy(Engine.from_model_dir(base, dtype="float32", device="cpu", **small),
+                       adapters)
+    settings = AgentSettings(model_dir=base, device="cpu", dtype="float32",
+                             residency_backend="engine", tp_degree=2, **small)
+    engine = build_engine(settings, AgentMetrics())
+    try:
+        assert isinstance(engine, MeteredTPEngine) and engine.group.size == 2
+        assert greedy(engine, adapters) == reference
+    finally:
+        engine.tp_ranks.shutdown(timeout_s=60.0)  # type: ignore[attr-defined]
+
+
+def test_agent_tp_needs_engine_residency(assets: tuple[Path, dict[str, Path]]) -> None:
+    from agent.config import AgentSettings
+    from agent.engine_factory import build_engine
+    from agent.metrics import AgentMetrics
+
+    settings = AgentSettings(model_dir=assets[0], residency_backend="pool", tp_degree=2)
+    with pytest.raises(ValueError, match="residency_backend='engine'"):
+        build_engine(settings, AgentMetrics())
