@@ -4,6 +4,10 @@ Built once per step (shared by every layer). Attention boundaries come only from
 `prefill_indptr`, `doff`, the positions and the block tables — never from adapter runs
 (seed §0x03A). Every row attends to the keys of its own request at positions
 `<= its own position` (and, for sliding-window layers, `> position - window`).
+
+Prefill rows get either one `PrefillBatch` (Triton varlen kernel: indptr, context lengths,
+block tables and a query-tile map; masks are computed in the kernel) or, on the torch path,
+one `PrefillSegment` per request with explicit masks and gathered key slots.
 """
 
 from __future__ import annotations
@@ -35,6 +39,67 @@ class PrefillSegment:
 
 
 @dataclass(frozen=True)
+class PrefillBatch:
+    """Every prefill request of a step, for the one-launch Triton varlen kernel.
+
+    All int32 views of one device buffer (one H2D copy per step), shared by every layer:
+    indptr [P + 1] (the plan's `prefill_indptr`: request p owns rows [indptr[p], indptr[p+1])),
+    context_lens [P] (keys after this step; the chunk sits at positions [ctx - len, ctx)),
+    block_tables [P, max_blocks] (padded with block 0 beyond each request's table),
+    tile_request / tile_row [num_tiles]: query tile i covers rows tile_row[i] ..
+    tile_row[i] + block_m - 1 of request tile_request[i] (heaviest tiles first).
+    """
+
+    indptr: torch.Tensor
+    context_lens: torch.Tensor
+    block_tables: torch.Tensor
+    tile_request: torch.Tensor
+    tile_row: torch.Tensor
+    block_m: int
+    num_rows: int
+    num_tiles: int
+
+
+PREFILL_BLOCK_M = 64
+"""Query rows per program of the Triton prefill kernel (the tile map is built for it)."""
+
+
+def prefill_batch(indptr: tuple[int, ...] | list[int], context_lens: tuple[int, ...] | list[int],
+                  block_tables: tuple[tuple[int, ...], ...] | list[list[int]], block_size: int,
+                  device: torch.device, block_m: int = PREFILL_BLOCK_M) -> PrefillBatch:
+    """Host lists -> PrefillBatch on `device` (one int32 copy). P = len(indptr) - 1 >= 0.
+
+    `context_lens[p]` >= the request's rows; `block_tables[p]` covers its context;
+    `block_m` is a power of two >= 16 (a `tl.dot` tile).
+    """
+    if block_m < 16 or block_m & (block_m - 1):
+        raise ValueError(f"prefill block_m must be a power of two >= 16, got {block_m}")
+    p = len(indptr) - 1
+    max_blocks = max([(c + block_size - 1) // block_size for c in context_lens] or [1])
+    tiles: list[tuple[int, int, int]] = []  # (work, request, first row)
+    for r in range(p):
+        length = indptr[r + 1] - indptr[r]
+        for m0 in range(0, length, block_m):
+            last = context_lens[r] - length + min(m0 + block_m, length)
+            tiles.append((last, r, m0))
+    tiles.sort(key=lambda t: -t[0])  # longest key ranges first: fewer stragglers
+    flat: list[int] = list(indptr) + list(context_lens)
+    for r in range(p):
+        table = list(block_tables[r][:max_blocks])
+        flat += table + [0] * (max_blocks - len(table))
+    flat += [t[1] for t in tiles] + [t[2] for t in tiles]
+    buf = torch.tensor(flat, dtype=torch.int32).to(device)
+    o1, o2 = p + 1, 2 * p + 1
+    o3 = o2 + p * max_blocks
+    n = len(tiles)
+    return PrefillBatch(
+        indptr=buf[:o1], context_lens=buf[o1:o2],
+        block_tables=buf[o2:o3].view(p, max_blocks), tile_request=buf[o3:o3 + n],
+        tile_row=buf[o3 + n:o3 + 2 * n], block_m=block_m, num_rows=indptr[-1] if p else 0,
+        num_tiles=n)
+
+
+@dataclass(frozen=True)
 class DecodeBatch:
     """Decode rows `[doff, doff + D)`.
 
@@ -59,6 +124,9 @@ class AttentionMetadata:
     decode: DecodeBatch | None
     decode_kernel: str = "torch"
     """"torch" (gather + SDPA, any device) or "triton" (paged kernel, reads K/V in place)."""
+    prefill: PrefillBatch | None = None
+    """Set when prefill attention runs the Triton varlen kernel (then `prefills` is empty);
+    None: the torch path loops over `prefills` (SDPA per request)."""
 
 
 def _window_mask(q_pos: torch.Tensor, k_pos: torch.Tensor, valid: torch.Tensor,
@@ -106,16 +174,24 @@ def context_slots(block_table: tuple[int, ...] | list[int], length: int,
 
 def build_attention_metadata(plan: BatchPlan, windows: tuple[int | None, ...],
                              device: torch.device, max_slot: int,
-                             decode_kernel: str = "torch") -> AttentionMetadata:
+                             decode_kernel: str = "torch",
+                             prefill_kernel: str | None = None) -> AttentionMetadata:
     """Convert the plan's attention coordinates into tensors on `device` (one H2D per field).
 
-    `max_slot` is the cache's largest valid slot index (its trash slot).
+    `max_slot` is the cache's largest valid slot index (its trash slot). `prefill_kernel`
+    ("torch" | "triton"; None: same as `decode_kernel`) picks the prefill path: "triton"
+    builds one PrefillBatch (no per-request masks or key slots).
     """
     bs = plan.block_size
     positions_host = torch.tensor(plan.positions, dtype=torch.int64)
     distinct = distinct_windows(windows)
+    prefill = None
+    if (prefill_kernel or decode_kernel) == "triton" and plan.num_prefills:
+        p = plan.num_prefills
+        prefill = prefill_batch(plan.prefill_indptr, plan.context_lens[:p],
+                                plan.block_tables[:p], bs, device)
     prefills = []
-    for p in range(plan.num_prefills):
+    for p in range(plan.num_prefills if prefill is None else 0):
         start, end = plan.prefill_indptr[p], plan.prefill_indptr[p + 1]
         ctx = plan.context_lens[p]
         fresh = plan.positions[start] == 0
@@ -148,4 +224,5 @@ def build_attention_metadata(plan: BatchPlan, windows: tuple[int | None, ...],
         positions=positions_host.to(device),
         slot_mapping=torch.tensor(plan.slot_mapping, dtype=torch.int64).to(device),
         prefills=tuple(prefills), doff=plan.doff, decode=decode, decode_kernel=decode_kernel,
+        prefill=prefill,
     )

@@ -2,8 +2,10 @@
 
 Works on CPU and CUDA. Per layer: write this step's K/V into their KV slots (unless the
 caller's fused RoPE kernel did), then
-- each prefill request: its rows attend to its own context (this chunk's fresh keys when the
-  chunk starts at position 0, else the cache gathered through its block table);
+- all prefill rows at once through the Triton varlen kernel (`meta.prefill` set; K/V read in
+  place from the cache, this step's included), or, on the torch path, each prefill request
+  alone: its rows attend to its own context (this chunk's fresh keys when the chunk starts at
+  position 0, else the cache gathered through its block table);
 - all decode rows at once: each row attends to its own cached keys, either through the
   Triton paged kernel (K/V read in place, CUDA) or a padded gather + SDPA (torch path).
 Masks come from `AttentionMetadata` (built once per step). GQA through `enable_gqa`.
@@ -29,6 +31,11 @@ def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: in
         cache.write(layer, meta.slot_mapping, k, v)
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     k_all, v_all = cache.k[layer], cache.v[layer]
+    if meta.prefill is not None:
+        from dataplane.attention.triton_prefill import varlen_prefill_attention
+
+        varlen_prefill_attention(q, k_all, v_all, meta.prefill, cache.block_size, scale,
+                                 window, out=out)
     for seg in meta.prefills:
         qs = q[seg.start:seg.end]
         if seg.fresh:
