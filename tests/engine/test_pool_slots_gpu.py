@@ -1,0 +1,86 @@
+"""GPU: the agent's residency path on CUDA (marked `gpu`, skipped without CUDA).
+
+One unified pool on the device holds KV blocks and adapter factors (agent/pool_slots.py);
+adapters are loaded by the pool's transactions (copy on a side stream + event, on-device
+validation, generation-stamped publication) and every LoRA linear reads the pool's
+address tables. Greedy tokens and logprobs must equal HF transformers + PEFT (fp32), for a
+mixed batch of base rows and three adapters; then a hot swap (unload + reload into a new
+slot generation) and a full drain leave the pool conserved with no KV pages held.
+
+Lives here (not tests/agent) so it runs on the device without the control-plane test
+dependencies; run with `python -m pytest tests/engine/test_pool_slots_gpu.py`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from agent.pool_slots import PoolSlots
+from dataplane.artifacts import read_base_abi
+from dataplane.core import SamplingParams
+from dataplane.engine.adapters import AdapterError, load_peft_adapter
+from dataplane.engine.engine import Engine, EngineConfig
+from dataplane.models import load_model
+
+from .helpers import HFReference
+
+pytestmark = pytest.mark.gpu
+
+REQUESTS = [([5, 17, 33, 9, 100, 7, 250, 3, 64], "all_r8"), ([1, 2, 3], None),
+            ([9, 9, 9, 31, 200], "attn_r4"), ([60, 61, 62, 63, 64, 65], "mlp_rs2"),
+            ([3, 141, 59], "attn_r4")]
+MAX_TOKENS = 8
+PAGES = 96
+
+
+def _pool_engine(model_dir: Path) -> tuple[Engine, PoolSlots]:
+    model = load_model(model_dir, torch.float32, torch.device("cuda"))
+    abi = read_base_abi(model_dir)
+    slots = PoolSlots.for_model(model, num_pages=PAGES, block_size=4, max_slots=4, max_rank=8)
+    config = EngineConfig(max_num_seqs=8, max_num_batched_tokens=64, num_kv_blocks=PAGES,
+                          block_size=4, max_slots=4, max_rank=8, enable_cuda_graphs=False)
+    engine = Engine(model, config, abi.h_base, abi, kv_pages=slots.kv_view)
+    slots.attach(engine)
+    return engine, slots
+
+
+def test_pool_resident_adapters_match_hf_on_cuda(cuda_device: torch.device, tiny_llama: Path,
+                                                 tiny_adapters: dict[str, Path]) -> None:
+    engine, slots = _pool_engine(tiny_llama)
+    abi = engine.base_abi
+    assert abi is not None
+    handles = {name: slots.load(name, load_peft_adapter(path, abi, 8))
+               for name, path in tiny_adapters.items()}
+    params = SamplingParams(temperature=0, max_tokens=MAX_TOKENS, ignore_eos=True, logprobs=0)
+
+    def run() -> list:
+        return engine.generate([p for p, _ in REQUESTS], params,
+                               [handles[a] if a else None for _, a in REQUESTS])
+
+    hf = HFReference(tiny_llama, tiny_adapters)
+    refs = [hf.greedy(prompt, MAX_TOKENS, name) for prompt, name in REQUESTS]
+    assert refs[2][0] != hf.greedy(REQUESTS[2][0], MAX_TOKENS, None)[0]  # adapter matters
+    for (_, name), out, (ref_tokens, ref_logits) in zip(REQUESTS, run(), refs, strict=True):
+        assert list(out.token_ids) == ref_tokens, name
+        want = ref_logits.log_softmax(-1)[torch.arange(MAX_TOKENS), torch.tensor(ref_tokens)]
+        got = torch.tensor([lp.logprob for lp in out.logprobs])
+        torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
+
+    # hot swap: a new slot generation for attn_r4; the stale handle is refused
+    old = handles["attn_r4"]
+    slots.unload(old)
+    handles["attn_r4"] = slots.load("attn_r4", load_peft_adapter(tiny_adapters["attn_r4"],
+                                                                 abi, 8))
+    assert (handles["attn_r4"].slot, handles["attn_r4"].slot_generation) != \
+        (old.slot, old.slot_generation)
+    with pytest.raises(AdapterError, match=r"stale"):
+        engine.add_request("stale", [1, 2, 3], params, old)
+    outs = run()
+    assert [list(o.token_ids) for o in outs] == [tokens for tokens, _ in refs]
+
+    counts = slots.pool.check()  # conservation, every page in exactly one state
+    assert counts.free + counts.reserved + counts.adapter + counts.kv == PAGES
+    assert engine.block_manager.num_held_blocks == counts.kv
