@@ -50,15 +50,26 @@ class KernelTables:
         self.max_rank = max_rank
         self.groups = {(g.layer, g.name): g for g in groups}
         dev = storage.device
+        # One tensor per field for all groups (each group's tables are views of it), so a
+        # publication rewrites one slot's column with 4 copies instead of ~4 per module.
+        self._base: dict[tuple[int, str], int] = {}
+        total = 0
+        for key, g in self.groups.items():
+            self._base[key] = total
+            total += len(g.slices)
+        self._a = torch.zeros(total, num_slots, max_rank, dtype=torch.int64, device=dev)
+        self._b = torch.zeros(total, num_slots, max_rank, dtype=torch.int64, device=dev)
+        self._ranks = torch.zeros(total, num_slots, dtype=torch.int32, device=dev)
+        self._scales = torch.zeros(total, num_slots, dtype=torch.float32, device=dev)
         self._weights: dict[tuple[int, str], LoraModuleWeights] = {}
         for key, g in self.groups.items():
-            ns = len(g.slices)
+            lo, hi = self._base[key], self._base[key] + len(g.slices)
             self._weights[key] = LoraModuleWeights(
                 storage=storage.flat,
-                a_rows=torch.zeros(ns, num_slots, max_rank, dtype=torch.int64, device=dev),
-                b_rows=torch.zeros(ns, num_slots, max_rank, dtype=torch.int64, device=dev),
-                ranks=torch.zeros(ns, num_slots, dtype=torch.int32, device=dev),
-                scales=torch.zeros(ns, num_slots, dtype=torch.float32, device=dev),
+                a_rows=self._a[lo:hi],
+                b_rows=self._b[lo:hi],
+                ranks=self._ranks[lo:hi],
+                scales=self._scales[lo:hi],
                 in_features=g.in_features,
                 out_features=g.out_features,
                 max_rank=max_rank,
@@ -95,25 +106,33 @@ class KernelTables:
         return found
 
     def on_publish(self, entry: PointerEntry) -> None:
+        """Rewrite `entry`'s slot column of every table: built on the host, then one copy
+        per field (stream-ordered before any later launch)."""
         slot = entry.handle.slot_id
         elems = self.storage.geometry.page_elems
+        total = self._ranks.shape[0]
+        a_col = torch.zeros(total, self.max_rank, dtype=torch.int64)
+        b_col = torch.zeros(total, self.max_rank, dtype=torch.int64)
+        ranks = torch.zeros(total, dtype=torch.int32)
+        scales = torch.zeros(total, dtype=torch.float32)
         for key, rows in self._rows(entry).items():
-            w = self._weights[key]
+            base = self._base[key]
             for k, m in enumerate(rows):
                 if m is None:
-                    w.ranks[k, slot] = 0
-                    w.scales[k, slot] = 0.0
                     continue
                 a_off, b_off = row_offsets(m, entry.pages, elems)
                 n = len(a_off)
-                w.a_rows[k, slot, :n] = torch.tensor(a_off, dtype=torch.int64)
-                w.b_rows[k, slot, :n] = torch.tensor(b_off, dtype=torch.int64)
-                w.ranks[k, slot] = m.shape.rank
-                w.scales[k, slot] = float(m.shape.scale)
+                a_col[base + k, :n] = torch.tensor(a_off, dtype=torch.int64)
+                b_col[base + k, :n] = torch.tensor(b_off, dtype=torch.int64)
+                ranks[base + k] = m.shape.rank
+                scales[base + k] = float(m.shape.scale)
+        pinned = self._a.device.type == "cuda"
+        for dst, src in ((self._a, a_col), (self._b, b_col), (self._ranks, ranks),
+                         (self._scales, scales)):
+            dst[:, slot].copy_(src.pin_memory() if pinned else src, non_blocking=pinned)
 
     def on_unpublish(self, slot: int) -> None:
-        for w in self._weights.values():
-            w.ranks[:, slot] = 0
-            w.scales[:, slot] = 0.0
-            w.a_rows[:, slot] = 0
-            w.b_rows[:, slot] = 0
+        self._ranks[:, slot] = 0
+        self._scales[:, slot] = 0.0
+        self._a[:, slot] = 0
+        self._b[:, slot] = 0
