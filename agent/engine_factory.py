@@ -122,12 +122,13 @@ def build_engine(settings: AgentSettings, metrics: AgentMetrics,
                                     block_size=settings.block_size,
                                     max_slots=settings.max_slots, max_rank=settings.max_rank,
                                     faults=faults or FaultInjector.from_env())
-        # captured graphs would keep reading the engine's own factor tables
+        # graphs are captured after the linears point at the pool's address tables
         config = EngineConfig(**sizes, enable_cuda_graphs=False)  # type: ignore[arg-type]
         engine = MeteredEngine(model, config, abi.h_base, abi, tokenizer,
                                kv_pages=slots.kv_view)
         slots.attach(engine)
         engine.slots = slots
+        engine.capture_cuda_graphs()
     engine.slot_ranks = {}
     engine.metrics = metrics
     return engine

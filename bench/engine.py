@@ -22,6 +22,7 @@ latency is the batch's mean step time.
     python bench/engine.py --mode cuda --shape tiny --device cpu --dtype float32  # smoke
     python bench/engine.py --mode decode-step --max-num-seqs 64 --prompt-max 512 \
         --adapters 16 128 --kv-blocks 4096   # one decode step vs the HBM floor
+    python bench/engine.py --mode decode-step ... --scheduling sync async  # both loops
     python bench/engine.py --mode host-step --max-num-seqs 64 --prompt-max 512 \
         --kv-blocks 4096 --adapters 128      # host (Python) ms of a graph-path step, CPU
 """
@@ -161,12 +162,12 @@ def run_engine(name: str, engine: Engine, trace: list[Request], handles: list, d
         if not engine.has_unfinished():
             time.sleep(max(0.0, pending[0][1].arrival - now))
             continue
-        outs = engine.step()
-        sync(device)
-        stamp = time.perf_counter()
+        outs = engine.step()  # returns once its tokens are on the host; a device sync
+        stamp = time.perf_counter()  # here would stall an async engine's next step
         for o in outs:
             timings[o.request_id].tokens.append(stamp)
             n_tokens += len(o.new_token_ids)
+    sync(device)
     result = summarize(name, list(timings.values()), time.perf_counter() - start, n_tokens)
     print(f"# {name}: {result['output_tok_s']:.1f} tok/s", file=sys.stderr, flush=True)
     return result
@@ -343,7 +344,12 @@ def decode_step_main(args: argparse.Namespace) -> list[dict]:
     """Median wall time of one decode step (engine.step(), host work included) with
     `--max-num-seqs` requests all decoding at context ≈ `--prompt-max`, against the HBM
     floor: (weights except the embedding table + every request's KV + the step's distinct
-    adapters' factors, each read once) / `--bandwidth` GB/s."""
+    adapters' factors, each read once) / `--bandwidth` GB/s.
+
+    A step's time is the interval between consecutive `engine.step()` returns (each
+    returns after its step's tokens reached the host; no extra device sync between steps,
+    so async scheduling keeps its next step in flight as in serving). `--scheduling` runs
+    each case with the synchronous loop, the async one, or the engine default (auto)."""
     dev, dtype = args.device, getattr(torch, args.dtype)
     shape = LLAMA3_8B if args.shape == "llama3-8b" else TINY_SHAPE
     config = ModelConfig.from_dict(shape)
@@ -357,12 +363,15 @@ def decode_step_main(args: argparse.Namespace) -> list[dict]:
     kv = batch * (ctx + args.steps // 2) * config.num_layers * 2 * config.kv_size * elem
     per_adapter = 16 * sum(i + o for o, i in config.module_shapes.values()) * config.num_layers
     results = []
-    for n in [0, *args.adapters]:
+    cases = [(n, mode) for n in [0, *args.adapters] for mode in args.scheduling]
+    for n, mode in cases:
         cfg = EngineConfig(max_num_seqs=batch, max_num_batched_tokens=max(batch, 2048),
                            num_kv_blocks=args.kv_blocks, block_size=16, max_slots=n,
                            max_rank=16, max_model_len=ctx + args.steps + 32,
-                           enable_cuda_graphs=not args.no_graphs)
+                           enable_cuda_graphs=not args.no_graphs,
+                           async_scheduling={"sync": False, "async": True}.get(mode))
         engine = Engine(model, cfg, digest)
+        scheduling = "async" if engine.async_scheduling else "sync"
         handles = [engine.register_loaded_adapter(random_adapter(config, 16, i, dev, dtype))
                    for i in range(n)]
         gen = torch.Generator().manual_seed(args.seed)
@@ -377,21 +386,26 @@ def decode_step_main(args: argparse.Namespace) -> list[dict]:
         for _ in range(3):
             engine.step()
         times = []
+        sync(dev)
+        t0 = time.perf_counter()
         for _ in range(args.steps):
-            sync(dev)
-            t0 = time.perf_counter()
             engine.step()
-            sync(dev)
-            times.append(time.perf_counter() - t0)
+            t1 = time.perf_counter()
+            times.append(t1 - t0)
+            t0 = t1
         if args.profile:
-            profile_steps(engine, dev, Path(args.out or ".") / f"profile_n{n}.txt")
+            profile_steps(engine, dev,
+                          Path(args.out or ".") / f"profile_n{n}_{scheduling}.txt")
         floor = (weights + kv + min(n, batch) * per_adapter * elem) / (args.bandwidth * 1e9)
         step = percentile(times, 50)
-        results.append({"system": f"decode step B={batch} ctx~{ctx}", "adapters": n,
-                        "step_ms": 1e3 * step, "floor_ms": 1e3 * floor,
-                        "ratio": step / floor})
-        print(f"# decode step n={n}: {1e3 * step:.2f} ms (floor {1e3 * floor:.2f} ms)",
-              file=sys.stderr, flush=True)
+        results.append({"system": f"decode step B={batch} ctx~{ctx} ({scheduling})",
+                        "adapters": n, "scheduling": scheduling, "step_ms": 1e3 * step,
+                        "mean_step_ms": 1e3 * sum(times) / len(times),
+                        "floor_ms": 1e3 * floor, "ratio": step / floor,
+                        "overlapped_steps": engine.num_overlapped_steps})
+        print(f"# decode step n={n} {scheduling}: {1e3 * step:.2f} ms "
+              f"(floor {1e3 * floor:.2f} ms)", file=sys.stderr, flush=True)
+        sync(dev)  # an async engine still has its next step in flight
         del engine, handles
         if dev == "cuda":
             torch.cuda.empty_cache()
@@ -509,6 +523,9 @@ def main() -> None:
     p.add_argument("--profile", action="store_true",
                    help="decode-step mode: write a torch.profiler table per case to --out")
     p.add_argument("--no-graphs", action="store_true", help="disable CUDA graphs")
+    p.add_argument("--scheduling", nargs="+", choices=("auto", "sync", "async"),
+                   default=["auto"], help="decode-step mode: engine loop(s) to measure "
+                   "(auto: the engine default, async with CUDA graphs)")
     p.add_argument("--workdir", default="/tmp/adapterplane-bench-engine")
     p.add_argument("--out", default=None, help="directory for results.json")
     args = p.parse_args()

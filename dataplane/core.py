@@ -23,6 +23,12 @@ BASE_SLOT = -1
 MAX_LOGPROBS = 20
 """Largest number of top log-probabilities a request may ask for."""
 
+PLACEHOLDER_TOKEN = -1
+"""Stands for a sampled token still on the device (async scheduling): appended to a running
+sequence when its step is launched, replaced by the real token when the step finishes.
+Only ever the last token, never hashed (not computed yet) and never a model input: the
+runner overwrites its row from the previous step's sampled-token tensor."""
+
 GREEDY_TEMPERATURE = 1e-5
 """Temperatures below this sample greedily (dividing logits by them overflows float32)."""
 

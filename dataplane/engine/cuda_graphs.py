@@ -7,7 +7,11 @@ backend builds its metadata into static `LoraMetaBuffers` without a host sync) a
 logits [B, vocab] into a static output. A decode step with D <= B rows and contexts <= L
 copies its plan into the buffers, pads rows D..B-1 (token 0, KV write to the trash slot,
 slot -1, context 1 at the trash slot) and replays. Adapter factor tables are updated in
-place, so registering an adapter needs no recapture.
+place, so registering an adapter needs no recapture. With async scheduling the plan's
+placeholder rows get their input ids from the previous step's sampled tokens by a
+device-to-device copy into the static input buffer after the staging upload (`deferred`).
+`run_eagerly=True` (CPU tests) runs the captured computation eagerly instead of replaying,
+so the staging, padding and deferred-id paths are exercised without CUDA.
 
 Only used on CUDA with a graph-safe LoRA backend (not the torch one, which syncs).
 """
@@ -21,6 +25,7 @@ import torch
 
 from dataplane.attention.metadata import AttentionMetadata, decode_batch, distinct_windows
 from dataplane.core import BatchPlan
+from dataplane.engine.deferred import DeferredTokens, patch_input_ids
 from dataplane.kernels import LoraMetaBuffers
 from dataplane.layers.lora_linear import LoraStepContext
 
@@ -38,12 +43,14 @@ class CudaGraphRunner:
     """Captures and replays decode graphs for a `ModelRunner` (see module docstring)."""
 
     def __init__(self, runner: object, max_batch: int, max_context: int,
-                 batch_sizes: tuple[int, ...] = DEFAULT_BATCH_SIZES) -> None:
+                 batch_sizes: tuple[int, ...] = DEFAULT_BATCH_SIZES,
+                 run_eagerly: bool = False) -> None:
         from dataplane.engine.model_runner import ModelRunner
 
         if not isinstance(runner, ModelRunner):
             raise TypeError("CudaGraphRunner needs a ModelRunner")
         self.runner = runner
+        self.run_eagerly = run_eagerly
         self.device = runner.device
         self.block_size = runner.cache.block_size
         self.batch_sizes = tuple(sorted({b for b in batch_sizes if b < max_batch} | {max_batch}))
@@ -135,17 +142,23 @@ class CudaGraphRunner:
     def _pick(self, rows: int, context: int) -> tuple[int, int] | None:
         batch = next((b for b in self.batch_sizes if b >= rows), None)
         width = next((w for w in self.context_buckets if w >= context), None)
-        if batch is None or width is None or (batch, width) not in self.graphs:
+        if batch is None or width is None or (
+                (batch, width) not in self.graphs and not self.run_eagerly):
             return None
         return batch, width
 
     def try_replay(self, plan: BatchPlan) -> torch.Tensor | None:
+        """`replay_plan(plan, None)`: a plan whose input ids are all on the host."""
+        return self.replay_plan(plan, None)
+
+    def replay_plan(self, plan: BatchPlan, deferred: DeferredTokens | None
+                    ) -> torch.Tensor | None:
         """Logits [N, vocab] for a decode-only plan that fits a captured graph, else None.
 
         Host work: O(rows) numpy fills of pinned staging buffers, two non-blocking H2D
-        copies, one graph launch; no device sync. For a decode-only plan the sample rows
-        are the rows in order, so the result is a view of the graph's logits (valid until
-        the next replay)."""
+        copies, the deferred input-id copy (if any), one graph launch; no device sync. For a
+        decode-only plan the sample rows are the rows in order, so the result is a view of
+        the graph's logits (valid until the next replay)."""
         if plan.doff != 0 or len(plan.prefill_indptr) != 1:
             return None
         rows = plan.num_rows
@@ -154,11 +167,16 @@ class CudaGraphRunner:
             return None
         if self.lora_buffers is None and max(plan.row_slot) >= 0:
             return None
-        batch, _width = picked
+        batch, width = picked
         self._fill(plan, batch)
+        if deferred is not None:
+            patch_input_ids(self.input_ids, deferred)
+        self.replays += 1
+        if self.run_eagerly:
+            with torch.inference_mode():
+                return self._sampled(self._forward(batch, width), plan)
         entry = self.graphs[picked]
         entry.graph.replay()
-        self.replays += 1
         return self._sampled(entry.logits, plan)
 
     def _sampled(self, logits: torch.Tensor, plan: BatchPlan) -> torch.Tensor:

@@ -1,7 +1,9 @@
 """The public multi-adapter `Engine`: register adapters, add requests, step, generate.
 
 One step = scheduler.schedule() -> build_batch_plan -> ModelRunner.execute (logits of the
-sampled rows) -> Sampler -> scheduler.postprocess (docs/ENGINE_CONTRACT.md). Every adapter
+sampled rows) -> Sampler -> scheduler.postprocess (docs/ENGINE_CONTRACT.md). With async
+scheduling (engine/async_steps.py) the next decode-only step is launched before this one's
+tokens reach the host, so host work hides behind the device. Every adapter
 lives in one slot of the runner's factor tables; requests bind to an adapter by handle,
 and the scheduler gives model rows only to requests whose adapter slot is loaded.
 
@@ -14,6 +16,7 @@ Usage::
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from collections.abc import Sequence as SequenceOf
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,6 +39,7 @@ from dataplane.engine.adapters import (
     LoadedAdapter,
     load_peft_adapter,
 )
+from dataplane.engine.async_steps import Launched, deferred_inputs, has_live_rows
 from dataplane.engine.model_runner import ModelRunner
 from dataplane.engine.scheduler import ScheduleOutput, Scheduler, SchedulerConfig
 from dataplane.kvcache import BlockManager, CacheABI, FreeListPagePool
@@ -87,6 +91,9 @@ class EngineConfig:
     ops_backend: str | None = None
     max_graph_context: int = 4096
     sampler_seed: int | None = 0
+    async_scheduling: bool | None = None
+    """Launch the next decode-only step before syncing on this one's tokens (None: on
+    exactly when CUDA graphs are in use; True also runs the same control flow on CPU)."""
 
     def __post_init__(self) -> None:
         minimum = {"max_num_seqs": 1, "max_num_batched_tokens": 1, "num_kv_blocks": 1,
@@ -95,6 +102,9 @@ class EngineConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < low:
                 raise InvalidRequest(f"{name} must be an int >= {low}", **{name: value})
+        if self.async_scheduling not in (None, True, False):
+            raise InvalidRequest("async_scheduling must be None, True or False",
+                                 async_scheduling=self.async_scheduling)
         if self.max_model_len is not None and (
                 not isinstance(self.max_model_len, int) or self.max_model_len < 2):
             raise InvalidRequest("max_model_len must be an int >= 2",
@@ -149,14 +159,41 @@ class Engine:
         """True when the last step() found nothing to schedule."""
         self.num_preemptions = 0
         """Requests preempted (by recompute) so far: a counter for tests and metrics."""
-        if (model.embed_tokens.weight.device.type == "cuda" and config.enable_cuda_graphs
-                and self.runner.graph_safe):
-            from dataplane.engine.cuda_graphs import CudaGraphRunner
+        if config.enable_cuda_graphs:
+            self.capture_cuda_graphs()
+        # Plans built for a continuation carry placeholder input ids, so a subclass that
+        # observes or ships plans (build_plan overridden: TP leader, agent metering)
+        # keeps the synchronous loop unless it is written for async steps.
+        plain = type(self).build_plan is Engine.build_plan
+        if config.async_scheduling and not plain:
+            raise InvalidRequest("async_scheduling is not supported by "
+                                 f"{type(self).__name__} (it overrides build_plan)")
+        self.async_scheduling = plain and (config.async_scheduling if config.async_scheduling
+                                           is not None else self.runner.graphs is not None)
+        self._inflight: Launched | None = None
+        """The launched step whose tokens are not applied yet (async scheduling only)."""
+        self.num_overlapped_steps = 0
+        """Steps launched before the previous step's tokens reached the host (async)."""
+        self.num_discarded_rows = 0
+        """Rows of overlapped steps whose request had finished before their tokens came."""
 
-            graphs = CudaGraphRunner(self.runner, config.max_num_seqs,
-                                     min(max_len, config.max_graph_context))
-            graphs.capture_all()
-            self.runner.graphs = graphs
+    def capture_cuda_graphs(self) -> bool:
+        """Capture the decode-step CUDA graphs (done by the constructor when
+        `enable_cuda_graphs`). An owner that re-points the LoRA linears at other factor
+        tables (the agent's unified pool) builds the engine with graphs off, attaches, then
+        calls this: graphs record the tables' addresses, whose contents change in place.
+        Returns False (nothing captured) off CUDA or when the LoRA path is not graph-safe."""
+        if self.model.embed_tokens.weight.device.type != "cuda" or not self.runner.graph_safe:
+            return False
+        if self.runner.graphs is not None:
+            return True
+        from dataplane.engine.cuda_graphs import CudaGraphRunner
+
+        graphs = CudaGraphRunner(self.runner, self.config.max_num_seqs,
+                                 min(self.max_model_len, self.config.max_graph_context))
+        graphs.capture_all()
+        self.runner.graphs = graphs
+        return True
 
     @classmethod
     def from_model_dir(cls, path: str | Path, *, dtype: str = "float32", device: str = "cpu",
@@ -237,20 +274,68 @@ class Engine:
                                 generation=self._generation)
 
     def step(self) -> list[RequestOutput]:
-        """Run one scheduled step; outputs for every request that got a token."""
+        """Run one scheduled step; outputs for every request that got a token.
+
+        Async scheduling: the returned outputs are those of the oldest launched step; before
+        waiting for its tokens the next decode-only step is launched (when the scheduler can
+        decide it now), and it stays in flight across this call."""
+        if not self.async_scheduling:
+            launched = self._schedule_and_launch()
+            return [] if launched is None else self._finish_step(launched, None)
+        cur, self._inflight = self._inflight, None
+        if cur is not None and not has_live_rows(cur):
+            cur = None  # every request in it finished or was aborted: nothing to apply
+        if cur is None:
+            cur = self._schedule_and_launch()
+            if cur is None:
+                return []
+        self.last_step_idle = False
+        return self._finish_step(cur, self._launch_continuation)
+
+    def _schedule_and_launch(self) -> Launched | None:
         out = self.scheduler.schedule()
         self.num_preemptions += len(out.preempted)
         self.last_step_idle = out.is_empty
-        if out.is_empty:
-            return []
+        return None if out.is_empty else self._launch_step(out, None)
+
+    def _launch_step(self, out: ScheduleOutput, prev: Launched | None) -> Launched:
+        """Build the plan, enqueue the forward and the sampling; no host sync. With `prev`
+        (still in flight, tokens reserved) its sampled tokens feed the placeholder rows."""
         plan = self.build_plan(out)
-        logits = self.runner.execute(plan)
-        sampled = out.sampled
-        if [s.request_id for s in sampled] != list(plan.sample_request_ids):
+        if [s.request_id for s in out.sampled] != list(plan.sample_request_ids):
             raise InvalidRequest("plan sample order differs from the scheduler's")
-        result = self.sampler.sample(logits, sampled)
-        updates = self.scheduler.postprocess(out, result.token_ids)
-        by_id = {s.request_id: lp for s, lp in zip(sampled, result.logprobs, strict=True)}
+        deferred = None if prev is None else deferred_inputs(plan, out, prev)
+        logits = self.runner.execute(plan, deferred)
+        return Launched(out, self.sampler.launch(logits, out.sampled))
+
+    def _launch_continuation(self, cur: Launched) -> None:
+        """After `cur` is committed and reserved: launch the next step if it is decidable."""
+        nxt = self.scheduler.schedule_continuation(cur.out)
+        if nxt is not None:
+            self._inflight = self._launch_step(nxt, cur)
+            self.num_overlapped_steps += 1
+
+    def _finish_step(self, cur: Launched, overlap: Callable[[Launched], None] | None
+                ) -> list[RequestOutput]:
+        """Commit `cur`, run `overlap` (launch the next step) while it computes, then wait
+        for its tokens, apply them and build the outputs."""
+        self.scheduler.commit_computed(cur.out)
+        self.scheduler.reserve_tokens(cur.out)
+        if overlap is not None:
+            try:
+                overlap(cur)
+            except Exception:
+                self._inflight = None  # `cur` is applied below; the next step re-plans
+                self.scheduler.apply_tokens(cur.out, cur.pending.result().token_ids)
+                raise
+        result = cur.pending.result()
+        updates = self.scheduler.apply_tokens(cur.out, result.token_ids)
+        if self._inflight is not None:
+            self.num_discarded_rows += sum(s.is_finished for s in self._inflight.out.decodes)
+            if not has_live_rows(self._inflight):
+                self._inflight = None
+        by_id = {s.request_id: lp
+                 for s, lp in zip(cur.out.sampled, result.logprobs, strict=True)}
         outputs = []
         for u in updates:
             seq = u.seq

@@ -14,6 +14,7 @@ import torch
 from dataplane.attention.kv_cache import PagedKVCache
 from dataplane.attention.metadata import build_attention_metadata
 from dataplane.core import BatchPlan, InvalidBatchPlan, InvalidRequest
+from dataplane.engine.deferred import DeferredTokens, check_no_placeholders, patch_input_ids
 from dataplane.kernels import (
     LoraFactorTable,
     LoraMetaBuffers,
@@ -106,15 +107,26 @@ class ModelRunner:
             raise InvalidBatchPlan("KV slot outside the cache")
 
     @torch.inference_mode()
-    def execute(self, plan: BatchPlan) -> torch.Tensor:
-        """Run one step; returns float32 logits [N, vocab] for `plan.sample_rows` in order."""
+    def execute(self, plan: BatchPlan, deferred: DeferredTokens | None = None) -> torch.Tensor:
+        """Run one step; returns float32 logits [N, vocab] for `plan.sample_rows` in order.
+
+        `deferred` supplies the placeholder rows' input ids from a device tensor (async
+        scheduling, engine/deferred.py); without it the plan must have no placeholders."""
         self.check_plan(plan)
+        if deferred is None:
+            check_no_placeholders(plan)
+        else:
+            deferred.check(plan)
         if self.graphs is not None:
-            replayed = self.graphs.try_replay(plan)  # type: ignore[attr-defined]
+            replayed = (self.graphs.try_replay(plan)  # type: ignore[attr-defined]
+                        if deferred is None else
+                        self.graphs.replay_plan(plan, deferred))  # type: ignore[attr-defined]
             if replayed is not None:
                 return replayed
         device = self.device
         input_ids = torch.tensor(plan.input_ids, dtype=torch.int64).to(device)
+        if deferred is not None:
+            patch_input_ids(input_ids, deferred)
         attn = build_attention_metadata(plan, self.config.layer_windows, device,
                                         self.cache.trash_slot, self.decode_kernel)
         lora = None

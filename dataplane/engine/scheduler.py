@@ -11,6 +11,13 @@ Requests whose adapter is not ready (`adapter_ready(seq)` is False) get no rows 
 block the requests behind them. The scheduler never touches model rows or tensors: the engine
 builds a `BatchPlan` from the `ScheduleOutput`, runs the model, samples, then calls
 `postprocess` with one token per `ScheduleOutput.sampled` sequence.
+
+Async scheduling (engine.py) splits `postprocess` into its three phases so that the next
+step can be scheduled while this one still runs: `commit_computed` (K/V of the step's rows
+counts as computed), `reserve_tokens` (a PLACEHOLDER_TOKEN per sampled sequence: lengths
++1), then `schedule_continuation` (a decode-only next step, or None when only the
+synchronous scheduler can decide it), and finally `apply_tokens` once the tokens are on
+the host (placeholders replaced, stop rules, finished requests freed).
 """
 
 from __future__ import annotations
@@ -21,7 +28,13 @@ from collections.abc import Sequence as SequenceOf
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from dataplane.core import EngineError, InvalidRequest, Sequence, SequenceStatus
+from dataplane.core import (
+    PLACEHOLDER_TOKEN,
+    EngineError,
+    InvalidRequest,
+    Sequence,
+    SequenceStatus,
+)
 from dataplane.kvcache import BlockManager
 from dataplane.sampling.stop_checker import StopChecker
 
@@ -220,14 +233,70 @@ class Scheduler:
         out.sampled.extend(out.decodes)
         return out
 
+    def schedule_continuation(self, prev: ScheduleOutput) -> ScheduleOutput | None:
+        """The decode-only step after `prev`, scheduled while `prev` still runs on the device.
+
+        Call after `commit_computed(prev)` and `reserve_tokens(prev)` (each sequence `prev`
+        samples holds a placeholder). Mirrors step 1 of `schedule()` assuming every sampled
+        sequence continues; those that `prev` will finish by length (known now) get no row.
+        Returns None and changes nothing when the synchronous scheduler could decide this
+        step differently for a reason known now: a running request still in prefill, a
+        waiting request that could be admitted, or too few free KV blocks for every decode
+        (preemption). A sequence that `prev` finishes by a stop token / string keeps its row;
+        its result is discarded (`postprocess` / `apply_tokens` skip finished sequences) and
+        its blocks, the one appended here included, are freed when it finishes."""
+        running = SequenceStatus.RUNNING
+        if any(s.status is running and s.token_ids[-1] != PLACEHOLDER_TOKEN
+               for s in prev.sampled):
+            raise SchedulerError("schedule_continuation needs reserve_tokens(prev) first")
+        budget = self.config.max_num_batched_tokens
+        bm = self.block_manager
+        decodes: list[Sequence] = []
+        continuing, prefill_due = 0, False
+        for seq in self.running:
+            if self._finishes_by_length(seq):
+                continue
+            continuing += 1
+            if seq.in_prefill or not self.adapter_ready(seq):
+                prefill_due = prefill_due or (seq.in_prefill and self.adapter_ready(seq))
+            elif len(decodes) < budget:
+                decodes.append(seq)
+        left = budget - len(decodes)
+        if not decodes or (left > 0 and (prefill_due or (
+                continuing < self.config.max_num_seqs
+                and any(self.adapter_ready(s) for s in self.waiting)))):
+            return None
+        if sum(bm.blocks_needed(s) for s in decodes) > bm.num_free_blocks:
+            return None  # the synchronous step would preempt
+        for seq in decodes:
+            if bm.blocks_needed(seq):
+                bm.may_append(seq)
+        return ScheduleOutput(decodes=decodes, sampled=list(decodes))
+
+    def _finishes_by_length(self, seq: Sequence) -> bool:
+        """True when the sequence's last (reserved) token is its last by max_tokens or
+        the model length (StopChecker's length rule)."""
+        return (seq.num_output_tokens >= seq.sampling.max_tokens
+                or seq.num_tokens >= self._max_len(seq))
+
     # ----- after the model ran --------------------------------------------------------------
     def postprocess(self, out: ScheduleOutput, token_ids: SequenceOf[int]) -> list[StepUpdate]:
         """Record computed K/V, append one sampled token per `out.sampled` sequence, apply stop
         rules, free finished requests. Aborted-in-between requests are skipped."""
-        sampled = out.sampled
-        if len(token_ids) != len(sampled):
+        self._check_count(out, token_ids)
+        self.commit_computed(out)
+        self.reserve_tokens(out)
+        return self.apply_tokens(out, token_ids)
+
+    @staticmethod
+    def _check_count(out: ScheduleOutput, token_ids: SequenceOf[int]) -> None:
+        if len(token_ids) != len(out.sampled):
             raise SchedulerError("one sampled token per sampled sequence is required",
-                                 expected=len(sampled), got=len(token_ids))
+                                 expected=len(out.sampled), got=len(token_ids))
+
+    def commit_computed(self, out: ScheduleOutput) -> None:
+        """The step's rows' K/V count as computed (full blocks are offered to the prefix
+        cache: they are read only by later device work, which the stream orders after)."""
         running, cache_blocks = SequenceStatus.RUNNING, self.block_manager.cache_computed_blocks
         for seq, n in out.prefills:
             if seq.status is running:
@@ -237,11 +306,25 @@ class Scheduler:
             if seq.status is running:
                 seq.num_computed_tokens += 1
                 cache_blocks(seq)
+
+    def reserve_tokens(self, out: ScheduleOutput) -> None:
+        """Append a PLACEHOLDER_TOKEN to every running sampled sequence (after commit)."""
+        for seq in out.sampled:
+            if seq.status is SequenceStatus.RUNNING:
+                seq.token_ids.append(PLACEHOLDER_TOKEN)
+
+    def apply_tokens(self, out: ScheduleOutput, token_ids: SequenceOf[int]) -> list[StepUpdate]:
+        """Replace each running sampled sequence's placeholder by its token (in `sampled`
+        order), apply stop rules, free finished requests; aborted sequences are skipped."""
+        self._check_count(out, token_ids)
         updates: list[StepUpdate] = []
-        for seq, token in zip(sampled, token_ids, strict=True):
+        for seq, token in zip(out.sampled, token_ids, strict=True):
             if seq.status is not SequenceStatus.RUNNING:
                 continue
-            seq.token_ids.append(int(token))
+            if seq.token_ids[-1] != PLACEHOLDER_TOKEN:
+                raise SchedulerError("apply_tokens without reserve_tokens",
+                                     request_id=seq.request_id)
+            seq.token_ids[-1] = int(token)
             stop = self._stops[seq.request_id]
             text = stop.on_token(int(token))
             updates.append(StepUpdate(seq, int(token), text, seq.is_finished))

@@ -7,13 +7,13 @@ from typing import TYPE_CHECKING, Any
 from dataplane.sampling.stop_checker import StopChecker
 
 if TYPE_CHECKING:
-    from dataplane.sampling.sampler import Sampler, SampleResult, TokenLogprobs
+    from dataplane.sampling.sampler import PendingSample, Sampler, SampleResult, TokenLogprobs
 
-__all__ = ["SampleResult", "Sampler", "StopChecker", "TokenLogprobs"]
+__all__ = ["PendingSample", "SampleResult", "Sampler", "StopChecker", "TokenLogprobs"]
 
 
 def __getattr__(name: str) -> Any:
-    if name in ("Sampler", "SampleResult", "TokenLogprobs"):
+    if name in ("PendingSample", "Sampler", "SampleResult", "TokenLogprobs"):
         from dataplane.sampling import sampler
 
         return getattr(sampler, name)

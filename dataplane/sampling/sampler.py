@@ -13,6 +13,12 @@ Unseeded rows draw from the sampler's own generator.
 
 Logprobs are the model's raw log-softmax (before temperature / top-k / top-p), as OpenAI
 reports them: the chosen token's, plus the top `logprobs` alternatives.
+
+Two phases (async scheduling, engine.py): `launch` enqueues every device op of a step's
+sampling — host-built per-row parameters go up through pinned non-blocking copies, results
+come down into pinned host buffers followed by a recorded event — without a host sync, and
+returns a `PendingSample` whose `tokens` device tensor can feed the next step's input ids;
+`PendingSample.result()` waits for that event and returns the lists. `sample` = both.
 """
 
 from __future__ import annotations
@@ -43,6 +49,58 @@ class SampleResult:
     logprobs: list[TokenLogprobs | None]  # None where the request asked for none
 
 
+def to_device(values: list[int] | list[float] | list[bool], dtype: torch.dtype,
+              device: torch.device) -> torch.Tensor:
+    """A host list as a tensor on `device` without a host sync (pinned, non-blocking on
+    CUDA: a pageable copy would wait for the stream, i.e. for the step still running)."""
+    host = torch.tensor(values, dtype=dtype)
+    if device.type != "cuda":
+        return host.to(device)
+    return host.pin_memory().to(device, non_blocking=True)
+
+
+def _to_host(t: torch.Tensor) -> torch.Tensor:
+    """Enqueue a device -> host copy (pinned, non-blocking on CUDA); valid after the event."""
+    if t.device.type != "cuda":
+        return t
+    host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+    host.copy_(t, non_blocking=True)
+    return host
+
+
+class PendingSample:
+    """One launched sampling step: `tokens` [N] int64 on the logits' device (usable by later
+    device work at once); `result()` blocks until the host copies landed (idempotent)."""
+
+    def __init__(self, tokens: torch.Tensor, host: tuple[torch.Tensor, ...],
+                 want: list[int | None]) -> None:
+        self.tokens = tokens
+        self._host = host  # (tokens, [chosen logprobs, top values, top ids])
+        self._want = want
+        self._event: torch.cuda.Event | None = None
+        if tokens.device.type == "cuda":
+            self._event = torch.cuda.Event()
+            self._event.record()
+        self._result: SampleResult | None = None
+
+    def result(self) -> SampleResult:
+        if self._result is None:
+            if self._event is not None:
+                self._event.synchronize()
+            token_list = [int(t) for t in self._host[0].tolist()]
+            logprobs: list[TokenLogprobs | None] = [None] * len(token_list)
+            if len(self._host) > 1:
+                chosen = self._host[1].tolist()
+                top_v, top_i = self._host[2].tolist(), self._host[3].tolist()
+                for i, w in enumerate(self._want):
+                    if w is not None:
+                        top = tuple(zip(top_i[i][:w], top_v[i][:w], strict=True))
+                        logprobs[i] = TokenLogprobs(token_list[i], float(chosen[i]), top)
+            self._result = SampleResult(token_list, logprobs)
+            self._host = ()
+        return self._result
+
+
 def step_seed(seed: int, step: int) -> int:
     """Seed of a request's `step`-th draw: 63 bits of BLAKE2b(seed, step)."""
     digest = hashlib.blake2b(f"{seed}:{step}".encode(), digest_size=8).digest()
@@ -56,17 +114,15 @@ def processed_probs(logits: torch.Tensor, params: SequenceOf[SamplingParams]) ->
     """
     v = logits.shape[1]
     dev = logits.device
-    greedy = torch.tensor([p.greedy for p in params], device=dev)
-    temps = torch.tensor([1.0 if p.greedy else p.temperature for p in params],
-                         dtype=torch.float32, device=dev)
+    temps = to_device([1.0 if p.greedy else p.temperature for p in params], torch.float32, dev)
     scaled = logits / temps.unsqueeze(1)
     ks = [p.top_k if 0 < p.top_k < v else v for p in params]
     if any(k < v for k in ks):
         sorted_desc = scaled.sort(dim=-1, descending=True).values
-        kth = sorted_desc.gather(1, torch.tensor(ks, device=dev).unsqueeze(1) - 1)
+        kth = sorted_desc.gather(1, to_device(ks, torch.int64, dev).unsqueeze(1) - 1)
         scaled = scaled.masked_fill(scaled < kth, float("-inf"))
-    top_p = torch.tensor([p.top_p for p in params], dtype=torch.float32, device=dev)
     if any(p.top_p < 1.0 for p in params):  # decided on the host: no device sync
+        top_p = to_device([p.top_p for p in params], torch.float32, dev)
         probs = scaled.softmax(dim=-1)
         sp, idx = probs.sort(dim=-1, descending=True, stable=True)
         before = sp.cumsum(dim=-1) - sp  # mass strictly before each token
@@ -75,6 +131,7 @@ def processed_probs(logits: torch.Tensor, params: SequenceOf[SamplingParams]) ->
         scaled = scaled.masked_fill(drop & (top_p < 1.0).unsqueeze(1), float("-inf"))
     probs = scaled.softmax(dim=-1)
     if any(p.greedy for p in params):
+        greedy = to_device([p.greedy for p in params], torch.bool, dev)
         onehot = torch.zeros_like(probs).scatter(1, logits.argmax(dim=-1, keepdim=True), 1.0)
         probs = torch.where(greedy.unsqueeze(1), onehot, probs)
     return probs
@@ -101,30 +158,37 @@ class Sampler:
 
     def sample(self, logits: torch.Tensor, seqs: SequenceOf[Sequence]) -> SampleResult:
         """logits [N, V] (any float dtype, any device) for seqs [N] -> N token ids (+logprobs)."""
+        return self.launch(logits, seqs).result()
+
+    def launch(self, logits: torch.Tensor, seqs: SequenceOf[Sequence]) -> PendingSample:
+        """Enqueue sampling of logits [N, V] for seqs [N] without a host sync.
+
+        Reads each seq's sampling params and `num_output_tokens` (the seeded draw's step
+        index) now; `logits` may be overwritten by device work enqueued after this call."""
         if logits.dim() != 2 or logits.shape[0] != len(seqs):
             raise SamplerError("logits must be [len(seqs), vocab]", shape=tuple(logits.shape),
                                num_seqs=len(seqs))
         logits = logits.float()
+        dev = logits.device
         params = [s.sampling for s in seqs]
         tokens = logits.argmax(dim=-1)
         if any(not p.greedy for p in params):
             cdf = processed_probs(logits, params).double().cumsum(dim=-1)
-            target = self._uniforms(seqs).to(logits.device) * cdf[:, -1]
+            u = self._uniforms(seqs)
+            target = (u.pin_memory().to(dev, non_blocking=True) if dev.type == "cuda"
+                      else u.to(dev)) * cdf[:, -1]
             drawn = torch.searchsorted(cdf, target.unsqueeze(1), right=True).squeeze(1)
             drawn = drawn.clamp_(max=logits.shape[1] - 1)
-            is_greedy = torch.tensor([p.greedy for p in params], device=logits.device)
-            tokens = torch.where(is_greedy, tokens, drawn)
-        token_list = [int(t) for t in tokens.tolist()]
+            if any(p.greedy for p in params):
+                is_greedy = to_device([p.greedy for p in params], torch.bool, dev)
+                tokens = torch.where(is_greedy, tokens, drawn)
+            else:
+                tokens = drawn
         want = [p.logprobs for p in params]
-        logprobs: list[TokenLogprobs | None] = [None] * len(seqs)
+        host: tuple[torch.Tensor, ...] = (_to_host(tokens),)
         if any(w is not None for w in want):
             lp = logits.log_softmax(dim=-1)
-            chosen = lp.gather(1, tokens.unsqueeze(1)).squeeze(1).tolist()
-            n_top = max(w or 0 for w in want)
-            top_v, top_i = lp.topk(n_top, dim=-1)
-            top_v_l, top_i_l = top_v.tolist(), top_i.tolist()
-            for i, w in enumerate(want):
-                if w is not None:
-                    top = tuple(zip(top_i_l[i][:w], top_v_l[i][:w], strict=True))
-                    logprobs[i] = TokenLogprobs(token_list[i], float(chosen[i]), top)
-        return SampleResult(token_list, logprobs)
+            chosen = lp.gather(1, tokens.unsqueeze(1)).squeeze(1)
+            top_v, top_i = lp.topk(max(w or 0 for w in want), dim=-1)
+            host += (_to_host(chosen), _to_host(top_v), _to_host(top_i))
+        return PendingSample(tokens, host, want)

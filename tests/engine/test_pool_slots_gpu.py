@@ -4,7 +4,8 @@ One unified pool on the device holds KV blocks and adapter factors (agent/pool_s
 adapters are loaded by the pool's transactions (copy on a side stream + event, on-device
 validation, generation-stamped publication) and every LoRA linear reads the pool's
 address tables. Greedy tokens and logprobs must equal HF transformers + PEFT (fp32), for a
-mixed batch of base rows and three adapters; then a hot swap (unload + reload into a new
+mixed batch of base rows and three adapters, decode steps replayed from CUDA graphs
+captured after the linears were pointed at the pool; then a hot swap (unload + reload into a new
 slot generation) and a full drain leave the pool conserved with no KV pages held.
 
 Lives here (not tests/agent) so it runs on the device without the control-plane test
@@ -44,6 +45,7 @@ def _pool_engine(model_dir: Path) -> tuple[Engine, PoolSlots]:
                           block_size=4, max_slots=4, max_rank=8, enable_cuda_graphs=False)
     engine = Engine(model, config, abi.h_base, abi, kv_pages=slots.kv_view)
     slots.attach(engine)
+    assert engine.capture_cuda_graphs()  # after attach: graphs read the pool's tables
     return engine, slots
 
 
@@ -81,6 +83,8 @@ def test_pool_resident_adapters_match_hf_on_cuda(cuda_device: torch.device, tiny
     outs = run()
     assert [list(o.token_ids) for o in outs] == [tokens for tokens, _ in refs]
 
+    graphs = engine.runner.graphs
+    assert graphs is not None and graphs.replays > 0  # type: ignore[attr-defined]
     counts = slots.pool.check()  # conservation, every page in exactly one state
     assert counts.free + counts.reserved + counts.adapter + counts.kv == PAGES
     assert engine.block_manager.num_held_blocks == counts.kv

@@ -99,21 +99,24 @@ _TUNED_EXPAND = {
     4096: ExpandConfig(64, 128, 64, 4, 3, 4),
 }
 # Per rank group (key: (T class, 16) for rank buckets <= 32, (T class, 64) above),
-# overriding `_TUNED_EXPAND` there. `--tune` sweeps prefill r = 16 and r = 64 apart
-# and prints this dict. Not yet measured as such: r = 16 prefill gained with a `y`
-# prefetch (42.0 -> 38.6 µs total, within a variant that also hurt r = 64), so the
-# rank group 16 starts with it; rank 64 keeps the measured 34.5 µs expand.
+# overriding `_TUNED_EXPAND` there. `--tune` sweeps prefill r = 16 and r = 64 apart.
+# Measured on the H200 (two runs, 2026-11-29): r = 16 prefill expand 24.7 µs with 32-row
+# tiles and 8 column tiles per program (no `y` prefetch) vs 28.3-28.6 for the 64-row
+# entry and 27.1-27.2 with the prefetch; r = 64 keeps `_TUNED_EXPAND` (34.4-34.7 µs,
+# every other candidate slower: 35.3-55.6).
 EXPAND_BY_RANK: dict[tuple[int, int], ExpandConfig] = {
-    (4096, 16): ExpandConfig(64, 128, 64, 4, 3, 4, y_prefetch=True),
+    (4096, 16): ExpandConfig(32, 128, 64, 4, 3, 8),
 }
 # Prefill shrink per rank group, overriding `_TUNED_SHRINK` (same keys as
 # `EXPAND_BY_RANK`). `--tune` sweeps `PREFILL_SHRINK_CANDIDATES` for r = 16 and
 # r = 64 at n = 4 and 32 (metric: the whole two-kernel add_lora, since the
-# number of K splits also sets the expand's z reads) and prints this dict.
-# Empty until that sweep has run on the H200: the committed entry
-# (BLOCK_M 32, 2 programs per SM -> 2 K splits at n = 4) measured 18.5 µs for
-# the r = 64 n = 4 shrink, 2.3x its own x-read floor.
-SHRINK_BY_RANK: dict[tuple[int, int], ShrinkConfig] = {}
+# number of K splits also sets the expand's z reads). Measured on the H200
+# (2026-11-29): r = 64 wins with the committed tile plus the evict-first hint on x
+# (54.07 µs add_lora geomean; r = 64 n = 4 shrink 17.9 µs vs 18.5); r = 16 keeps
+# `_TUNED_SHRINK` (39.0 µs geomean).
+SHRINK_BY_RANK: dict[tuple[int, int], ShrinkConfig] = {
+    (4096, 64): ShrinkConfig(32, 64, 128, 8, 4, 3, 2, True),
+}
 # Candidates of that sweep, (block_m, block_r, block_k, split_k, warps, stages,
 # per_sm, evict_x); block_r is capped at the rank bucket when installed. At T = 4096 with
 # n = 4 (one tile per BLOCK_M rows) the device picks: BLOCK_M 16 -> 256 tiles,

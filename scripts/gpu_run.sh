@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# The GPU tests and benchmarks behind docs/PERFORMANCE.md, one section after another on
+# one GPU (each benchmark runs alone on it). From the repo root on the GPU host (torch,
+# triton, transformers, peft installed):
+#   OUT=/tmp/gpu-run bash scripts/gpu_run.sh tests kernels coldload decode trace attention
+# Results: $OUT/<section>.txt (logs), $OUT/<section>/ (JSON); $OUT/sections.txt has the
+# exit status of each section (124 = cut by its time limit).
+set -u
+OUT=${OUT:-/tmp/gpu-run}
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1
+unset TRITON_INTERPRET
+
+section() {  # name, time limit (s), command...
+  local name=$1 limit=$2
+  shift 2
+  timeout "$limit" "$@" > "$OUT/$name.txt" 2>&1
+  echo "$name rc=$?" >> "$OUT/sections.txt"
+}
+
+for s in "$@"; do
+  case $s in
+    tests) section tests 170 python3 -m pytest -n 8 -q -p no:cacheprovider -m gpu \
+             tests/kernels tests/ops tests/attention/test_gpu.py tests/engine/test_gpu.py \
+             tests/engine/test_pool_slots_gpu.py tests/pool/test_cuda_copy.py ;;
+    kernels) section kernels 180 python3 bench/lora_kernels.py --tune --no-loop --no-stacked \
+               --out "$OUT/kernels" ;;
+    coldload) section coldload 90 python3 bench/coldload.py --device cuda --shape 8b \
+                --loads 20 --adapters 64 --pool-adapters 16 --requests 400 \
+                --out "$OUT/coldload" ;;
+    decode) section decode 120 python3 bench/engine.py --mode decode-step --max-num-seqs 64 \
+              --prompt-max 512 --adapters 16 128 --kv-blocks 4096 --steps 20 \
+              --scheduling sync async --out "$OUT/decode" ;;
+    trace) section trace 170 python3 bench/engine.py --mode cuda --adapters 16 128 \
+             --requests 128 --rate 16 --prompt-min 64 --prompt-max 512 --output-min 64 \
+             --output-max 128 --max-num-seqs 128 --max-batched-tokens 4096 \
+             --kv-blocks 8192 --hf-batch 64 --out "$OUT/trace" ;;
+    attention) section attention 40 python3 bench/attention.py ;;
+    *) echo "unknown section $s" >&2; exit 2 ;;
+  esac
+done
+cat "$OUT/sections.txt"

@@ -1,0 +1,211 @@
+"""Async scheduling (the next decode step launched before this step's tokens reach the host)
+gives exactly the synchronous engine's outputs and block accounting, on CPU.
+
+The workload mixes staggered arrivals, adapters, greedy with logprobs, seeded sampling,
+stop tokens and stop strings that hit mid-batch (chosen from an unstopped reference run so
+they really fire), max_tokens, an abort while a step is in flight, and a KV pool small
+enough to preempt. Both runs use the same engine; only `async_scheduling` differs. The
+second variant runs decode steps through `CudaGraphRunner`'s static buffers (eagerly on
+CPU) so the staging + device-to-device input-id path is exercised too.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+import torch
+from tokenizers import Tokenizer as HFTokenizer
+from tokenizers.models import WordLevel
+
+from dataplane.artifacts import read_base_abi
+from dataplane.core import SamplingParams
+from dataplane.engine.cuda_graphs import CudaGraphRunner
+from dataplane.engine.engine import Engine, EngineConfig, RequestOutput
+from dataplane.models import load_model
+from dataplane.tokenizer import Tokenizer
+
+VOCAB = 256
+ADAPTERS = ("attn_r4", "all_r8", "mlp_rs2")
+
+
+def _tokenizer() -> Tokenizer:
+    """Token i decodes to a distinct 2-letter word; words are joined by spaces."""
+    words = {f"{chr(97 + i // 26)}{chr(97 + i % 26)}": i for i in range(VOCAB)}
+    return Tokenizer(HFTokenizer(WordLevel(words, unk_token="aa")), special_tokens={},
+                     eos_token_ids=[2], chat_template=None)
+
+
+def _engine(model_dir: Path, adapters: dict[str, Path], *, async_on: bool, graphs: bool,
+            num_kv_blocks: int) -> tuple[Engine, dict[str, object]]:
+    config = EngineConfig(max_num_seqs=4, max_num_batched_tokens=16,
+                          num_kv_blocks=num_kv_blocks, block_size=4, max_slots=3, max_rank=8,
+                          sampler_seed=5, async_scheduling=async_on)
+    abi = read_base_abi(model_dir)
+    model = load_model(model_dir, torch.float32, torch.device("cpu"))
+    engine = Engine(model, config, abi.h_base, abi, _tokenizer())
+    if graphs:
+        engine.runner.graphs = CudaGraphRunner(engine.runner, 4, 64, batch_sizes=(1, 2, 4),
+                                               run_eagerly=True)
+    return engine, {n: engine.register_adapter(p) for n, p in adapters.items()}
+
+
+@dataclass
+class Req:
+    rid: str
+    prompt: list[int]
+    params: SamplingParams
+    adapter: str | None
+    arrive: int  # step() call before which it is added
+
+
+@dataclass
+class Run:
+    finals: dict[str, RequestOutput] = field(default_factory=dict)
+    streamed: dict[str, list[int]] = field(default_factory=dict)
+    text: dict[str, str] = field(default_factory=dict)
+    preemptions: int = 0
+    overlapped: int = 0
+    discarded: int = 0
+
+
+def _drive(engine: Engine, handles: dict[str, object], reqs: list[Req],
+           abort: tuple[str, int] | None) -> Run:
+    run = Run()
+    free_at_start = engine.block_manager.num_free_blocks
+    call = 0
+    while call <= max(r.arrive for r in reqs) or engine.has_unfinished():
+        for r in reqs:
+            if r.arrive == call:
+                engine.add_request(r.rid, r.prompt, r.params,
+                                   handles[r.adapter] if r.adapter else None)  # type: ignore[arg-type]
+        if abort is not None and abort[1] == call:
+            assert engine.abort(abort[0])
+        for out in engine.step():
+            run.streamed.setdefault(out.request_id, []).extend(out.new_token_ids)
+            run.text[out.request_id] = run.text.get(out.request_id, "") + out.new_text
+            if out.finished:
+                run.finals[out.request_id] = out
+        call += 1
+        assert call < 500
+    assert engine.block_manager.num_free_blocks == free_at_start  # no leaked blocks
+    bm = engine.block_manager  # every block still held is an evictable prefix-cache entry
+    assert bm.num_held_blocks == bm.cache.num_evictable
+    run.preemptions, run.overlapped = engine.num_preemptions, engine.num_overlapped_steps
+    run.discarded = engine.num_discarded_rows
+    return run
+
+
+def _workload(stop_token: int, stop_text: str) -> list[Req]:
+    greedy_lp = SamplingParams(temperature=0, max_tokens=12, logprobs=2, ignore_eos=True)
+    seeded = SamplingParams(temperature=0.8, top_k=40, top_p=0.9, seed=77, max_tokens=10,
+                            ignore_eos=True, logprobs=0)
+    return [
+        Req("g0", [5, 17, 33, 9, 100, 7], greedy_lp, "all_r8", 0),
+        Req("s0", [1, 2, 3], seeded, None, 0),
+        Req("stoptok", [9, 9, 9, 31, 200], SamplingParams(
+            temperature=0, max_tokens=12, stop_token_ids=(stop_token,), ignore_eos=True),
+            "attn_r4", 0),
+        Req("short", [60, 61, 62], SamplingParams(temperature=0, max_tokens=2, ignore_eos=True),
+            "mlp_rs2", 1),
+        Req("stopstr", [3, 141, 59, 26], SamplingParams(
+            temperature=0, max_tokens=12, stop=(stop_text,), ignore_eos=True), None, 2),
+        Req("victim", [8, 6, 7, 5, 3, 0, 9], SamplingParams(temperature=0, max_tokens=12,
+                                                            ignore_eos=True), "attn_r4", 2),
+        Req("s1", [42] * 9, SamplingParams(temperature=1.0, seed=3, max_tokens=9,
+                                          ignore_eos=True), "all_r8", 5),
+        Req("late", [250, 1, 4], SamplingParams(temperature=0, max_tokens=6, logprobs=1,
+                                                ignore_eos=True), "mlp_rs2", 7),
+    ]
+
+
+@pytest.mark.parametrize("graphs", [False, True], ids=["eager", "graph-buffers"])
+def test_async_matches_sync(tiny_llama: Path, tiny_adapters: dict[str, Path],
+                            graphs: bool) -> None:
+    # Unstopped greedy reference (sync, roomy pool) to pick stops that fire mid-generation.
+    engine, handles = _engine(tiny_llama, tiny_adapters, async_on=False, graphs=False,
+                              num_kv_blocks=64)
+    probe = _drive(engine, handles, _workload(stop_token=VOCAB + 1, stop_text="\x00"), None)
+    toks = probe.finals["stoptok"].token_ids  # a token first generated at index >= 6
+    stop_token = next(t for i, t in enumerate(toks) if i >= 6 and t not in toks[:i])
+    words = probe.finals["stopstr"].text.split(" ")
+    stop_text = f"{words[8]} {words[9][0]}"  # spans two tokens
+    reqs = _workload(stop_token, stop_text)
+    runs = {}
+    for async_on in (False, True):
+        engine, handles = _engine(tiny_llama, tiny_adapters, async_on=async_on, graphs=graphs,
+                                  num_kv_blocks=12)
+        assert engine.async_scheduling is async_on
+        runs[async_on] = _drive(engine, handles, reqs, abort=("victim", 6))
+        if graphs:
+            assert engine.runner.graphs.replays > 0  # type: ignore[attr-defined]
+    sync, asyn = runs[False], runs[True]
+    # The scenario really exercises what it claims to.
+    assert sync.preemptions > 0 and asyn.preemptions > 0
+    assert asyn.overlapped > 0 and asyn.discarded > 0 and sync.overlapped == 0
+    assert sync.finals["stoptok"].finish_reason == "stop"
+    assert sync.finals["stoptok"].token_ids[-1] == stop_token
+    assert sync.finals["stopstr"].finish_reason == "stop"
+    assert sync.finals["short"].finish_reason == "length"
+    assert "victim" not in sync.finals and "victim" not in asyn.finals
+    assert set(sync.finals) == set(asyn.finals) == {r.rid for r in reqs} - {"victim"}
+    for rid, want in sync.finals.items():
+        got = asyn.finals[rid]
+        assert got.token_ids == want.token_ids, rid
+        assert (got.text, got.finish_reason) == (want.text, want.finish_reason), rid
+        assert asyn.streamed[rid] == list(got.token_ids) and asyn.text[rid] == got.text, rid
+        assert (want.logprobs is None) == (got.logprobs is None), rid
+        for a, b in zip(want.logprobs or (), got.logprobs or (), strict=True):
+            assert a.token_id == b.token_id and [t for t, _ in a.top] == [t for t, _ in b.top]
+            assert a.logprob == pytest.approx(b.logprob, abs=1e-4)
+    # The aborted request streamed a prefix of what it generates when left alone.
+    alone, handles = _engine(tiny_llama, tiny_adapters, async_on=False, graphs=False,
+                             num_kv_blocks=64)
+    victim = next(r for r in reqs if r.rid == "victim")
+    ref = _drive(alone, handles, [Req("victim", victim.prompt, victim.params, victim.adapter,
+                                      0)], None).finals["victim"].token_ids
+    for run in (sync, asyn):
+        part = run.streamed.get("victim", [])
+        assert list(ref[:len(part)]) == part
+
+
+def test_async_config_and_subclass_guard(tiny_llama: Path) -> None:
+    auto, _ = _engine(tiny_llama, {}, async_on=None, graphs=False,  # type: ignore[arg-type]
+                      num_kv_blocks=16)
+    assert auto.async_scheduling is False  # CPU without CUDA graphs: synchronous
+
+    class Observing(Engine):
+        def build_plan(self, out):  # type: ignore[no-untyped-def]
+            return super().build_plan(out)
+
+    abi = read_base_abi(tiny_llama)
+    model = load_model(tiny_llama, torch.float32, torch.device("cpu"))
+    from dataplane.core import InvalidRequest
+
+    with pytest.raises(InvalidRequest, match="async_scheduling"):
+        Observing(model, EngineConfig(max_slots=0, async_scheduling=True), abi.h_base)
+    assert not Observing(model, EngineConfig(max_slots=0), abi.h_base).async_scheduling
+
+
+def test_abort_while_a_step_is_in_flight(tiny_llama: Path) -> None:
+    params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
+    finals = {}
+    for async_on in (False, True):
+        engine, _ = _engine(tiny_llama, {}, async_on=async_on, graphs=False, num_kv_blocks=16)
+        engine.add_request("keep", [5, 6, 7], params)
+        engine.add_request("drop", [8, 9, 10, 11], params)
+        streamed: dict[str, list[int]] = {"keep": [], "drop": []}
+        for _ in range(3):
+            for out in engine.step():
+                streamed[out.request_id].extend(out.new_token_ids)
+        assert (engine._inflight is not None) is async_on  # the next step is running
+        assert engine.abort("drop")
+        while engine.has_unfinished():
+            for out in engine.step():
+                assert out.request_id == "keep"
+                streamed["keep"].extend(out.new_token_ids)
+        assert streamed["drop"] == streamed["drop"][:3] and len(streamed["drop"]) == 3
+        assert engine.block_manager.num_free_blocks == 16
+        finals[async_on] = streamed
+    assert finals[True] == finals[False]
