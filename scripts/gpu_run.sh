@@ -3,6 +3,9 @@
 # one GPU (each benchmark runs alone on it). From the repo root on the GPU host (torch,
 # triton, transformers, peft installed):
 #   OUT=/tmp/gpu-run bash scripts/gpu_run.sh tests kernels coldload decode trace attention
+# and on a 2-GPU host the tensor-parallel sections `tp tptests`.
+# (pytest runs with --import-mode=append: without an editable install, tests/agent would
+# otherwise shadow the `agent` package.)
 # Results: $OUT/<section>.txt (logs), $OUT/<section>/ (JSON); $OUT/sections.txt has the
 # exit status of each section (124 = cut by its time limit).
 set -u
@@ -20,7 +23,7 @@ section() {  # name, time limit (s), command...
 
 for s in "$@"; do
   case $s in
-    tests) section tests 170 python3 -m pytest -n 8 -q -p no:cacheprovider -m gpu \
+    tests) section tests 240 python3 -m pytest -n 14 -q -p no:cacheprovider -m gpu --import-mode=append \
              tests/kernels tests/ops tests/attention/test_gpu.py tests/engine/test_gpu.py \
              tests/engine/test_pool_slots_gpu.py tests/pool/test_cuda_copy.py ;;
     kernels) section kernels 180 python3 bench/lora_kernels.py --tune --no-loop --no-stacked \
@@ -36,6 +39,10 @@ for s in "$@"; do
              --output-max 128 --max-num-seqs 128 --max-batched-tokens 4096 \
              --kv-blocks 8192 --hf-batch 64 --out "$OUT/trace" ;;
     attention) section attention 40 python3 bench/attention.py ;;
+    tp) section tp 350 python3 bench/tp.py --shape 8b --device cuda --tp 1 2 \
+          --adapters 0 16 128 --attention triton --graphs both --out "$OUT/tp" ;;  # 2 GPUs
+    tptests) section tptests 300 python3 -m pytest -q -p no:cacheprovider --noconftest \
+               tests/parallel/test_tp_graphs_gpu.py tests/agent/test_tp_ranks_gpu.py ;;  # 2 GPUs
     *) echo "unknown section $s" >&2; exit 2 ;;
   esac
 done
