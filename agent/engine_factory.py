@@ -2,11 +2,14 @@
 
 :class:`MeteredEngine` observes each step's `BatchPlan` (rows and requests by phase,
 distinct adapters, rank padding) at the point the plan is selected (seed §0x09K
-`iteration_selected`); it changes nothing about execution.
+`iteration_selected`) and fences its launch through the slot backend; it changes nothing
+about execution. Async scheduling follows the engine default: on exactly when CUDA
+graphs are captured (CUDA), synchronous on CPU.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -17,8 +20,7 @@ from agent.metrics import AgentMetrics
 from agent.slot_backends import EngineSlots, PoolSlots, SlotBackend
 from dataplane.artifacts import read_base_abi
 from dataplane.core import BatchPlan
-from dataplane.engine.engine import Engine, EngineConfig, RequestOutput
-from dataplane.engine.scheduler import ScheduleOutput
+from dataplane.engine.engine import Engine, EngineConfig
 from dataplane.models import load_model
 from dataplane.parallel.tp_engine import TPEngine
 from dataplane.pool.errors import StaleGeneration
@@ -26,36 +28,47 @@ from dataplane.pool.faults import FaultInjector
 from dataplane.tokenizer import Tokenizer
 
 
+@dataclass(frozen=True)
+class _Fence:
+    """One launch fenced through a slot backend: `snap` is what its `begin_launch`
+    returned (None when the plan reads no adapter slot); closed by `end_launch(snap)`."""
+
+    slots: SlotBackend
+    snap: Any
+
+
 class MeteredEngine(Engine):
     """`Engine` that reports plan shape to `metrics` and fences each launch through
-    its slot backend (both set by :func:`build_engine`)."""
+    its slot backend (both set by :func:`build_engine`).
+
+    Both through the engine's plan hooks, so the sync and the async loop work alike: a
+    plan's fence opens (`begin_launch`, which refuses stale slot generations) when the
+    plan is launched and closes (`end_launch`, recording the event that marks the plan's
+    last use of its slots) when it is retired — with async scheduling that is after the
+    *next* step was launched, so the pool never reclaims a slot an in-flight plan reads.
+    Every `begin_launch` gets exactly one `end_launch`."""
 
     metrics: AgentMetrics | None = None
     slots: SlotBackend | None = None
     slot_ranks: dict[int, int]
     """slot -> the true (largest) rank of the adapter in it; kept by the engine loop."""
-    _launch: Any = None
 
-    def build_plan(self, out: ScheduleOutput) -> BatchPlan:
-        plan = super().build_plan(out)
+    def on_plan_launched(self, plan: BatchPlan) -> object:
         if self.metrics is not None:
             self._observe(plan)
-        if self.slots is not None:
-            try:
-                self._launch = self.slots.begin_launch(plan.row_slot)
-            except StaleGeneration:  # a handle names a reclaimed slot: refuse the launch
-                if self.metrics is not None:
-                    self.metrics.slot_generation_mismatch.inc()
-                raise
-        return plan
-
-    def step(self) -> list[RequestOutput]:
+        slots = self.slots
+        if slots is None:
+            return None
         try:
-            return super().step()
-        finally:
-            if self.slots is not None and self._launch is not None:
-                self.slots.end_launch(self._launch)
-            self._launch = None
+            return _Fence(slots, slots.begin_launch(plan.row_slot))
+        except StaleGeneration:  # a handle names a reclaimed slot: refuse the launch
+            if self.metrics is not None:
+                self.metrics.slot_generation_mismatch.inc()
+            raise
+
+    def on_plan_retired(self, token: object) -> None:
+        if isinstance(token, _Fence):
+            token.slots.end_launch(token.snap)
 
     def _observe(self, plan: BatchPlan) -> None:
         m = self.metrics
@@ -98,7 +111,8 @@ def _build_tp_engine(settings: AgentSettings, sizes: dict[str, int]) -> MeteredE
 def build_engine(settings: AgentSettings, metrics: AgentMetrics,
                  faults: FaultInjector | None = None) -> MeteredEngine:
     """The agent's engine. `pool` backend: one unified pool of `num_kv_blocks` pages
-    (engine KV block i == pool page i) holding KV blocks and adapter factors."""
+    (engine KV block i == pool page i) holding KV blocks and adapter factors in one device
+    buffer (the engine's KV cache is views of the pool's pages)."""
     sizes = dict(max_slots=settings.max_slots, max_rank=settings.max_rank,
                  num_kv_blocks=settings.num_kv_blocks, block_size=settings.block_size,
                  max_num_seqs=settings.max_num_seqs,
@@ -125,7 +139,7 @@ def build_engine(settings: AgentSettings, metrics: AgentMetrics,
         # graphs are captured after the linears point at the pool's address tables
         config = EngineConfig(**sizes, enable_cuda_graphs=False)  # type: ignore[arg-type]
         engine = MeteredEngine(model, config, abi.h_base, abi, tokenizer,
-                               kv_pages=slots.kv_view)
+                               kv_pages=slots.kv_view, kv_cache=slots.kv_cache)
         slots.attach(engine)
         engine.slots = slots
         engine.capture_cuda_graphs()

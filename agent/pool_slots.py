@@ -2,7 +2,10 @@
 
 One :class:`~dataplane.pool.device_pool.DevicePool` per engine, sized by
 :func:`~dataplane.pool.unified.unified_layout`: ``num_kv_blocks`` pages, engine KV block
-``i`` == pool page ``i`` (see that module for the physical story). The engine draws KV
+``i`` == pool page ``i`` (see that module for the physical story). One device buffer: the
+pool's page storage holds the adapter factors *and* the engine's KV cache
+(:attr:`PoolSlots.kv_cache`, page-major views of the same pages, passed to the engine as
+``kv_cache``). The engine draws KV
 blocks through a reclaiming :class:`~dataplane.pool.kv_view.KvPageView`, so KV growth
 may evict idle adapters, and an adapter load is one
 :func:`~dataplane.pool.transactions.admit` transaction whose admission counts the
@@ -40,7 +43,7 @@ from dataplane.pool.packing import factors_from_modules, pack_adapter
 from dataplane.pool.residency import Residency
 from dataplane.pool.slot_table import LaunchSnapshot, PointerEntry, SlotHandle
 from dataplane.pool.transactions import LoadRequest, admit
-from dataplane.pool.unified import UnifiedLayout, unified_layout
+from dataplane.pool.unified import KV_SPARE_PAGES, UnifiedLayout, kv_cache_on, unified_layout
 
 if TYPE_CHECKING:
     from dataplane.engine.engine import Engine
@@ -57,7 +60,8 @@ class PoolSlots:
     """Adapter slots + KV blocks in one :class:`DevicePool` (see module docstring).
 
     Build with :meth:`for_model` *before* the engine (its ``kv_view`` is the engine's
-    ``kv_pages``), then :meth:`attach` the engine.
+    ``kv_pages``, its ``kv_cache`` the engine's ``kv_cache``), then :meth:`attach` the
+    engine.
     """
 
     def __init__(self, model: LlamaForCausalLM, layout: UnifiedLayout, max_slots: int,
@@ -70,7 +74,10 @@ class PoolSlots:
         self.host = HostTier(host_bytes)
         self.pool = DevicePool(layout.geometry, layout.total_pages, max_slots, self.dtype,
                                model.embed_tokens.weight.device, host_tier=self.host,
-                               faults=faults, rehash_on_load=False, full_audit=False)
+                               faults=faults, rehash_on_load=False, full_audit=False,
+                               spare_pages=KV_SPARE_PAGES)
+        self.kv_cache = kv_cache_on(self.pool.storage, layout)
+        """The engine's KV cache: views of the pool's pages (KV block i is page i)."""
         self.kv_view = KvPageView(self.pool, reclaim=True)
         self.kv_view.on_evict.append(self._notify_evicted)
         cfg = model.config
@@ -101,6 +108,8 @@ class PoolSlots:
         """Point every LoRA linear of `engine` at the pool's address tables."""
         if engine.block_manager.pool is not self.kv_view:
             raise ValueError("the engine must draw its KV blocks from this pool's kv_view")
+        if engine.runner.cache is not self.kv_cache:
+            raise ValueError("the engine's KV cache must be this pool's kv_cache")
         self._engine = engine
         for layer, attr, linear in self.model.lora_linears():
             linear.attach_factors(_PoolFactors(self.tables.weights(layer, attr)))

@@ -9,6 +9,8 @@ caller's fused RoPE kernel did), then
 - all decode rows at once: each row attends to its own cached keys, either through the
   Triton paged kernel (K/V read in place, CUDA) or a padded gather + SDPA (torch path).
 Masks come from `AttentionMetadata` (built once per step). GQA through `enable_gqa`.
+Either KV layout of `PagedKVCache` (private flat slots or page-major pool views) works:
+slots are turned into addresses by `kv_cache.gather_slots` / the kernels' block strides.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from dataplane.attention.kv_cache import PagedKVCache
+from dataplane.attention.kv_cache import PagedKVCache, gather_slots
 from dataplane.attention.metadata import AttentionMetadata
 
 
@@ -41,7 +43,7 @@ def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: in
         if seg.fresh:
             ks, vs = k[seg.start:seg.end], v[seg.start:seg.end]
         else:
-            ks, vs = k_all[seg.key_slots], v_all[seg.key_slots]
+            ks, vs = gather_slots(k_all, seg.key_slots), gather_slots(v_all, seg.key_slots)
         mask = seg.masks.get(window)
         res = F.scaled_dot_product_attention(
             qs.transpose(0, 1)[None], ks.transpose(0, 1)[None], vs.transpose(0, 1)[None],
@@ -59,7 +61,8 @@ def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: in
         if meta.decode.key_slots is None or meta.decode.masks is None:
             raise ValueError("torch decode path needs gathered key slots and masks")
         slots = meta.decode.key_slots  # [D, L]
-        out[meta.doff:] = grouped_decode(q[meta.doff:], k_all[slots], v_all[slots],
+        out[meta.doff:] = grouped_decode(q[meta.doff:], gather_slots(k_all, slots),
+                                         gather_slots(v_all, slots),
                                          meta.decode.masks[window], scale)
     return out
 

@@ -11,7 +11,8 @@ shape serves every context length (CUDA-graph friendly: shapes depend on D only)
 
 Contract:
     q            [D, Hq, Dh]        (RoPE applied; fp16/bf16/fp32)
-    k_cache/v_cache [S, Hkv, Dh]    flat KV slots (block_id * block_size + offset)
+    k_cache/v_cache [S, Hkv, Dh]    flat KV slots (block_id * block_size + offset), or
+                    [B, block_size, Hkv, Dh] blocked, any block stride (page-major pools)
     block_tables [D, max_blocks]    int32/int64 block ids
     context_lens [D]                keys visible to each row = positions [0, context_lens)
     positions    [D]                query position (context_lens - 1 for a decode row)
@@ -27,16 +28,19 @@ import torch
 import triton
 import triton.language as tl
 
+from dataplane.attention.kv_cache import KVCacheLayoutError, is_blocked, kv_strides
+
 
 @triton.jit
 def _paged_decode_kernel(
     q_ptr, k_ptr, v_ptr, bt_ptr, lens_ptr, pos_ptr, out_ptr,
     stride_qd, stride_qh, stride_ks, stride_kh, stride_vs, stride_vh,
     stride_btd, stride_od, stride_oh,
-    scale, window,
+    scale, window, stride_kb, stride_vb,
     GROUP: tl.constexpr, G_PAD: tl.constexpr, HEAD_DIM: tl.constexpr,
     D_PAD: tl.constexpr, BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr,
     USE_WINDOW: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr,
+    BLOCKED: tl.constexpr,
 ):
     row = tl.program_id(0)
     kvh = tl.program_id(1)
@@ -65,9 +69,15 @@ def _paged_decode_kernel(
         if USE_WINDOW:
             valid = valid & (pos - n < window)
         block = tl.load(bt_ptr + row * stride_btd + n // BLOCK_SIZE, mask=n < ctx, other=0)
-        slot = block.to(tl.int64) * BLOCK_SIZE + (n % BLOCK_SIZE)
+        if BLOCKED:  # block stride != BLOCK_SIZE * token stride (page-major pool views)
+            k_off = block.to(tl.int64) * stride_kb + (n % BLOCK_SIZE) * stride_ks
+            v_off = block.to(tl.int64) * stride_vb + (n % BLOCK_SIZE) * stride_vs
+        else:
+            slot = block.to(tl.int64) * BLOCK_SIZE + (n % BLOCK_SIZE)
+            k_off = slot * stride_ks
+            v_off = slot * stride_vs
         kv_mask = valid[:, None] & d_ok[None, :]
-        k = tl.load(k_ptr + slot[:, None] * stride_ks + kvh * stride_kh + d[None, :],
+        k = tl.load(k_ptr + k_off[:, None] + kvh * stride_kh + d[None, :],
                     mask=kv_mask, other=0.0)
         if UPCAST:
             k = k.to(tl.float32)
@@ -77,7 +87,7 @@ def _paged_decode_kernel(
         alpha = tl.exp(m_i - m_new)
         p = tl.exp(s - m_new[:, None])
         l_i = l_i * alpha + tl.sum(p, axis=1)
-        v = tl.load(v_ptr + slot[:, None] * stride_vs + kvh * stride_vh + d[None, :],
+        v = tl.load(v_ptr + v_off[:, None] + kvh * stride_vh + d[None, :],
                     mask=kv_mask, other=0.0)
         if UPCAST:
             v = v.to(tl.float32)
@@ -96,9 +106,14 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     """See the module docstring. Every row must have context_lens >= 1. `out` (optional,
     [D, Hq, Dh] in q's dtype, unit inner stride) receives the result in place."""
     rows, heads, head_dim = q.shape
-    kv_heads = k_cache.shape[1]
-    if heads % kv_heads or k_cache.shape[2] != head_dim or q.stride(2) != 1 \
-            or k_cache.stride(2) != 1 or v_cache.stride(2) != 1 or block_tables.dim() != 2 \
+    kv_heads, cache_dim = k_cache.shape[-2], k_cache.shape[-1]
+    try:
+        kb, ks, kh = kv_strides(k_cache, block_size)
+        vb, vs, vh = kv_strides(v_cache, block_size)
+    except KVCacheLayoutError as exc:
+        raise ValueError(f"paged_decode_attention: {exc}") from exc
+    if heads % kv_heads or cache_dim != head_dim or q.stride(2) != 1 \
+            or v_cache.shape != k_cache.shape or block_tables.dim() != 2 \
             or block_tables.shape[0] != rows or block_tables.stride(1) != 1:
         raise ValueError("paged_decode_attention: inconsistent shapes or strides")
     group = heads // kv_heads
@@ -112,13 +127,13 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
         return out
     _paged_decode_kernel[(rows, kv_heads)](
         q, k_cache, v_cache, block_tables, context_lens, positions, out,
-        q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1),
-        v_cache.stride(0), v_cache.stride(1), block_tables.stride(0),
-        out.stride(0), out.stride(1), scale, window or 0,
+        q.stride(0), q.stride(1), ks, kh, vs, vh, block_tables.stride(0),
+        out.stride(0), out.stride(1), scale, window or 0, kb, vb,
         GROUP=group, G_PAD=max(16, triton.next_power_of_2(group)), HEAD_DIM=head_dim,
         D_PAD=max(16, triton.next_power_of_2(head_dim)), BLOCK_SIZE=block_size,
         BLOCK_N=32, USE_WINDOW=window is not None,
         PRECISION="ieee" if q.dtype == torch.float32 or interpreting else "tf32",
         UPCAST=interpreting and q.dtype == torch.bfloat16,
+        BLOCKED=is_blocked(k_cache),
     )
     return out

@@ -19,7 +19,8 @@ request. No host sync, no K/V gather copy, no GQA repeat.
 
 Contract (`varlen_prefill_attention`):
     q            [T, Hq, Dh]      packed rows (RoPE applied); prefill rows are [0, indptr[-1])
-    k_cache/v_cache [S, Hkv, Dh]  flat KV slots (block_id * block_size + offset), already
+    k_cache/v_cache [S, Hkv, Dh]  flat KV slots (block_id * block_size + offset), or
+                  [B, block_size, Hkv, Dh] blocked with any block stride (page-major pools),
                                   holding every key of every prefill request incl. this step's
     batch        PrefillBatch     (metadata.py): indptr, context lens, block tables, tile map
     window       sliding window (key kept iff q_pos - k_pos < window) or None
@@ -34,6 +35,7 @@ import torch
 import triton
 import triton.language as tl
 
+from dataplane.attention.kv_cache import KVCacheLayoutError, is_blocked, kv_strides
 from dataplane.attention.metadata import PrefillBatch
 
 LOG2E = 1.4426950408889634
@@ -42,9 +44,9 @@ LOG2E = 1.4426950408889634
 @triton.jit
 def _attend(acc, m_i, l_i, q, k_ptr, v_ptr, bt_row_ptr, kvh, n0, q_pos, hi,
             stride_ks, stride_kh, stride_vs, stride_vh, qk_scale, window,
-            d, d_ok, BLOCK_N: tl.constexpr, BLOCK_SIZE: tl.constexpr, EVEN_D: tl.constexpr,
-            CAUSAL: tl.constexpr, USE_WINDOW: tl.constexpr, PRECISION: tl.constexpr,
-            UPCAST: tl.constexpr):
+            d, d_ok, stride_kb, stride_vb, BLOCK_N: tl.constexpr, BLOCK_SIZE: tl.constexpr,
+            EVEN_D: tl.constexpr, CAUSAL: tl.constexpr, USE_WINDOW: tl.constexpr,
+            PRECISION: tl.constexpr, UPCAST: tl.constexpr, BLOCKED: tl.constexpr):
     """One key tile [n0, n0 + BLOCK_N) of the online softmax; returns (acc, m_i, l_i)."""
     n = n0 + tl.arange(0, BLOCK_N)
     n_ok = n < hi
@@ -52,9 +54,15 @@ def _attend(acc, m_i, l_i, q, k_ptr, v_ptr, bt_row_ptr, kvh, n0, q_pos, hi,
         block = tl.load(bt_row_ptr + n // BLOCK_SIZE, mask=n_ok, other=0)
     else:  # every key of an off-diagonal tile exists
         block = tl.load(bt_row_ptr + n // BLOCK_SIZE)
-    slot = block.to(tl.int64) * BLOCK_SIZE + (n % BLOCK_SIZE)
-    k_ptrs = k_ptr + slot[:, None] * stride_ks + kvh * stride_kh + d[None, :]
-    v_ptrs = v_ptr + slot[:, None] * stride_vs + kvh * stride_vh + d[None, :]
+    if BLOCKED:  # block stride != BLOCK_SIZE * token stride (page-major pool views)
+        k_off = block.to(tl.int64) * stride_kb + (n % BLOCK_SIZE) * stride_ks
+        v_off = block.to(tl.int64) * stride_vb + (n % BLOCK_SIZE) * stride_vs
+    else:
+        slot = block.to(tl.int64) * BLOCK_SIZE + (n % BLOCK_SIZE)
+        k_off = slot * stride_ks
+        v_off = slot * stride_vs
+    k_ptrs = k_ptr + k_off[:, None] + kvh * stride_kh + d[None, :]
+    v_ptrs = v_ptr + v_off[:, None] + kvh * stride_vh + d[None, :]
     if CAUSAL or not EVEN_D:
         kv_mask = n_ok[:, None] & d_ok[None, :]
         k = tl.load(k_ptrs, mask=kv_mask, other=0.0)
@@ -87,10 +95,11 @@ def _attend(acc, m_i, l_i, q, k_ptr, v_ptr, bt_row_ptr, kvh, n0, q_pos, hi,
 def _varlen_prefill_kernel(
     q_ptr, k_ptr, v_ptr, out_ptr, indptr_ptr, ctx_ptr, bt_ptr, tile_req_ptr, tile_row_ptr,
     stride_qt, stride_qh, stride_ks, stride_kh, stride_vs, stride_vh, stride_ot, stride_oh,
-    stride_bt, qk_scale, window,
+    stride_bt, qk_scale, window, stride_kb, stride_vb,
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, EVEN_D: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_SIZE: tl.constexpr,
     USE_WINDOW: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr,
+    BLOCKED: tl.constexpr,
 ):
     head = tl.program_id(0)
     tile = tl.program_id(1)
@@ -124,13 +133,13 @@ def _varlen_prefill_kernel(
     for n0 in range(lo, diag, BLOCK_N):
         acc, m_i, l_i = _attend(acc, m_i, l_i, q, k_ptr, v_ptr, bt_row_ptr, kvh, n0, q_pos,
                                 hi, stride_ks, stride_kh, stride_vs, stride_vh, qk_scale,
-                                window, d, d_ok, BLOCK_N, BLOCK_SIZE, EVEN_D, False, USE_WINDOW,
-                                PRECISION, UPCAST)
+                                window, d, d_ok, stride_kb, stride_vb, BLOCK_N, BLOCK_SIZE,
+                                EVEN_D, False, USE_WINDOW, PRECISION, UPCAST, BLOCKED)
     for n0 in range(tl.maximum(lo, diag), hi, BLOCK_N):
         acc, m_i, l_i = _attend(acc, m_i, l_i, q, k_ptr, v_ptr, bt_row_ptr, kvh, n0, q_pos,
                                 hi, stride_ks, stride_kh, stride_vs, stride_vh, qk_scale,
-                                window, d, d_ok, BLOCK_N, BLOCK_SIZE, EVEN_D, True, USE_WINDOW,
-                                PRECISION, UPCAST)
+                                window, d, d_ok, stride_kb, stride_vb, BLOCK_N, BLOCK_SIZE,
+                                EVEN_D, True, USE_WINDOW, PRECISION, UPCAST, BLOCKED)
     out = acc / l_i[:, None]
     tl.store(out_ptr + rows[:, None] * stride_ot + head * stride_oh + d[None, :],
              out.to(out_ptr.dtype.element_ty), mask=io_mask)
@@ -148,9 +157,14 @@ def varlen_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: to
     """See the module docstring. `block_n` / `num_warps` / `num_stages` override the launch
     configuration (benchmarks); BLOCK_M is `batch.block_m` (the tile map is built for it)."""
     heads, head_dim = q.shape[1], q.shape[2]
-    kv_heads = k_cache.shape[1]
-    if heads % kv_heads or k_cache.shape[2] != head_dim or v_cache.shape != k_cache.shape \
-            or q.stride(2) != 1 or k_cache.stride(2) != 1 or v_cache.stride(2) != 1 \
+    kv_heads = k_cache.shape[-2]
+    try:
+        kb, ks, kh = kv_strides(k_cache, block_size)
+        vb, vs, vh = kv_strides(v_cache, block_size)
+    except KVCacheLayoutError as exc:
+        raise ValueError(f"varlen_prefill_attention: {exc}") from exc
+    if heads % kv_heads or k_cache.shape[-1] != head_dim or v_cache.shape != k_cache.shape \
+            or q.stride(2) != 1 \
             or batch.block_tables.stride(1) != 1 or q.shape[0] < batch.num_rows:
         raise ValueError("varlen_prefill_attention: inconsistent shapes or strides")
     if out is None:
@@ -171,15 +185,14 @@ def varlen_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: to
     _varlen_prefill_kernel[(heads, batch.num_tiles)](
         q, k_cache, v_cache, out, batch.indptr, batch.context_lens, batch.block_tables,
         batch.tile_request, batch.tile_row,
-        q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1),
-        v_cache.stride(0), v_cache.stride(1), out.stride(0), out.stride(1),
-        batch.block_tables.stride(0), scale * LOG2E, window or 0,
+        q.stride(0), q.stride(1), ks, kh, vs, vh, out.stride(0), out.stride(1),
+        batch.block_tables.stride(0), scale * LOG2E, window or 0, kb, vb,
         GROUP=heads // kv_heads, HEAD_DIM=head_dim, D_PAD=d_pad, EVEN_D=d_pad == head_dim,
         BLOCK_M=batch.block_m, BLOCK_N=block_n, BLOCK_SIZE=block_size,
         USE_WINDOW=window is not None,
         PRECISION="ieee" if q.dtype == torch.float32 or interpreting else "tf32",
         # Triton's CPU interpreter computes bf16 dots wrongly: upcast there (tests only).
-        UPCAST=interpreting and q.dtype == torch.bfloat16,
+        UPCAST=interpreting and q.dtype == torch.bfloat16, BLOCKED=is_blocked(k_cache),
         num_warps=num_warps, num_stages=num_stages,
     )
     return out

@@ -15,11 +15,19 @@ its blocks were freed when it finished; the row's K/V write lands in such a free
 but every later writer or reader of that block is device work enqueued after N+1 on the
 same stream, so the write is harmless. Requests that N finishes by length are known and
 get no row.
+
+Plan hooks (`Engine.on_plan_launched` / `on_plan_retired`): a launched step's plan is
+retired once its tokens are applied, or when it is dropped (no live rows: every request
+finished or was aborted), always after its forward and sampling were enqueued — so a
+device event recorded in `on_plan_retired` marks the end of the plan's device work. In
+the async loop two plans are open inside a `step()` call (N+1 launched before N is
+applied) and N+1 stays open across it; retirement follows launch order.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 
 from dataplane.core import BatchPlan, SequenceStatus
 from dataplane.engine.deferred import DeferredTokens
@@ -29,10 +37,36 @@ from dataplane.sampling.sampler import PendingSample
 
 @dataclass
 class Launched:
-    """A step whose forward and sampling are enqueued; its tokens are in `pending`."""
+    """A step whose forward and sampling are enqueued; its tokens are in `pending`.
+
+    `token` is what `Engine.on_plan_launched` returned for its plan; :func:`retire`
+    hands it to `on_plan_retired` exactly once (`retired` records that), followed by
+    `after`: tokens of continuation plans whose launch raised, retired right after this
+    step so that retirement stays in launch order."""
 
     out: ScheduleOutput
     pending: PendingSample
+    token: object = None
+    retired: bool = False
+    after: list[object] = field(default_factory=list)
+
+
+def retire(step: Launched, on_retired: Callable[[object], None]) -> None:
+    """`on_retired(token)` for `step`, then for its `after` tokens (launch order); at most
+    once per step, and every token is handed over even when an earlier call raises."""
+    if step.retired:
+        return
+    step.retired = True
+    tokens, step.after = [step.token, *step.after], []
+    _each(tokens, on_retired)
+
+
+def _each(tokens: list[object], fn: Callable[[object], None]) -> None:
+    if tokens:
+        try:
+            fn(tokens[0])
+        finally:
+            _each(tokens[1:], fn)
 
 
 def has_live_rows(step: Launched) -> bool:

@@ -24,6 +24,7 @@ from pathlib import Path
 import torch
 
 from dataplane.artifacts import BaseModelABI, read_base_abi
+from dataplane.attention.kv_cache import PagedKVCache
 from dataplane.core import (
     BatchPlan,
     EngineError,
@@ -39,7 +40,7 @@ from dataplane.engine.adapters import (
     LoadedAdapter,
     load_peft_adapter,
 )
-from dataplane.engine.async_steps import Launched, deferred_inputs, has_live_rows
+from dataplane.engine.async_steps import Launched, deferred_inputs, has_live_rows, retire
 from dataplane.engine.model_runner import ModelRunner
 from dataplane.engine.scheduler import ScheduleOutput, Scheduler, SchedulerConfig
 from dataplane.kvcache import BlockManager, CacheABI, FreeListPagePool
@@ -116,12 +117,15 @@ class Engine:
 
     def __init__(self, model: LlamaForCausalLM, config: EngineConfig, base_digest: str,
                  base_abi: BaseModelABI | None = None, tokenizer: Tokenizer | None = None,
-                 kv_pages: PagePool | None = None) -> None:
+                 kv_pages: PagePool | None = None, kv_cache: PagedKVCache | None = None
+                 ) -> None:
         """`base_digest` is H_base (keys the prefix cache); `base_abi` validates PEFT dirs
         (None: only pre-loaded adapters via `register_loaded_adapter`). `kv_pages` is where
         KV blocks come from (None: a private free list of `num_kv_blocks`; the agent passes
         its unified pool's KV view, whose page ids must index this engine's KV cache, so it
-        must hold no more than `num_kv_blocks` pages)."""
+        must hold no more than `num_kv_blocks` pages). `kv_cache` is the KV storage (None: a
+        private one; the agent passes page-major views of its unified pool, so KV block i's
+        bytes are pool page i's — one buffer for KV and adapters)."""
         self.config = config
         self.base_abi = base_abi
         self.model = model
@@ -134,7 +138,7 @@ class Engine:
                                   max_slots=config.max_slots, max_rank=config.max_rank,
                                   lora_backend=config.lora_backend,
                                   attention_backend=config.attention_backend,
-                                  ops_backend=config.ops_backend)
+                                  ops_backend=config.ops_backend, kv_cache=kv_cache)
         self.adapters = AdapterRegistry(self.runner)
         kv_dtype = str(model.dtype).removeprefix("torch.")
         self.block_manager = BlockManager(
@@ -159,17 +163,19 @@ class Engine:
         """True when the last step() found nothing to schedule."""
         self.num_preemptions = 0
         """Requests preempted (by recompute) so far: a counter for tests and metrics."""
-        if config.enable_cuda_graphs:
-            self.capture_cuda_graphs()
         # Plans built for a continuation carry placeholder input ids, so a subclass that
-        # observes or ships plans (build_plan overridden: TP leader, agent metering)
-        # keeps the synchronous loop unless it is written for async steps.
+        # ships plans (build_plan overridden: the TP leader) keeps the synchronous loop.
+        # Observers and launch fences use on_plan_launched / on_plan_retired instead,
+        # which both loops call (agent metering).
         plain = type(self).build_plan is Engine.build_plan
         if config.async_scheduling and not plain:
             raise InvalidRequest("async_scheduling is not supported by "
                                  f"{type(self).__name__} (it overrides build_plan)")
-        self.async_scheduling = plain and (config.async_scheduling if config.async_scheduling
-                                           is not None else self.runner.graphs is not None)
+        self._async_allowed = plain
+        self.async_scheduling = bool(plain and config.async_scheduling)
+        """Decided here and again when CUDA graphs are captured (None: on with graphs)."""
+        if config.enable_cuda_graphs:
+            self.capture_cuda_graphs()
         self._inflight: Launched | None = None
         """The launched step whose tokens are not applied yet (async scheduling only)."""
         self.num_overlapped_steps = 0
@@ -182,17 +188,20 @@ class Engine:
         `enable_cuda_graphs`). An owner that re-points the LoRA linears at other factor
         tables (the agent's unified pool) builds the engine with graphs off, attaches, then
         calls this: graphs record the tables' addresses, whose contents change in place.
-        Returns False (nothing captured) off CUDA or when the LoRA path is not graph-safe."""
+        Returns False (nothing captured) off CUDA or when the LoRA path is not graph-safe.
+        With `async_scheduling=None` a capture turns async scheduling on (call it before
+        the first step)."""
         if self.model.embed_tokens.weight.device.type != "cuda" or not self.runner.graph_safe:
             return False
-        if self.runner.graphs is not None:
-            return True
-        from dataplane.engine.cuda_graphs import CudaGraphRunner
+        if self.runner.graphs is None:
+            from dataplane.engine.cuda_graphs import CudaGraphRunner
 
-        graphs = CudaGraphRunner(self.runner, self.config.max_num_seqs,
-                                 min(self.max_model_len, self.config.max_graph_context))
-        graphs.capture_all()
-        self.runner.graphs = graphs
+            graphs = CudaGraphRunner(self.runner, self.config.max_num_seqs,
+                                     min(self.max_model_len, self.config.max_graph_context))
+            graphs.capture_all()
+            self.runner.graphs = graphs
+        if self.config.async_scheduling is None and self._async_allowed:
+            self.async_scheduling = True
         return True
 
     @classmethod
@@ -262,10 +271,43 @@ class Engine:
             return False
         self._seqs.pop(request_id, None)
         self._logprobs.pop(request_id, None)
+        if self._inflight is not None and not has_live_rows(self._inflight):
+            self._drop_inflight()  # nothing left to apply: retire its plan now, not later
         return True
 
     def has_unfinished(self) -> bool:
         return self.scheduler.has_unfinished()
+
+    # ----- plan hooks ------------------------------------------------------------------
+    def on_plan_launched(self, plan: BatchPlan) -> object:
+        """Hook for plan observers and launch fences (both loops, sync and async).
+
+        Called once per plan, after it is built and before its forward is enqueued
+        (continuation plans too, whose decode input ids are still placeholders). The
+        returned token goes to :meth:`on_plan_retired`. Raising refuses the launch:
+        nothing is enqueued and no retire follows. Default: nothing (None)."""
+        return None
+
+    def on_plan_retired(self, token: object) -> None:
+        """Hook: the plan that :meth:`on_plan_launched` returned `token` for is done.
+
+        Called exactly once per token that `on_plan_launched` returned, in launch order,
+        after the plan's forward and sampling were enqueued (or their launch raised) and
+        either its tokens reached the host and were applied, or its rows were discarded
+        (every request finished or was aborted) — also when the step raised. Device work
+        of the plan is complete, or enqueued before anything recorded on the current
+        stream now (e.g. a CUDA event marking the plan's last use of adapter slots)."""
+        return None
+
+    def _retire(self, step: Launched) -> None:
+        """on_plan_retired for `step`, then for its failed followers; at most once."""
+        retire(step, self.on_plan_retired)
+
+    def _drop_inflight(self) -> None:
+        """Forget the in-flight step (its results are not needed) and retire its plan."""
+        step, self._inflight = self._inflight, None
+        if step is not None:
+            self._retire(step)
 
     # ----- stepping -------------------------------------------------------------------
     def build_plan(self, out: ScheduleOutput) -> BatchPlan:
@@ -284,7 +326,8 @@ class Engine:
             return [] if launched is None else self._finish_step(launched, None)
         cur, self._inflight = self._inflight, None
         if cur is not None and not has_live_rows(cur):
-            cur = None  # every request in it finished or was aborted: nothing to apply
+            self._retire(cur)  # every request in it finished or was aborted: nothing to apply
+            cur = None
         if cur is None:
             cur = self._schedule_and_launch()
             if cur is None:
@@ -304,9 +347,18 @@ class Engine:
         plan = self.build_plan(out)
         if [s.request_id for s in out.sampled] != list(plan.sample_request_ids):
             raise InvalidRequest("plan sample order differs from the scheduler's")
-        deferred = None if prev is None else deferred_inputs(plan, out, prev)
-        logits = self.runner.execute(plan, deferred)
-        return Launched(out, self.sampler.launch(logits, out.sampled))
+        token = self.on_plan_launched(plan)
+        try:
+            deferred = None if prev is None else deferred_inputs(plan, out, prev)
+            logits = self.runner.execute(plan, deferred)
+            pending = self.sampler.launch(logits, out.sampled)
+        except BaseException:
+            if prev is None:
+                self.on_plan_retired(token)
+            else:
+                prev.after.append(token)  # retired right after `prev`: launch order
+            raise
+        return Launched(out, pending, token)
 
     def _launch_continuation(self, cur: Launched) -> None:
         """After `cur` is committed and reserved: launch the next step if it is decidable."""
@@ -318,22 +370,32 @@ class Engine:
     def _finish_step(self, cur: Launched, overlap: Callable[[Launched], None] | None
                 ) -> list[RequestOutput]:
         """Commit `cur`, run `overlap` (launch the next step) while it computes, then wait
-        for its tokens, apply them and build the outputs."""
-        self.scheduler.commit_computed(cur.out)
-        self.scheduler.reserve_tokens(cur.out)
-        if overlap is not None:
+        for its tokens, apply them and build the outputs. `cur`'s plan is retired once its
+        tokens are applied, or when this raises."""
+        dropped: Launched | None = None
+        try:
+            self.scheduler.commit_computed(cur.out)
+            self.scheduler.reserve_tokens(cur.out)
+            if overlap is not None:
+                try:
+                    overlap(cur)
+                except Exception:
+                    # `cur` is applied below; the next step re-plans
+                    dropped, self._inflight = self._inflight, None
+                    self.scheduler.apply_tokens(cur.out, cur.pending.result().token_ids)
+                    raise
+            result = cur.pending.result()
+            updates = self.scheduler.apply_tokens(cur.out, result.token_ids)
+        finally:
             try:
-                overlap(cur)
-            except Exception:
-                self._inflight = None  # `cur` is applied below; the next step re-plans
-                self.scheduler.apply_tokens(cur.out, cur.pending.result().token_ids)
-                raise
-        result = cur.pending.result()
-        updates = self.scheduler.apply_tokens(cur.out, result.token_ids)
+                self._retire(cur)
+            finally:
+                if dropped is not None:
+                    self._retire(dropped)
         if self._inflight is not None:
             self.num_discarded_rows += sum(s.is_finished for s in self._inflight.out.decodes)
             if not has_live_rows(self._inflight):
-                self._inflight = None
+                self._drop_inflight()
         by_id = {s.request_id: lp
                  for s, lp in zip(cur.out.sampled, result.logprobs, strict=True)}
         outputs = []

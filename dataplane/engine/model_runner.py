@@ -37,6 +37,9 @@ class ModelRunner:
         ops_backend: fused elementwise ops (dataplane.ops): "auto" (Triton on CUDA, torch
             on CPU), "torch" or "triton" (on CPU only under TRITON_INTERPRET=1, tests);
             None leaves the model's setting.
+        kv_cache: an externally built cache (e.g. page-major views of the agent's unified
+            pool, `PagedKVCache.in_pages`) of exactly this model's geometry, the model's
+            dtype and `num_kv_blocks` x `block_size`; None allocates a private one.
 
     A LoRA linear with a true attribute `owns_lora_tables` (tensor-parallel projections
     holding their own sharded tables) gets no `LoraFactorTable` from the runner and its
@@ -47,14 +50,21 @@ class ModelRunner:
     def __init__(self, model: LlamaForCausalLM, num_kv_blocks: int, block_size: int,
                  max_rows: int, max_slots: int, max_rank: int,
                  lora_backend: str | None = None, attention_backend: str | None = None,
-                 ops_backend: str | None = None) -> None:
+                 ops_backend: str | None = None, kv_cache: PagedKVCache | None = None) -> None:
         self.model = model
         self.config = model.config
         self.device = model.embed_tokens.weight.device
         self.dtype = model.dtype
         c = self.config
-        self.cache = PagedKVCache(c.num_layers, num_kv_blocks, block_size, c.num_kv_heads,
-                                  c.head_dim, self.dtype, self.device)
+        if kv_cache is not None:
+            try:
+                kv_cache.check_geometry(c.num_layers, num_kv_blocks, block_size,
+                                        c.num_kv_heads, c.head_dim, self.dtype, self.device)
+            except ValueError as exc:
+                raise InvalidRequest(str(exc)) from exc
+        self.cache = kv_cache if kv_cache is not None else PagedKVCache(
+            c.num_layers, num_kv_blocks, block_size, c.num_kv_heads, c.head_dim, self.dtype,
+            self.device)
         self.max_rows = max_rows
         self.max_slots = max_slots
         self.max_rank = max_rank

@@ -9,8 +9,10 @@ included, lives in it). HF's rotate_half convention:
 
     x' = [x1 * c - x2 * s, x2 * c + x1 * s]   with x = [x1, x2] split at D/2
 
-k_cache/v_cache [S, Hkv, D] are one layer's flat KV slots; slot_mapping [T] int64 is each
-row's slot (the trash slot for graph padding). Afterwards k_cache[slot[t]] = k'[t] and
+k_cache/v_cache [S, Hkv, D] are one layer's flat KV slots, or [B, block_size, Hkv, D]
+blocked views with any block stride (page-major KV in the agent's unified pool; slot
+s = block s // block_size, offset s % block_size); slot_mapping [T] int64 is each row's
+slot (the trash slot for graph padding). Afterwards k_cache[slot[t]] = k'[t] and
 v_cache[slot[t]] = v[t].
 
 Triton (ops/triton/rotary_kv.py): one program per (row, head) of q and k (grid
@@ -23,6 +25,7 @@ from __future__ import annotations
 
 import torch
 
+from dataplane.attention.kv_cache import write_slots
 from dataplane.ops.backend import use_triton
 
 
@@ -44,8 +47,8 @@ def rope_and_cache(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: torch
     """Rotated (q, k); k and v stored at their KV slots (module docstring)."""
     if not use_triton(q, backend):
         q, k = apply_rotary_torch(q, cos, sin), apply_rotary_torch(k, cos, sin)
-        k_cache.index_copy_(0, slot_mapping, k)
-        v_cache.index_copy_(0, slot_mapping, v)
+        write_slots(k_cache, slot_mapping, k)
+        write_slots(v_cache, slot_mapping, v)
         return q, k
     from dataplane.ops.triton.rotary_kv import rope_and_cache_triton
 

@@ -8,7 +8,9 @@ Layers (seed §0x04–0x05, §0x07F–0x07I, DESIGN.md §5):
   :mod:`slot_table` (slot/pointer generations, pointer-table snapshots, launches),
   :mod:`events`, :mod:`faults`;
 * physical: :mod:`packing` (host page images), :mod:`page_storage` (the pool tensor,
-  side-stream copies), :mod:`kernel_tables` (the kernels' row-address tables),
+  side-stream copies), :mod:`unified` (page size from the KV block; the engine's KV
+  cache as page-major views of the same tensor: one buffer for KV and adapters),
+  :mod:`kernel_tables` (the kernels' row-address tables),
   :mod:`host_tier` (pinned LRU + digest-keyed disk cache);
 * orchestration: :mod:`device_pool` (state + small ops), :mod:`transactions`
   (reserve -> copy -> validate -> publish, compensating rollback), :mod:`leases`

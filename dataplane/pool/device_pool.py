@@ -64,7 +64,9 @@ class SlotListener(Protocol):
 
 
 class DevicePool:
-    """State of one device's unified pool (see module docstring)."""
+    """State of one device's unified pool (see module docstring). ``spare_pages``: storage
+    rows after the last page that no page id names (the KV cache's trash block when the
+    engine's KV lives in this storage, :mod:`dataplane.pool.unified`)."""
 
     def __init__(
         self,
@@ -81,10 +83,11 @@ class DevicePool:
         rehash_on_load: bool = True,
         full_audit: bool = True,
         listeners: Sequence[SlotListener] = (),
+        spare_pages: int = 0,
     ) -> None:
         self.geometry = geometry
         self.pages = PagePool(total_pages)
-        self.storage = PageStorage(geometry, total_pages, dtype, device)
+        self.storage = PageStorage(geometry, total_pages, dtype, device, spare_pages=spare_pages)
         self.slots = SlotTable(num_slots, slot_generations)
         self.launches = LaunchRegistry()
         self.host = host_tier if host_tier is not None else HostTier(1 << 40, pin_memory=False)

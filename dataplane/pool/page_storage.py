@@ -2,7 +2,11 @@
 
 The kernels read adapter rank rows through element offsets into ``flat`` (the same
 tensor viewed 1-D, see ``dataplane.kernels.base.LoraModuleWeights.storage``); the KV
-block manager addresses whole pages. Nothing here copies per step.
+block manager addresses whole pages, and the engine's KV cache is a set of strided views
+of the same memory (``PagedKVCache.in_pages(backing)``, see ``dataplane.pool.unified``):
+KV block ``p`` *is* page ``p``. ``spare_pages`` rows after the last page belong to no
+pool page (the KV cache's trash block lives there); ``backing`` covers them, ``data`` and
+``flat`` do not. Nothing here copies per step.
 
 Copies: on CUDA the host payload (pinned) goes to the device on a side stream that
 first waits for the compute stream, and a recorded event marks completion; on CPU the
@@ -53,15 +57,20 @@ def drop_staging(event: CopyEvent) -> None:
 
 
 class PageStorage:
-    """The pool tensor. ``data[p]`` is page ``p``; ``flat`` is the same memory 1-D."""
+    """The pool tensor. ``data[p]`` is page ``p``; ``flat`` is the same memory 1-D;
+    ``backing [total_pages + spare_pages, page_elems]`` is the whole allocation."""
 
     def __init__(self, geometry: PageGeometry, total_pages: int, dtype: torch.dtype,
-                 device: torch.device | str = "cpu") -> None:
+                 device: torch.device | str = "cpu", *, spare_pages: int = 0) -> None:
         if torch.tensor([], dtype=dtype).element_size() != geometry.elem_bytes:
             raise ValidationFailed(f"dtype {dtype} is not {geometry.elem_bytes} bytes")
+        if isinstance(spare_pages, bool) or not isinstance(spare_pages, int) or spare_pages < 0:
+            raise ValidationFailed(f"spare_pages must be an int >= 0, got {spare_pages!r}")
         self.geometry = geometry
         self.device = torch.device(device)
-        self.data = torch.zeros(total_pages, geometry.page_elems, dtype=dtype, device=self.device)
+        self.backing = torch.zeros(total_pages + spare_pages, geometry.page_elems, dtype=dtype,
+                                   device=self.device)
+        self.data = self.backing[:total_pages]
         self.flat = self.data.view(-1)
         self._copy_stream = (torch.cuda.Stream(device=self.device)
                              if self.device.type == "cuda" else None)

@@ -1,6 +1,6 @@
-"""Sizing of the unified pool that serves both KV blocks and adapter factor pages.
+"""The unified pool that serves both KV blocks and adapter factor pages: sizing and the KV view.
 
-Physical story (the simplest honest design; DESIGN §5, S-LoRA unified paging):
+Physical story (DESIGN §5, S-LoRA unified paging):
 
 * **One page-id space.** The pool has ``N`` pages, ids ``[0, N)``. The engine is built
   with ``num_kv_blocks == N`` and draws KV blocks through
@@ -17,22 +17,49 @@ Physical story (the simplest honest design; DESIGN §5, S-LoRA unified paging):
   whenever a KV block is at least one factor row wide (true for every real model: an 8B
   Llama block of 16 tokens is 1 Mi elements, its widest row 14336), and one page holds
   ``floor(page_elems / width)`` rank rows of an adapter.
-* **Two backing planes (what is not unified yet).** The KV bytes of page ``i`` live in the
-  runner's layer-major ``PagedKVCache`` (owned by ``dataplane.attention``); the adapter
-  bytes of page ``i`` live in :class:`~dataplane.pool.page_storage.PageStorage`. Both are
-  allocated for all ``N`` ids, so the device holds ``N * (kv_block_bytes + page_bytes)``
-  bytes while the admission arithmetic counts ``N`` pages. Folding the planes into one
-  buffer needs ``PagedKVCache`` to accept an external page-major buffer (its layout is
-  layer-major, so a KV block is not one contiguous run today): that is a change in
-  ``dataplane.attention``, not here. :func:`device_bytes` reports both planes.
+* **One buffer.** The pool's :class:`~dataplane.pool.page_storage.PageStorage` is the
+  only allocation: ``[N + 1, page_elems]`` in the model dtype. Adapter factor rows are
+  packed into pages of class adapter (transactions copy whole pages); the engine's
+  ``PagedKVCache`` is built by :func:`kv_cache_on` as strided views of the same memory,
+  page-major: page ``p`` holds ``[layers][2 (K, V)][block_size][kv_heads][head_dim]`` in
+  its first ``kv_block_elems`` elements, so layer ``l``'s K cache is a view
+  ``[N + 1, block_size, kv_heads, head_dim]`` with ``stride(0) == page_elems``. Writing a
+  request's KV therefore changes exactly the bytes of its KV pages and nothing else; an
+  adapter copy writes only pages the ledger gave to that load (never a KV page). Row
+  ``N`` is a spare row outside the page-id space: the KV cache's trash block (graph
+  padding rows write there). Device bytes: ``(N + 1) * page_bytes``.
+
+Ordering on CUDA: an adapter copy runs on a side stream that first waits for the compute
+stream (so KV reads/writes of a page's previous owner, enqueued before, finish first);
+a page leaves an adapter only after its last-use and copy events completed (eviction
+eligibility), and KV writes to it are enqueued after that on the compute stream.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from dataplane.attention.kv_cache import PagedKVCache
 from dataplane.pool.errors import LayoutError
 from dataplane.pool.page_demand import PageGeometry
+from dataplane.pool.page_storage import PageStorage
+
+KV_SPARE_PAGES = 1
+"""Storage rows after the ``N`` pool pages: the KV cache's trash block."""
+
+
+@dataclass(frozen=True)
+class KvDims:
+    """Shape of one KV block: K and V of ``block_size`` tokens in every layer."""
+
+    num_layers: int
+    block_size: int
+    num_kv_heads: int
+    head_dim: int
+
+    @property
+    def block_elems(self) -> int:
+        return 2 * self.num_layers * self.block_size * self.num_kv_heads * self.head_dim
 
 
 @dataclass(frozen=True)
@@ -41,16 +68,20 @@ class UnifiedLayout:
 
     geometry: PageGeometry
     total_pages: int
-    kv_block_elems: int
+    kv: KvDims
+
+    @property
+    def kv_block_elems(self) -> int:
+        return self.kv.block_elems
 
     @property
     def kv_block_bytes(self) -> int:
         return self.kv_block_elems * self.geometry.elem_bytes
 
     def device_bytes(self) -> dict[str, int]:
-        """Bytes of each backing plane (both are allocated for every page id)."""
-        return {"kv_plane": self.total_pages * self.kv_block_bytes,
-                "adapter_plane": self.total_pages * self.geometry.page_bytes}
+        """Bytes of the one device buffer: ``pages`` (the pool) and ``spare`` (trash block)."""
+        return {"pages": self.total_pages * self.geometry.page_bytes,
+                "spare": KV_SPARE_PAGES * self.geometry.page_bytes}
 
 
 def kv_block_elems(num_layers: int, block_size: int, num_kv_heads: int, head_dim: int) -> int:
@@ -58,7 +89,11 @@ def kv_block_elems(num_layers: int, block_size: int, num_kv_heads: int, head_dim
     dims = (num_layers, block_size, num_kv_heads, head_dim)
     if any(isinstance(d, bool) or not isinstance(d, int) or d < 1 for d in dims):
         raise LayoutError(f"bad KV dims {dims}")
-    return 2 * num_layers * block_size * num_kv_heads * head_dim
+    return KvDims(*dims).block_elems
+
+
+PAGE_ELEM_ALIGN = 16
+"""Page size is rounded up to this many elements (see `unified_layout`)."""
 
 
 def unified_layout(total_pages: int, *, num_layers: int, block_size: int, num_kv_heads: int,
@@ -69,4 +104,26 @@ def unified_layout(total_pages: int, *, num_layers: int, block_size: int, num_kv
     if widest_row < 1:
         raise LayoutError(f"widest factor row must be >= 1, got {widest_row}")
     kv = kv_block_elems(num_layers, block_size, num_kv_heads, head_dim)
-    return UnifiedLayout(PageGeometry(max(kv, widest_row), elem_bytes), total_pages, kv)
+    # A multiple of 16 elements: the page stride is the KV cache's block stride, and the
+    # Triton kernels only vectorise (cp.async, 16-byte loads) when it is 16-divisible.
+    page_elems = -(-max(kv, widest_row) // PAGE_ELEM_ALIGN) * PAGE_ELEM_ALIGN
+    return UnifiedLayout(PageGeometry(page_elems, elem_bytes), total_pages,
+                         KvDims(num_layers, block_size, num_kv_heads, head_dim))
+
+
+def kv_cache_on(storage: PageStorage, layout: UnifiedLayout) -> PagedKVCache:
+    """The engine's KV cache as page-major views of ``storage`` (allocates nothing).
+
+    ``storage`` must have ``layout``'s geometry, ``layout.total_pages`` pages and at least
+    :data:`KV_SPARE_PAGES` spare rows; the cache's block ``p`` is page ``p``, its trash block
+    the first spare row. Its dtype is the storage's (the model dtype)."""
+    if storage.geometry != layout.geometry or storage.total_pages != layout.total_pages \
+            or storage.backing.shape[0] < layout.total_pages + KV_SPARE_PAGES:
+        raise LayoutError(f"storage of {storage.total_pages} pages "
+                          f"(+{storage.backing.shape[0] - storage.total_pages} spare) does "
+                          f"not fit the layout of {layout.total_pages} pages + "
+                          f"{KV_SPARE_PAGES} spare")
+    k = layout.kv
+    pages = storage.backing[:layout.total_pages + KV_SPARE_PAGES]
+    return PagedKVCache.in_pages(pages, k.num_layers, k.block_size, k.num_kv_heads,
+                                 k.head_dim)

@@ -113,3 +113,47 @@ def test_fill_with_kv_then_request_a_cold_adapter(agent_assets: AgentAssets,
                                                          ignore_eos=True), [handle])
     assert list(got[0].token_ids) == reference.greedy([21, 22, 23], 3, "b")
     _kv_pages_are_engine_blocks(engine, slots)
+
+
+def test_one_buffer_holds_kv_and_adapters(agent_assets: AgentAssets,
+                                          reference: GreedyReference, tmp_path: Path) -> None:
+    """The engine's KV cache is page-major views of the pool's storage: a prefill writes
+    exactly its KV pages' bytes (no adapter page), and a mixed batch on the pool engine
+    equals the plain engine (private KV cache, engine-held factors) and HF + PEFT."""
+    engine, slots = _engine(agent_assets, tmp_path, pages=40)
+    abi = engine.base_abi
+    assert abi is not None
+    storage = slots.pool.storage.backing
+    cache = engine.runner.cache
+    assert cache is slots.kv_cache and cache.pages is not None
+    lo, hi = storage.data_ptr(), storage.data_ptr() + storage.nbytes
+    for t in (cache.k, cache.v):
+        assert t.untyped_storage().data_ptr() == storage.untyped_storage().data_ptr()
+        assert lo <= t.data_ptr() and t[-1, -1, -1, -1, -1].data_ptr() < hi
+    handles = {n: slots.load(n, load_peft_adapter(agent_assets.adapters[n], abi,
+                                                  AGENT_MAX_RANK)) for n in ("a", "b", "c")}
+    adapter_pages = {p for n in handles for p in slots.pool.visible(n).pages}  # type: ignore[union-attr]
+    before = storage.clone()
+    prompt = [(3 * i) % 250 + 5 for i in range(2 * BLOCK + 1)]
+    engine.add_request("one", prompt, SamplingParams(temperature=0, max_tokens=3,
+                                                     ignore_eos=True), handles["b"])
+    engine.step()  # prefill: K/V of 9 tokens = 3 KV blocks = 3 pool pages, every layer
+    changed = {int(p) for p in (storage != before).any(dim=1).nonzero()[:, 0]}
+    kv = set(slots.pool.pages.pages_of(KvOwner(slots.kv_view.owner)))
+    assert len(changed) == 3 and changed <= kv and not changed & adapter_pages
+    while engine.has_unfinished():
+        engine.step()
+
+    prompts = [[21, 22, 23], [40, 41, 42, 43, 44, 45], [7, 8, 9, 10, 11], [99, 98]]
+    names: list[str | None] = [None, "a", "b", "c"]
+    params = SamplingParams(temperature=0, max_tokens=5, ignore_eos=True)
+    got = engine.generate(prompts, params, [handles[n] if n else None for n in names])
+    plain = MeteredEngine.from_model_dir(agent_assets.base, max_slots=3,
+                                         max_rank=AGENT_MAX_RANK, num_kv_blocks=40,
+                                         block_size=BLOCK)
+    assert plain.runner.cache.pages is None  # private KV cache
+    plain_handles = {n: plain.register_adapter(agent_assets.adapters[n]) for n in handles}
+    want = plain.generate(prompts, params, [plain_handles[n] if n else None for n in names])
+    for prompt, name, g, w in zip(prompts, names, got, want, strict=True):
+        assert list(g.token_ids) == list(w.token_ids) == reference.greedy(prompt, 5, name)
+    _kv_pages_are_engine_blocks(engine, slots)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -38,13 +39,13 @@ def _tokenizer() -> Tokenizer:
 
 
 def _engine(model_dir: Path, adapters: dict[str, Path], *, async_on: bool, graphs: bool,
-            num_kv_blocks: int) -> tuple[Engine, dict[str, object]]:
+            num_kv_blocks: int, cls: type[Engine] = Engine) -> tuple[Engine, dict[str, object]]:
     config = EngineConfig(max_num_seqs=4, max_num_batched_tokens=16,
                           num_kv_blocks=num_kv_blocks, block_size=4, max_slots=3, max_rank=8,
                           sampler_seed=5, async_scheduling=async_on)
     abi = read_base_abi(model_dir)
     model = load_model(model_dir, torch.float32, torch.device("cpu"))
-    engine = Engine(model, config, abi.h_base, abi, _tokenizer())
+    engine = cls(model, config, abi.h_base, abi, _tokenizer())
     if graphs:
         engine.runner.graphs = CudaGraphRunner(engine.runner, 4, 64, batch_sizes=(1, 2, 4),
                                                run_eagerly=True)
@@ -186,6 +187,10 @@ def test_async_config_and_subclass_guard(tiny_llama: Path) -> None:
     with pytest.raises(InvalidRequest, match="async_scheduling"):
         Observing(model, EngineConfig(max_slots=0, async_scheduling=True), abi.h_base)
     assert not Observing(model, EngineConfig(max_slots=0), abi.h_base).async_scheduling
+    # Observers through the plan hooks keep async scheduling (default: off on CPU).
+    assert Hooked(model, EngineConfig(max_slots=0, async_scheduling=True),
+                  abi.h_base).async_scheduling
+    assert not Hooked(model, EngineConfig(max_slots=0), abi.h_base).async_scheduling
 
 
 def test_abort_while_a_step_is_in_flight(tiny_llama: Path) -> None:
@@ -209,3 +214,127 @@ def test_abort_while_a_step_is_in_flight(tiny_llama: Path) -> None:
         assert engine.block_manager.num_free_blocks == 16
         finals[async_on] = streamed
     assert finals[True] == finals[False]
+
+
+class Refused(Exception):
+    """What Hooked.on_plan_launched raises to refuse one continuation launch."""
+
+
+class Hooked(Engine):
+    """An observer/fence through the public plan hooks: numbers plans, records calls.
+    With `refuse_from` set, the first continuation plan (launched while another plan is
+    open) numbered at least that is refused once (the hook raises)."""
+
+    refuse_from: int | None = None
+
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        self.calls = 0
+        self.launched: list[int] = []
+        self.retired: list[int] = []
+        self.refused: list[int] = []
+        self.max_open = 0
+        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+
+    @property
+    def open(self) -> list[int]:
+        return [t for t in self.launched if t not in self.retired]
+
+    def on_plan_launched(self, plan):  # type: ignore[no-untyped-def]
+        self.calls += 1
+        if (self.refuse_from is not None and not self.refused and self.open
+                and self.calls >= self.refuse_from):
+            assert plan.num_prefills == 0  # a continuation: decode rows only
+            self.refused.append(self.calls)
+            raise Refused(self.calls)
+        self.launched.append(self.calls)
+        self.max_open = max(self.max_open, len(self.open))
+        return self.calls
+
+    def on_plan_retired(self, token):  # type: ignore[no-untyped-def]
+        assert token in self.launched and token not in self.retired
+        self.retired.append(token)
+
+
+class FailingRunner:
+    """The engine's real ModelRunner; the first `execute` of a continuation plan (decode
+    rows fed from the previous step's tokens) after `after` calls raises (a launch that
+    fails after on_plan_launched issued its token)."""
+
+    def __init__(self, real: object, after: int) -> None:
+        self.real: Any = real
+        self.after, self.calls, self.failed = after, 0, 0
+
+    def execute(self, plan, deferred=None):  # type: ignore[no-untyped-def]
+        self.calls += 1
+        if deferred is not None and not self.failed and self.calls >= self.after:
+            self.failed = self.calls
+            raise Refused("device launch failed")
+        return self.real.execute(plan, deferred)
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self.real, name)
+
+
+def _drive_tolerant(engine: Engine, handles: dict[str, object], reqs: list[Req]
+                    ) -> tuple[dict[str, tuple[int, ...]], int]:
+    """Like _drive without abort, but a step that raises is counted and stepping goes on
+    (final token ids only: a failed step's outputs are lost to the caller)."""
+    finals: dict[str, tuple[int, ...]] = {}
+    call = failures = 0
+    while call <= max(r.arrive for r in reqs) or engine.has_unfinished():
+        for r in reqs:
+            if r.arrive == call:
+                engine.add_request(r.rid, r.prompt, r.params,
+                                   handles[r.adapter] if r.adapter else None)  # type: ignore[arg-type]
+        try:
+            outs = engine.step()
+        except Refused:
+            failures += 1
+            outs = []
+        assert isinstance(engine, Hooked) and len(engine.open) <= 1  # between calls
+        finals.update({o.request_id: o.token_ids for o in outs if o.finished})
+        call += 1
+        assert call < 500
+    return finals, failures
+
+
+def test_plan_hooks_once_per_plan_in_order_also_when_a_launch_is_refused(
+        tiny_llama: Path, tiny_adapters: dict[str, Path]) -> None:
+    reqs = _workload(stop_token=VOCAB + 1, stop_text="\x00")
+    plain, handles = _engine(tiny_llama, tiny_adapters, async_on=False, graphs=False,
+                             num_kv_blocks=12)
+    want = {rid: o.token_ids for rid, o in _drive(plain, handles, reqs, None).finals.items()}
+    for async_on, refuse, fail in ((False, None, None), (True, None, None), (True, 6, None),
+                                   (True, None, 6)):
+        engine, handles = _engine(tiny_llama, tiny_adapters, async_on=async_on,
+                                  graphs=False, num_kv_blocks=12, cls=Hooked)
+        assert isinstance(engine, Hooked) and engine.async_scheduling is async_on
+        engine.refuse_from = refuse
+        if fail is not None:
+            engine.runner = FailingRunner(engine.runner, fail)  # type: ignore[assignment]
+        got, failures = _drive_tolerant(engine, handles, reqs)
+        assert got == want, (async_on, refuse, fail)
+        assert failures == (refuse is not None or fail is not None)
+        assert len(engine.refused) == (refuse is not None)
+        assert fail is None or engine.runner.failed  # type: ignore[attr-defined]
+        assert engine.retired == engine.launched == sorted(engine.launched)
+        assert engine.max_open == (2 if async_on else 1)
+        assert (engine.num_overlapped_steps > 0) is async_on
+        bm = engine.block_manager  # no leaked blocks: held ones are evictable cache entries
+        assert bm.num_free_blocks == 12 and bm.num_held_blocks == bm.cache.num_evictable
+
+
+def test_abort_retires_the_in_flight_plan_at_once(tiny_llama: Path) -> None:
+    params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
+    engine, _ = _engine(tiny_llama, {}, async_on=True, graphs=False, num_kv_blocks=16,
+                        cls=Hooked)
+    assert isinstance(engine, Hooked)
+    engine.add_request("x", [5, 6, 7], params)
+    engine.add_request("y", [8, 9, 10, 11], params)
+    for _ in range(3):
+        engine.step()
+    assert len(engine.open) == 1  # the next step is in flight
+    assert engine.abort("x") and len(engine.open) == 1  # y still needs it
+    assert engine.abort("y") and engine.open == []  # nothing to apply: retired now
+    assert engine.step() == [] and engine.last_step_idle
+    assert engine.retired == engine.launched and engine.block_manager.num_free_blocks == 16

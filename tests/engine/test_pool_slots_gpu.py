@@ -1,6 +1,7 @@
 """GPU: the agent's residency path on CUDA (marked `gpu`, skipped without CUDA).
 
-One unified pool on the device holds KV blocks and adapter factors (agent/pool_slots.py);
+One unified pool on the device holds KV blocks and adapter factors in one buffer (the
+engine's KV cache is page-major views of the pool's pages; agent/pool_slots.py);
 adapters are loaded by the pool's transactions (copy on a side stream + event, on-device
 validation, generation-stamped publication) and every LoRA linear reads the pool's
 address tables. Greedy tokens and logprobs must equal HF transformers + PEFT (fp32), for a
@@ -43,7 +44,8 @@ def _pool_engine(model_dir: Path) -> tuple[Engine, PoolSlots]:
     slots = PoolSlots.for_model(model, num_pages=PAGES, block_size=4, max_slots=4, max_rank=8)
     config = EngineConfig(max_num_seqs=8, max_num_batched_tokens=64, num_kv_blocks=PAGES,
                           block_size=4, max_slots=4, max_rank=8, enable_cuda_graphs=False)
-    engine = Engine(model, config, abi.h_base, abi, kv_pages=slots.kv_view)
+    engine = Engine(model, config, abi.h_base, abi, kv_pages=slots.kv_view,
+                    kv_cache=slots.kv_cache)
     slots.attach(engine)
     assert engine.capture_cuda_graphs()  # after attach: graphs read the pool's tables
     return engine, slots
@@ -88,3 +90,9 @@ def test_pool_resident_adapters_match_hf_on_cuda(cuda_device: torch.device, tiny
     counts = slots.pool.check()  # conservation, every page in exactly one state
     assert counts.free + counts.reserved + counts.adapter + counts.kv == PAGES
     assert engine.block_manager.num_held_blocks == counts.kv
+    # one buffer: every layer's K/V views lie inside the pool's storage
+    base, size = slots.pool.storage.backing.data_ptr(), slots.pool.storage.backing.nbytes
+    for t in (engine.runner.cache.k, engine.runner.cache.v):
+        assert t.untyped_storage().data_ptr() == slots.pool.storage.backing.untyped_storage(
+        ).data_ptr()
+        assert base <= t.data_ptr() < base + size

@@ -17,7 +17,8 @@ def test_llama_8b_page_is_one_kv_block() -> None:
                             widest_row=14336, elem_bytes=2)
     assert layout.geometry.page_elems == 1_048_576 == layout.kv_block_elems
     assert layout.geometry.page_bytes == layout.kv_block_bytes == 2 * 1024 * 1024
-    assert layout.device_bytes() == {"kv_plane": 1000 << 21, "adapter_plane": 1000 << 21}
+    # one buffer: the pages plus one spare page (the KV cache's trash block)
+    assert layout.device_bytes() == {"pages": 1000 << 21, "spare": 1 << 21}
     # a rank-16 all-linear adapter: 73 rows of 14336 fit a page, 256 of 4096, 1024 of 1024
     mods = {"q_proj": (4096, 4096), "k_proj": (1024, 4096), "v_proj": (1024, 4096),
             "o_proj": (4096, 4096), "gate_proj": (14336, 4096), "up_proj": (14336, 4096),

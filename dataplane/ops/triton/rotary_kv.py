@@ -1,6 +1,9 @@
 # mypy: disable-error-code="no-untyped-def"
 """Triton RoPE on q/k in place + paged KV cache write (contract: dataplane/ops/rotary_kv.py).
 
+The cache is flat ``[S, Hkv, D]`` or blocked ``[B, block_size, Hkv, D]`` with any block
+stride (page-major views into the agent's unified pool; ``dataplane.attention.kv_cache``).
+
 One program per (row, head) of q and k: grid (T, Hq + Hkv); fp32 math, one rounding.
 """
 
@@ -10,6 +13,7 @@ import torch
 import triton
 import triton.language as tl
 
+from dataplane.attention.kv_cache import kv_strides
 from dataplane.ops.errors import OpsError
 
 
@@ -17,7 +21,9 @@ from dataplane.ops.errors import OpsError
 def _rope_kv_kernel(q_ptr, k_ptr, v_ptr, cos_ptr, sin_ptr, kc_ptr, vc_ptr, slot_ptr,
                     stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh,
                     stride_ct, stride_st, stride_kcs, stride_kch, stride_vcs, stride_vch,
-                    NUM_Q_HEADS: tl.constexpr, HALF: tl.constexpr, HALF_PAD: tl.constexpr):
+                    stride_kcb, stride_vcb,
+                    NUM_Q_HEADS: tl.constexpr, HALF: tl.constexpr, HALF_PAD: tl.constexpr,
+                    BLOCKED: tl.constexpr, BLOCK_SIZE: tl.constexpr):
     t = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1)
     d = tl.arange(0, HALF_PAD)
@@ -40,11 +46,17 @@ def _rope_kv_kernel(q_ptr, k_ptr, v_ptr, cos_ptr, sin_ptr, kc_ptr, vc_ptr, slot_
         tl.store(base + d, y1, mask=m)
         tl.store(base + HALF + d, y2, mask=m)
         slot = tl.load(slot_ptr + t).to(tl.int64)
-        kc = kc_ptr + slot * stride_kcs + j * stride_kch
+        if BLOCKED:  # [B, BLOCK_SIZE, Hkv, D] with any block stride (page-major pools)
+            kc = kc_ptr + (slot // BLOCK_SIZE) * stride_kcb + (slot % BLOCK_SIZE) * stride_kcs \
+                + j * stride_kch
+            vc = vc_ptr + (slot // BLOCK_SIZE) * stride_vcb + (slot % BLOCK_SIZE) * stride_vcs \
+                + j * stride_vch
+        else:
+            kc = kc_ptr + slot * stride_kcs + j * stride_kch
+            vc = vc_ptr + slot * stride_vcs + j * stride_vch
         tl.store(kc + d, y1.to(kc_ptr.dtype.element_ty), mask=m)
         tl.store(kc + HALF + d, y2.to(kc_ptr.dtype.element_ty), mask=m)
         vb = v_ptr + t * stride_vt + j * stride_vh
-        vc = vc_ptr + slot * stride_vcs + j * stride_vch
         v1 = tl.load(vb + d, mask=m, other=0.0)
         v2 = tl.load(vb + HALF + d, mask=m, other=0.0)
         tl.store(vc + d, v1.to(vc_ptr.dtype.element_ty), mask=m)
@@ -60,9 +72,9 @@ def _check(q, k, v, cos, sin, k_cache, v_cache, slot_mapping) -> None:
           and q.stride(2) == 1 and k.stride(2) == 1 and v.stride(2) == 1
           and cos.shape == (t, dim // 2) and sin.shape == cos.shape
           and cos.stride(1) == 1 and sin.stride(1) == 1
-          and k_cache.dim() == 3 and k_cache.shape[1:] == k.shape[1:]
-          and v_cache.shape == k_cache.shape and k_cache.stride(2) == 1
-          and v_cache.stride(2) == 1 and slot_mapping.shape == (t,)
+          and k_cache.dim() in (3, 4) and k_cache.shape[-2:] == k.shape[1:]
+          and v_cache.shape == k_cache.shape and k_cache.stride(-1) == 1
+          and v_cache.stride(-1) == 1 and slot_mapping.shape == (t,)
           and slot_mapping.dtype in (torch.int32, torch.int64))
     if not ok:
         raise OpsError("rope_and_cache: inconsistent shapes or strides", q=tuple(q.shape),
@@ -78,10 +90,14 @@ def rope_and_cache_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     if t == 0:
         return q, k
     half = dim // 2
+    blocked = k_cache.dim() == 4
+    bs = k_cache.shape[1] if blocked else 1
+    kb, ks, kh = kv_strides(k_cache, bs)
+    vb, vs, vh = kv_strides(v_cache, bs)
     _rope_kv_kernel[(t, heads + k.shape[1])](
         q, k, v, cos, sin, k_cache, v_cache, slot_mapping,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
-        cos.stride(0), sin.stride(0), k_cache.stride(0), k_cache.stride(1),
-        v_cache.stride(0), v_cache.stride(1),
-        NUM_Q_HEADS=heads, HALF=half, HALF_PAD=triton.next_power_of_2(half), num_warps=1)
+        cos.stride(0), sin.stride(0), ks, kh, vs, vh, kb, vb,
+        NUM_Q_HEADS=heads, HALF=half, HALF_PAD=triton.next_power_of_2(half),
+        BLOCKED=blocked, BLOCK_SIZE=bs, num_warps=1)
     return q, k
