@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -161,5 +162,21 @@ def deployment(control_plane: EmbeddedStack, agent_assets: AgentAssets,
     try:
         yield Deployment(control_plane, s3_bucket[0], s3_bucket[1], admin, namespace, h_base,
                          artifacts, agent_token, reader, outsider, agent, env)
+    finally:
+        agent.stop()
+
+
+@contextmanager
+def extra_agent(deployment: Deployment, tmp_path_factory: pytest.TempPathFactory, name: str,
+                env: dict[str, str]) -> Iterator[AgentProcess]:
+    """A second agent process of `deployment` named `name`, with its own cache directory
+    and `env` on top of the deployment's agent settings; stopped on exit."""
+    work = tmp_path_factory.mktemp(name)
+    agent = AgentProcess(work / "agent.log", {
+        **deployment.agent_env, "ADAPTERPLANE_AGENT_NAME": name,
+        "ADAPTERPLANE_AGENT_CACHE_DIR": str(work / "cache"), **env})
+    agent.start()
+    try:
+        yield agent
     finally:
         agent.stop()

@@ -19,7 +19,7 @@ import openai
 import pytest
 
 from .assets import GreedyReference
-from .conftest import Deployment
+from .conftest import Deployment, extra_agent
 from .stack import AgentProcess
 
 PROMPT = [7, 8, 9]
@@ -30,15 +30,9 @@ STAGES = ("download", "copy", "validate", "publish")
 @pytest.fixture(scope="module")
 def faulty_agent(deployment: Deployment, tmp_path_factory: pytest.TempPathFactory
                  ) -> Iterator[AgentProcess]:
-    work = tmp_path_factory.mktemp("agent-faults")
-    env = {**deployment.agent_env, "ADAPTERPLANE_AGENT_NAME": "agent-faults",
-           "ADAPTERPLANE_AGENT_CACHE_DIR": str(work / "cache"), "ADAPTERPLANE_FAULTS": FAULTS}
-    agent = AgentProcess(work / "agent.log", env)
-    agent.start()
-    try:
+    with extra_agent(deployment, tmp_path_factory, "agent-faults",
+                     {"ADAPTERPLANE_FAULTS": FAULTS}) as agent:
         yield agent
-    finally:
-        agent.stop()
 
 
 def failures_by_stage(agent: AgentProcess) -> dict[str, float]:
@@ -80,17 +74,10 @@ def test_each_load_fault_gives_a_typed_error_and_leaks_nothing(
 @pytest.fixture(scope="module")
 def delayed_agent(deployment: Deployment, tmp_path_factory: pytest.TempPathFactory
                   ) -> Iterator[AgentProcess]:
-    work = tmp_path_factory.mktemp("agent-delays")
-    env = {**deployment.agent_env, "ADAPTERPLANE_AGENT_NAME": "agent-delays",
-           "ADAPTERPLANE_AGENT_CACHE_DIR": str(work / "cache"),
-           "ADAPTERPLANE_FAULTS": "download=delay:0.2*0,copy=delay:0.2*0,"
-                                  "validate=delay:0.2*0,publish=delay:0.2*0"}
-    agent = AgentProcess(work / "agent.log", env)
-    agent.start()
-    try:
+    with extra_agent(deployment, tmp_path_factory, "agent-delays",
+                     {"ADAPTERPLANE_FAULTS": "download=delay:0.2*0,copy=delay:0.2*0,"
+                      "validate=delay:0.2*0,publish=delay:0.2*0"}) as agent:
         yield agent
-    finally:
-        agent.stop()
 
 
 def test_delayed_load_phases_still_serve_the_right_adapter(

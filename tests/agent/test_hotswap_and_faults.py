@@ -17,7 +17,7 @@ import openai
 import pytest
 
 from .assets import GreedyReference
-from .conftest import Deployment
+from .conftest import Deployment, extra_agent
 from .stack import AgentProcess
 from .test_inference_api import prompts
 
@@ -28,17 +28,10 @@ MAX_LIVE = 4
 @pytest.fixture(scope="module")
 def slow_agent(deployment: Deployment, tmp_path_factory: pytest.TempPathFactory
                ) -> Iterator[AgentProcess]:
-    work = tmp_path_factory.mktemp("agent-1")
-    env = {**deployment.agent_env, "ADAPTERPLANE_AGENT_NAME": "agent-1",
-           "ADAPTERPLANE_AGENT_CACHE_DIR": str(work / "cache"),
-           "ADAPTERPLANE_AGENT_FAULT_STEP_DELAY_S": "0.03",
-           "ADAPTERPLANE_AGENT_MAX_QUEUED_REQUESTS": str(MAX_LIVE)}
-    agent = AgentProcess(work / "agent.log", env)
-    agent.start()
-    try:
+    with extra_agent(deployment, tmp_path_factory, "agent-1",
+                     {"ADAPTERPLANE_AGENT_FAULT_STEP_DELAY_S": "0.03",
+                      "ADAPTERPLANE_AGENT_MAX_QUEUED_REQUESTS": str(MAX_LIVE)}) as agent:
         yield agent
-    finally:
-        agent.stop()
 
 
 def oai(agent: AgentProcess, token: str) -> openai.OpenAI:

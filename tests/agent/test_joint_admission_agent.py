@@ -12,7 +12,7 @@ import openai
 import pytest
 
 from .assets import GreedyReference
-from .conftest import Deployment
+from .conftest import Deployment, extra_agent
 from .stack import AgentProcess
 from .test_hotswap_and_faults import wait_generation
 
@@ -24,17 +24,10 @@ LONG_PROMPT = [(11 * i) % 250 + 3 for i in range(225)]
 @pytest.fixture(scope="module")
 def small_pool_agent(deployment: Deployment, tmp_path_factory: pytest.TempPathFactory
                      ) -> Iterator[AgentProcess]:
-    work = tmp_path_factory.mktemp("agent-small-pool")
-    env = {**deployment.agent_env, "ADAPTERPLANE_AGENT_NAME": "agent-small-pool",
-           "ADAPTERPLANE_AGENT_CACHE_DIR": str(work / "cache"),
-           "ADAPTERPLANE_AGENT_NUM_KV_BLOCKS": str(PAGES),
-           "ADAPTERPLANE_AGENT_FAULT_STEP_DELAY_S": "0.4"}
-    agent = AgentProcess(work / "agent.log", env)
-    agent.start()
-    try:
+    with extra_agent(deployment, tmp_path_factory, "agent-small-pool",
+                     {"ADAPTERPLANE_AGENT_NUM_KV_BLOCKS": str(PAGES),
+                      "ADAPTERPLANE_AGENT_FAULT_STEP_DELAY_S": "0.4"}) as agent:
         yield agent
-    finally:
-        agent.stop()
 
 
 def test_cold_adapter_waits_for_kv_then_serves(deployment: Deployment,
