@@ -12,12 +12,14 @@ block the requests behind them. The scheduler never touches model rows or tensor
 builds a `BatchPlan` from the `ScheduleOutput`, runs the model, samples, then calls
 `postprocess` with one token per `ScheduleOutput.sampled` sequence.
 
-Async scheduling (engine.py) splits `postprocess` into its three phases so that the next
-step can be scheduled while this one still runs: `commit_computed` (K/V of the step's rows
-counts as computed), `reserve_tokens` (a PLACEHOLDER_TOKEN per sampled sequence: lengths
-+1), then `schedule_continuation` (a decode-only next step, or None when only the
-synchronous scheduler can decide it), and finally `apply_tokens` once the tokens are on
-the host (placeholders replaced, stop rules, finished requests freed).
+`ScheduleOutput` and `StepUpdate` live in schedule_output.py (re-exported here).
+
+Async scheduling (engine/step_loop.py) splits `postprocess` into its three phases so that
+the next step can be scheduled while this one still runs: `commit_computed` (K/V of the
+step's rows counts as computed), `reserve_tokens` (a PLACEHOLDER_TOKEN per sampled
+sequence: lengths +1), then `schedule_continuation` (a decode-only next step, or None when
+only the synchronous scheduler can decide it), and finally `apply_tokens` once the tokens
+are on the host (placeholders replaced, stop rules, finished requests freed).
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Callable, Iterable
 from collections.abc import Sequence as SequenceOf
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Protocol
 
 from dataplane.core import (
@@ -35,8 +37,18 @@ from dataplane.core import (
     Sequence,
     SequenceStatus,
 )
+from dataplane.engine.schedule_output import ScheduleOutput, StepUpdate
 from dataplane.kvcache import BlockManager
 from dataplane.sampling.stop_checker import StopChecker
+
+__all__ = [
+    "Detokenizer",
+    "ScheduleOutput",
+    "Scheduler",
+    "SchedulerConfig",
+    "SchedulerError",
+    "StepUpdate",
+]
 
 
 class SchedulerError(EngineError):
@@ -70,38 +82,6 @@ class SchedulerConfig:
                 raise InvalidRequest(f"{name} must be an int >= 1", **{name: value})
         if self.max_model_len is not None and self.max_model_len < 2:
             raise InvalidRequest("max_model_len must be >= 2", max_model_len=self.max_model_len)
-
-
-@dataclass
-class ScheduleOutput:
-    """Rows chosen for one step. `prefills` are (seq, num_new_tokens) chunks starting at
-    seq.num_computed_tokens; `decodes` contribute one row each. Scheduler order is prefills
-    then decodes. `sampled` (fixed when the step is scheduled) lists the sequences that get a
-    token this step, in that order: prefill chunks that reach the end of their tokens, then
-    every decode — the same order as BatchPlan.sample_request_ids."""
-
-    prefills: list[tuple[Sequence, int]] = field(default_factory=list)
-    decodes: list[Sequence] = field(default_factory=list)
-    preempted: list[Sequence] = field(default_factory=list)
-    sampled: list[Sequence] = field(default_factory=list)
-
-    @property
-    def is_empty(self) -> bool:
-        return not self.prefills and not self.decodes
-
-    @property
-    def num_batched_tokens(self) -> int:
-        return sum(n for _, n in self.prefills) + len(self.decodes)
-
-
-@dataclass(frozen=True)
-class StepUpdate:
-    """What one sampled token did to its request; `text` is the new streamable text."""
-
-    seq: Sequence
-    token_id: int
-    text: str
-    finished: bool
 
 
 class Scheduler:

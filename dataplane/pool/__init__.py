@@ -12,7 +12,8 @@ Layers (seed §0x04–0x05, §0x07F–0x07I, DESIGN.md §5):
   cache as page-major views of the same tensor: one buffer for KV and adapters),
   :mod:`kernel_tables` (the kernels' row-address tables),
   :mod:`host_tier` (pinned LRU + digest-keyed disk cache);
-* orchestration: :mod:`device_pool` (state + small ops), :mod:`transactions`
+* orchestration: :mod:`device_pool` (state + small ops; :mod:`pool_invariants` its
+  conservation checks, :mod:`pool_reporting` its stats and gauges), :mod:`transactions`
   (reserve -> copy -> validate -> publish, compensating rollback), :mod:`leases`
   (alias leases, hotswap).
 """

@@ -5,14 +5,14 @@ other threads read :attr:`slots.table` snapshots). Load transactions
 (:mod:`dataplane.pool.transactions`) and leases (:mod:`dataplane.pool.leases`) act on
 it; this module holds the shared state and the small operations both need: KV
 allocation with eviction, references and pins, retirement and reclamation, launch
-snapshots, and the cross-structure invariant :meth:`DevicePool.check`.
+snapshots. The cross-structure invariant lives in :mod:`dataplane.pool.pool_invariants`
+(:meth:`DevicePool.check`, :meth:`DevicePool.audit`); counters, gauges and slot listeners
+in :mod:`dataplane.pool.pool_reporting`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
-from typing import Protocol
 
 import torch
 
@@ -28,9 +28,11 @@ from dataplane.pool.eviction import choose_victims, ineligibility, is_eligible
 from dataplane.pool.faults import FaultInjector
 from dataplane.pool.host_tier import HostTier
 from dataplane.pool.page_demand import PageGeometry
-from dataplane.pool.page_pool import AdapterOwner, KvOwner, PagePool, PoolCounts, ReservedBy
+from dataplane.pool.page_pool import AdapterOwner, KvOwner, PagePool, PoolCounts
 from dataplane.pool.page_storage import PageStorage
-from dataplane.pool.residency import HAS_PAGES, VISIBLE, Residency, ResidencyState
+from dataplane.pool.pool_invariants import audit_pool, check_pool
+from dataplane.pool.pool_reporting import PoolStats, SlotListener, pool_gauges
+from dataplane.pool.residency import VISIBLE, Residency, ResidencyState
 from dataplane.pool.slot_table import (
     LaunchRegistry,
     LaunchSnapshot,
@@ -40,27 +42,9 @@ from dataplane.pool.slot_table import (
     SlotTable,
 )
 
+__all__ = ["DevicePool", "PoolStats", "SlotListener"]
+
 S = ResidencyState
-
-
-@dataclass
-class PoolStats:
-    """Monotonic counters for metrics (bounded labels only; no adapter ids)."""
-
-    loads_committed: int = 0
-    loads_rolled_back: int = 0
-    victims_restored: int = 0
-    restore_failures: int = 0
-    evictions: int = 0
-    h2d_bytes: int = 0
-
-
-class SlotListener(Protocol):
-    """Told about slot publication (before the snapshot swap) and reclamation (after)."""
-
-    def on_publish(self, entry: PointerEntry) -> None: ...
-
-    def on_unpublish(self, slot: int) -> None: ...
 
 
 class DevicePool:
@@ -296,13 +280,7 @@ class DevicePool:
 
     def gauges(self) -> dict[str, dict[str, int]]:
         """Current pages by class, residencies by state, slots by state (for /metrics)."""
-        states = {s.value: 0 for s in ResidencyState if s is not S.ABSENT}
-        for r in self.residents.values():
-            states[r.state.value] += 1
-        slots = {s.value: 0 for s in SlotState}
-        for i in range(self.slots.num_slots):
-            slots[self.slots.state(i).value] += 1
-        return {"pages": self.pages.counts().as_dict(), "residency": states, "slots": slots}
+        return pool_gauges(self)
 
     # ---- invariant -----------------------------------------------------------------------
     def check(self) -> PoolCounts:
@@ -311,50 +289,11 @@ class DevicePool:
         The whole pool: every residency and pointer entry (and, with ``full_audit``, every
         page). Tests and debugging call it; transactions call :meth:`audit`.
         """
-        counts = self.pages.check(full=self.full_audit)
-        for res in self.residents.values():
-            self._check_residency(res)
-        for owner in self.pages.owners():
-            if isinstance(owner, AdapterOwner) and (
-                (owner.key, owner.generation) not in self.residents
-            ):
-                raise ConservationError(f"{owner!r} owns pages but has no residency")
-        for slot, entry in self.slots.table.entries.items():
-            self._check_entry(slot, entry)
-        return counts
+        return check_pool(self)
 
     def audit(self, touched: Iterable[Residency] = ()) -> PoolCounts:
         """The per-transaction audit: :meth:`check` in ``full_audit`` mode; otherwise page
         conservation by class counters (O(owners)) plus the residencies in ``touched``
         and their pointer entries (O(pages touched)), so a bind's cost does not grow with
         the number of residents."""
-        if self.full_audit:
-            return self.check()
-        counts = self.pages.check(full=False)
-        for res in touched:
-            if self.residents.get((res.key, res.generation)) is not res:
-                if self.pages.pages_of(AdapterOwner(res.key, res.generation)):
-                    raise ConservationError(f"{res.key}@g{res.generation} is gone but owns "
-                                            "pages")
-                continue
-            self._check_residency(res)
-            entry = self.slots.table.entries.get(res.slot) if res.slot is not None else None
-            if entry is not None:
-                self._check_entry(res.slot, entry)  # type: ignore[arg-type]
-        return counts
-
-    def _check_residency(self, res: Residency) -> None:
-        if res.state not in HAS_PAGES:
-            raise ConservationError(f"{res.key}@g{res.generation} {res.state.value} listed")
-        owner: ReservedBy | AdapterOwner | KvOwner = (
-            ReservedBy(res.txn) if res.txn else AdapterOwner(res.key, res.generation))
-        held = set(self.pages.pages_of(owner))
-        ok = set(res.pages) <= held if res.txn else set(res.pages) == held
-        if not ok or not res.pages:
-            raise ConservationError(f"{res.key}@g{res.generation} pages {res.pages} "
-                                    f"disagree with {owner!r} {sorted(held)}")
-
-    def _check_entry(self, slot: int, entry: PointerEntry) -> None:
-        named = self.residents.get((entry.key, entry.residency_generation))
-        if named is None or named.slot != slot or named.pages != entry.pages:
-            raise ConservationError(f"pointer entry of slot {slot} names no live pages")
+        return audit_pool(self, touched)

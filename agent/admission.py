@@ -1,0 +1,105 @@
+"""Admission of the engine loop (seed §0x07H): a ticket enters the engine or waits.
+
+The server resolves `model` to one immutable catalog :class:`~agent.catalog.Generation`
+and submits a :class:`~agent.tickets.Ticket` holding it. The loop takes a reference on
+that generation's artifact for the request's whole life: if it is in a slot the request
+enters the engine at once (cache hit); otherwise it waits for a cold load
+(:mod:`agent.adapter_loading`). A republish changes only what *new* tickets resolve to;
+running ones keep their slot. Releasing a request's reference reclaims or places what
+that unblocks.
+
+Mixed into :class:`~agent.serving.EngineLoop`; every method runs on the loop thread.
+"""
+
+from __future__ import annotations
+
+import time
+
+from agent.adapter_loading import AdapterLoading
+from agent.catalog import Overloaded, ServingError
+from agent.metrics import rank_bucket
+from agent.tickets import BadPrompt, Ticket
+from dataplane.core import EngineError
+from dataplane.engine.adapters import AdapterHandle
+from dataplane.pool.errors import PoolError
+
+
+class Admission(AdapterLoading):
+    """Submit, abort, finish and release of tickets (see module docstring)."""
+
+    max_live: int
+
+    def _submit(self, t: Ticket) -> None:
+        waiting = sum(len(r.waiting) for r in self.residents.by_digest.values())
+        if len(self._live) + waiting >= self.max_live:
+            self.metrics.rejected.labels("overloaded").inc()
+            t.sink(Overloaded("too many live requests; retry later", limit=self.max_live))
+            return
+        gen = t.generation
+        if gen is None or gen.artifact is None:
+            self.metrics.admitted.labels("base").inc()
+            self._enter_engine(t, None)
+            return
+        info = gen.artifact
+        self.metrics.admitted.labels(rank_bucket(info.max_rank)).inc()
+        res = self.residents.get(info.digest) or self.residents.add(info)
+        res.refcount += 1
+        res.last_use = time.monotonic()
+        if res.handle is not None:
+            self.metrics.cache_hits.inc()
+            t.residency = "resident"
+            self._enter_engine(t, res.handle)
+            return
+        self.metrics.cache_misses.inc()
+        t.residency = "cold"
+        res.waiting.append(t)
+        if res.loaded is None and not res.inflight:
+            self._start_load(res)
+        elif res.loaded is not None:
+            self._place(res)
+
+    def _enter_engine(self, t: Ticket, handle: AdapterHandle | None) -> None:
+        try:
+            if handle is not None:
+                self.slots.hold(handle)  # never an eviction victim while this request runs
+                t.held = handle
+            self.engine.add_request(t.request_id, t.prompt, t.params, handle)
+        except (EngineError, PoolError) as exc:
+            self._release(t)
+            t.sink(BadPrompt(str(exc), code=exc.code))
+            return
+        self._live[t.request_id] = t
+
+    def _abort(self, request_id: str) -> None:
+        ticket = self._live.get(request_id)
+        if ticket is not None:
+            self.engine.abort(request_id)
+            self._finish(ticket, None)
+            return
+        for res in self.residents.by_digest.values():
+            for t in list(res.waiting):
+                if isinstance(t, Ticket) and t.request_id == request_id:
+                    res.waiting.remove(t)
+                    self._release(t)
+
+    def _finish(self, t: Ticket, error: ServingError | None) -> None:
+        self._live.pop(t.request_id, None)
+        if error is not None:
+            t.sink(error)
+        self._release(t)
+
+    def _release(self, t: Ticket) -> None:
+        """Drop the request's reference; reclaim or place what that unblocks."""
+        if t.held is not None:
+            self.slots.unhold(t.held)
+            t.held = None
+        if t.generation is not None and t.generation.artifact is not None:
+            res = self.residents.get(t.generation.artifact.digest)
+            if res is not None:
+                res.refcount -= 1
+                res.last_use = time.monotonic()
+                self._reclaim()
+        # any request's end (base-model ones too) frees KV pages a waiting load may need
+        for pending in list(self.residents.by_digest.values()):
+            if pending.handle is None and pending.loaded is not None:
+                self._place(pending)

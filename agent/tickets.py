@@ -1,0 +1,44 @@
+"""What the engine loop is handed and what it hands back: a :class:`Ticket` per admitted
+request, and the :data:`Event` objects its sink receives.
+
+Events: :class:`~dataplane.engine.engine.RequestOutput` objects, then nothing more once
+one is `finished`, or one :class:`~agent.catalog.ServingError` (the two below are the
+loop's own).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from agent.catalog import Generation, ServingError
+from dataplane.core import SamplingParams
+from dataplane.engine.adapters import AdapterHandle
+from dataplane.engine.engine import RequestOutput
+
+Event = RequestOutput | ServingError
+
+
+class InternalError(ServingError):
+    status, code = 500, "ENGINE_ERROR"
+
+
+class BadPrompt(ServingError):
+    status, code = 422, "VALIDATION_ERROR"
+
+
+@dataclass
+class Ticket:
+    """One admitted request; `generation` None = base model."""
+
+    request_id: str
+    prompt: str | list[int]
+    params: SamplingParams
+    generation: Generation | None
+    sink: Callable[[Event], None]
+    created: float = field(default_factory=time.monotonic)
+    residency: str = "base"
+    last_token_at: float | None = None
+    held: AdapterHandle | None = None
+    """The slot handle this request holds in the backend (from engine entry to its end)."""

@@ -1,0 +1,113 @@
+"""The LoRA kernel benchmark's cases: scenarios, the peers' numbers, the layer ring.
+
+A :class:`Scenario` is one LoRA-wrapped linear step (decode: T rows, one per request,
+adapter = row % n, rows shuffled; prefill: n requests of T/n contiguous rows). Each is
+timed over a ring of independent :class:`Layer` objects sized so that one sweep touches
+>= ``RING_BYTES`` and factors stream from HBM; its floor is
+:meth:`Scenario.floor_bytes` / copy bandwidth.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from dataplane.kernels import LoraFactorTable
+
+DT = torch.bfloat16
+RING_BYTES = 256 << 20
+# BENCHMARKS.md, best peer per (r, scenario) (µs) and which.
+PEER = {
+    (16, "decode T=64 n=1"): (9.4, "vLLM"), (16, "decode T=64 n=16"): (16.1, "vLLM"),
+    (16, "decode T=64 n=64"): (23.8, "SGLang csgmv"), (16, "decode T=256 n=1"): (16.3, "SGLang"),
+    (16, "decode T=256 n=16"): (24.7, "vLLM"), (16, "decode T=256 n=64"): (26.1, "SGLang csgmv"),
+    (16, "prefill T=4096 n=4"): (56.0, "vLLM"), (16, "prefill T=4096 n=32"): (70.9, "SGLang"),
+    (64, "decode T=64 n=1"): (11.4, "vLLM"), (64, "decode T=64 n=16"): (27.2, "vLLM"),
+    (64, "decode T=64 n=64"): (66.1, "SGLang csgmv"), (64, "decode T=256 n=1"): (20.3, "vLLM"),
+    (64, "decode T=256 n=16"): (27.5, "vLLM"), (64, "decode T=256 n=64"): (61.5, "vLLM"),
+    (64, "prefill T=4096 n=4"): (85.0, "vLLM"), (64, "prefill T=4096 n=32"): (168.7, "vLLM"),
+}  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Scenario:
+    kind: str  # "decode" | "prefill"
+    rows: int
+    n: int
+    ranks: tuple[int, ...]  # slot s has ranks[s % len]
+    outs: tuple[int, ...] = (4096,)
+    d_in: int = 4096
+
+    @property
+    def name(self) -> str:
+        return f"{self.kind} T={self.rows} n={self.n}"
+
+    @property
+    def max_rank(self) -> int:
+        return max(self.ranks)
+
+    def row_slot(self, gen: torch.Generator) -> list[int]:
+        if self.kind == "decode":
+            slots = [t % self.n for t in range(self.rows)]
+            return [slots[i] for i in torch.randperm(self.rows, generator=gen).tolist()]
+        per = self.rows // self.n
+        return [t // per for t in range(self.rows)]
+
+    def adapter_bytes(self) -> int:
+        used = min(self.n, self.rows)
+        return sum(
+            self.ranks[s % len(self.ranks)] * (self.d_in + sum(self.outs)) * 2 for s in range(used)
+        )
+
+    def floor_bytes(self) -> int:
+        return self.adapter_bytes() + self.rows * (self.d_in + 2 * sum(self.outs)) * 2
+
+
+class Layer:
+    """One layer of the ring: its own x, y and factor table (random factors
+    written straight into the storage; ranks and scales set per slot)."""
+
+    def __init__(self, sc: Scenario, layout: str) -> None:
+        dev = "cuda"
+        self.x = torch.randn(sc.rows, sc.d_in, device=dev, dtype=DT)
+        self.y = torch.randn(sc.rows, sum(sc.outs), device=dev, dtype=DT)
+        self.table = LoraFactorTable(sc.n, sc.d_in, sc.outs, sc.max_rank, DT, dev, layout)
+        self.table.storage.normal_(0.0, 0.02)
+        ranks = torch.tensor([sc.ranks[s % len(sc.ranks)] for s in range(sc.n)], dtype=torch.int32)
+        self.table.ranks.copy_(ranks.expand(len(sc.outs), sc.n))
+        self.table.scales.fill_(2.0)
+
+
+def ring_size(sc: Scenario) -> int:
+    return max(4, min(512, math.ceil(RING_BYTES / sc.floor_bytes())))
+
+
+def build_ring(sc: Scenario, layout: str) -> list[Layer]:
+    return [Layer(sc, layout) for _ in range(ring_size(sc))]
+
+
+def outs_label(sc: Scenario) -> str:
+    return f"{sc.d_in}->{'/'.join(map(str, sc.outs))}"
+
+
+SCENARIOS = [
+    Scenario(kind, rows, n, (r,))
+    for r in (16, 64)
+    for kind, rows, n in [
+        ("decode", 64, 1), ("decode", 64, 16), ("decode", 64, 64),
+        ("decode", 256, 1), ("decode", 256, 16), ("decode", 256, 64),
+        ("prefill", 4096, 4), ("prefill", 4096, 32),
+    ]
+]  # fmt: skip
+EXTRA = [
+    Scenario("decode", 64, 16, (16,), (4096, 1024, 1024)),
+    Scenario("decode", 64, 64, (16,), (4096, 1024, 1024)),  # engine q/k/v (Llama-8B)
+    Scenario("decode", 64, 64, (16,), (14336, 14336)),  # engine gate/up
+    Scenario("decode", 64, 64, (16,), (4096,), 14336),  # engine down
+    Scenario("decode", 256, 64, (64,), (4096, 1024, 1024)),
+    Scenario("prefill", 4096, 32, (16,), (4096, 1024, 1024)),
+    Scenario("decode", 256, 64, (8, 16, 32, 64)),
+    Scenario("prefill", 4096, 32, (8, 16, 32, 64)),
+]

@@ -1,0 +1,234 @@
+"""``--tune``: sweeps of the LoRA kernel tables that are not settled.
+
+Each sweep installs candidates into :mod:`dataplane.kernels.triton.configs`, times them
+on rings of layers, and leaves the winner installed; :func:`paste_block` prints the
+tuned tables as Python to paste into ``configs.py``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from bench.lora_cases import Scenario, build_ring, outs_label
+from bench.lora_timing import time_ours
+from dataplane.kernels.triton import configs
+from dataplane.kernels.triton.backend import TritonLoraBackend
+
+
+def _install_expand(t_keys: tuple[int, ...], r_keys: tuple[int, ...]) -> Callable[[object], None]:
+    """Installer of an expand candidate for the given T classes and rank buckets."""
+
+    def put(c: Any) -> None:
+        for tk in t_keys:
+            for r_key in r_keys:
+                configs.EXPAND_TABLE[(tk, r_key)] = dataclasses.replace(c, block_r=min(64, r_key))
+
+    return put
+
+
+def _sweep(
+    install: Callable[[object], None],
+    cands: list,
+    built: list,
+    backend: TritonLoraBackend,
+    metric: str,
+    log: Callable[[str], None],
+) -> tuple[object, float]:
+    """Install each candidate, time ``metric`` (geomean over the built rings),
+    leave the winner installed; returns (winner, geomean)."""
+    best, best_t = None, float("inf")
+    for c in cands:
+        install(c)
+        try:
+            times = [time_ours(sc, ring, backend, (metric,))[metric] for sc, ring in built]
+        except Exception as exc:  # a config that fails to compile/launch
+            log(f"  {c} failed: {type(exc).__name__}: {exc}")
+            continue
+        total = sum(math.log(t) for t in times)
+        each = ", ".join(f"{sc.name}{'' if sc.outs == (4096,) else ' ' + outs_label(sc)} {t:.2f}"
+                         for (sc, _), t in zip(built, times, strict=True))  # fmt: skip
+        log(f"  {c}: {metric} geomean {math.exp(total / len(built)):.2f} µs ({each})")
+        if total < best_t:
+            best, best_t = c, total
+    if best is None:
+        raise RuntimeError(f"no candidate ran: {cands}")
+    install(best)
+    return best, math.exp(best_t / len(built))
+
+
+def _tune_decode_fused(backend: TritonLoraBackend, log: Callable[[str], None]) -> None:
+    """The last run's decode sweep of the fused launch (committed entries won)."""
+    for rows in (64, 256):
+        t_key = configs.bucket(rows, configs.T_BUCKETS)
+        scs = [Scenario("decode", rows, n, (r,)) for r in (16, 64) for n in (1, 16, 64)]
+        built = [(sc, build_ring(sc, "scattered")) for sc in scs]
+        cur = configs.FUSED_TABLE[t_key]
+        cands = [cur] + [
+            dataclasses.replace(cur, block_k=bk, split_k=sk, num_warps=w, per_sm=per, n_elems=ne)
+            for bk, sk, w, per, ne in ((256, 16, 4, 4, 8192), (128, 32, 4, 4, 8192),
+                                       (256, 16, 8, 2, 16384))
+        ]  # fmt: skip
+        keys = (16, 64) if t_key == 64 else (t_key,)
+
+        def put(c: object, keys: tuple[int, ...] = keys) -> None:
+            for k in keys:
+                configs.FUSED_TABLE[k] = c  # type: ignore[assignment]
+
+        best, t = _sweep(put, cands, built, backend, "ours", log)
+        log(f"tuned fused T<={t_key}: {best} ({t:.2f} µs)")
+        del built
+        torch.cuda.empty_cache()
+
+
+def _install_shrink(t_keys: tuple[int, ...], r_keys: tuple[int, ...]) -> Callable[[object], None]:
+    """Installer of a shrink candidate for the given T classes and rank buckets."""
+
+    def put(c: Any) -> None:
+        for tk in t_keys:
+            for r_key in r_keys:
+                configs.SHRINK_TABLE[(tk, r_key)] = dataclasses.replace(c, block_r=min(64, r_key))
+
+    return put
+
+
+SHRINK_SWEEP_BUDGET_S = 65.0  # keeps `--tune --no-loop --no-stacked` under 3 minutes
+SHRINK_R16_FINALISTS = 4  # r = 16 times the best r = 64 candidates (and the committed one)
+
+
+def _tune_prefill_shrink(
+    two: TritonLoraBackend, log: Callable[[str], None], budget_s: float = SHRINK_SWEEP_BUDGET_S
+) -> dict[str, object]:
+    """Prefill shrink sweep, T = 4096, n in {4, 32}: r = 64 over every
+    ``configs.PREFILL_SHRINK_CANDIDATES`` entry, then r = 16 over the committed
+    entry and the ``SHRINK_R16_FINALISTS`` best of r = 64 (each variant compiles
+    once per (n, rank) shape; the r = 16 rerun halves the sweep's compile time).
+
+    Metric: the whole two-kernel ``add_lora`` (geomean over n): the K splits
+    the shrink writes are summed by the expand, so a shrink that wins alone by
+    splitting more can lose overall. The shrink alone is logged too. Stops
+    starting new candidates after ``budget_s`` (the committed entry is always
+    timed first). Winners stay installed and go to ``configs.SHRINK_BY_RANK``.
+    """
+    t0 = time.time()
+    chosen: dict[str, object] = {}
+    committed = configs.PREFILL_SHRINK_CANDIDATES[0]
+    ranked: list[tuple[float, object]] = []
+    for group, r_keys in ((64, (64, 128, 256)), (16, (16, 32))):
+        if group == 64:
+            cands: list[object] = list(configs.PREFILL_SHRINK_CANDIDATES)
+        else:
+            best64 = [c for _, c in sorted(ranked, key=lambda p: p[0])]
+            cands = [committed, *[c for c in best64 if c != committed][:SHRINK_R16_FINALISTS]]
+        built = [(sc, build_ring(sc, "scattered"))
+                 for sc in (Scenario("prefill", 4096, n, (group,)) for n in (4, 32))]  # fmt: skip
+        put = _install_shrink((4096, 1 << 30), r_keys)
+        best, best_t = None, math.inf
+        for c in cands:
+            if best is not None and time.time() - t0 > budget_s:
+                log(f"  shrink sweep budget {budget_s:.0f} s spent: {c} and later not timed")
+                break
+            put(c)
+            try:
+                times = [time_ours(sc, ring, two, ("ours", "shrink")) for sc, ring in built]
+            except Exception as exc:  # a config that fails to compile/launch
+                log(f"  {c} failed: {type(exc).__name__}: {exc}")
+                continue
+            geo = math.exp(sum(math.log(t["ours"]) for t in times) / len(times))
+            each = ", ".join(f"n={sc.n} add_lora {t['ours']:.2f} shrink {t['shrink']:.2f}"
+                             for (sc, _), t in zip(built, times, strict=True))  # fmt: skip
+            log(f"  r={group} {c}: add_lora geomean {geo:.2f} µs ({each})")
+            if group == 64:
+                ranked.append((geo, c))
+            if geo < best_t:
+                best, best_t = c, geo
+        if best is None:
+            raise RuntimeError(f"no prefill shrink candidate ran for r={group}")
+        put(best)
+        configs.SHRINK_BY_RANK[(4096, group)] = best  # type: ignore[assignment]
+        log(f"tuned prefill shrink r-group {group}: {best} ({best_t:.2f} µs add_lora geomean)")
+        chosen[f"shrink 4096 r{group}"] = repr(best)
+        del built
+        torch.cuda.empty_cache()
+    log(f"prefill shrink sweep took {time.time() - t0:.0f} s")
+    return chosen
+
+
+def tune(backend: TritonLoraBackend, log: Callable[[str], None], decode: bool) -> dict[str, object]:
+    """Sweep the open choices, keep the winners installed, print them as Python.
+
+    1. Prefill expand (T = 4096, n in {4, 32}), rank groups 16 and 64 apart:
+       ``Bt``- vs ``y``-prefetching column loop, row tile, column tile, tiles
+       per program (metric: the expand alone, two-kernel path).
+    2. Fused launch ``min_split`` (1 = old rule: such steps run two kernels;
+       2, 4) on the engine's many-slot multi-slice decode steps: q/k/v at T=64
+       r=16 and T=256 r=64, gate/up at T=64 r=16, 64 slots (metric: add_lora).
+    3. Prefill shrink (``_tune_prefill_shrink``): row tile, ``BLOCK_K``,
+       stages, programs per SM (hence K splits), evict-first ``x``; r = 16
+       and r = 64 apart, with the expand winners of 1 installed.
+    4. With ``decode``: the decode fused sweep of the last run.
+    """
+    ec = configs.ExpandConfig
+    two = TritonLoraBackend(fused=False)
+    chosen: dict[str, object] = {}
+    exp_c = [
+        ec(64, 128, 64, 4, 3, 4),  # committed for r = 64 (34.5 µs at n = 4)
+        ec(64, 128, 64, 4, 3, 4, y_prefetch=True),  # committed for r <= 32
+        ec(64, 64, 64, 4, 3, 8, y_prefetch=True),  # half the live y/acc registers
+        ec(32, 128, 64, 4, 3, 4, y_prefetch=True),
+        ec(64, 64, 64, 4, 3, 8),
+        ec(32, 128, 64, 4, 3, 8),
+        ec(64, 128, 64, 8, 3, 4, y_prefetch=True),  # 8 warps: half the registers per thread
+        ec(64, 128, 64, 4, 3, 2, y_prefetch=True),  # twice the programs
+    ]
+    for group, r_keys in ((16, (16, 32)), (64, (64, 128, 256))):
+        built = [(sc, build_ring(sc, "scattered"))
+                 for sc in (Scenario("prefill", 4096, n, (group,)) for n in (4, 32))]  # fmt: skip
+        put = _install_expand((4096, 1 << 30), r_keys)
+        best, t = _sweep(put, exp_c, built, two, "expand", log)
+        configs.EXPAND_BY_RANK[(4096, group)] = best  # type: ignore[assignment]
+        log(f"tuned prefill expand r-group {group}: {best} ({t:.2f} µs)")
+        chosen[f"expand 4096 r{group}"] = repr(best)
+        del built
+        torch.cuda.empty_cache()
+    chosen.update(_tune_prefill_shrink(two, log))
+    for rows, rank in ((64, 16), (256, 64)):
+        t_key = configs.bucket(rows, configs.T_BUCKETS)
+        scs = [Scenario("decode", rows, 64, (rank,), (4096, 1024, 1024))]
+        if rows == 64:
+            scs.append(Scenario("decode", rows, 64, (rank,), (14336, 14336)))
+        built = [(sc, build_ring(sc, "scattered")) for sc in scs]
+        cur = configs.FUSED_TABLE[t_key]
+        cands = [dataclasses.replace(cur, min_split=m) for m in (2, 4, 1)]
+        keys = (16, 64) if t_key == 64 else (t_key,)
+
+        def put_fused(c: object, keys: tuple[int, ...] = keys) -> None:
+            for k in keys:
+                configs.FUSED_TABLE[k] = c  # type: ignore[assignment]
+
+        best, t = _sweep(put_fused, cands, built, backend, "ours", log)
+        log(f"tuned fused min_split T<={t_key}: {best} ({t:.2f} µs; min_split 1 = two kernels)")
+        chosen[f"fused {t_key}"] = repr(best)
+        del built
+        torch.cuda.empty_cache()
+    if decode:
+        _tune_decode_fused(backend, log)
+    return chosen
+
+
+def paste_block() -> str:
+    """The tuned tables as Python for ``configs.py``."""
+    by_rank = ",\n".join(f"    {k}: {v!r}" for k, v in sorted(configs.EXPAND_BY_RANK.items()))
+    shrink = ",\n".join(f"    {k}: {v!r}" for k, v in sorted(configs.SHRINK_BY_RANK.items()))
+    fused = ",\n".join(f"    {k}: {v!r}" for k, v in sorted(configs.FUSED_TABLE.items()))
+    return (
+        "# ---- paste into dataplane/kernels/triton/configs.py ----\n"
+        f"EXPAND_BY_RANK: dict[tuple[int, int], ExpandConfig] = {{\n{by_rank},\n}}\n"
+        f"SHRINK_BY_RANK: dict[tuple[int, int], ShrinkConfig] = {{\n{shrink},\n}}\n"
+        f"FUSED_TABLE: dict[int, FusedConfig] = {{\n{fused},\n}}"
+    )

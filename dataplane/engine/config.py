@@ -1,0 +1,48 @@
+"""EngineConfig: the sizes and switches of one `Engine`, validated on construction.
+
+Torch-free. `Engine.from_model_dir(**sizes)` accepts exactly these fields.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from dataplane.core import InvalidRequest
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """Sizes of one engine. `num_kv_blocks` x `block_size` tokens of KV for all requests."""
+
+    max_num_seqs: int = 64
+    max_num_batched_tokens: int = 2048
+    num_kv_blocks: int = 1024
+    block_size: int = 16
+    max_slots: int = 8
+    max_rank: int = 16
+    max_model_len: int | None = None
+    enable_prefix_caching: bool = True
+    enable_cuda_graphs: bool = True
+    lora_backend: str | None = None
+    attention_backend: str | None = None
+    ops_backend: str | None = None
+    max_graph_context: int = 4096
+    sampler_seed: int | None = 0
+    async_scheduling: bool | None = None
+    """Launch the next decode-only step before syncing on this one's tokens (None: on
+    exactly when CUDA graphs are in use; True also runs the same control flow on CPU)."""
+
+    def __post_init__(self) -> None:
+        minimum = {"max_num_seqs": 1, "max_num_batched_tokens": 1, "num_kv_blocks": 1,
+                   "block_size": 1, "max_slots": 0, "max_rank": 1, "max_graph_context": 1}
+        for name, low in minimum.items():
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < low:
+                raise InvalidRequest(f"{name} must be an int >= {low}", **{name: value})
+        if self.async_scheduling not in (None, True, False):
+            raise InvalidRequest("async_scheduling must be None, True or False",
+                                 async_scheduling=self.async_scheduling)
+        if self.max_model_len is not None and (
+                not isinstance(self.max_model_len, int) or self.max_model_len < 2):
+            raise InvalidRequest("max_model_len must be an int >= 2",
+                                 max_model_len=self.max_model_len)

@@ -1,0 +1,22 @@
+"""RequestOutput: what `Engine.step()` / `generate()` report for one request."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from dataplane.sampling.sampler import TokenLogprobs
+
+
+@dataclass(frozen=True)
+class RequestOutput:
+    """A request's state after a step. `new_*` is what this step added (for streaming)."""
+
+    request_id: str
+    prompt_token_ids: tuple[int, ...]
+    token_ids: tuple[int, ...]
+    new_token_ids: tuple[int, ...]
+    text: str
+    new_text: str
+    finished: bool
+    finish_reason: str | None
+    logprobs: tuple[TokenLogprobs, ...] | None

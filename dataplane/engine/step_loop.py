@@ -1,0 +1,178 @@
+"""The engine's step loop, sync and async: launch a step, finish it, retire its plan.
+
+`StepLoop` is the stepping half of `Engine` (engine.py holds construction, adapters and
+requests). One step = scheduler.schedule() -> build_plan -> ModelRunner.execute (logits of
+the sampled rows) -> Sampler -> scheduler commit/reserve/apply (docs/ENGINE_CONTRACT.md).
+With async scheduling the next decode-only step is launched before this one's tokens reach
+the host; async_steps.py describes that control flow, its correctness argument and the plan
+hook (`on_plan_launched` / `on_plan_retired`) contract.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from dataplane.core import BatchPlan, InvalidRequest, Sequence
+from dataplane.engine.async_steps import Launched, deferred_inputs, has_live_rows, retire
+from dataplane.engine.model_runner import ModelRunner
+from dataplane.engine.request_output import RequestOutput
+from dataplane.engine.scheduler import ScheduleOutput, Scheduler
+from dataplane.sampling.sampler import Sampler, TokenLogprobs
+
+
+class StepLoop:
+    """Mixin: `step()` and the plan hooks over the attributes `Engine.__init__` sets."""
+
+    scheduler: Scheduler
+    runner: ModelRunner
+    sampler: Sampler
+    async_scheduling: bool
+    last_step_idle: bool
+    num_preemptions: int
+    num_overlapped_steps: int
+    num_discarded_rows: int
+    _inflight: Launched | None
+    _seqs: dict[str, Sequence]
+    _logprobs: dict[str, list[TokenLogprobs]]
+
+    if TYPE_CHECKING:
+        def build_plan(self, out: ScheduleOutput) -> BatchPlan:
+            """Engine.build_plan: the plan of one scheduled step."""
+            ...
+
+    # ----- plan hooks ------------------------------------------------------------------
+    def on_plan_launched(self, plan: BatchPlan) -> object:
+        """Hook for plan observers and launch fences (both loops, sync and async).
+
+        Called once per plan, after it is built and before its forward is enqueued
+        (continuation plans too, whose decode input ids are still placeholders). The
+        returned token goes to :meth:`on_plan_retired`. Raising refuses the launch:
+        nothing is enqueued and no retire follows. Default: nothing (None)."""
+        return None
+
+    def on_plan_retired(self, token: object) -> None:
+        """Hook: the plan that :meth:`on_plan_launched` returned `token` for is done.
+
+        Called exactly once per token that `on_plan_launched` returned, in launch order,
+        after the plan's forward and sampling were enqueued (or their launch raised) and
+        either its tokens reached the host and were applied, or its rows were discarded
+        (every request finished or was aborted) — also when the step raised. Device work
+        of the plan is complete, or enqueued before anything recorded on the current
+        stream now (e.g. a CUDA event marking the plan's last use of adapter slots)."""
+        return None
+
+    def _retire(self, step: Launched) -> None:
+        """on_plan_retired for `step`, then for its failed followers; at most once."""
+        retire(step, self.on_plan_retired)
+
+    def _drop_inflight(self) -> None:
+        """Forget the in-flight step (its results are not needed) and retire its plan."""
+        step, self._inflight = self._inflight, None
+        if step is not None:
+            self._retire(step)
+
+    # ----- stepping -------------------------------------------------------------------
+    def step(self) -> list[RequestOutput]:
+        """Run one scheduled step; outputs for every request that got a token.
+
+        Async scheduling: the returned outputs are those of the oldest launched step; before
+        waiting for its tokens the next decode-only step is launched (when the scheduler can
+        decide it now), and it stays in flight across this call."""
+        if not self.async_scheduling:
+            launched = self._schedule_and_launch()
+            return [] if launched is None else self._finish_step(launched, None)
+        cur, self._inflight = self._inflight, None
+        if cur is not None and not has_live_rows(cur):
+            self._retire(cur)  # every request in it finished or was aborted: nothing to apply
+            cur = None
+        if cur is None:
+            cur = self._schedule_and_launch()
+            if cur is None:
+                return []
+        self.last_step_idle = False
+        return self._finish_step(cur, self._launch_continuation)
+
+    def _schedule_and_launch(self) -> Launched | None:
+        out = self.scheduler.schedule()
+        self.num_preemptions += len(out.preempted)
+        self.last_step_idle = out.is_empty
+        return None if out.is_empty else self._launch_step(out, None)
+
+    def _launch_step(self, out: ScheduleOutput, prev: Launched | None) -> Launched:
+        """Build the plan, enqueue the forward and the sampling; no host sync. With `prev`
+        (still in flight, tokens reserved) its sampled tokens feed the placeholder rows."""
+        plan = self.build_plan(out)
+        if [s.request_id for s in out.sampled] != list(plan.sample_request_ids):
+            raise InvalidRequest("plan sample order differs from the scheduler's")
+        token = self.on_plan_launched(plan)
+        try:
+            deferred = None if prev is None else deferred_inputs(plan, out, prev)
+            logits = self.runner.execute(plan, deferred)
+            pending = self.sampler.launch(logits, out.sampled)
+        except BaseException:
+            if prev is None:
+                self.on_plan_retired(token)
+            else:
+                prev.after.append(token)  # retired right after `prev`: launch order
+            raise
+        return Launched(out, pending, token)
+
+    def _launch_continuation(self, cur: Launched) -> None:
+        """After `cur` is committed and reserved: launch the next step if it is decidable."""
+        nxt = self.scheduler.schedule_continuation(cur.out)
+        if nxt is not None:
+            self._inflight = self._launch_step(nxt, cur)
+            self.num_overlapped_steps += 1
+
+    def _finish_step(self, cur: Launched, overlap: Callable[[Launched], None] | None
+                ) -> list[RequestOutput]:
+        """Commit `cur`, run `overlap` (launch the next step) while it computes, then wait
+        for its tokens, apply them and build the outputs. `cur`'s plan is retired once its
+        tokens are applied, or when this raises."""
+        dropped: Launched | None = None
+        try:
+            self.scheduler.commit_computed(cur.out)
+            self.scheduler.reserve_tokens(cur.out)
+            if overlap is not None:
+                try:
+                    overlap(cur)
+                except Exception:
+                    # `cur` is applied below; the next step re-plans
+                    dropped, self._inflight = self._inflight, None
+                    self.scheduler.apply_tokens(cur.out, cur.pending.result().token_ids)
+                    raise
+            result = cur.pending.result()
+            updates = self.scheduler.apply_tokens(cur.out, result.token_ids)
+        finally:
+            try:
+                self._retire(cur)
+            finally:
+                if dropped is not None:
+                    self._retire(dropped)
+        if self._inflight is not None:
+            self.num_discarded_rows += sum(s.is_finished for s in self._inflight.out.decodes)
+            if not has_live_rows(self._inflight):
+                self._drop_inflight()
+        by_id = {s.request_id: lp
+                 for s, lp in zip(cur.out.sampled, result.logprobs, strict=True)}
+        outputs = []
+        for u in updates:
+            seq = u.seq
+            lp = by_id.get(seq.request_id)
+            if lp is not None:
+                self._logprobs[seq.request_id].append(lp)
+            outputs.append(self._output(seq, (u.token_id,), u.text))
+            if u.finished:
+                self._seqs.pop(seq.request_id, None)
+                self._logprobs.pop(seq.request_id, None)
+        return outputs
+
+    def _output(self, seq: Sequence, new_ids: tuple[int, ...], new_text: str) -> RequestOutput:
+        lps = self._logprobs.get(seq.request_id, [])
+        return RequestOutput(
+            request_id=seq.request_id, prompt_token_ids=seq.prompt_token_ids,
+            token_ids=tuple(seq.output_token_ids), new_token_ids=new_ids,
+            text=seq.output_text, new_text=new_text, finished=seq.is_finished,
+            finish_reason=seq.finish_reason.value if seq.finish_reason else None,
+            logprobs=tuple(lps) if seq.sampling.logprobs is not None else None)
