@@ -16,20 +16,18 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import boto3
 import pytest
-from sqlalchemy import text
-from sqlalchemy.engine import make_url
 
-from cli.stack import EmbeddedStack
-from controlplane.db import make_engine
 from dataplane.artifacts import read_base_abi
 from dataplane.assets import make_peft_adapter, make_tiny_llama
 
 from .assets import GreedyReference, write_byte_tokenizer
 from .stack import Admin, AgentProcess
+
+if TYPE_CHECKING:  # the control-plane imports stay lazy: GPU hosts run the engine-side
+    from cli.stack import EmbeddedStack  # tests here without boto3/SQLAlchemy installed
 
 AGENT_MAX_RANK = 8
 S3_KEY = "testing"
@@ -88,6 +86,8 @@ class Deployment:
 
 @pytest.fixture(scope="session")
 def s3_bucket(s3_endpoint: str) -> tuple[Any, str]:
+    import boto3
+
     client = boto3.client("s3", endpoint_url=s3_endpoint, region_name="us-east-1",
                           aws_access_key_id=S3_KEY, aws_secret_access_key=S3_KEY)
     bucket = f"agent-tests-{uuid.uuid4().hex[:8]}"
@@ -100,6 +100,11 @@ def agent_database_url(postgres_url: str) -> Iterator[str]:
     """The Postgres test database, confined to a private schema (dropped at the end), so
     other packages' TRUNCATEs cannot touch this session-long control plane. Catalog
     NOTIFYs are database-wide, so agents' long-polls wake through LISTEN."""
+    from sqlalchemy import text
+    from sqlalchemy.engine import make_url
+
+    from controlplane.db import make_engine
+
     schema = f"agent_{uuid.uuid4().hex[:12]}"
     engine = make_engine(postgres_url, pool_size=1)
     with engine.begin() as conn:
@@ -117,6 +122,8 @@ def agent_database_url(postgres_url: str) -> Iterator[str]:
 def control_plane(tmp_path_factory: pytest.TempPathFactory, s3_endpoint: str,
                   s3_bucket: tuple[Any, str],
                   agent_database_url: str) -> Iterator[EmbeddedStack]:
+    from cli.stack import EmbeddedStack
+
     bucket = s3_bucket[1]
     stack = EmbeddedStack(
         tmp_path_factory.mktemp("agent-cp"), port=0, embedded_only=True,
