@@ -12,7 +12,9 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+import uuid
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager
 
 import httpx
 import pytest
@@ -65,3 +67,32 @@ def s3_endpoint() -> Iterator[str]:
     finally:
         proc.terminate()
         proc.wait(timeout=10)
+
+
+@contextmanager
+def private_schema(postgres_url: str, prefix: str) -> Iterator[str]:
+    """A database URL confined to a fresh schema of the Postgres test database (its
+    `search_path`), dropped on exit: a session-long server keeps its tables while other
+    packages TRUNCATE theirs between tests."""
+    from sqlalchemy import text
+    from sqlalchemy.engine import make_url
+
+    from controlplane.db import make_engine
+
+    schema = f"{prefix}_{uuid.uuid4().hex[:12]}"
+    engine = make_engine(postgres_url, pool_size=1)
+    with engine.begin() as conn:
+        conn.execute(text(f'CREATE SCHEMA "{schema}"'))
+    url = make_url(postgres_url).update_query_dict({"options": f"-csearch_path={schema}"})
+    try:
+        yield url.render_as_string(hide_password=False)
+    finally:
+        with engine.begin() as conn:
+            conn.execute(text(f'DROP SCHEMA "{schema}" CASCADE'))
+        engine.dispose()
+
+
+@pytest.fixture(scope="session")
+def schema_database(postgres_url: str) -> Callable[[str], AbstractContextManager[str]]:
+    """`with schema_database("prefix") as url:` — see :func:`private_schema`."""
+    return lambda prefix: private_schema(postgres_url, prefix)

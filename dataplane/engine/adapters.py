@@ -179,14 +179,19 @@ class AdapterRegistry:
             raise AdapterError("no free adapter slot", max_slots=self.runner.max_slots)
         slot = free[0]
         self._check_fits(adapter)
-        write_adapter_to_slot(self.runner.tables, slot, adapter, self.runner.max_rank,
-                              self.runner.linears)
         generation = self._generations.get(slot, 0) + 1
+        self._write_slot(slot, generation, adapter)
         self._generations[slot] = generation
         handle = AdapterHandle(slot, adapter.digest, generation, adapter.max_rank,
                                adapter.source)
         self._by_slot[slot] = handle
         return handle
+
+    def _write_slot(self, slot: int, generation: int, adapter: LoadedAdapter) -> None:
+        """Place `adapter`'s factors in `slot` (load `generation`); raises AdapterError and
+        leaves the slot empty when they cannot be placed."""
+        write_adapter_to_slot(self.runner.tables, slot, adapter, self.runner.max_rank,
+                              self.runner.linears)
 
     def _check_fits(self, adapter: LoadedAdapter) -> None:
         """All checks of write_adapter_to_slot, before any slot is touched."""

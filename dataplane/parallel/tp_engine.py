@@ -77,27 +77,12 @@ class TPAdapterRegistry(AdapterRegistry):
                     tuple(m.a.shape) != (m.rank, d_in) or tuple(m.b.shape) != (d_out, m.rank):
                 raise AdapterError(f"layer {m.layer} {m.module}: factors do not fit the model")
 
-    def register(self, adapter: LoadedAdapter) -> AdapterHandle:
-        if self.runner.max_slots == 0:
-            raise AdapterError("this engine has LoRA disabled (max_slots=0)")
-        for handle in self._by_slot.values():
-            if handle.digest == adapter.digest:
-                return handle
-        free = [s for s in range(self.runner.max_slots) if s not in self._by_slot]
-        if not free:
-            raise AdapterError("no free adapter slot", max_slots=self.runner.max_slots)
-        slot = free[0]
-        self._check_fits(adapter)
-        generation = self._generations.get(slot, 0) + 1
+    def _write_slot(self, slot: int, generation: int, adapter: LoadedAdapter) -> None:
+        """Every rank shards `adapter` into `slot`; published only when all ranks voted yes."""
         self.channel.send((LOAD, slot, generation, adapter))
         outcome = self.load_local(slot, generation, adapter)
         if not outcome.published:
             raise AdapterError(f"adapter not published: {outcome.reason}", slot=slot)
-        self._generations[slot] = generation
-        handle = AdapterHandle(slot, adapter.digest, generation, adapter.max_rank,
-                               adapter.source)
-        self._by_slot[slot] = handle
-        return handle
 
     def unregister(self, handle: AdapterHandle, in_use: bool) -> None:
         self.check_handle(handle)
@@ -117,14 +102,14 @@ class TPAdapterRegistry(AdapterRegistry):
     def load_local(self, slot: int, generation: int, adapter: LoadedAdapter | None
                    ) -> PublicationOutcome:
         """Every rank: shard `adapter` (None = clear) into `slot`, then vote (collective)."""
-        ok = True
+        local_error: Exception | None = None
         try:
             if adapter is None:
                 self._clear(slot)
             else:
                 self.model.load_adapter(slot, group_peft_modules(adapter.modules))
-        except Exception:  # any local failure is a "no" vote: every rank must vote
-            ok = False
+        except Exception as exc:  # a "no" vote, not a raise: every rank must reach the vote
+            local_error = exc
         tensors = []
         for layer in range(len(self.model.layers)):
             for attr in LORA_GROUPS:
@@ -135,10 +120,14 @@ class TPAdapterRegistry(AdapterRegistry):
             {"adapter": None if adapter is None else adapter.digest, "slot": slot,
              "tp_size": self.model.group.size, "layouts": self.model.lora_layouts},
             sort_keys=True).encode()).hexdigest()
-        return publish_when_all_valid(
-            self.model.group, generation=generation, contract_digest=contract, local_ok=ok,
-            local_shard_digest=shard_digest(tensors), publish=lambda: None,
-            rollback=lambda: self._clear(slot))
+        outcome = publish_when_all_valid(
+            self.model.group, generation=generation, contract_digest=contract,
+            local_ok=local_error is None, local_shard_digest=shard_digest(tensors),
+            publish=lambda: None, rollback=lambda: self._clear(slot))
+        if local_error is not None:  # keep this rank's cause in the refusal it reports
+            outcome = dataclasses.replace(outcome, reason=f"{outcome.reason}; rank "
+                                          f"{self.model.group.rank}: {local_error}")
+        return outcome
 
 
 class TPEngine(Engine):

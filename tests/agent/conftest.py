@@ -12,8 +12,8 @@ targets. References come from HF transformers + PEFT (tests/engine/helpers.py).
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -96,26 +96,13 @@ def s3_bucket(s3_endpoint: str) -> tuple[Any, str]:
 
 
 @pytest.fixture(scope="session")
-def agent_database_url(postgres_url: str) -> Iterator[str]:
+def agent_database_url(schema_database: Callable[[str], AbstractContextManager[str]]
+                          ) -> Iterator[str]:
     """The Postgres test database, confined to a private schema (dropped at the end), so
     other packages' TRUNCATEs cannot touch this session-long control plane. Catalog
     NOTIFYs are database-wide, so agents' long-polls wake through LISTEN."""
-    from sqlalchemy import text
-    from sqlalchemy.engine import make_url
-
-    from controlplane.db import make_engine
-
-    schema = f"agent_{uuid.uuid4().hex[:12]}"
-    engine = make_engine(postgres_url, pool_size=1)
-    with engine.begin() as conn:
-        conn.execute(text(f'CREATE SCHEMA "{schema}"'))
-    url = make_url(postgres_url).update_query_dict({"options": f"-csearch_path={schema}"})
-    try:
-        yield url.render_as_string(hide_password=False)
-    finally:
-        with engine.begin() as conn:
-            conn.execute(text(f'DROP SCHEMA "{schema}" CASCADE'))
-        engine.dispose()
+    with schema_database("agent") as url:
+        yield url
 
 
 @pytest.fixture(scope="session")

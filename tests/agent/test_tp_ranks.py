@@ -113,3 +113,29 @@ def test_agent_tp_needs_engine_residency(assets: tuple[Path, dict[str, Path]]) -
     settings = AgentSettings(model_dir=assets[0], residency_backend="pool", tp_degree=2)
     with pytest.raises(ValueError, match="residency_backend='engine'"):
         build_engine(settings, AgentMetrics())
+
+
+def test_adapter_a_rank_cannot_shard_is_refused_on_every_rank(
+        assets: tuple[Path, dict[str, Path]], tmp_path: Path, one_thread: None) -> None:
+    """Paper layout on q/k/v splits A on the rank axis: a rank-3 adapter cannot be split
+    over 2 ranks, so every rank votes no, nothing is published, the refusal names the
+    local cause, and the engine keeps serving the base model exactly as before."""
+    from dataplane.engine.adapters import AdapterError
+
+    base, adapters = assets
+    odd = make_peft_adapter(base, tmp_path / "odd_r3", seed=23, rank=3, alpha=6,
+                            target_modules=["q_proj", "v_proj"])
+    ranks = launch_tp_ranks(TPLaunchSpec(str(base), 2, device="cpu", dtype="float32",
+                                         lora_layouts={"qkv_proj": "paper"},
+                                         engine_sizes=SIZES, torch_threads=1,
+                                         timeout_s=120.0))
+    try:
+        engine = ranks.engine
+        before = engine.generate([PROMPTS[2]], PARAMS)[0].token_ids
+        with pytest.raises(AdapterError, match=r"not published.*rank 0:"):
+            engine.register_adapter(odd)
+        assert engine.generate([PROMPTS[2]], PARAMS)[0].token_ids == before
+        handle = engine.register_adapter(adapters["attn_r4"])  # the slot is still usable
+        assert engine.generate([PROMPTS[2]], PARAMS, [handle])[0].token_ids != before
+    finally:
+        ranks.shutdown(timeout_s=60.0)

@@ -13,19 +13,17 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
-from sqlalchemy import text
-from sqlalchemy.engine import make_url
 from typer.testing import CliRunner, Result
 
 from cli.main import app
 from cli.stack import EmbeddedStack
-from controlplane.db import make_engine
 from dataplane.assets import make_peft_adapter, make_tiny_llama
 
 BASE_SEED = 4242
@@ -65,23 +63,15 @@ def cli_assets(tmp_path_factory: pytest.TempPathFactory) -> CliAssets:
 
 
 @pytest.fixture(scope="session")
-def cli_database_url(postgres_url: str) -> Iterator[str]:
+def cli_database_url(schema_database: Callable[[str], AbstractContextManager[str]]
+                        ) -> Iterator[str]:
     """The Postgres test database, confined to a private schema (dropped at the end).
 
     Other test packages TRUNCATE the test database's tables between their tests; our
     server lives for the whole session, so it gets its own `search_path` schema.
     """
-    schema = f"cli_{uuid.uuid4().hex[:12]}"
-    engine = make_engine(postgres_url, pool_size=1)
-    with engine.begin() as conn:
-        conn.execute(text(f'CREATE SCHEMA "{schema}"'))
-    url = make_url(postgres_url).update_query_dict({"options": f"-csearch_path={schema}"})
-    try:
-        yield url.render_as_string(hide_password=False)
-    finally:
-        with engine.begin() as conn:
-            conn.execute(text(f'DROP SCHEMA "{schema}" CASCADE'))
-        engine.dispose()
+    with schema_database("cli") as url:
+        yield url
 
 
 @pytest.fixture(scope="session")
