@@ -10,6 +10,7 @@ Systems, measured in the same run on the same trace:
   engine-base   this engine with LoRA disabled (max_slots=0), same prompts, no adapter
   hf+peft       HF transformers + PEFT `generate` with a mixed batch (`adapter_names`),
                 static batches of `--hf-batch` requests in arrival order
+Each engine is first warmed up, untimed, on the trace's prompts reversed, 2 tokens each.
 Reported: output tokens/s (total output tokens / makespan), TTFT p50/p99 (first token −
 arrival) and per-token latency p50/p99 ((last − first token) / (n − 1) per request). HF
 `generate` does not stream: a static batch's token times are spread evenly over its
@@ -141,8 +142,41 @@ def sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
+def compiled_kernels() -> int:
+    """Compiled Triton kernel variants of every `dataplane` kernel so far (all devices)."""
+    import triton
+
+    seen, total = set(), 0
+    for name, mod in list(sys.modules.items()):
+        if not name.startswith("dataplane.") or mod is None:
+            continue
+        for obj in vars(mod).values():
+            if isinstance(obj, triton.runtime.jit.JITFunction) and id(obj) not in seen:
+                seen.add(id(obj))
+                total += sum(len(c[0]) for c in obj.device_caches.values())
+    return total
+
+
+def warm_up(engine: Engine, trace: list[Request], handles: list, device: str) -> None:
+    """Untimed: every request of the trace with its prompt reversed (same lengths and
+    adapters, no prefix-cache hit for the timed run) and 2 output tokens, all at once, so
+    the kernel variants this trace's steps launch (prefill lengths, chunked and mixed
+    steps) are compiled before the clock starts. (Triton compiles on first use; the
+    engine itself pre-compiles its LoRA kernels at construction.)"""
+    for i, r in enumerate(trace):
+        handle = handles[r.adapter] if r.adapter is not None and handles else None
+        engine.add_request(f"warm-up-{i}", r.prompt[::-1],
+                           SamplingParams(temperature=0.0, max_tokens=2, ignore_eos=True), handle)
+    while engine.has_unfinished():
+        engine.step()
+    sync(device)
+
+
 def run_engine(name: str, engine: Engine, trace: list[Request], handles: list, device: str) -> dict:
-    """Online driver: requests join at their arrival time; one engine.step() per loop."""
+    """Online driver: requests join at their arrival time; one engine.step() per loop.
+    The engine is warmed up first (`warm_up`, untimed)."""
+    warm_up(engine, trace, handles, device)
+    compiled = compiled_kernels()
     timings: dict[str, Timing] = {}
     pending = list(enumerate(trace))
     n_tokens = 0
@@ -169,7 +203,9 @@ def run_engine(name: str, engine: Engine, trace: list[Request], handles: list, d
             n_tokens += len(o.new_token_ids)
     sync(device)
     result = summarize(name, list(timings.values()), time.perf_counter() - start, n_tokens)
-    print(f"# {name}: {result['output_tok_s']:.1f} tok/s", file=sys.stderr, flush=True)
+    result["jit_compiles_timed"] = compiled_kernels() - compiled
+    print(f"# {name}: {result['output_tok_s']:.1f} tok/s, {result['jit_compiles_timed']} Triton "
+          "compiles while timed", file=sys.stderr, flush=True)
     return result
 
 
@@ -336,7 +372,7 @@ def random_hf(
     for i in range(1, n):
         peft.add_adapter(f"a{i}", lcfg)
     peft.eval()
-    trace = make_trace(args, config.vocab_size, n)
+    trace = make_trace(args, config.vocab_size, n)[: args.hf_requests]
     return {**run_hf(peft, trace, [f"a{i}" for i in range(n)], args.hf_batch, dev), "adapters": n}
 
 
@@ -511,6 +547,8 @@ def main() -> None:
     p.add_argument("--kv-blocks", type=int, default=512)
     p.add_argument("--hf-batch", type=int, default=32)
     p.add_argument("--hf-max-adapters", type=int, default=16)
+    p.add_argument("--hf-requests", type=int, default=None,
+                   help="HF + PEFT runs only the trace's first N requests (default: all)")
     p.add_argument("--skip-hf", action="store_true")
     p.add_argument("--threads", type=int, default=None, help="torch intra-op threads (CPU)")
     p.add_argument("--seed", type=int, default=0)

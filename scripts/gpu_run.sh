@@ -2,10 +2,10 @@
 # The GPU tests and benchmarks behind docs/PERFORMANCE.md, one section after another on
 # one GPU (each benchmark runs alone on it). From the repo root on the GPU host (torch,
 # triton, transformers, peft installed):
-#   OUT=/tmp/gpu-run bash scripts/gpu_run.sh tests kernels coldload decode trace attention
+#   OUT=/tmp/gpu-run bash scripts/gpu_run.sh tests agent kernels coldload decode trace online attention
 # and on a 2-GPU host the tensor-parallel sections `tp tptests`.
-# (pytest runs with --import-mode=append: without an editable install, tests/agent would
-# otherwise shadow the `agent` package.)
+# (tests/ is a package, so tests/agent is `tests.agent` and never shadows the `agent`
+# package, with or without an editable install.)
 # Results: $OUT/<section>.txt (logs), $OUT/<section>/ (JSON); $OUT/sections.txt has the
 # exit status of each section (124 = cut by its time limit).
 set -u
@@ -34,10 +34,16 @@ for s in "$@"; do
     decode) section decode 120 python3 bench/engine.py --mode decode-step --max-num-seqs 64 \
               --prompt-max 512 --adapters 16 128 --kv-blocks 4096 --steps 20 \
               --scheduling sync async --out "$OUT/decode" ;;
-    trace) section trace 170 python3 bench/engine.py --mode cuda --adapters 16 128 \
-             --requests 128 --rate 16 --prompt-min 64 --prompt-max 512 --output-min 64 \
+    trace) section trace 420 python3 bench/engine.py --mode cuda --adapters 16 128 \
+             --requests 256 --rate inf --prompt-min 64 --prompt-max 512 --output-min 64 \
              --output-max 128 --max-num-seqs 128 --max-batched-tokens 4096 \
-             --kv-blocks 8192 --hf-batch 64 --out "$OUT/trace" ;;
+             --kv-blocks 8192 --hf-batch 64 --hf-requests 64 --out "$OUT/trace" ;;
+    online) section online 200 python3 bench/engine.py --mode cuda --adapters 16 128 \
+              --requests 256 --rate 24 --prompt-min 64 --prompt-max 512 --output-min 64 \
+              --output-max 128 --max-num-seqs 128 --max-batched-tokens 4096 \
+              --kv-blocks 8192 --skip-hf --out "$OUT/online" ;;
+    agent) section agent 200 python3 -m pytest -q -p no:cacheprovider -m gpu \
+             tests/agent/test_agent_async.py ;;
     attention) section attention 40 python3 bench/attention.py ;;
     tp) section tp 350 python3 bench/tp.py --shape 8b --device cuda --tp 1 2 \
           --adapters 0 16 128 --attention triton --graphs both --out "$OUT/tp" ;;  # 2 GPUs

@@ -91,7 +91,7 @@ def _attend(acc, m_i, l_i, q, k_ptr, v_ptr, bt_row_ptr, kvh, n0, q_pos, hi,
     return acc, m_new, l_i
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["stride_bt"])  # the table width varies per step
 def _varlen_prefill_kernel(
     q_ptr, k_ptr, v_ptr, out_ptr, indptr_ptr, ctx_ptr, bt_ptr, tile_req_ptr, tile_row_ptr,
     stride_qt, stride_qh, stride_ks, stride_kh, stride_vs, stride_vh, stride_ot, stride_oh,

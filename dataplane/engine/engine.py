@@ -151,6 +151,7 @@ class Engine(StepLoop):
         if self.runner.graphs is None:
             from dataplane.engine.cuda_graphs import CudaGraphRunner
 
+            self.runner.warm_up_lora()  # eager steps then never wait on Triton's JIT
             graphs = CudaGraphRunner(self.runner, self.config.max_num_seqs,
                                      min(self.max_model_len, self.config.max_graph_context))
             graphs.capture_all()

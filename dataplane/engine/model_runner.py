@@ -25,6 +25,17 @@ from dataplane.layers.lora_linear import LoRALinear, LoraStepContext
 from dataplane.models.llama import LlamaForCausalLM
 
 
+def warm_up_row_counts(max_rows: int) -> list[int]:
+    """Row counts whose steps cover every kernel configuration up to `max_rows`: each
+    power of two (the config tables' row buckets and the metadata build's sort widths
+    are powers of two) and `max_rows` itself."""
+    counts, rows = [], 1
+    while rows < max_rows:
+        counts.append(rows)
+        rows *= 2
+    return [*counts, max_rows]
+
+
 class ModelRunner:
     """Executes plans. `max_slots == 0` disables LoRA entirely (base model only).
 
@@ -97,6 +108,34 @@ class ModelRunner:
     def graph_safe(self) -> bool:
         """True when a step can be captured in a CUDA graph (no host syncs in the LoRA path)."""
         return self.max_slots == 0 or self.backend.name != "torch"
+
+    @torch.inference_mode()
+    def warm_up_lora(self) -> int:
+        """Launch every LoRA kernel variant an eager step can use, once, with no row on an
+        adapter (every program exits at once), so Triton compiles them now and not in the
+        middle of a served step (an 8B model's first mixed steps otherwise wait seconds
+        for the JIT). Variants differ by row bucket (configs), projection shape and the
+        metadata method, so one call per row count in `warm_up_row_counts` and per
+        distinct projection shape covers them (projections owning their own tables, the
+        tensor-parallel ones, are left to compile on first use). Returns the number of
+        calls made."""
+        if self.max_slots == 0:
+            return 0
+        shapes: dict[tuple[int, tuple[int, ...]], LoRALinear] = {}
+        for linear in self.linears.values():  # not the TP linears owning their tables
+            if linear.factors is not None:
+                shapes.setdefault((linear.in_features, tuple(linear.out_features)), linear)
+        calls = 0
+        for rows in warm_up_row_counts(self.max_rows):
+            row_slot = torch.full((rows,), -1, dtype=torch.int32, device=self.device)
+            meta = self.backend.build_meta(row_slot, self.meta_buffers)
+            for (d_in, d_out), linear in shapes.items():
+                x = torch.zeros(rows, d_in, dtype=self.dtype, device=self.device)
+                y = torch.zeros(rows, sum(d_out), dtype=self.dtype, device=self.device)
+                assert linear.factors is not None
+                self.backend.add_lora(y, x, meta, linear.factors.weights, self.workspace)
+                calls += 1
+        return calls
 
     def lora_context(self, row_slot: torch.Tensor) -> LoraStepContext | None:
         """Per-step row grouping; None when LoRA is disabled or no row has an adapter."""

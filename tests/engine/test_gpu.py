@@ -167,3 +167,38 @@ def test_async_scheduling_matches_sync_with_cuda_graphs(cuda_device: torch.devic
         torch.testing.assert_close(torch.tensor([lp.logprob for lp in a.logprobs or ()]),
                                    torch.tensor([lp.logprob for lp in s.logprobs or ()]),
                                    atol=1e-2 if dtype == "bfloat16" else 1e-4, rtol=1e-2)
+
+
+def _compiled_variants() -> dict[str, int]:
+    """Compiled variants per LoRA / metadata kernel (Triton's per-device kernel caches)."""
+    from dataplane.kernels.triton import (
+        expand_kernel,
+        fused_kernel,
+        lora_kernels,
+        meta_blocked,
+        meta_kernel,
+    )
+
+    fns = [lora_kernels.lora_shrink_kernel, expand_kernel.lora_expand_kernel,
+           fused_kernel.lora_fused_kernel, meta_kernel._build_meta_sort_kernel,
+           meta_blocked._block_hist_kernel, meta_blocked._block_scatter_kernel]
+    return {fn.__name__: sum(len(c[0]) for c in fn.device_caches.values()) for fn in fns}
+
+
+def test_warm_up_compiles_every_eager_lora_variant(cuda_device: torch.device, tiny_llama: Path,
+                                                   tiny_adapters: dict[str, Path]) -> None:
+    """After the engine's warm-up, steps of any row count (odd ones, mixed prefill and
+    decode, every adapter; the first step has 570 rows: blocked metadata, two kernels)
+    compile no LoRA kernel: no served step waits on Triton's JIT."""
+    engine = Engine.from_model_dir(tiny_llama, dtype="bfloat16", device="cuda", max_num_seqs=8,
+                                   max_num_batched_tokens=600, num_kv_blocks=512, block_size=4,
+                                   max_slots=4, max_rank=8)
+    handles = [engine.register_adapter(p) for p in tiny_adapters.values()]
+    before = _compiled_variants()
+    assert before["lora_fused_kernel"] and before["_build_meta_sort_kernel"], before
+    lengths = (3, 77, 231, 240, 19)
+    prompts = [[(7 * i + j) % 250 + 1 for j in range(n)] for i, n in enumerate(lengths)]
+    params = SamplingParams(temperature=0, max_tokens=5, ignore_eos=True)
+    outs = engine.generate(prompts, params, [handles[i % len(handles)] for i in range(5)])
+    assert all(len(o.token_ids) == 5 for o in outs)
+    assert _compiled_variants() == before

@@ -20,7 +20,7 @@ LAYERS = 2
 
 @pytest.fixture(scope="module")
 def ranks() -> list[dict[str, Any]]:
-    return run_world("parallel.scenarios_model:run", None)
+    return run_world("tests.parallel.scenarios_model:run", None)
 
 
 @pytest.mark.parametrize("layouts", list(LAYOUT_SETS))

@@ -87,7 +87,7 @@ def gather_columns(local: list[torch.Tensor]) -> torch.Tensor:
 
 @pytest.fixture(scope="module")
 def ranks() -> list[dict[Any, Any]]:
-    return run_world("parallel.scenarios_layouts:run", {"payloads": PAYLOADS, "cases": CASES})
+    return run_world("tests.parallel.scenarios_layouts:run", {"payloads": PAYLOADS, "cases": CASES})
 
 
 def check(got: torch.Tensor, want: torch.Tensor, case: tuple[str, str]) -> None:

@@ -12,7 +12,7 @@ from .scenarios_publication import payload
 
 @pytest.fixture(scope="module")
 def ranks() -> list[list[dict[str, Any]]]:
-    return run_world("parallel.scenarios_publication:run", payload())
+    return run_world("tests.parallel.scenarios_publication:run", payload())
 
 
 def test_all_valid_publishes_on_every_rank(ranks: list[list[dict[str, Any]]]) -> None:

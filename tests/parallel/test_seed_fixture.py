@@ -60,7 +60,7 @@ def as_fr(t: Any) -> list[list[Fr]]:
 @pytest.fixture(scope="module")
 def ranks() -> list[dict[str, Any]]:
     payload = {"X": X, "A1": A1, "B1": B1, "W1": W1, "H": H, "A2": A2, "B2": B2, "W2": W2}
-    return run_world("parallel.scenarios_seed:run", payload)
+    return run_world("tests.parallel.scenarios_seed:run", payload)
 
 
 def test_inputs_reproduce_the_seed_trace() -> None:

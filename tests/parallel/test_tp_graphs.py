@@ -22,7 +22,7 @@ from .scenarios_graphs import DECODE_STEPS
 
 @pytest.fixture(scope="module", params=["default", "paper"])
 def ranks(request: pytest.FixtureRequest) -> list[dict[str, Any]]:
-    return run_world("parallel.scenarios_graphs:run", {"layouts": request.param})
+    return run_world("tests.parallel.scenarios_graphs:run", {"layouts": request.param})
 
 
 def test_padded_graph_step_equals_eager_step(ranks: list[dict[str, Any]]) -> None:

@@ -17,7 +17,7 @@ pytestmark = [pytest.mark.gpu,
 
 @pytest.fixture(scope="module", params=["default", "paper"])
 def ranks(request: pytest.FixtureRequest) -> list[dict[str, Any]]:
-    return run_world("parallel.scenarios_graphs:run", {"layouts": request.param},
+    return run_world("tests.parallel.scenarios_graphs:run", {"layouts": request.param},
                      timeout_s=300.0, device="cuda")
 
 

@@ -56,7 +56,7 @@ def _expand_acc(z0, bt, z_ptr, storage_ptr, table, rows, mmask, sl, n, nmask, ra
     return acc
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["T"])  # T varies per step: one compile
 def lora_expand_kernel(
     y_ptr,
     z_ptr,

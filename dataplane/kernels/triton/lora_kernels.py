@@ -106,7 +106,7 @@ def _shrink_chunk(
     return acc
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["T"])  # T varies per step: one compile
 def lora_shrink_kernel(
     x_ptr,
     storage_ptr,

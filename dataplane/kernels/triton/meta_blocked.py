@@ -29,7 +29,7 @@ import triton
 import triton.language as tl
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["T"])  # T varies per step: one compile
 def _block_hist_kernel(
     row_slot_in_ptr, row_slot_ptr, hist_ptr, T, S,
     BLOCK: tl.constexpr, S_PAD: tl.constexpr,
@@ -74,7 +74,7 @@ def _scatter_block(
     tl.store(sorted_ptr + local + shift, row, mask=row < T)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["T", "NB"])  # T varies per step: one compile
 def _block_scatter_kernel(
     row_slot_in_ptr, sorted_ptr, counts_ptr, starts_ptr, hist_ptr, delta_ptr, T, S, NB,
     BLOCK: tl.constexpr, S_PAD: tl.constexpr, HB: tl.constexpr,
@@ -97,7 +97,7 @@ def _block_scatter_kernel(
     )  # fmt: skip
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["T"])  # T varies per step: one compile
 def _block_onepass_kernel(
     row_slot_in_ptr, row_slot_ptr, sorted_ptr, counts_ptr, starts_ptr, delta_ptr, T, S,
     BLOCK: tl.constexpr, S_PAD: tl.constexpr,

@@ -36,7 +36,7 @@ METHODS = ("pairwise", "sort", "chunked", "blocked", "blocked1")
 # T=256 S=256 against 2.0 / 8.2 / 9.2 µs pairwise. Kept for `method="pairwise"`.
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["T"])  # T varies per step: one compile
 def _build_meta_pairwise_kernel(
     row_slot_in_ptr,
     row_slot_ptr,
@@ -63,7 +63,7 @@ def _build_meta_pairwise_kernel(
     tl.store(sorted_ptr + pos, offs, mask=m)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["T"])  # T varies per step: one compile
 def _build_meta_sort_kernel(
     row_slot_in_ptr,
     row_slot_ptr,
@@ -89,7 +89,7 @@ def _build_meta_sort_kernel(
     tl.store(sorted_ptr + offs, packed % BLOCK_T, mask=m)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["T"])  # T varies per step: one compile
 def _build_meta_kernel(
     row_slot_in_ptr,
     row_slot_ptr,
