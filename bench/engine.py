@@ -376,6 +376,20 @@ def random_hf(
     return {**run_hf(peft, trace, [f"a{i}" for i in range(n)], args.hf_batch, dev), "adapters": n}
 
 
+def start_decoding(engine: Engine, args: argparse.Namespace, vocab: int, batch: int, ctx: int,
+                   handles: list) -> None:
+    """`batch` requests of `ctx` random prompt tokens (request i on adapter i % N), stepped
+    until every one is past its prefill."""
+    gen = torch.Generator().manual_seed(args.seed)
+    for i in range(batch):
+        engine.add_request(f"d{i}", torch.randint(3, vocab, (ctx,), generator=gen).tolist(),
+                           SamplingParams(temperature=0.0, max_tokens=args.steps + 16,
+                                          ignore_eos=True),
+                           handles[i % len(handles)] if handles else None)
+    while engine.scheduler.waiting or any(s.in_prefill for s in engine.scheduler.running):
+        engine.step()
+
+
 def decode_step_main(args: argparse.Namespace) -> list[dict]:
     """Median wall time of one decode step (engine.step(), host work included) with
     `--max-num-seqs` requests all decoding at context ≈ `--prompt-max`, against the HBM
@@ -410,15 +424,7 @@ def decode_step_main(args: argparse.Namespace) -> list[dict]:
         scheduling = "async" if engine.async_scheduling else "sync"
         handles = [engine.register_loaded_adapter(random_adapter(config, 16, i, dev, dtype))
                    for i in range(n)]
-        gen = torch.Generator().manual_seed(args.seed)
-        for i in range(batch):
-            engine.add_request(f"d{i}", torch.randint(3, config.vocab_size, (ctx,),
-                                                      generator=gen).tolist(),
-                               SamplingParams(temperature=0.0, max_tokens=args.steps + 16,
-                                              ignore_eos=True),
-                               handles[i % n] if n else None)
-        while engine.scheduler.waiting or any(s.in_prefill for s in engine.scheduler.running):
-            engine.step()
+        start_decoding(engine, args, config.vocab_size, batch, ctx, handles)
         for _ in range(3):
             engine.step()
         times = []
@@ -467,15 +473,7 @@ def host_step_main(args: argparse.Namespace) -> list[dict]:
         handles = [engine.register_loaded_adapter(random_adapter(config, 16, i, "cpu",
                                                                  torch.float32))
                    for i in range(n)]
-        gen = torch.Generator().manual_seed(args.seed)
-        for i in range(batch):
-            engine.add_request(f"h{i}", torch.randint(3, config.vocab_size, (ctx,),
-                                                      generator=gen).tolist(),
-                               SamplingParams(temperature=0.0, max_tokens=args.steps + 16,
-                                              ignore_eos=True),
-                               handles[i % n] if n else None)
-        while engine.scheduler.waiting or any(s.in_prefill for s in engine.scheduler.running):
-            engine.step()
+        start_decoding(engine, args, config.vocab_size, batch, ctx, handles)
         graphs = CudaGraphRunner(engine.runner, batch, ctx + args.steps + 32)
         stand_in = torch.randn(batch, 16)
         times = []
