@@ -44,6 +44,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from dataplane.batch_plan import BatchPlan
 from dataplane.core import SamplingParams
 from dataplane.engine.adapters import LoadedAdapter, ModuleFactors
 from dataplane.engine.engine import Engine, EngineConfig
@@ -142,19 +143,22 @@ def sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
-def compiled_kernels() -> int:
-    """Compiled Triton kernel variants of every `dataplane` kernel so far (all devices)."""
+def compiled_kernels() -> set[tuple[str, str]]:
+    """(kernel, cache key) of every compiled Triton variant of a `dataplane` kernel so far
+    (all devices); a difference of two calls names what compiled in between."""
     import triton
 
-    seen, total = set(), 0
+    seen: set[int] = set()
+    found: set[tuple[str, str]] = set()
     for name, mod in list(sys.modules.items()):
         if not name.startswith("dataplane.") or mod is None:
             continue
         for obj in vars(mod).values():
             if isinstance(obj, triton.runtime.jit.JITFunction) and id(obj) not in seen:
                 seen.add(id(obj))
-                total += sum(len(c[0]) for c in obj.device_caches.values())
-    return total
+                for cache in obj.device_caches.values():
+                    found.update((f"{name}.{obj.__name__}", str(key)) for key in cache[0])
+    return found
 
 
 def warm_up(engine: Engine, trace: list[Request], handles: list, device: str) -> None:
@@ -177,6 +181,15 @@ def run_engine(name: str, engine: Engine, trace: list[Request], handles: list, d
     The engine is warmed up first (`warm_up`, untimed)."""
     warm_up(engine, trace, handles, device)
     compiled = compiled_kernels()
+    plans: list[tuple[int, int]] = []  # (prefill tokens, decode rows) of each launched plan
+    launched = engine.on_plan_launched
+
+    def observe(plan: BatchPlan) -> object:
+        plans.append((plan.doff, plan.num_decodes))
+        return launched(plan)
+
+    setattr(engine, "on_plan_launched", observe)  # noqa: B010 (bench-only observer)
+    steps: list[tuple[float, bool]] = []  # (wall interval, whether a prefill was launched)
     timings: dict[str, Timing] = {}
     pending = list(enumerate(trace))
     n_tokens = 0
@@ -196,17 +209,36 @@ def run_engine(name: str, engine: Engine, trace: list[Request], handles: list, d
         if not engine.has_unfinished():
             time.sleep(max(0.0, pending[0][1].arrival - now))
             continue
+        mark, before = len(plans), time.perf_counter()
         outs = engine.step()  # returns once its tokens are on the host; a device sync
         stamp = time.perf_counter()  # here would stall an async engine's next step
+        steps.append((stamp - before, any(d > 0 for d, _ in plans[mark:])))
         for o in outs:
             timings[o.request_id].tokens.append(stamp)
             n_tokens += len(o.new_token_ids)
     sync(device)
     result = summarize(name, list(timings.values()), time.perf_counter() - start, n_tokens)
-    result["jit_compiles_timed"] = compiled_kernels() - compiled
-    print(f"# {name}: {result['output_tok_s']:.1f} tok/s, {result['jit_compiles_timed']} Triton "
-          "compiles while timed", file=sys.stderr, flush=True)
+    new = sorted(compiled_kernels() - compiled)
+    result["jit_compiles_timed"] = len(new)
+    result["jit_compiled_while_timed"] = [f"{k}: {key[:300]}" for k, key in new]
+    result["steps"] = step_breakdown(steps, plans)
+    print(f"# {name}: {result['output_tok_s']:.1f} tok/s, {len(new)} Triton compiles while "
+          f"timed {[k for k, _ in new]}; steps {result['steps']}", file=sys.stderr, flush=True)
     return result
+
+
+def step_breakdown(steps: list[tuple[float, bool]], plans: list[tuple[int, int]]) -> dict:
+    """Wall time of the timed run split by step kind: `engine.step()` calls that launched
+    a plan with prefill rows ("mixed") and those that launched only decode rows."""
+    out: dict[str, float] = {}
+    for kind, want in (("mixed", True), ("decode", False)):
+        times = [t for t, has_prefill in steps if has_prefill == want]
+        out[f"{kind}_steps"] = len(times)
+        out[f"{kind}_s"] = sum(times)
+        out[f"{kind}_p50_ms"] = 1e3 * percentile(times, 50) if times else float("nan")
+    out["prefill_tokens"] = sum(d for d, _ in plans)
+    out["decode_rows_mean"] = sum(n for _, n in plans) / max(1, len(plans))
+    return out
 
 
 def run_hf(
@@ -340,13 +372,19 @@ def cuda_main(args: argparse.Namespace) -> list[dict]:
         ]
         res = run_engine("engine+lora", engine, trace, handles, dev)
         results.append({**res, "adapters": n})
+        if args.profile:
+            profile_trace(engine, trace, handles, dev, Path(args.out or ".") / f"trace_n{n}.txt")
         del engine, handles
         if dev == "cuda":
             torch.cuda.empty_cache()
         if n == args.adapters[0]:
             base_cfg = EngineConfig(**{**engine_cfg.__dict__, "max_slots": 0})
-            res = run_engine("engine-base", Engine(model, base_cfg, digest), trace, [], dev)
+            base = Engine(model, base_cfg, digest)
+            res = run_engine("engine-base", base, trace, [], dev)
             results.append({**res, "adapters": 0})
+            if args.profile:
+                profile_trace(base, trace, [], dev, Path(args.out or ".") / "trace_n0.txt")
+            del base
     if not args.skip_hf:
         del model
         results.append(random_hf(args, config, shape, dev, dtype))
@@ -509,6 +547,27 @@ def profile_steps(engine: Engine, dev: str, path: Path) -> None:
     print(f"# profile written to {path}", file=sys.stderr, flush=True)
 
 
+def profile_trace(engine: Engine, trace: list[Request], handles: list, dev: str,
+                  path: Path) -> None:
+    """Kernel-level breakdown (torch.profiler) of the trace's first 96 requests served
+    again, all at once, on an already warm engine; written to `path`."""
+    from torch.profiler import ProfilerActivity, profile
+
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if dev == "cuda" else [])
+    for i, r in enumerate(trace[:96]):
+        handle = handles[r.adapter] if r.adapter is not None and handles else None
+        engine.add_request(f"profile-{i}", r.prompt, SamplingParams(
+            temperature=0.0, max_tokens=r.max_tokens, ignore_eos=True), handle)
+    with profile(activities=acts) as prof:
+        while engine.has_unfinished():
+            engine.step()
+        sync(dev)
+    key = "cuda_time_total" if dev == "cuda" else "cpu_time_total"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(prof.key_averages().table(sort_by=key, row_limit=45, max_name_column_width=90))
+    print(f"# profile written to {path}", file=sys.stderr, flush=True)
+
+
 def markdown(results: list[dict]) -> str:
     if results and "step_ms" in results[0]:
         lines = ["| case | adapters | step (ms) | floor (ms) | step / floor |",
@@ -557,7 +616,7 @@ def main() -> None:
     p.add_argument("--bandwidth", type=float, default=4073.0,
                    help="decode-step mode: HBM GB/s for the floor (BENCHMARKS.md, H200)")
     p.add_argument("--profile", action="store_true",
-                   help="decode-step mode: write a torch.profiler table per case to --out")
+                   help="decode-step and cuda modes: write torch.profiler tables to --out")
     p.add_argument("--no-graphs", action="store_true", help="disable CUDA graphs")
     p.add_argument("--scheduling", nargs="+", choices=("auto", "sync", "async"),
                    default=["auto"], help="decode-step mode: engine loop(s) to measure "

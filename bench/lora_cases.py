@@ -106,6 +106,11 @@ EXTRA = [
     Scenario("decode", 64, 64, (16,), (4096, 1024, 1024)),  # engine q/k/v (Llama-8B)
     Scenario("decode", 64, 64, (16,), (14336, 14336)),  # engine gate/up
     Scenario("decode", 64, 64, (16,), (4096,), 14336),  # engine down
+    # a 128-row engine decode step with 128 Zipf(1.0) adapters has ~50 live slots
+    Scenario("decode", 128, 50, (16,), (4096, 1024, 1024)),
+    Scenario("decode", 128, 50, (16,)),
+    Scenario("decode", 128, 50, (16,), (14336, 14336)),
+    Scenario("decode", 128, 50, (16,), (4096,), 14336),
     Scenario("decode", 256, 64, (64,), (4096, 1024, 1024)),
     Scenario("prefill", 4096, 32, (16,), (4096, 1024, 1024)),
     Scenario("decode", 256, 64, (8, 16, 32, 64)),

@@ -18,8 +18,9 @@ index_add) and the base GEMM are timed in the same run.
 
 ``--tune`` sweeps what is not settled (prefill expand per rank group incl. the
 ``y``-prefetch loop; the prefill shrink per rank group: row tile, ``BLOCK_K``,
-stages, programs per SM = K splits, evict-first ``x``; the fused launch's
-``min_split`` for q/k/v and gate/up with 64 live slots; ``--tune-decode`` adds
+stages, programs per SM = K splits, evict-first ``x``; the fused launch's grid
+(programs per SM, column tile, warps) on the engine's decode modules; ``--tune-sweeps``
+picks among them; ``--tune-decode`` adds
 the decode fused sweep of the last run) and prints the winners as Python to
 paste into ``configs.py``. The metadata section times every build method at
 T = 64 … 16384 and prints the auto edge. Results are appended to
@@ -49,7 +50,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from bench.lora_cases import EXTRA, PEER, SCENARIOS, Scenario, build_ring, outs_label, ring_size
 from bench.lora_meta import META_CASES, meta_advice, time_meta
 from bench.lora_timing import copy_bandwidth, time_base_gemm, time_loop, time_ours
-from bench.lora_tune import paste_block, tune
+from bench.lora_tune import TUNE_SWEEPS, paste_block, tune
 from dataplane.kernels import LoraWorkspace
 from dataplane.kernels.triton import configs
 from dataplane.kernels.triton.backend import TritonLoraBackend
@@ -65,6 +66,8 @@ def main() -> None:
     ap.add_argument("--only", default="", help="comma list: scenarios whose name has one")
     ap.add_argument("--no-stacked", action="store_true", help="skip the stacked-layout rings")
     ap.add_argument("--tune-decode", action="store_true", help="also re-sweep decode fused")
+    ap.add_argument("--tune-sweeps", default=",".join(TUNE_SWEEPS),
+                    help=f"comma list of --tune's sweeps, from {','.join(TUNE_SWEEPS)}")
     args = ap.parse_args()
     t_start = time.time()
     os.makedirs(args.out, exist_ok=True)
@@ -85,7 +88,8 @@ def main() -> None:
     if args.tune:
         t0 = time.time()
         try:
-            results["tuned"] = tune(backend, log, args.tune_decode)
+            sweeps = tuple(w for w in args.tune_sweeps.split(",") if w)
+            results["tuned"] = tune(backend, log, args.tune_decode, sweeps)
         except Exception as exc:  # keep benchmarking with what we have
             log(f"tuning failed: {type(exc).__name__}: {exc}")
         log(f"tuning took {time.time() - t0:.0f} s")

@@ -86,6 +86,53 @@ def _tune_decode_fused(backend: TritonLoraBackend, log: Callable[[str], None]) -
         torch.cuda.empty_cache()
 
 
+def _engine_decode_cases(rows: int, n: int) -> list[Scenario]:
+    """The Llama-8B decode modules (rank 16) at ``rows`` rows over ``n`` slots."""
+    return [
+        Scenario("decode", rows, n, (16,), (4096, 1024, 1024)),  # q/k/v
+        Scenario("decode", rows, n, (16,)),  # o
+        Scenario("decode", rows, n, (16,), (14336, 14336)),  # gate/up
+        Scenario("decode", rows, n, (16,), (4096,), 14336),  # down
+    ]
+
+
+FUSED_PER_SM = (2, 4, 6, 8, 12, 15)
+
+
+def _tune_fused_grid(backend: TritonLoraBackend, log: Callable[[str], None]) -> dict[str, object]:
+    """Fused launch grid per T class: ``per_sm`` over ``FUSED_PER_SM``, then
+    ``n_elems`` (column tile) and warps at the winner. Cases: the engine's
+    decode modules (T = 128 over 50 slots, ~ a 128-row step with 128 Zipf(1.0)
+    adapters; T = 64 over 64) plus few-slot steps (n = 1, 16) so the grid that
+    wins for many slots does not lose where one slot has every row."""
+    chosen: dict[str, object] = {}
+    for t_key, rows, n in ((256, 128, 50), (64, 64, 64)):
+        scs = _engine_decode_cases(rows, n) + [
+            Scenario("decode", rows, k, (16,)) for k in (1, 16)
+        ]
+        built = [(sc, build_ring(sc, "scattered")) for sc in scs]
+        keys = (16, 64) if t_key == 64 else (t_key,)
+
+        def put(c: object, keys: tuple[int, ...] = keys) -> None:
+            for k in keys:
+                configs.FUSED_TABLE[k] = c  # type: ignore[assignment]
+
+        cur = configs.FUSED_TABLE[t_key]
+        cands = [dataclasses.replace(cur, per_sm=p) for p in FUSED_PER_SM]
+        best, t = _sweep(put, cands, built, backend, "ours", log)
+        cur = best  # type: ignore[assignment]
+        cands = [cur] + [
+            dataclasses.replace(cur, n_elems=ne, num_warps=w)
+            for ne, w in ((4096, 4), (16384, 4), (8192, 8), (16384, 8))
+        ]
+        best, t = _sweep(put, cands, built, backend, "ours", log)
+        log(f"tuned fused grid T<={t_key}: {best} ({t:.2f} µs)")
+        chosen[f"fused {t_key}"] = repr(best)
+        del built
+        torch.cuda.empty_cache()
+    return chosen
+
+
 def _install_shrink(t_keys: tuple[int, ...], r_keys: tuple[int, ...]) -> Callable[[object], None]:
     """Installer of a shrink candidate for the given T classes and rank buckets."""
 
@@ -159,19 +206,28 @@ def _tune_prefill_shrink(
     return chosen
 
 
-def tune(backend: TritonLoraBackend, log: Callable[[str], None], decode: bool) -> dict[str, object]:
+TUNE_SWEEPS = ("expand", "shrink", "fused")
+
+
+def tune(
+    backend: TritonLoraBackend,
+    log: Callable[[str], None],
+    decode: bool,
+    sweeps: tuple[str, ...] = TUNE_SWEEPS,
+) -> dict[str, object]:
     """Sweep the open choices, keep the winners installed, print them as Python.
 
     1. Prefill expand (T = 4096, n in {4, 32}), rank groups 16 and 64 apart:
        ``Bt``- vs ``y``-prefetching column loop, row tile, column tile, tiles
        per program (metric: the expand alone, two-kernel path).
-    2. Fused launch ``min_split`` (1 = old rule: such steps run two kernels;
-       2, 4) on the engine's many-slot multi-slice decode steps: q/k/v at T=64
-       r=16 and T=256 r=64, gate/up at T=64 r=16, 64 slots (metric: add_lora).
+    2. Fused launch grid (``_tune_fused_grid``): programs per SM, then the
+       column tile and warps, on the engine's decode modules (metric: add_lora).
     3. Prefill shrink (``_tune_prefill_shrink``): row tile, ``BLOCK_K``,
        stages, programs per SM (hence K splits), evict-first ``x``; r = 16
        and r = 64 apart, with the expand winners of 1 installed.
     4. With ``decode``: the decode fused sweep of the last run.
+
+    ``sweeps`` picks among 1-3 (``TUNE_SWEEPS`` names).
     """
     ec = configs.ExpandConfig
     two = TritonLoraBackend(fused=False)
@@ -186,7 +242,7 @@ def tune(backend: TritonLoraBackend, log: Callable[[str], None], decode: bool) -
         ec(64, 128, 64, 8, 3, 4, y_prefetch=True),  # 8 warps: half the registers per thread
         ec(64, 128, 64, 4, 3, 2, y_prefetch=True),  # twice the programs
     ]
-    for group, r_keys in ((16, (16, 32)), (64, (64, 128, 256))):
+    for group, r_keys in ((16, (16, 32)), (64, (64, 128, 256))) if "expand" in sweeps else ():
         built = [(sc, build_ring(sc, "scattered"))
                  for sc in (Scenario("prefill", 4096, n, (group,)) for n in (4, 32))]  # fmt: skip
         put = _install_expand((4096, 1 << 30), r_keys)
@@ -196,26 +252,10 @@ def tune(backend: TritonLoraBackend, log: Callable[[str], None], decode: bool) -
         chosen[f"expand 4096 r{group}"] = repr(best)
         del built
         torch.cuda.empty_cache()
-    chosen.update(_tune_prefill_shrink(two, log))
-    for rows, rank in ((64, 16), (256, 64)):
-        t_key = configs.bucket(rows, configs.T_BUCKETS)
-        scs = [Scenario("decode", rows, 64, (rank,), (4096, 1024, 1024))]
-        if rows == 64:
-            scs.append(Scenario("decode", rows, 64, (rank,), (14336, 14336)))
-        built = [(sc, build_ring(sc, "scattered")) for sc in scs]
-        cur = configs.FUSED_TABLE[t_key]
-        cands = [dataclasses.replace(cur, min_split=m) for m in (2, 4, 1)]
-        keys = (16, 64) if t_key == 64 else (t_key,)
-
-        def put_fused(c: object, keys: tuple[int, ...] = keys) -> None:
-            for k in keys:
-                configs.FUSED_TABLE[k] = c  # type: ignore[assignment]
-
-        best, t = _sweep(put_fused, cands, built, backend, "ours", log)
-        log(f"tuned fused min_split T<={t_key}: {best} ({t:.2f} µs; min_split 1 = two kernels)")
-        chosen[f"fused {t_key}"] = repr(best)
-        del built
-        torch.cuda.empty_cache()
+    if "shrink" in sweeps:
+        chosen.update(_tune_prefill_shrink(two, log))
+    if "fused" in sweeps:
+        chosen.update(_tune_fused_grid(backend, log))
     if decode:
         _tune_decode_fused(backend, log)
     return chosen

@@ -3,6 +3,7 @@
 # one GPU (each benchmark runs alone on it). From the repo root on the GPU host (torch,
 # triton, transformers, peft installed):
 #   OUT=/tmp/gpu-run bash scripts/gpu_run.sh tests agent kernels coldload decode trace online attention
+# (`ktests`, `kfused`: quicker subsets of `tests` and `kernels`)
 # and on a 2-GPU host the tensor-parallel sections `tp tptests`.
 # (tests/ is a package, so tests/agent is `tests.agent` and never shadows the `agent`
 # package, with or without an editable install.)
@@ -26,8 +27,13 @@ for s in "$@"; do
     tests) section tests 240 python3 -m pytest -n 14 -q -p no:cacheprovider -m gpu --import-mode=append \
              tests/kernels tests/ops tests/attention/test_gpu.py tests/engine/test_gpu.py \
              tests/engine/test_pool_slots_gpu.py tests/pool/test_cuda_copy.py ;;
-    kernels) section kernels 180 python3 bench/lora_kernels.py --tune --no-loop --no-stacked \
+    ktests) section ktests 150 python3 -m pytest -n 14 -q -p no:cacheprovider -m gpu \
+              --import-mode=append tests/kernels tests/ops ;;  # the kernel subset of `tests`
+    kernels) section kernels 300 python3 bench/lora_kernels.py --tune --no-loop --no-stacked \
                --out "$OUT/kernels" ;;
+    kfused) section kfused 200 python3 bench/lora_kernels.py --tune --tune-sweeps fused \
+              --no-loop --no-stacked --only "T=64 n=1,T=64 n=16,T=64 n=64,n=50" \
+              --out "$OUT/kfused" ;;  # the fused-grid sweep + the decode rows only
     coldload) section coldload 90 python3 bench/coldload.py --device cuda --shape 8b \
                 --loads 20 --adapters 64 --pool-adapters 16 --requests 400 \
                 --out "$OUT/coldload" ;;

@@ -7,13 +7,18 @@ cost ~1.7 µs before any work (BENCHMARKS.md), and the expand's first loads
 (its factor tile, the ``y`` tile) wait for the shrink to finish. Here every
 program issues those loads first, then does its share of the shrink.
 
-Decomposition: live programs are ``(row tile, slice, split)`` with the split
-fastest, ``p = (tile * NS + slice) * eff + split``. ``eff`` (K splits per
-tile) is picked on the device from the live tiles as in the two-kernel path:
-the largest power of two ``<= SPLIT_MAX`` with ``tiles * NS * eff <= TARGET``,
-but at least ``MIN_SPLIT`` (so q/k/v with many live slots still splits K;
-the host sizes the scratch for ``max(TARGET, tiles * NS * MIN_SPLIT)``).
-Each program:
+Decomposition: the grid is a fixed ``PROGRAMS`` (runtime argument: the config's
+``per_sm`` x multiprocessors), not a bound on the work: a decode step's live work is far
+smaller than any static bound, and a grid of mostly-exiting programs costs
+dispatch time. Work items are ``(row tile, slice, split)`` with the split
+fastest, ``p = (tile * NS + slice) * eff + split``. ``eff`` (K splits and
+column shares per ``(tile, slice)`` group) is picked on the device from the
+live tiles: the largest power of two ``<= SPLIT_MAX`` with
+``groups * eff <= PROGRAMS``, so the live items fill the grid (a decode step
+with ~50 live slots gets 4-16 splits: every program streams a small share of
+``A`` and of the wide ``B`` slices). With ``eff >= 2`` every program has at most
+one item; with ``eff == 1`` (more groups than programs: never waits) each
+program loops over items ``pid, pid + PROGRAMS, ...``. Each item:
 
 1. loads its slot's factor-row addresses, its first ``Bt`` tile and ``y`` tile;
 2. computes the partial ``z`` of its rows over its K range;
@@ -39,7 +44,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from dataplane.kernels.triton.lora_kernels import _eff_split, _pick, _shrink_chunk
+from dataplane.kernels.triton.lora_kernels import _pick, _shrink_chunk
 
 
 @triton.jit
@@ -71,34 +76,52 @@ def _wait_and_sum(ws_ptr, ctr_ptr, DEPART_OFF, p, q, eff, acc,
     return z
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["PROGRAMS"])
 def lora_fused_kernel(
     x_ptr, y_ptr, storage_ptr, a_rows_ptr, b_rows_ptr, ranks_ptr, scales_ptr,
     ws_ptr, ctr_ptr, sorted_ptr, counts_ptr, starts_ptr,
-    S, K, NS, R_MAX, stride_xm, stride_ym, DEPART_OFF,
+    S, K, NS, R_MAX, stride_xm, stride_ym, DEPART_OFF, PROGRAMS,
     W0: tl.constexpr, W1: tl.constexpr, W2: tl.constexpr, W3: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr,
-    BLOCK_N: tl.constexpr, SPLIT_MAX: tl.constexpr, MIN_SPLIT: tl.constexpr,
-    TARGET: tl.constexpr,
+    BLOCK_N: tl.constexpr, SPLIT_MAX: tl.constexpr,
     S_PAD: tl.constexpr, ALIGN: tl.constexpr, UPCAST: tl.constexpr, PREC: tl.constexpr,
 ):  # fmt: skip
-    """``y[rows, slice] += scale * (x[rows] @ A^T) @ Bt`` for one row tile's share.
+    """``y[rows, slice] += scale * (x[rows] @ A^T) @ Bt`` for every live item of
+    this program (one item when ``eff > 1``; every ``PROGRAMS``-th when 1).
 
     Needs every slot's rank ``<= BLOCK_R`` (the host checks ``max_rank``).
     """
-    p = tl.program_id(0)
     cols = tl.arange(0, S_PAD)
     counts = tl.load(counts_ptr + cols, mask=cols < S, other=0)
     tiles = (counts + BLOCK_M - 1) // BLOCK_M
-    total = tl.sum(tiles, axis=0)
-    eff = tl.maximum(_eff_split(total * NS, SPLIT_MAX, TARGET), MIN_SPLIT)
-    if p >= total * NS * eff:
-        return
+    groups = tl.sum(tiles, axis=0) * NS
+    eff = groups * 0 + 1  # largest power of two <= SPLIT_MAX with groups * eff <= PROGRAMS
+    for _ in tl.static_range(8):
+        eff = tl.where((eff * 2 <= SPLIT_MAX) & (groups * eff * 2 <= PROGRAMS), eff * 2, eff)
+    cum = tl.cumsum(tiles, axis=0)
+    for p in range(tl.program_id(0), groups * eff, PROGRAMS):
+        _fused_item(
+            p, eff, tiles, cum, cols, x_ptr, y_ptr, storage_ptr, a_rows_ptr, b_rows_ptr,
+            ranks_ptr, scales_ptr, ws_ptr, ctr_ptr, sorted_ptr, counts_ptr, starts_ptr,
+            S, K, NS, R_MAX, stride_xm, stride_ym, DEPART_OFF, W0, W1, W2, W3,
+            BLOCK_M, BLOCK_R, BLOCK_K, BLOCK_N, ALIGN, UPCAST, PREC,
+        )  # fmt: skip
+
+
+@triton.jit
+def _fused_item(
+    p, eff, tiles, cum, cols, x_ptr, y_ptr, storage_ptr, a_rows_ptr, b_rows_ptr,
+    ranks_ptr, scales_ptr, ws_ptr, ctr_ptr, sorted_ptr, counts_ptr, starts_ptr,
+    S, K, NS, R_MAX, stride_xm, stride_ym, DEPART_OFF,
+    W0: tl.constexpr, W1: tl.constexpr, W2: tl.constexpr, W3: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr,
+    BLOCK_N: tl.constexpr, ALIGN: tl.constexpr, UPCAST: tl.constexpr, PREC: tl.constexpr,
+):  # fmt: skip
+    """Item ``p`` = (row tile, slice, split) with the split fastest."""
     q = p // eff
     sp = p - q * eff
     pid = q // NS
     sl = q - pid * NS
-    cum = tl.cumsum(tiles, axis=0)
     slot = tl.sum((cum <= pid).to(tl.int32), axis=0)
     tile = pid - tl.sum(tl.where(cols < slot, tiles, 0), axis=0)
     width = _pick(sl, W0, W1, W2, W3)
@@ -114,54 +137,53 @@ def lora_fused_kernel(
     scale = tl.load(scales_ptr + idx)
     count = tl.load(counts_ptr + slot)
     start = tl.load(starts_ptr + slot)
-    if rank == 0:  # the whole group exits: nobody waits on the counter
-        return
-    if ALIGN > 1:
-        a_home = tl.multiple_of(a_home, ALIGN)
-        b_home = tl.multiple_of(b_home, ALIGN)
-    rmask = r < rank
-    # This program's column tiles [j0, j1) of the slice.
-    n_tiles = tl.cdiv(width, BLOCK_N)
-    per = tl.cdiv(n_tiles, eff)
-    j0 = sp * per
-    j1 = tl.minimum(j0 + per, n_tiles)
-    n = j0 * BLOCK_N + tl.arange(0, BLOCK_N)
-    nok = (n < width) & (n < j1 * BLOCK_N)  # empty share when j0 >= j1
-    bt = tl.load(storage_ptr + b_home[:, None] + n[None, :],
-                 mask=rmask[:, None] & nok[None, :], other=0.0)  # fmt: skip
-    m = tile * BLOCK_M + tl.arange(0, BLOCK_M)
-    mmask = m < count
-    rows = tl.load(sorted_ptr + start + m, mask=mmask, other=0).to(tl.int64)
-    yrow = y_ptr + rows[:, None] * stride_ym + col0
-    yv = tl.load(yrow + n[None, :], mask=mmask[:, None] & nok[None, :], other=0.0)
-    # Shrink over this program's K range.
-    k_per = tl.cdiv(tl.cdiv(K, BLOCK_K), eff) * BLOCK_K
-    acc = _shrink_chunk(
-        x_ptr, storage_ptr, rows, mmask, a_home, rmask, sp * k_per, K, k_per, stride_xm,
-        BLOCK_M, BLOCK_R, BLOCK_K, UPCAST, PREC, False,
-    )  # fmt: skip
-    if eff > 1:
-        z = _wait_and_sum(ws_ptr, ctr_ptr, DEPART_OFF, p, q, eff, acc, BLOCK_M, BLOCK_R)
-    else:
-        z = acc
-    if not UPCAST:
-        z = z.to(storage_ptr.dtype.element_ty)
-    # Expand this program's column share, prefetching the next tile.
-    for _j in range(j0, j1):
-        nn = n + BLOCK_N
-        nn_ok = (nn < width) & (nn < j1 * BLOCK_N)
-        bt_next = tl.load(storage_ptr + b_home[:, None] + nn[None, :],
-                          mask=rmask[:, None] & nn_ok[None, :], other=0.0)  # fmt: skip
-        y_next = tl.load(yrow + nn[None, :], mask=mmask[:, None] & nn_ok[None, :], other=0.0)
-        if UPCAST:
-            d = tl.dot(z, bt.to(tl.float32), input_precision=PREC)
+    if rank > 0:  # else the whole group skips: nobody waits on the counter
+        if ALIGN > 1:
+            a_home = tl.multiple_of(a_home, ALIGN)
+            b_home = tl.multiple_of(b_home, ALIGN)
+        rmask = r < rank
+        # This item's column tiles [j0, j1) of the slice.
+        n_tiles = tl.cdiv(width, BLOCK_N)
+        per = tl.cdiv(n_tiles, eff)
+        j0 = sp * per
+        j1 = tl.minimum(j0 + per, n_tiles)
+        n = j0 * BLOCK_N + tl.arange(0, BLOCK_N)
+        nok = (n < width) & (n < j1 * BLOCK_N)  # empty share when j0 >= j1
+        bt = tl.load(storage_ptr + b_home[:, None] + n[None, :],
+                     mask=rmask[:, None] & nok[None, :], other=0.0)  # fmt: skip
+        m = tile * BLOCK_M + tl.arange(0, BLOCK_M)
+        mmask = m < count
+        rows = tl.load(sorted_ptr + start + m, mask=mmask, other=0).to(tl.int64)
+        yrow = y_ptr + rows[:, None] * stride_ym + col0
+        yv = tl.load(yrow + n[None, :], mask=mmask[:, None] & nok[None, :], other=0.0)
+        # Shrink over this item's K range.
+        k_per = tl.cdiv(tl.cdiv(K, BLOCK_K), eff) * BLOCK_K
+        acc = _shrink_chunk(
+            x_ptr, storage_ptr, rows, mmask, a_home, rmask, sp * k_per, K, k_per, stride_xm,
+            BLOCK_M, BLOCK_R, BLOCK_K, UPCAST, PREC, False,
+        )  # fmt: skip
+        if eff > 1:
+            z = _wait_and_sum(ws_ptr, ctr_ptr, DEPART_OFF, p, q, eff, acc, BLOCK_M, BLOCK_R)
         else:
-            d = tl.dot(z, bt, input_precision=PREC)
-        ymask = mmask[:, None] & (n < width)[None, :]
-        tl.store(yrow + n[None, :], (yv.to(tl.float32) + d * scale).to(yv.dtype), mask=ymask)
-        n = nn
-        bt = bt_next
-        yv = y_next
+            z = acc
+        if not UPCAST:
+            z = z.to(storage_ptr.dtype.element_ty)
+        # Expand this item's column share, prefetching the next tile.
+        for _j in range(j0, j1):
+            nn = n + BLOCK_N
+            nn_ok = (nn < width) & (nn < j1 * BLOCK_N)
+            bt_next = tl.load(storage_ptr + b_home[:, None] + nn[None, :],
+                              mask=rmask[:, None] & nn_ok[None, :], other=0.0)  # fmt: skip
+            y_next = tl.load(yrow + nn[None, :], mask=mmask[:, None] & nn_ok[None, :], other=0.0)
+            if UPCAST:
+                d = tl.dot(z, bt.to(tl.float32), input_precision=PREC)
+            else:
+                d = tl.dot(z, bt, input_precision=PREC)
+            ymask = mmask[:, None] & (n < width)[None, :]
+            tl.store(yrow + n[None, :], (yv.to(tl.float32) + d * scale).to(yv.dtype), mask=ymask)
+            n = nn
+            bt = bt_next
+            yv = y_next
 
 
 def fused_block_n(block_r: int, n_elems: int) -> int:
