@@ -96,12 +96,18 @@ def _engine_decode_cases(rows: int, n: int) -> list[Scenario]:
     ]
 
 
-FUSED_PER_SM = (2, 4, 6, 8, 12, 15)
+# (per_sm, min_split) candidates, then (n_elems, num_warps, pipe) at the winner.
+FUSED_GRIDS = ((2, 2), (1, 2), (3, 2), (4, 2), (2, 4), (4, 4))
+FUSED_TILES = (
+    (8192, 4, 0), (16384, 4, 0), (16384, 8, 0), (32768, 8, 0),
+    (8192, 4, 3), (16384, 4, 3), (8192, 4, 4), (16384, 8, 3),
+)  # fmt: skip
 
 
 def _tune_fused_grid(backend: TritonLoraBackend, log: Callable[[str], None]) -> dict[str, object]:
-    """Fused launch grid per T class: ``per_sm`` over ``FUSED_PER_SM``, then
-    ``n_elems`` (column tile) and warps at the winner. Cases: the engine's
+    """Fused launch grid per T class: ``per_sm`` and ``min_split`` over
+    ``FUSED_GRIDS``, then column tile, warps and expand pipelining over
+    ``FUSED_TILES`` at the winner. Cases: the engine's
     decode modules (T = 128 over 50 slots, ~ a 128-row step with 128 Zipf(1.0)
     adapters; T = 64 over 64) plus few-slot steps (n = 1, 16) so the grid that
     wins for many slots does not lose where one slot has every row."""
@@ -118,13 +124,11 @@ def _tune_fused_grid(backend: TritonLoraBackend, log: Callable[[str], None]) -> 
                 configs.FUSED_TABLE[k] = c  # type: ignore[assignment]
 
         cur = configs.FUSED_TABLE[t_key]
-        cands = [dataclasses.replace(cur, per_sm=p) for p in FUSED_PER_SM]
+        cands = [dataclasses.replace(cur, per_sm=p, min_split=m) for p, m in FUSED_GRIDS]
         best, t = _sweep(put, cands, built, backend, "ours", log)
         cur = best  # type: ignore[assignment]
-        cands = [cur] + [
-            dataclasses.replace(cur, n_elems=ne, num_warps=w)
-            for ne, w in ((4096, 4), (16384, 4), (8192, 8), (16384, 8))
-        ]
+        cands = [dataclasses.replace(cur, n_elems=ne, num_warps=w, pipe=pp)
+                 for ne, w, pp in FUSED_TILES]  # fmt: skip
         best, t = _sweep(put, cands, built, backend, "ours", log)
         log(f"tuned fused grid T<={t_key}: {best} ({t:.2f} µs)")
         chosen[f"fused {t_key}"] = repr(best)

@@ -27,7 +27,7 @@ for s in "$@"; do
     tests) section tests 240 python3 -m pytest -n 14 -q -p no:cacheprovider -m gpu --import-mode=append \
              tests/kernels tests/ops tests/attention/test_gpu.py tests/engine/test_gpu.py \
              tests/engine/test_pool_slots_gpu.py tests/pool/test_cuda_copy.py ;;
-    ktests) section ktests 150 python3 -m pytest -n 14 -q -p no:cacheprovider -m gpu \
+    ktests) section ktests 240 python3 -m pytest -n 14 -q -p no:cacheprovider -m gpu --durations=15 \
               --import-mode=append tests/kernels tests/ops ;;  # the kernel subset of `tests`
     kernels) section kernels 300 python3 bench/lora_kernels.py --tune --no-loop --no-stacked \
                --out "$OUT/kernels" ;;
@@ -37,7 +37,7 @@ for s in "$@"; do
     coldload) section coldload 90 python3 bench/coldload.py --device cuda --shape 8b \
                 --loads 20 --adapters 64 --pool-adapters 16 --requests 400 \
                 --out "$OUT/coldload" ;;
-    decode) section decode 120 python3 bench/engine.py --mode decode-step --max-num-seqs 64 \
+    decode) section decode 200 python3 bench/engine.py --mode decode-step --max-num-seqs 64 \
               --prompt-max 512 --adapters 16 128 --kv-blocks 4096 --steps 20 \
               --scheduling sync async --out "$OUT/decode" ;;
     trace) section trace 420 python3 bench/engine.py --mode cuda --adapters 16 128 \

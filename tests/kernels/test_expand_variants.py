@@ -47,3 +47,34 @@ def test_expand_column_loops_match_reference(
         absent_every=3,
     )
     check_case(case, TritonLoraBackend(fused=False))
+
+
+@pytest.mark.parametrize(
+    ("pipe", "n_elems", "dtype"),
+    [(0, 16 * 1024, torch.bfloat16), (3, 16 * 32, torch.float16), (4, 16 * 1024, torch.float32)],
+    ids=["hand-prefetch-1024-bf16", "pipelined-32-fp16", "pipelined-1024-fp32"],
+)
+def test_fused_expand_loops_match_reference(
+    monkeypatch: pytest.MonkeyPatch, pipe: int, n_elems: int, dtype: torch.dtype
+) -> None:
+    """The fused launch's expand loop, by hand and software-pipelined, with column
+    tiles of 32 (several per slice share) and 1024 (wider than every slice)."""
+    from dataplane.kernels.triton import configs
+    from dataplane.kernels.triton.backend import TritonLoraBackend
+
+    rows = 11
+    t_key = configs.bucket(rows, configs.T_BUCKETS)
+    cfg = configs.FusedConfig(16, 32, 4, 4, 2, n_elems=n_elems, pipe=pipe)
+    monkeypatch.setitem(configs.FUSED_TABLE, t_key, cfg)
+    case = make_case(
+        dtype=dtype,
+        in_features=72,
+        out_features=(200, 40, 40),  # 200 = 6.25 tiles of 32
+        ranks=[3, 16, 9],
+        num_rows=rows,
+        dist="zipf1.5",
+        none_share=0.2,
+        seed=17,
+        device=TRITON_DEVICE,
+    )
+    check_case(case, TritonLoraBackend(fused=True))

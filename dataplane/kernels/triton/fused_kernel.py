@@ -7,18 +7,19 @@ cost ~1.7 µs before any work (BENCHMARKS.md), and the expand's first loads
 (its factor tile, the ``y`` tile) wait for the shrink to finish. Here every
 program issues those loads first, then does its share of the shrink.
 
-Decomposition: the grid is a fixed ``PROGRAMS`` (runtime argument: the config's
-``per_sm`` x multiprocessors), not a bound on the work: a decode step's live work is far
-smaller than any static bound, and a grid of mostly-exiting programs costs
-dispatch time. Work items are ``(row tile, slice, split)`` with the split
-fastest, ``p = (tile * NS + slice) * eff + split``. ``eff`` (K splits and
-column shares per ``(tile, slice)`` group) is picked on the device from the
-live tiles: the largest power of two ``<= SPLIT_MAX`` with
-``groups * eff <= PROGRAMS``, so the live items fill the grid (a decode step
-with ~50 live slots gets 4-16 splits: every program streams a small share of
-``A`` and of the wide ``B`` slices). With ``eff >= 2`` every program has at most
-one item; with ``eff == 1`` (more groups than programs: never waits) each
-program loops over items ``pid, pid + PROGRAMS, ...``. Each item:
+Decomposition: work items are ``(row tile, slice, split)`` with the split
+fastest, ``p = (tile * NS + slice) * eff + split``. ``eff`` (K splits and column
+shares per ``(tile, slice)`` group) is picked on the device from the live
+tiles: the largest power of two ``<= SPLIT_MAX`` with ``groups * eff <= TARGET``
+(the config's ``per_sm`` x multiprocessors), but at least ``MIN_SPLIT`` (so
+q/k/v with many live slots still splits K). The grid is fixed by the host at
+``max(TARGET, max_groups * MIN_SPLIT)``, the most items any step can have — not
+``max_groups * SPLIT_MAX``: most of such a grid's programs would only find
+their item dead and exit, and their dispatch is not free (measured on the H200:
+the o/down shapes with 64 live slots 11-16% faster). With ``eff >= 2`` every
+program has at most one item; with ``eff == 1`` (only under the interpreter,
+where ``SPLIT_MAX = 1``) each program loops over items ``pid, pid + grid, ...``.
+Each item:
 
 1. loads its slot's factor-row addresses, its first ``Bt`` tile and ``y`` tile;
 2. computes the partial ``z`` of its rows over its K range;
@@ -26,7 +27,9 @@ program loops over items ``pid, pid + PROGRAMS, ...``. Each item:
    ``(tile, slice)`` counter, waits until all ``eff`` partials are there and
    sums them in split order (deterministic, same in every program);
 4. expands its share of the slice's columns (``1 / eff`` of the column tiles):
-   ``y[rows, cols] += scale * z @ Bt[:, cols]``, prefetching the next tile.
+   ``y[rows, cols] += scale * z @ Bt[:, cols]``, prefetching the next tile by
+   hand (``PIPE = 0``) or through Triton's software pipeline ``PIPE`` stages
+   deep.
 
 Counters reset themselves: each program also bumps a departure counter after
 its wait, and the last to depart zeroes both, so every launch starts at zero
@@ -76,18 +79,19 @@ def _wait_and_sum(ws_ptr, ctr_ptr, DEPART_OFF, p, q, eff, acc,
     return z
 
 
-@triton.jit(do_not_specialize=["PROGRAMS"])
+@triton.jit(do_not_specialize=["TARGET"])
 def lora_fused_kernel(
     x_ptr, y_ptr, storage_ptr, a_rows_ptr, b_rows_ptr, ranks_ptr, scales_ptr,
     ws_ptr, ctr_ptr, sorted_ptr, counts_ptr, starts_ptr,
-    S, K, NS, R_MAX, stride_xm, stride_ym, DEPART_OFF, PROGRAMS,
+    S, K, NS, R_MAX, stride_xm, stride_ym, DEPART_OFF, TARGET,
     W0: tl.constexpr, W1: tl.constexpr, W2: tl.constexpr, W3: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr,
-    BLOCK_N: tl.constexpr, SPLIT_MAX: tl.constexpr,
+    BLOCK_N: tl.constexpr, SPLIT_MAX: tl.constexpr, MIN_SPLIT: tl.constexpr,
     S_PAD: tl.constexpr, ALIGN: tl.constexpr, UPCAST: tl.constexpr, PREC: tl.constexpr,
+    PIPE: tl.constexpr,
 ):  # fmt: skip
     """``y[rows, slice] += scale * (x[rows] @ A^T) @ Bt`` for every live item of
-    this program (one item when ``eff > 1``; every ``PROGRAMS``-th when 1).
+    this program (one item when ``eff > 1``; every grid-size-th when 1).
 
     Needs every slot's rank ``<= BLOCK_R`` (the host checks ``max_rank``).
     """
@@ -95,16 +99,17 @@ def lora_fused_kernel(
     counts = tl.load(counts_ptr + cols, mask=cols < S, other=0)
     tiles = (counts + BLOCK_M - 1) // BLOCK_M
     groups = tl.sum(tiles, axis=0) * NS
-    eff = groups * 0 + 1  # largest power of two <= SPLIT_MAX with groups * eff <= PROGRAMS
+    eff = groups * 0 + 1  # largest power of two <= SPLIT_MAX with groups * eff <= TARGET
     for _ in tl.static_range(8):
-        eff = tl.where((eff * 2 <= SPLIT_MAX) & (groups * eff * 2 <= PROGRAMS), eff * 2, eff)
+        eff = tl.where((eff * 2 <= SPLIT_MAX) & (groups * eff * 2 <= TARGET), eff * 2, eff)
+    eff = tl.maximum(eff, MIN_SPLIT)
     cum = tl.cumsum(tiles, axis=0)
-    for p in range(tl.program_id(0), groups * eff, PROGRAMS):
+    for p in range(tl.program_id(0), groups * eff, tl.num_programs(0)):
         _fused_item(
             p, eff, tiles, cum, cols, x_ptr, y_ptr, storage_ptr, a_rows_ptr, b_rows_ptr,
             ranks_ptr, scales_ptr, ws_ptr, ctr_ptr, sorted_ptr, counts_ptr, starts_ptr,
             S, K, NS, R_MAX, stride_xm, stride_ym, DEPART_OFF, W0, W1, W2, W3,
-            BLOCK_M, BLOCK_R, BLOCK_K, BLOCK_N, ALIGN, UPCAST, PREC,
+            BLOCK_M, BLOCK_R, BLOCK_K, BLOCK_N, ALIGN, UPCAST, PREC, PIPE,
         )  # fmt: skip
 
 
@@ -116,6 +121,7 @@ def _fused_item(
     W0: tl.constexpr, W1: tl.constexpr, W2: tl.constexpr, W3: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr,
     BLOCK_N: tl.constexpr, ALIGN: tl.constexpr, UPCAST: tl.constexpr, PREC: tl.constexpr,
+    PIPE: tl.constexpr,
 ):  # fmt: skip
     """Item ``p`` = (row tile, slice, split) with the split fastest."""
     q = p // eff
@@ -168,27 +174,46 @@ def _fused_item(
             z = acc
         if not UPCAST:
             z = z.to(storage_ptr.dtype.element_ty)
-        # Expand this item's column share, prefetching the next tile.
-        for _j in range(j0, j1):
-            nn = n + BLOCK_N
-            nn_ok = (nn < width) & (nn < j1 * BLOCK_N)
-            bt_next = tl.load(storage_ptr + b_home[:, None] + nn[None, :],
-                              mask=rmask[:, None] & nn_ok[None, :], other=0.0)  # fmt: skip
-            y_next = tl.load(yrow + nn[None, :], mask=mmask[:, None] & nn_ok[None, :], other=0.0)
-            if UPCAST:
-                d = tl.dot(z, bt.to(tl.float32), input_precision=PREC)
-            else:
-                d = tl.dot(z, bt, input_precision=PREC)
-            ymask = mmask[:, None] & (n < width)[None, :]
-            tl.store(yrow + n[None, :], (yv.to(tl.float32) + d * scale).to(yv.dtype), mask=ymask)
-            n = nn
-            bt = bt_next
-            yv = y_next
+        if PIPE == 0:  # expand this item's column share, prefetching the next tile by hand
+            for _j in range(j0, j1):
+                nn = n + BLOCK_N
+                nn_ok = (nn < width) & (nn < j1 * BLOCK_N)
+                bt_next = tl.load(storage_ptr + b_home[:, None] + nn[None, :],
+                                  mask=rmask[:, None] & nn_ok[None, :], other=0.0)  # fmt: skip
+                y_next = tl.load(yrow + nn[None, :], mask=mmask[:, None] & nn_ok[None, :],
+                                 other=0.0)  # fmt: skip
+                _expand_tile(z, bt, yv, yrow, n, mmask, width, scale, UPCAST, PREC)
+                n = nn
+                bt = bt_next
+                yv = y_next
+        else:  # Triton's software pipeline, PIPE stages deep
+            for j in tl.range(j0, j1, num_stages=PIPE):
+                nj = j * BLOCK_N + tl.arange(0, BLOCK_N)
+                ok = nj < width
+                btj = tl.load(storage_ptr + b_home[:, None] + nj[None, :],
+                              mask=rmask[:, None] & ok[None, :], other=0.0)  # fmt: skip
+                yj = tl.load(yrow + nj[None, :], mask=mmask[:, None] & ok[None, :], other=0.0)
+                _expand_tile(z, btj, yj, yrow, nj, mmask, width, scale, UPCAST, PREC)
+
+
+@triton.jit
+def _expand_tile(z, bt, yv, yrow, n, mmask, width, scale, UPCAST: tl.constexpr,
+                 PREC: tl.constexpr):  # fmt: skip
+    """``y[rows, n] = yv + scale * z @ bt`` (fp32 sum, one rounding)."""
+    if UPCAST:
+        d = tl.dot(z, bt.to(tl.float32), input_precision=PREC)
+    else:
+        d = tl.dot(z, bt, input_precision=PREC)
+    ymask = mmask[:, None] & (n < width)[None, :]
+    tl.store(yrow + n[None, :], (yv.to(tl.float32) + d * scale).to(yv.dtype), mask=ymask)
+
+
+FUSED_MAX_BLOCK_N = 1024
 
 
 def fused_block_n(block_r: int, n_elems: int) -> int:
     """Output columns per tile: ``Bt`` tile of about ``n_elems`` elements."""
-    return max(16, min(256, n_elems // block_r))
+    return max(16, min(FUSED_MAX_BLOCK_N, n_elems // block_r))
 
 
 def fused_block_r(max_rank: int) -> int:

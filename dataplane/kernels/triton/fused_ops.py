@@ -26,12 +26,23 @@ from dataplane.kernels.triton.ops import (
 FUSED_MAX_PROGRAMS = 2048
 
 
-def fused_programs(cfg: FusedConfig, device: torch.device) -> int:
-    """The launch's grid: ``per_sm`` programs per multiprocessor (16 off CUDA)."""
+def fused_target(device: torch.device, cfg: FusedConfig) -> int:
+    """Live-program bound for the device's split choice (16 off CUDA)."""
     if device.type != "cuda":
         return 16
     sms = _sm_count(device.index if device.index is not None else 0)
     return min(FUSED_MAX_PROGRAMS, cfg.per_sm * sms)
+
+
+def fused_min_split(cfg: FusedConfig) -> int:
+    """K splits the device never goes below (1 under the interpreter)."""
+    return 1 if _interpreting() else max(1, min(cfg.min_split, cfg.split_k))
+
+
+def fused_programs(tiles: int, num_slices: int, cfg: FusedConfig, device: torch.device) -> int:
+    """The grid of a launch with at most ``tiles`` row tiles: the ``per_sm``
+    bound, raised to ``tiles * slices * min_split`` when that is more."""
+    return max(fused_target(device, cfg), tiles * num_slices * fused_min_split(cfg))
 
 
 def fused_scratch_numel(programs: int, max_rank: int, block_m: int = 16) -> int:
@@ -50,16 +61,24 @@ def fused_fits(
 ) -> bool:
     """Whether a fused launch fits the workspace (else the caller uses two kernels).
 
-    On CUDA the worst case (every slot live) must still get >= 2 K splits: with
-    one split a program streams all of K and its whole slice alone (measured
-    68 µs vs 57 for two kernels at q/k/v, T=256, 64 slots, r=64).
+    On CUDA the worst case (every slot live) must get >= 2 K splits: with one
+    split a program streams all of K and its whole slice alone (measured 68 µs
+    vs 57 for two kernels at q/k/v, T=256, 64 slots, r=64). With
+    ``cfg.min_split >= 2`` the device guarantees that by raising the program
+    count (bounded by ``FUSED_MAX_PROGRAMS`` and the scratch); with
+    ``min_split == 1`` the ``per_sm`` bound alone must leave 2 splits.
     """
-    groups = max_tiles(num_rows, num_slots, cfg.block_m) * num_slices
-    programs = fused_programs(cfg, device)
-    splits_ok = device.type != "cuda" or groups * 2 <= programs
+    tiles = max_tiles(num_rows, num_slots, cfg.block_m)
+    programs = fused_programs(tiles, num_slices, cfg, device)
+    if device.type != "cuda":
+        splits_ok = True
+    elif cfg.min_split >= 2:
+        splits_ok = programs <= FUSED_MAX_PROGRAMS
+    else:
+        splits_ok = tiles * num_slices * 2 <= fused_target(device, cfg)
     return (
         num_slices <= MAX_SLICES
-        and groups <= counters
+        and tiles * num_slices <= counters
         and fused_scratch_numel(programs, max_rank, cfg.block_m) <= scratch_numel
         and splits_ok
     )
@@ -105,10 +124,11 @@ def launch_fused(
         raise LoraShapeError(f"no fused config for T={t}, rank {max_rank}")
     block_r = fused_block_r(max_rank)
     block_n = fused_block_n(block_r, cfg.n_elems)
-    programs = fused_programs(cfg, x.device)
+    tiles = max_tiles(t, s, cfg.block_m)
+    programs = fused_programs(tiles, ns, cfg, x.device)
     if scratch.numel() < fused_scratch_numel(programs, max_rank, cfg.block_m):
         raise LoraShapeError("fused scratch too small")
-    if max_tiles(t, s, cfg.block_m) * ns > counters.numel() // 2:
+    if tiles * ns > counters.numel() // 2:
         raise LoraShapeError("too few fused counters")
     split = 1 if _interpreting() else cfg.split_k  # the interpreter runs programs serially
     widths = [*out_features, 0, 0, 0][:MAX_SLICES]
@@ -116,13 +136,14 @@ def launch_fused(
     lora_fused_kernel[grid](
         x, y, storage, a_rows, b_rows, ranks, scales, scratch, counters,
         sorted_rows, slot_counts, slot_starts,
-        s, k, ns, r_max, x.stride(0), y.stride(0), counters.numel() // 2, programs,
+        s, k, ns, r_max, x.stride(0), y.stride(0), counters.numel() // 2,
+        fused_target(x.device, cfg),
         widths[0], widths[1], widths[2], widths[3],
         BLOCK_M=cfg.block_m, BLOCK_R=block_r, BLOCK_N=block_n,
         BLOCK_K=fused_block_k(cfg, block_r, x.element_size()),
-        SPLIT_MAX=split, S_PAD=_s_pad(s),
+        SPLIT_MAX=split, MIN_SPLIT=fused_min_split(cfg), S_PAD=_s_pad(s),
         ALIGN=align,
-        UPCAST=_interpreting(), PREC=_precision(x.dtype),
+        UPCAST=_interpreting(), PREC=_precision(x.dtype), PIPE=cfg.pipe,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )  # fmt: skip
 
