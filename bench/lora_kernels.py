@@ -19,11 +19,12 @@ index_add) and the base GEMM are timed in the same run.
 ``--tune`` sweeps what is not settled (prefill expand per rank group incl. the
 ``y``-prefetch loop; the prefill shrink per rank group: row tile, ``BLOCK_K``,
 stages, programs per SM = K splits, evict-first ``x``; the fused launch's grid
-(programs per SM, column tile, warps) on the engine's decode modules; ``--tune-sweeps``
-picks among them; ``--tune-decode`` adds
-the decode fused sweep of the last run) and prints the winners as Python to
-paste into ``configs.py``. The metadata section times every build method at
-T = 64 … 16384 and prints the auto edge. Results are appended to
+(programs per SM, minimum split, expand pipelining) per module shape class;
+``--tune-sweeps`` picks among them) and prints the winners as Python to paste into
+``configs.py``; the fused table also goes to ``tuned_configs.json``, which
+``ADAPTERPLANE_LORA_TUNED=<file>`` installs in any process (engine, agent, bench).
+The metadata section times every build method at T = 64 … 16384 and prints the
+auto edge. Results are appended to
 ``lora_bench.json`` after every row (a cut-off run keeps what it measured).
 
 "ours" is ``add_lora`` (one fused launch at decode sizes); decode rows also time
@@ -65,7 +66,6 @@ def main() -> None:
     ap.add_argument("--no-loop", action="store_true", help="skip the (slow) loop baseline")
     ap.add_argument("--only", default="", help="comma list: scenarios whose name has one")
     ap.add_argument("--no-stacked", action="store_true", help="skip the stacked-layout rings")
-    ap.add_argument("--tune-decode", action="store_true", help="also re-sweep decode fused")
     ap.add_argument("--tune-sweeps", default=",".join(TUNE_SWEEPS),
                     help=f"comma list of --tune's sweeps, from {','.join(TUNE_SWEEPS)}")
     args = ap.parse_args()
@@ -89,11 +89,15 @@ def main() -> None:
         t0 = time.time()
         try:
             sweeps = tuple(w for w in args.tune_sweeps.split(",") if w)
-            results["tuned"] = tune(backend, log, args.tune_decode, sweeps)
+            results["tuned"] = tune(backend, log, sweeps)
         except Exception as exc:  # keep benchmarking with what we have
             log(f"tuning failed: {type(exc).__name__}: {exc}")
         log(f"tuning took {time.time() - t0:.0f} s")
         log(paste_block())
+        tuned = os.path.join(args.out, "tuned_configs.json")
+        with open(tuned, "w") as f:  # ADAPTERPLANE_LORA_TUNED=<this file> installs it
+            json.dump({"fused": configs.fused_table_json()}, f, indent=1)
+        log(f"fused table written to {tuned}")
     dump = os.path.join(args.out, "lora_bench.json")
 
     def save() -> None:
@@ -132,7 +136,7 @@ def main() -> None:
 
     def path(sc: Scenario) -> str:
         """Which launch ``add_lora`` takes for this step (all slots live)."""
-        cfg = configs.fused_config(sc.rows, sc.max_rank, sc.d_in)
+        cfg = configs.fused_config(sc.rows, sc.max_rank, sc.d_in, sc.outs)
         if cfg is None:
             return "two kernels"
         fits = fused_fits(sc.rows, sc.n, len(sc.outs), sc.max_rank, cfg,
@@ -145,7 +149,7 @@ def main() -> None:
         ring = build_ring(sc, "scattered")
         ours = time_ours(sc, ring, backend)
         two_k = ours["ours"]
-        if configs.fused_config(sc.rows, sc.max_rank, sc.d_in) is not None:
+        if configs.fused_config(sc.rows, sc.max_rank, sc.d_in, sc.outs) is not None:
             two_k = time_ours(sc, ring, two, ("ours",))["ours"]
         del ring
         stacked, loop = float("nan"), float("nan")

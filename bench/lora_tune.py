@@ -62,78 +62,46 @@ def _sweep(
     return best, math.exp(best_t / len(built))
 
 
-def _tune_decode_fused(backend: TritonLoraBackend, log: Callable[[str], None]) -> None:
-    """The last run's decode sweep of the fused launch (committed entries won)."""
-    for rows in (64, 256):
-        t_key = configs.bucket(rows, configs.T_BUCKETS)
-        scs = [Scenario("decode", rows, n, (r,)) for r in (16, 64) for n in (1, 16, 64)]
-        built = [(sc, build_ring(sc, "scattered")) for sc in scs]
-        cur = configs.FUSED_TABLE[t_key]
-        cands = [cur] + [
-            dataclasses.replace(cur, block_k=bk, split_k=sk, num_warps=w, per_sm=per, n_elems=ne)
-            for bk, sk, w, per, ne in ((256, 16, 4, 4, 8192), (128, 32, 4, 4, 8192),
-                                       (256, 16, 8, 2, 16384))
-        ]  # fmt: skip
-        keys = (16, 64) if t_key == 64 else (t_key,)
-
-        def put(c: object, keys: tuple[int, ...] = keys) -> None:
-            for k in keys:
-                configs.FUSED_TABLE[k] = c  # type: ignore[assignment]
-
-        best, t = _sweep(put, cands, built, backend, "ours", log)
-        log(f"tuned fused T<={t_key}: {best} ({t:.2f} µs)")
-        del built
-        torch.cuda.empty_cache()
+def _shape_cases(shape: str, rows: int, ns: tuple[int, ...]) -> list[Scenario]:
+    """Llama-8B decode module of ``shape`` class (rank 16), ``rows`` rows over each ``n``."""
+    outs, d_in = {
+        "qkv": ((4096, 1024, 1024), 4096), "square": ((4096,), 4096),
+        "wide": ((14336, 14336), 4096), "deep": ((4096,), 14336),
+    }[shape]  # fmt: skip
+    return [Scenario("decode", rows, n, (16,), outs, d_in) for n in ns]
 
 
-def _engine_decode_cases(rows: int, n: int) -> list[Scenario]:
-    """The Llama-8B decode modules (rank 16) at ``rows`` rows over ``n`` slots."""
-    return [
-        Scenario("decode", rows, n, (16,), (4096, 1024, 1024)),  # q/k/v
-        Scenario("decode", rows, n, (16,)),  # o
-        Scenario("decode", rows, n, (16,), (14336, 14336)),  # gate/up
-        Scenario("decode", rows, n, (16,), (4096,), 14336),  # down
-    ]
-
-
-# (per_sm, min_split) candidates, then (n_elems, num_warps, pipe) at the winner.
-FUSED_GRIDS = ((2, 2), (1, 2), (3, 2), (4, 2), (2, 4), (4, 4))
-FUSED_TILES = (
-    (8192, 4, 0), (16384, 4, 0), (16384, 8, 0), (32768, 8, 0),
-    (8192, 4, 3), (16384, 4, 3), (8192, 4, 4), (16384, 8, 3),
+# (per_sm, min_split, pipe) candidates per (T class, shape class).
+FUSED_CANDIDATES = (
+    (2, 2, 0), (2, 1, 0), (3, 2, 0), (3, 1, 0), (2, 2, 3), (2, 1, 3), (3, 2, 3), (3, 1, 3),
 )  # fmt: skip
 
 
 def _tune_fused_grid(backend: TritonLoraBackend, log: Callable[[str], None]) -> dict[str, object]:
-    """Fused launch grid per T class: ``per_sm`` and ``min_split`` over
-    ``FUSED_GRIDS``, then column tile, warps and expand pipelining over
-    ``FUSED_TILES`` at the winner. Cases: the engine's
-    decode modules (T = 128 over 50 slots, ~ a 128-row step with 128 Zipf(1.0)
-    adapters; T = 64 over 64) plus few-slot steps (n = 1, 16) so the grid that
-    wins for many slots does not lose where one slot has every row."""
+    """Fused launch per (T class, shape class): ``per_sm``, ``min_split`` and the
+    expand loop (``pipe``) over ``FUSED_CANDIDATES``. Cases: the Llama-8B module of
+    the class at T = 128 rows (T class 256) or 64 (T class 64, also installed for 16),
+    over 16 and 50 (64) slots — a step with 16 / 128 Zipf(1.0) adapters has about
+    that many live — plus 1 slot for the square class."""
     chosen: dict[str, object] = {}
-    for t_key, rows, n in ((256, 128, 50), (64, 64, 64)):
-        scs = _engine_decode_cases(rows, n) + [
-            Scenario("decode", rows, k, (16,)) for k in (1, 16)
-        ]
-        built = [(sc, build_ring(sc, "scattered")) for sc in scs]
-        keys = (16, 64) if t_key == 64 else (t_key,)
+    for t_key, rows, many in ((256, 128, 50), (64, 64, 64)):
+        for shape in configs.FUSED_SHAPES:
+            ns = (1, 16, many) if shape == "square" else (16, many)
+            built = [(sc, build_ring(sc, "scattered")) for sc in _shape_cases(shape, rows, ns)]
+            keys = [(t, shape) for t in ((16, 64) if t_key == 64 else (t_key,))]
 
-        def put(c: object, keys: tuple[int, ...] = keys) -> None:
-            for k in keys:
-                configs.FUSED_TABLE[k] = c  # type: ignore[assignment]
+            def put(c: object, keys: list[tuple[int, str]] = keys) -> None:
+                for k in keys:
+                    configs.FUSED_TABLE[k] = c  # type: ignore[assignment]
 
-        cur = configs.FUSED_TABLE[t_key]
-        cands = [dataclasses.replace(cur, per_sm=p, min_split=m) for p, m in FUSED_GRIDS]
-        best, t = _sweep(put, cands, built, backend, "ours", log)
-        cur = best  # type: ignore[assignment]
-        cands = [dataclasses.replace(cur, n_elems=ne, num_warps=w, pipe=pp)
-                 for ne, w, pp in FUSED_TILES]  # fmt: skip
-        best, t = _sweep(put, cands, built, backend, "ours", log)
-        log(f"tuned fused grid T<={t_key}: {best} ({t:.2f} µs)")
-        chosen[f"fused {t_key}"] = repr(best)
-        del built
-        torch.cuda.empty_cache()
+            cur = configs.FUSED_TABLE[keys[0]]
+            cands = [dataclasses.replace(cur, per_sm=p, min_split=m, pipe=pp)
+                     for p, m, pp in FUSED_CANDIDATES]  # fmt: skip
+            best, t = _sweep(put, cands, built, backend, "ours", log)
+            log(f"tuned fused T<={t_key} {shape}: {best} ({t:.2f} µs)")
+            chosen[f"fused {t_key} {shape}"] = repr(best)
+            del built
+            torch.cuda.empty_cache()
     return chosen
 
 
@@ -216,7 +184,6 @@ TUNE_SWEEPS = ("expand", "shrink", "fused")
 def tune(
     backend: TritonLoraBackend,
     log: Callable[[str], None],
-    decode: bool,
     sweeps: tuple[str, ...] = TUNE_SWEEPS,
 ) -> dict[str, object]:
     """Sweep the open choices, keep the winners installed, print them as Python.
@@ -224,13 +191,11 @@ def tune(
     1. Prefill expand (T = 4096, n in {4, 32}), rank groups 16 and 64 apart:
        ``Bt``- vs ``y``-prefetching column loop, row tile, column tile, tiles
        per program (metric: the expand alone, two-kernel path).
-    2. Fused launch grid (``_tune_fused_grid``): programs per SM, then the
-       column tile and warps, on the engine's decode modules (metric: add_lora).
+    2. Fused launch per T class and module shape class (``_tune_fused_grid``):
+       programs per SM, minimum split, expand pipelining (metric: add_lora).
     3. Prefill shrink (``_tune_prefill_shrink``): row tile, ``BLOCK_K``,
        stages, programs per SM (hence K splits), evict-first ``x``; r = 16
        and r = 64 apart, with the expand winners of 1 installed.
-    4. With ``decode``: the decode fused sweep of the last run.
-
     ``sweeps`` picks among 1-3 (``TUNE_SWEEPS`` names).
     """
     ec = configs.ExpandConfig
@@ -260,8 +225,6 @@ def tune(
         chosen.update(_tune_prefill_shrink(two, log))
     if "fused" in sweeps:
         chosen.update(_tune_fused_grid(backend, log))
-    if decode:
-        _tune_decode_fused(backend, log)
     return chosen
 
 
@@ -269,10 +232,10 @@ def paste_block() -> str:
     """The tuned tables as Python for ``configs.py``."""
     by_rank = ",\n".join(f"    {k}: {v!r}" for k, v in sorted(configs.EXPAND_BY_RANK.items()))
     shrink = ",\n".join(f"    {k}: {v!r}" for k, v in sorted(configs.SHRINK_BY_RANK.items()))
-    fused = ",\n".join(f"    {k}: {v!r}" for k, v in sorted(configs.FUSED_TABLE.items()))
+    fused = ",\n".join(f"    {k!r}: {v!r}" for k, v in sorted(configs.FUSED_TABLE.items()))
     return (
         "# ---- paste into dataplane/kernels/triton/configs.py ----\n"
         f"EXPAND_BY_RANK: dict[tuple[int, int], ExpandConfig] = {{\n{by_rank},\n}}\n"
         f"SHRINK_BY_RANK: dict[tuple[int, int], ShrinkConfig] = {{\n{shrink},\n}}\n"
-        f"FUSED_TABLE: dict[int, FusedConfig] = {{\n{fused},\n}}"
+        f"FUSED_TABLE: dict[tuple[int, str], FusedConfig] = {{\n{fused},\n}}"
     )

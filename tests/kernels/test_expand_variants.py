@@ -65,7 +65,8 @@ def test_fused_expand_loops_match_reference(
     rows = 11
     t_key = configs.bucket(rows, configs.T_BUCKETS)
     cfg = configs.FusedConfig(16, 32, 4, 4, 2, n_elems=n_elems, pipe=pipe)
-    monkeypatch.setitem(configs.FUSED_TABLE, t_key, cfg)
+    for shape in configs.FUSED_SHAPES:
+        monkeypatch.setitem(configs.FUSED_TABLE, (t_key, shape), cfg)
     case = make_case(
         dtype=dtype,
         in_features=72,

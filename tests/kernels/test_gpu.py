@@ -140,7 +140,7 @@ def test_fused_decode_is_deterministic_and_resets_counters(
         slots = torch.tensor(case.row_slot, dtype=torch.int32, device=cuda_device)
         meta = fused.build_meta(slots, buffers)
         w = case.table.weights
-        cfg = fused_config(rows, w.max_rank, w.in_features)
+        cfg = fused_config(rows, w.max_rank, w.in_features, tuple(w.out_features))
         assert cfg is not None and fused_fits(  # every case here takes the fused launch
             rows, w.num_slots, w.num_slices, w.max_rank, cfg, ws.buffer.numel(), ws.COUNTERS,
             cuda_device,

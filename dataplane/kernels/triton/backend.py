@@ -80,7 +80,9 @@ class TritonLoraBackend(LoraBackend):
         workspace: LoraWorkspace | None = None,
     ) -> None:
         """One fused launch for decode-sized steps, else shrink + expand."""
-        cfg = fused_config(meta.num_rows, weights.max_rank, weights.in_features)
+        cfg = fused_config(
+            meta.num_rows, weights.max_rank, weights.in_features, tuple(weights.out_features)
+        )
         if not self.fused or cfg is None:
             super().add_lora(y, x, meta, weights, workspace)
             return

@@ -10,7 +10,9 @@ winning table, which is pasted into ``SHRINK_TABLE`` / ``EXPAND_TABLE``.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+import json
+import os
+from dataclasses import asdict, dataclass, replace
 
 T_BUCKETS = (16, 64, 256, 1024, 4096, 1 << 30)
 R_BUCKETS = (16, 32, 64, 128, 256)
@@ -165,27 +167,71 @@ EXPAND_TABLE: dict[tuple[int, int], ExpandConfig] = {
 
 
 # Fused decode path (one launch): T classes up to 256; larger steps use two kernels.
-# `bench/lora_kernels.py --tune` on the H200, 2026-11-29 (r 16/64 x n 1/16/64): these
-# entries won their sweeps (T=64: 11.94 µs geomean vs 12.88-13.41 for per_sm 4,
-# block_k 128 / split 32, 8 warps; T=256: 13.45 vs 14.50-16.84). `min_split` (default
-# 2) is new and not yet measured: it only changes steps where the per-SM bound left one
-# split (q/k/v or gate/up with ~64 live slots), which ran two kernels before;
-# `--tune` compares min_split 2 / 4 / 1 (= two kernels) on those steps.
+# Keyed by (T class, module shape class, see `fused_shape`): the modules of one model
+# want different grids (measured on the H200, 2026-11-30, 128-row steps over 50 slots,
+# rank 16: q/k/v is fastest unsplit, 25.1 µs vs 30.2 with 2 splits, while gate/up's
+# 14,336-wide B wants the software-pipelined expand, 32.4 µs vs 38.4 by hand).
+# `bench/lora_kernels.py --tune --tune-sweeps fused` sweeps every class and writes the
+# winners to tuned_configs.json (load it with ADAPTERPLANE_LORA_TUNED=path, or paste).
 FUSED_MAX_RANK = 128
-FUSED_TABLE: dict[int, FusedConfig] = {
+FUSED_SHAPES = ("square", "qkv", "wide", "deep")
+_FUSED_BASE = {
     16: FusedConfig(16, 256, 16, 4, 3),
     64: FusedConfig(16, 256, 16, 4, 3),
     256: FusedConfig(16, 128, 32, 4, 3),
 }
+FUSED_TABLE: dict[tuple[int, str], FusedConfig] = {
+    (t, shape): cfg for t, cfg in _FUSED_BASE.items() for shape in FUSED_SHAPES
+}
 
 
-def fused_config(num_rows: int, max_rank: int, in_features: int) -> FusedConfig | None:
+def fused_shape(in_features: int, out_features: tuple[int, ...]) -> str:
+    """Module shape class: ``qkv`` (3+ slices), ``wide`` (a slice over twice the
+    input width: gate/up), ``deep`` (input over twice the widest slice: down),
+    else ``square``."""
+    if len(out_features) >= 3:
+        return "qkv"
+    widest = max(out_features, default=in_features)
+    if widest > 2 * in_features:
+        return "wide"
+    if in_features > 2 * widest:
+        return "deep"
+    return "square"
+
+
+def fused_config(
+    num_rows: int, max_rank: int, in_features: int, out_features: tuple[int, ...] = ()
+) -> FusedConfig | None:
     """Config of the fused launch, or ``None`` where two kernels are used."""
-    cfg = FUSED_TABLE.get(bucket(num_rows, T_BUCKETS))
+    key = (bucket(num_rows, T_BUCKETS), fused_shape(in_features, out_features))
+    cfg = FUSED_TABLE.get(key)
     if cfg is None or max_rank > FUSED_MAX_RANK:
         return None
     k_tiles = max(1, -(-in_features // cfg.block_k))
     return replace(cfg, split_k=min(cfg.split_k, k_tiles))
+
+
+def fused_table_json() -> dict[str, dict[str, int]]:
+    """``FUSED_TABLE`` as JSON-able ``{"<T class>/<shape>": fields}``."""
+    return {f"{t}/{shape}": asdict(c) for (t, shape), c in sorted(FUSED_TABLE.items())}
+
+
+def load_tuned(path: str) -> None:
+    """Install fused-launch entries from a ``tuned_configs.json`` written by
+    ``bench/lora_kernels.py --tune`` (keys ``"<T class>/<shape>"``). Unknown keys
+    or fields raise ``ValueError``: a stale file must not half-apply."""
+    with open(path) as f:
+        data = json.load(f)
+    fused: dict[tuple[int, str], FusedConfig] = {}
+    for key, fields in data.get("fused", {}).items():
+        t, _, shape = key.partition("/")
+        if not t.isdigit() or int(t) not in _FUSED_BASE or shape not in FUSED_SHAPES:
+            raise ValueError(f"{path}: unknown fused key {key!r}")
+        try:
+            fused[(int(t), shape)] = FusedConfig(**fields)
+        except TypeError as exc:
+            raise ValueError(f"{path}: bad fields for {key!r}: {exc}") from exc
+    FUSED_TABLE.update(fused)
 
 
 def default_shrink(t_bucket: int, r_bucket: int) -> ShrinkConfig:
@@ -256,3 +302,7 @@ def max_split_k() -> int:
     splits = [c.split_k for c in SHRINK_TABLE.values()]
     splits += [default_shrink(t, r).split_k for t in T_BUCKETS for r in R_BUCKETS]
     return max(splits)
+
+
+if os.environ.get("ADAPTERPLANE_LORA_TUNED"):
+    load_tuned(os.environ["ADAPTERPLANE_LORA_TUNED"])

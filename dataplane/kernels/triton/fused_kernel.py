@@ -13,12 +13,12 @@ shares per ``(tile, slice)`` group) is picked on the device from the live
 tiles: the largest power of two ``<= SPLIT_MAX`` with ``groups * eff <= TARGET``
 (the config's ``per_sm`` x multiprocessors), but at least ``MIN_SPLIT`` (so
 q/k/v with many live slots still splits K). The grid is fixed by the host at
-``max(TARGET, max_groups * MIN_SPLIT)``, the most items any step can have — not
-``max_groups * SPLIT_MAX``: most of such a grid's programs would only find
+``max(TARGET, max_groups * MIN_SPLIT)``, enough for every item of any step —
+not ``max_groups * SPLIT_MAX``: most of such a grid's programs would only find
 their item dead and exit, and their dispatch is not free (measured on the H200:
-the o/down shapes with 64 live slots 11-16% faster). With ``eff >= 2`` every
-program has at most one item; with ``eff == 1`` (only under the interpreter,
-where ``SPLIT_MAX = 1``) each program loops over items ``pid, pid + grid, ...``.
+the o/down shapes with 64 live slots 11-16% faster). So every program has at
+most one item; the loop over items ``pid, pid + grid, ...`` is a safety net
+(a group whose items shared a program would wait for itself).
 Each item:
 
 1. loads its slot's factor-row addresses, its first ``Bt`` tile and ``y`` tile;
