@@ -85,6 +85,29 @@ def test_prefill_batch_layout() -> None:
     assert batch.indptr.tolist() == [0, 3, 40, 41] and batch.num_rows == 41
 
 
+@pytest.mark.parametrize("num_requests", [1, 2, 3, 4, 5, 7])
+def test_prefill_batch_segments_are_16_byte_aligned(num_requests: int) -> None:
+    """Every tensor the kernel takes starts on a 16-byte boundary whatever the request and
+    tile counts (Triton specialises pointers on that alignment: an unaligned segment
+    would compile another kernel variant mid-serving), and holds exactly its values."""
+    lens = [5 + 17 * r for r in range(num_requests)]
+    indptr = [0]
+    for n in lens:
+        indptr.append(indptr[-1] + n)
+    ctx = [n + 3 * r for r, n in enumerate(lens)]
+    tables = [list(range(r, r + (c + BS - 1) // BS)) for r, c in enumerate(ctx)]
+    batch = prefill_batch(indptr, ctx, tables, BS, torch.device("cpu"), block_m=16)
+    for t in (batch.indptr, batch.context_lens, batch.block_tables, batch.tile_request,
+              batch.tile_row):
+        assert t.data_ptr() % 16 == 0
+    assert batch.indptr.tolist() == indptr and batch.context_lens.tolist() == ctx
+    assert [row[: len(tab)] for row, tab in zip(batch.block_tables.tolist(), tables,
+                                                strict=True)] == tables
+    assert batch.tile_request.numel() == batch.num_tiles == sum(-(-n // 16) for n in lens)
+    assert sorted(batch.tile_request.tolist()) == sorted(
+        r for r, n in enumerate(lens) for _ in range(-(-n // 16)))
+
+
 def test_bad_shapes_raise() -> None:
     q, k_cache, v_cache, indptr, ctx_lens, tables = _case(4, 3, 16, torch.float32, seed=1)
     batch = prefill_batch(indptr, ctx_lens, tables, BS, DEVICE)
