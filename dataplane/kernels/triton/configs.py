@@ -168,7 +168,7 @@ EXPAND_TABLE: dict[tuple[int, int], ExpandConfig] = {
 
 # Fused decode path (one launch): T classes up to 256; larger steps use two kernels.
 # Keyed by (T class, module shape class, see `fused_shape`): the modules of one model
-# want different grids (measured on the H200, 2026-11-30, 128-row steps over 50 slots,
+# want different grids (measured on the H200, 2026-11-29, 128-row steps over 50 slots,
 # rank 16: q/k/v is fastest unsplit, 25.1 µs vs 30.2 with 2 splits, while gate/up's
 # 14,336-wide B wants the software-pipelined expand, 32.4 µs vs 38.4 by hand).
 # `bench/lora_kernels.py --tune --tune-sweeps fused` sweeps every class and writes the
@@ -180,7 +180,7 @@ _FUSED_BASE = {
     64: FusedConfig(16, 256, 16, 4, 3),
     256: FusedConfig(16, 128, 32, 4, 3),
 }
-# Winners of that sweep (H200, 2026-11-30): every class takes the software-pipelined
+# Winners of that sweep (H200, 2026-11-29): every class takes the software-pipelined
 # expand (pipe 3) except square at T <= 256 (13.5 vs 13.2 µs at 50 slots, 9.7 vs 10.1 at
 # one: a tie); unsplit (min_split 1) except square at T <= 256 and deep at T <= 64.
 _FUSED_TUNED: dict[tuple[int, str], dict[str, int]] = {
