@@ -2,7 +2,7 @@
 # The GPU tests and benchmarks behind docs/PERFORMANCE.md, one section after another on
 # one GPU (each benchmark runs alone on it). From the repo root on the GPU host (torch,
 # triton, transformers, peft installed):
-#   OUT=/tmp/gpu-run bash scripts/gpu_run.sh tests agent kernels coldload decode trace online attention
+#   OUT=/tmp/gpu-run bash scripts/gpu_run.sh tests agent kernels coldload decode trace traceN online attention
 # (`ktests`, `kfused`: quicker subsets of `tests` and `kernels`)
 # and on a 2-GPU host the tensor-parallel sections `tp tptests`.
 # (tests/ is a package, so tests/agent is `tests.agent` and never shadows the `agent`
@@ -44,6 +44,10 @@ for s in "$@"; do
              --requests 256 --rate inf --prompt-min 64 --prompt-max 512 --output-min 64 \
              --output-max 128 --max-num-seqs 128 --max-batched-tokens 4096 \
              --kv-blocks 8192 --hf-batch 64 --hf-requests 64 --out "$OUT/trace" ;;
+    traceN) section traceN 300 python3 bench/engine.py --mode cuda --adapters 1 1000 \
+              --requests 256 --rate inf --prompt-min 64 --prompt-max 512 --output-min 64 \
+              --output-max 128 --max-num-seqs 128 --max-batched-tokens 4096 \
+              --kv-blocks 8192 --skip-hf --out "$OUT/traceN" ;;  # N = 1 and 1000 adapters
     online) section online 200 python3 bench/engine.py --mode cuda --adapters 16 128 \
               --requests 256 --rate 24 --prompt-min 64 --prompt-max 512 --output-min 64 \
               --output-max 128 --max-num-seqs 128 --max-batched-tokens 4096 \
