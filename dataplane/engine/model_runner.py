@@ -9,6 +9,9 @@ captured graphs (engine/cuda_graphs.py).
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from functools import partial
+
 import torch
 
 from dataplane.attention.kv_cache import PagedKVCache
@@ -18,6 +21,7 @@ from dataplane.engine.deferred import DeferredTokens, check_no_placeholders, pat
 from dataplane.kernels import (
     LoraFactorTable,
     LoraMetaBuffers,
+    LoraModuleWeights,
     LoraWorkspace,
     get_lora_backend,
 )
@@ -116,24 +120,32 @@ class ModelRunner:
         middle of a served step (an 8B model's first mixed steps otherwise wait seconds
         for the JIT). Variants differ by row bucket (configs), projection shape and the
         metadata method, so one call per row count in `warm_up_row_counts` and per
-        distinct projection shape covers them (projections owning their own tables, the
-        tensor-parallel ones, are left to compile on first use). Returns the number of
-        calls made."""
+        distinct projection shape covers them; tensor-parallel projections (owning their
+        sharded tables) warm up through their branch, without collectives. Returns the
+        number of calls made."""
         if self.max_slots == 0:
             return 0
-        shapes: dict[tuple[int, tuple[int, ...]], LoRALinear] = {}
-        for linear in self.linears.values():  # not the TP linears owning their tables
+        launchers: dict[tuple[object, ...], Callable[[LoraStepContext], None]] = {}
+        for linear in self.linears.values():
             if linear.factors is not None:
-                shapes.setdefault((linear.in_features, tuple(linear.out_features)), linear)
+                w = linear.factors.weights
+                launchers.setdefault(("own", w.in_features, tuple(w.out_features), w.max_rank),
+                                     partial(_warm_up_table, w))
+        for _layer, _attr, linear in self.model.lora_linears():
+            branch = getattr(linear, "branch", None)
+            if getattr(linear, "owns_lora_tables", False) and branch is not None:
+                w = branch.table.weights
+                key = (branch.layout, branch.style, w.in_features, tuple(w.out_features),
+                       w.max_rank)
+                launchers.setdefault(key, branch.warm_up)
         calls = 0
         for rows in warm_up_row_counts(self.max_rows):
             row_slot = torch.full((rows,), -1, dtype=torch.int32, device=self.device)
-            meta = self.backend.build_meta(row_slot, self.meta_buffers)
-            for (d_in, d_out), linear in shapes.items():
-                x = torch.zeros(rows, d_in, dtype=self.dtype, device=self.device)
-                y = torch.zeros(rows, sum(d_out), dtype=self.dtype, device=self.device)
-                assert linear.factors is not None
-                self.backend.add_lora(y, x, meta, linear.factors.weights, self.workspace)
+            ctx = LoraStepContext(self.backend, self.backend.build_meta(row_slot,
+                                                                        self.meta_buffers),
+                                  self.workspace)
+            for launch in launchers.values():
+                launch(ctx)
                 calls += 1
         return calls
 
@@ -187,3 +199,12 @@ class ModelRunner:
             return torch.empty(0, self.config.vocab_size, dtype=torch.float32, device=device)
         rows = torch.tensor(plan.sample_rows, dtype=torch.int64).to(device)
         return self.model.compute_logits(hidden.index_select(0, rows))
+
+
+def _warm_up_table(weights: LoraModuleWeights, ctx: LoraStepContext) -> None:
+    """One `add_lora` on zeros over `ctx`'s rows for a runner-owned table."""
+    rows = ctx.meta.num_rows
+    dev, dtype = weights.storage.device, weights.storage.dtype
+    x = torch.zeros(rows, weights.in_features, dtype=dtype, device=dev)
+    y = torch.zeros(rows, sum(weights.out_features), dtype=dtype, device=dev)
+    ctx.backend.add_lora(y, x, ctx.meta, weights, ctx.workspace)

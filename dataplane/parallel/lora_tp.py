@@ -148,6 +148,26 @@ class ShardedLoraBranch:
         return sum(f.a.numel() + f.b.numel() for per in self.local.values()
                    for f in per.values())
 
+    def warm_up(self, ctx: LoraStepContext) -> None:
+        """Launch this branch's kernels once on zeros for `ctx`'s rows (no collective; the
+        step's rows should have no adapter, so nothing is written): Triton compiles the
+        variants an eager step of that size uses now rather than mid-serving. The paper
+        row layout's expand writes a column window of `y` in serving (another stride);
+        here it expands into a contiguous `y`, so that variant may still compile on
+        first use."""
+        w = self.table.weights
+        rows = ctx.meta.num_rows
+        x = torch.zeros(rows, w.in_features, dtype=w.storage.dtype, device=w.storage.device)
+        y = torch.zeros(rows, sum(w.out_features), dtype=w.storage.dtype,
+                        device=w.storage.device)
+        if not self.paper:
+            ctx.backend.add_lora(y, x, ctx.meta, w, ctx.workspace)
+            return
+        z = ctx.backend.shrink(x, ctx.meta, self.shrink_weights, ctx.workspace)
+        z_full = torch.zeros(1, rows, z.shape[2], w.max_rank, dtype=torch.float32,
+                             device=z.device)
+        ctx.backend.expand(y, z_full, ctx.meta, w)
+
     def apply(self, y: torch.Tensor, x: torch.Tensor, ctx: LoraStepContext,
               out_slice: tuple[int, int] | None = None,
               trace: dict[str, torch.Tensor] | None = None) -> None:

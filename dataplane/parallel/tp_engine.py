@@ -159,6 +159,7 @@ class TPEngine(Engine):
 
             attach_tp_graphs(self.runner, self.group, config.max_num_seqs,
                              min(self.max_model_len, config.max_graph_context))
+            self.runner.warm_up_lora()  # local kernels only: eager steps never wait on JIT
 
     @classmethod
     def from_global_model_dir(cls, path: str | Path, group: TPGroup, *,

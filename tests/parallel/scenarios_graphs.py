@@ -48,6 +48,13 @@ def run(group: TPGroup, payload: dict[str, Any]) -> dict[str, Any]:
     for slot, per in adapters(config).items():
         tp.load_adapter(slot, {k: {i: (a.to(dev), b.to(dev), s) for i, (a, b, s) in v.items()}
                                for k, v in per.items()})
+    # every sharded branch warms up locally (no collective: the ledger stays empty)
+    group.counter.reset()
+    warm_calls = runner.warm_up_lora()
+    warm_ledger = _ledger(group)
+    branch_shapes = {(lin.branch.layout, lin.branch.style, lin.branch.table.weights.in_features,
+                      tuple(lin.branch.table.weights.out_features))
+                     for _, _, lin in tp.lora_linears() if lin.branch is not None}
     graphs: TPCudaGraphRunner
     if dev.type == "cuda":  # CUDA-only: capture (collective) on every rank, same sizes
         graphs = attach_tp_graphs(runner, group, MAX_BATCH, MAX_CONTEXT)
@@ -83,4 +90,6 @@ def run(group: TPGroup, payload: dict[str, Any]) -> dict[str, Any]:
         steps.append({"graphed": graphed.cpu(), "eager": eager.cpu(),
                       "graph_ledger": graph_ledger, "eager_ledger": _ledger(group)})
         next_ids = eager.argmax(-1).tolist()
-    return {"steps": steps, "replays": graphs.replays, "num_layers": config.num_layers}
+    return {"steps": steps, "replays": graphs.replays, "num_layers": config.num_layers,
+            "warm_calls": warm_calls, "warm_ledger": warm_ledger,
+            "branch_shapes": len(branch_shapes)}

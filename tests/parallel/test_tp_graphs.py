@@ -36,6 +36,18 @@ def test_padded_graph_step_equals_eager_step(ranks: list[dict[str, Any]]) -> Non
         torch.testing.assert_close(a["graphed"], b["graphed"], rtol=0, atol=0)
 
 
+def test_lora_warm_up_covers_the_sharded_branches_without_collectives(
+    ranks: list[dict[str, Any]],
+) -> None:
+    """`ModelRunner.warm_up_lora` launches every sharded branch shape at every warm-up row
+    count (max_rows 64: 1, 2, 4, ..., 64), locally: no collective call or byte."""
+    for rank in ranks:
+        assert rank["branch_shapes"] >= 2  # column (q/k/v, gate/up) and row (o, down)
+        assert rank["warm_calls"] == 7 * rank["branch_shapes"]
+        assert rank["warm_ledger"] == {"base_calls": 0, "lora_calls": 0, "base_bytes": 0,
+                                       "lora_bytes": 0}
+
+
 def test_graph_step_issues_the_eager_collectives(ranks: list[dict[str, Any]]) -> None:
     """Same calls (base: o + down per layer, embedding, LM head; LoRA: 0 default, one
     per projection paper); bytes scale with the padded batch (8 rows vs 5)."""
