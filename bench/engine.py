@@ -354,7 +354,7 @@ def cuda_main(args: argparse.Namespace) -> list[dict]:
     digest = hashlib.sha256(b"random-llama3-8b-shape-seed0").hexdigest()
     max_len = args.prompt_max + args.output_max + 16
     results = []
-    for n in args.adapters:
+    for n in [] if args.only_hf else args.adapters:
         trace = make_trace(args, config.vocab_size, n)
         engine_cfg = EngineConfig(
             max_num_seqs=args.max_num_seqs,
@@ -616,6 +616,8 @@ def main() -> None:
     p.add_argument("--hf-requests", type=int, default=None,
                    help="HF + PEFT runs only the trace's first N requests (default: all)")
     p.add_argument("--skip-hf", action="store_true")
+    p.add_argument("--only-hf", action="store_true",
+                   help="cuda mode: only the HF + PEFT run (its own device call on a long trace)")
     p.add_argument("--threads", type=int, default=None, help="torch intra-op threads (CPU)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--shape", choices=("llama3-8b", "tiny"), default="llama3-8b")

@@ -3,6 +3,7 @@
 # one GPU (each benchmark runs alone on it). From the repo root on the GPU host (torch,
 # triton, transformers, peft installed):
 #   OUT=/tmp/gpu-run bash scripts/gpu_run.sh tests agent kernels coldload decode trace traceN online attention
+# (`hf`: HF + PEFT alone on the trace's 256 requests, ~400 s: a device call of its own)
 # (`ktests`, `kfused`: quicker subsets of `tests` and `kernels`)
 # and on a 2-GPU host the tensor-parallel sections `tp tptests`.
 # (tests/ is a package, so tests/agent is `tests.agent` and never shadows the `agent`
@@ -48,6 +49,9 @@ for s in "$@"; do
               --requests 256 --rate inf --prompt-min 64 --prompt-max 512 --output-min 64 \
               --output-max 128 --max-num-seqs 128 --max-batched-tokens 4096 \
               --kv-blocks 8192 --skip-hf --out "$OUT/traceN" ;;  # N = 1 and 1000 adapters
+    hf) section hf 560 python3 bench/engine.py --mode cuda --only-hf --adapters 128 \
+          --requests 256 --rate inf --prompt-min 64 --prompt-max 512 --output-min 64 \
+          --output-max 128 --hf-batch 64 --out "$OUT/hf" ;;  # HF + PEFT on the whole trace
     online) section online 200 python3 bench/engine.py --mode cuda --adapters 16 128 \
               --requests 256 --rate 24 --prompt-min 64 --prompt-max 512 --output-min 64 \
               --output-max 128 --max-num-seqs 128 --max-batched-tokens 4096 \
