@@ -71,18 +71,20 @@ def _shape_cases(shape: str, rows: int, ns: tuple[int, ...]) -> list[Scenario]:
     return [Scenario("decode", rows, n, (16,), outs, d_in) for n in ns]
 
 
-# (per_sm, min_split, pipe, n_elems) candidates per (T class, shape class); n_elems 4096
-# = 256-column tiles at rank 16 (8192: 512).
+# (per_sm, min_split, pipe, n_elems, block_k) candidates per (T class, shape class);
+# n_elems 4096 = 256-column tiles at rank 16 (8192: 512); block_k 0 = the class's own
+# (256 at T <= 64, 128 above). Winners of the last run are first.
 FUSED_CANDIDATES = (
-    (2, 2, 0, 8192), (2, 1, 0, 8192), (3, 2, 0, 8192), (3, 1, 0, 8192),
-    (2, 2, 3, 8192), (2, 1, 3, 8192), (3, 2, 3, 8192), (3, 1, 3, 8192),
-    (2, 2, 0, 4096), (2, 2, 3, 4096), (2, 1, 3, 4096), (3, 1, 3, 4096),
+    (2, 1, 3, 8192, 0), (2, 2, 3, 8192, 0), (2, 2, 0, 8192, 0), (3, 1, 3, 8192, 0),
+    (2, 1, 0, 8192, 0), (3, 2, 3, 8192, 0),
+    (2, 2, 0, 4096, 0), (2, 2, 3, 4096, 0), (2, 1, 3, 4096, 0), (3, 1, 3, 4096, 0),
+    (2, 1, 3, 8192, 256), (2, 1, 3, 8192, 512), (2, 1, 3, 4096, 512),
 )  # fmt: skip
 
 
 def _tune_fused_grid(backend: TritonLoraBackend, log: Callable[[str], None]) -> dict[str, object]:
     """Fused launch per (T class, shape class): ``per_sm``, ``min_split``, the
-    expand loop (``pipe``) and the column tile (``n_elems``) over
+    expand loop (``pipe``), the column tile (``n_elems``) and ``block_k`` over
     ``FUSED_CANDIDATES``. Cases: the Llama-8B module of the class at T = 128 rows
     (T class 256) or 64 (T class 64, also installed for 16), over 16 and 50 (64)
     slots — a step with 16 / 128 Zipf(1.0) adapters has about that many live —
@@ -99,8 +101,9 @@ def _tune_fused_grid(backend: TritonLoraBackend, log: Callable[[str], None]) -> 
                     configs.FUSED_TABLE[k] = c  # type: ignore[assignment]
 
             cur = configs.FUSED_TABLE[keys[0]]
-            cands = [dataclasses.replace(cur, per_sm=p, min_split=m, pipe=pp, n_elems=ne)
-                     for p, m, pp, ne in FUSED_CANDIDATES]  # fmt: skip
+            cands = [dataclasses.replace(cur, per_sm=p, min_split=m, pipe=pp, n_elems=ne,
+                                         block_k=bk or cur.block_k)
+                     for p, m, pp, ne, bk in FUSED_CANDIDATES]  # fmt: skip
             best, t = _sweep(put, cands, built, backend, "ours", log)
             log(f"tuned fused T<={t_key} {shape}: {best} ({t:.2f} µs)")
             chosen[f"fused {t_key} {shape}"] = repr(best)

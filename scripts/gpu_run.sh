@@ -32,7 +32,7 @@ for s in "$@"; do
               --import-mode=append tests/kernels tests/ops ;;  # the kernel subset of `tests`
     kernels) section kernels 300 python3 bench/lora_kernels.py --tune --no-loop --no-stacked \
                --out "$OUT/kernels" ;;
-    kfused) section kfused 200 python3 bench/lora_kernels.py --tune --tune-sweeps fused \
+    kfused) section kfused 320 python3 bench/lora_kernels.py --tune --tune-sweeps fused \
               --no-loop --no-stacked --only "T=64 n=1,T=64 n=16,T=64 n=64,n=50" \
               --out "$OUT/kfused" ;;  # the fused-grid sweep + the decode rows only
     coldload) section coldload 90 python3 bench/coldload.py --device cuda --shape 8b \
