@@ -21,13 +21,16 @@ from dataplane.kernels.triton import configs
 from dataplane.kernels.triton.backend import TritonLoraBackend
 
 
-def _install_expand(t_keys: tuple[int, ...], r_keys: tuple[int, ...]) -> Callable[[object], None]:
-    """Installer of an expand candidate for the given T classes and rank buckets."""
+def _installer(
+    table: dict[tuple[int, int], Any], t_keys: tuple[int, ...], r_keys: tuple[int, ...]
+) -> Callable[[object], None]:
+    """Installer of a shrink or expand candidate (``table``: ``configs.SHRINK_TABLE`` or
+    ``configs.EXPAND_TABLE``) for the given T classes and rank buckets."""
 
     def put(c: Any) -> None:
         for tk in t_keys:
             for r_key in r_keys:
-                configs.EXPAND_TABLE[(tk, r_key)] = dataclasses.replace(c, block_r=min(64, r_key))
+                table[(tk, r_key)] = dataclasses.replace(c, block_r=min(64, r_key))
 
     return put
 
@@ -112,17 +115,6 @@ def _tune_fused_grid(backend: TritonLoraBackend, log: Callable[[str], None]) -> 
     return chosen
 
 
-def _install_shrink(t_keys: tuple[int, ...], r_keys: tuple[int, ...]) -> Callable[[object], None]:
-    """Installer of a shrink candidate for the given T classes and rank buckets."""
-
-    def put(c: Any) -> None:
-        for tk in t_keys:
-            for r_key in r_keys:
-                configs.SHRINK_TABLE[(tk, r_key)] = dataclasses.replace(c, block_r=min(64, r_key))
-
-    return put
-
-
 SHRINK_SWEEP_BUDGET_S = 65.0  # keeps `--tune --no-loop --no-stacked` under 3 minutes
 SHRINK_R16_FINALISTS = 4  # r = 16 times the best r = 64 candidates (and the committed one)
 
@@ -153,7 +145,7 @@ def _tune_prefill_shrink(
             cands = [committed, *[c for c in best64 if c != committed][:SHRINK_R16_FINALISTS]]
         built = [(sc, build_ring(sc, "scattered"))
                  for sc in (Scenario("prefill", 4096, n, (group,)) for n in (4, 32))]  # fmt: skip
-        put = _install_shrink((4096, 1 << 30), r_keys)
+        put = _installer(configs.SHRINK_TABLE, (4096, 1 << 30), r_keys)
         best, best_t = None, math.inf
         for c in cands:
             if best is not None and time.time() - t0 > budget_s:
@@ -221,7 +213,7 @@ def tune(
     for group, r_keys in ((16, (16, 32)), (64, (64, 128, 256))) if "expand" in sweeps else ():
         built = [(sc, build_ring(sc, "scattered"))
                  for sc in (Scenario("prefill", 4096, n, (group,)) for n in (4, 32))]  # fmt: skip
-        put = _install_expand((4096, 1 << 30), r_keys)
+        put = _installer(configs.EXPAND_TABLE, (4096, 1 << 30), r_keys)
         best, t = _sweep(put, exp_c, built, two, "expand", log)
         configs.EXPAND_BY_RANK[(4096, group)] = best  # type: ignore[assignment]
         log(f"tuned prefill expand r-group {group}: {best} ({t:.2f} µs)")
