@@ -45,6 +45,10 @@ for s in "$@"; do
              --requests 256 --rate inf --prompt-min 64 --prompt-max 512 --output-min 64 \
              --output-max 128 --max-num-seqs 128 --max-batched-tokens 4096 \
              --kv-blocks 8192 --hf-batch 64 --hf-requests 64 --out "$OUT/trace" ;;
+    trace128) section trace128 300 python3 bench/engine.py --mode cuda --adapters 128 \
+                --requests 256 --rate inf --prompt-min 64 --prompt-max 512 --output-min 64 \
+                --output-max 128 --max-num-seqs 128 --max-batched-tokens 4096 \
+                --kv-blocks 8192 --skip-hf --out "$OUT/trace128" ;;  # `trace`, 128 adapters only
     traceN) section traceN 300 python3 bench/engine.py --mode cuda --adapters 1 1000 \
               --requests 256 --rate inf --prompt-min 64 --prompt-max 512 --output-min 64 \
               --output-max 128 --max-num-seqs 128 --max-batched-tokens 4096 \
@@ -59,8 +63,12 @@ for s in "$@"; do
     agent) section agent 200 python3 -m pytest -q -p no:cacheprovider -m gpu \
              tests/agent/test_agent_async.py ;;
     attention) section attention 40 python3 bench/attention.py ;;
+    silu) section silu 90 python3 bench/lora_silu.py --out "$OUT/silu" ;;  # gate/up expand folded into SiLU·mul
+    etests) section etests 200 python3 -m pytest -q -p no:cacheprovider -m gpu --import-mode=append \
+              tests/engine/test_gpu.py tests/kernels/test_expand_silu.py ;;  # engine GPU tests
+    overlap) section overlap 120 python3 bench/lora_overlap.py --out "$OUT/overlap" ;;  # LoRA under the GEMM?
     tp) section tp 350 python3 bench/tp.py --shape 8b --device cuda --tp 1 2 \
-          --adapters 0 16 128 --attention triton --graphs both --out "$OUT/tp" ;;  # 2 GPUs
+          --adapters 0 16 128 --attention triton --graphs graphs --out "$OUT/tp" ;;  # 2 GPUs
     tptests) section tptests 300 python3 -m pytest -q -p no:cacheprovider --noconftest \
                tests/parallel/test_tp_graphs_gpu.py tests/agent/test_tp_ranks_gpu.py ;;  # 2 GPUs
     *) echo "unknown section $s" >&2; exit 2 ;;

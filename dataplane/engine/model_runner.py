@@ -202,9 +202,11 @@ class ModelRunner:
 
 
 def _warm_up_table(weights: LoraModuleWeights, ctx: LoraStepContext) -> None:
-    """One `add_lora` on zeros over `ctx`'s rows for a runner-owned table."""
+    """One `add_lora` on zeros over `ctx`'s rows for a runner-owned table, and for gate/up
+    the expand folded into SiLU·mul (the backend skips it where it has no such path)."""
     rows = ctx.meta.num_rows
     dev, dtype = weights.storage.device, weights.storage.dtype
     x = torch.zeros(rows, weights.in_features, dtype=dtype, device=dev)
     y = torch.zeros(rows, sum(weights.out_features), dtype=dtype, device=dev)
     ctx.backend.add_lora(y, x, ctx.meta, weights, ctx.workspace)
+    ctx.backend.add_lora_silu_mul(y, x, ctx.meta, weights, ctx.workspace)

@@ -295,6 +295,25 @@ class LoraBackend(ABC):
         z = self.shrink(x, meta, weights, workspace)
         self.expand(y, z, meta, weights)
 
+    def add_lora_silu_mul(
+        self,
+        gate_up: torch.Tensor,
+        x: torch.Tensor,
+        meta: LoraBatchMeta,
+        weights: LoraModuleWeights,
+        workspace: LoraWorkspace | None = None,
+    ) -> torch.Tensor | None:
+        """``silu(gate + Δgate) * (up + Δup)`` ``[T, I]`` in one pass, or None.
+
+        ``gate_up`` ``[T, 2I]`` is the base gate/up projection output (two slices of
+        equal width); it is not modified. A backend returns None where it has no
+        such path for this step: the caller then calls :meth:`add_lora` on
+        ``gate_up`` and applies the activation itself. (Folding the expand into
+        the activation saves the read-modify-write of ``gate_up``, the largest
+        LoRA traffic of a prefill step.)
+        """
+        return None
+
 
 def check_call(
     x: torch.Tensor | None, y: torch.Tensor | None, meta: LoraBatchMeta, w: LoraModuleWeights

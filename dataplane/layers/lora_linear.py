@@ -19,6 +19,7 @@ from torch import nn
 
 from dataplane.kernels.base import LoraBackend, LoraBatchMeta, LoraModuleWeights, LoraWorkspace
 from dataplane.kernels.factor_table import LoraFactorTable
+from dataplane.ops import silu_and_mul
 
 
 class FactorSource(Protocol):
@@ -93,3 +94,18 @@ class LoRALinear(nn.Module):
                 self.has_factors or not lora.skip_empty):
             lora.backend.add_lora(y, x, lora.meta, self.factors.weights, lora.workspace)
         return y
+
+    def forward_silu_mul(self, x: torch.Tensor, lora: LoraStepContext | None,
+                         ops_backend: str = "auto") -> torch.Tensor:
+        """``silu_and_mul(self(x, lora))`` for a gate/up projection, with the LoRA expand
+        folded into the activation where the backend has that path (the same math, one
+        rounding fewer: ``gate + Δgate`` is not rounded to the dtype first)."""
+        y = F.linear(x, self.weight, self.bias)
+        if lora is not None and self.factors is not None and (
+                self.has_factors or not lora.skip_empty):
+            w = self.factors.weights
+            act = lora.backend.add_lora_silu_mul(y, x, lora.meta, w, lora.workspace)
+            if act is not None:
+                return act
+            lora.backend.add_lora(y, x, lora.meta, w, lora.workspace)
+        return silu_and_mul(y, ops_backend)

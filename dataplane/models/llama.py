@@ -25,7 +25,7 @@ from dataplane.layers.lora_linear import LoRALinear, LoraStepContext
 from dataplane.layers.norm import RMSNorm
 from dataplane.layers.rotary import RotaryEmbedding
 from dataplane.models.config import ModelConfig
-from dataplane.ops import check_ops_backend, rope_and_cache, silu_and_mul
+from dataplane.ops import check_ops_backend, rope_and_cache
 
 QKV_SLICES = ("q_proj", "k_proj", "v_proj")
 GATE_UP_SLICES = ("gate_proj", "up_proj")
@@ -82,7 +82,7 @@ class DecoderLayer(nn.Module):
                             write_kv=False)
         x, residual = self.post_attention_layernorm.forward_add(
             self.o_proj(o.view(t, q_size), lora), residual)
-        act = silu_and_mul(self.gate_up_proj(x, lora), self.ops_backend)
+        act = self.gate_up_proj.forward_silu_mul(x, lora, self.ops_backend)
         return self.down_proj(act, lora), residual
 
 

@@ -16,6 +16,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from dataplane.layers.lora_linear import LoraStepContext
+from dataplane.ops import silu_and_mul
 from dataplane.parallel.collectives import TPGroup
 from dataplane.parallel.errors import ShardShapeError
 from dataplane.parallel.lora_tp import GlobalSliceFactors, ShardedLoraBranch
@@ -134,6 +135,12 @@ class ColumnParallelLinear(_ParallelLinear):
         if self.trace is not None:
             self.trace["output"] = y.clone()
         return y
+
+    def forward_silu_mul(self, x: torch.Tensor, lora: LoraStepContext | None,
+                         ops_backend: str = "auto") -> torch.Tensor:
+        """The gate/up form the decoder layer calls (``LoRALinear.forward_silu_mul``):
+        here the sharded LoRA branch adds into the local output, then the activation."""
+        return silu_and_mul(self.forward(x, lora), ops_backend)
 
 
 class RowParallelLinear(_ParallelLinear):

@@ -36,8 +36,13 @@ def _generate(model_dir: Path, adapters: dict[str, Path], dtype: str, graphs: bo
     return engine, outs
 
 
+@pytest.mark.parametrize("fused", ["1", "0"], ids=["fused-decode", "two-kernel-folded-silu"])
 def test_fp32_cuda_graphs_match_hf(cuda_device: torch.device, tiny_llama: Path,
-                                   tiny_adapters: dict[str, Path]) -> None:
+                                   tiny_adapters: dict[str, Path], fused: str,
+                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """Both LoRA paths: the fused decode launch, and two kernels everywhere (gate/up's
+    expand folded into SiLU·mul)."""
+    monkeypatch.setenv("ADAPTERPLANE_LORA_FUSED", fused)
     engine, outs = _generate(tiny_llama, tiny_adapters, "float32", graphs=True)
     graphs = engine.runner.graphs
     assert graphs is not None and graphs.replays > 0  # type: ignore[attr-defined]
@@ -173,6 +178,7 @@ def _compiled_variants() -> dict[str, int]:
     """Compiled variants per LoRA / metadata kernel (Triton's per-device kernel caches)."""
     from dataplane.kernels.triton import (
         expand_kernel,
+        expand_silu_kernel,
         fused_kernel,
         lora_kernels,
         meta_blocked,
@@ -180,6 +186,7 @@ def _compiled_variants() -> dict[str, int]:
     )
 
     fns = [lora_kernels.lora_shrink_kernel, expand_kernel.lora_expand_kernel,
+           expand_silu_kernel.lora_expand_silu_kernel,
            fused_kernel.lora_fused_kernel, meta_kernel._build_meta_sort_kernel,
            meta_blocked._block_hist_kernel, meta_blocked._block_scatter_kernel]
     return {fn.__name__: sum(len(c[0]) for c in fn.device_caches.values()) for fn in fns}

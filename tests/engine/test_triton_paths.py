@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 import torch
 
 from dataplane.core import SamplingParams
@@ -26,8 +27,12 @@ def _run(model_dir: Path, adapters: dict[str, Path], backend: str) -> list[tuple
     return [(o.token_ids, [lp.logprob for lp in o.logprobs or ()]) for o in outs]
 
 
-def test_triton_paths_match_torch_paths(tiny_llama: Path,
-                                              tiny_adapters: dict[str, Path]) -> None:
+@pytest.mark.parametrize("fused", ["1", "0"], ids=["fused-decode", "two-kernel-folded-silu"])
+def test_triton_paths_match_torch_paths(tiny_llama: Path, tiny_adapters: dict[str, Path],
+                                        fused: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Both Triton LoRA paths: the fused decode launch, and two kernels everywhere (the
+    gate/up expand folded into SiLU·mul)."""
+    monkeypatch.setenv("ADAPTERPLANE_LORA_FUSED", fused)
     want = _run(tiny_llama, tiny_adapters, "torch")
     got = _run(tiny_llama, tiny_adapters, "triton")
     assert [t for t, _ in got] == [t for t, _ in want]

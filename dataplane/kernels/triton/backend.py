@@ -21,7 +21,7 @@ from dataplane.kernels.base import (
     check_call,
 )
 from dataplane.kernels.errors import LoraShapeError
-from dataplane.kernels.triton import fused_ops, ops
+from dataplane.kernels.triton import fused_ops, ops, silu_ops
 from dataplane.kernels.triton.configs import (
     FUSED_MAX_RANK,
     T_BUCKETS,
@@ -114,6 +114,46 @@ class TritonLoraBackend(LoraBackend):
             list(weights.out_features),
             weights.addr_align,
         )
+
+    def add_lora_silu_mul(
+        self,
+        gate_up: torch.Tensor,
+        x: torch.Tensor,
+        meta: LoraBatchMeta,
+        weights: LoraModuleWeights,
+        workspace: LoraWorkspace | None = None,
+    ) -> torch.Tensor | None:
+        """Two-kernel steps: the shrink, then the expand folded into SiLU·mul
+        (``expand_silu_kernel.py``). Decode-sized steps return None (their fused
+        launch is one node and ``gate_up`` is small there)."""
+        outs = weights.out_features
+        if len(outs) != 2 or outs[0] != outs[1]:
+            return None
+        if self.fused and fused_config(meta.num_rows, weights.max_rank, weights.in_features,
+                                       tuple(outs)) is not None:  # fmt: skip
+            return None
+        check_call(x, gate_up, meta, weights)
+        if workspace is None:
+            workspace = LoraWorkspace(
+                self.workspace_numel(meta.num_rows, weights.num_slices, weights.max_rank),
+                x.device,
+            )
+        z = self.shrink(x, meta, weights, workspace)
+        out = torch.empty(meta.num_rows, outs[0], dtype=gate_up.dtype, device=gate_up.device)
+        _op(silu_ops.launch_expand_silu, torch.ops.adapterplane.lora_expand_silu)(
+            gate_up,
+            out,
+            z,
+            weights.storage,
+            weights.b_rows,
+            weights.ranks,
+            weights.scales,
+            meta.sorted_rows,
+            meta.slot_counts,
+            meta.slot_starts,
+            weights.addr_align,
+        )
+        return out
 
     def shrink(
         self,

@@ -60,7 +60,7 @@ class FusedConfig:
     """Decode-sized steps: shrink and expand in one launch (``fused_kernel.py``).
 
     ``block_r`` is not stored: it is the module's rank bucket (one rank chunk).
-    ``block_n`` = ``min(256, n_elems // block_r)`` output columns per tile.
+    ``block_n`` = about ``n_elems // block_r`` output columns per tile (``fused_block_n``).
     ``per_sm`` bounds live programs (``per_sm`` × multiprocessors) when the
     device picks the split; ``split_k`` is the most K splits. ``min_split``:
     the device never picks fewer K splits than this, even where that exceeds
@@ -180,18 +180,21 @@ _FUSED_BASE = {
     64: FusedConfig(16, 256, 16, 4, 3),
     256: FusedConfig(16, 128, 32, 4, 3),
 }
-# Winners of that sweep (H200, 2026-11-29): every class takes the software-pipelined
-# expand (pipe 3) except square at T <= 256 (13.5 vs 13.2 µs at 50 slots, 9.7 vs 10.1 at
-# one: a tie); unsplit (min_split 1) except square at T <= 256 and deep at T <= 64.
+# Winners of that sweep (H200, 2026-11-30 01:10 UTC; rank 16, 128-row steps for the
+# T <= 256 class, 64-row for T <= 64): 256-column tiles (n_elems 4,096) everywhere but
+# gate/up, whose 14,336-wide slices keep 512 (31.8 vs 34.9 µs at 50 slots); q/k/v 21.6
+# µs at 50 slots (27.5 with 512-column tiles: now faster than two kernels, 24.8); down
+# with BLOCK_K 512 (19.3 vs 22.4). The one-slot square case is back to 7.0 µs (8.0 with
+# 512-column tiles). Ranks >= 64 keep 128-column tiles (see `fused_block_n`).
 _FUSED_TUNED: dict[tuple[int, str], dict[str, int]] = {
-    (256, "square"): {"per_sm": 2, "min_split": 2, "pipe": 0},
-    (256, "qkv"): {"per_sm": 2, "min_split": 1, "pipe": 3},
-    (256, "wide"): {"per_sm": 2, "min_split": 1, "pipe": 3},
-    (256, "deep"): {"per_sm": 3, "min_split": 1, "pipe": 3},
-    (64, "square"): {"per_sm": 2, "min_split": 1, "pipe": 3},
-    (64, "qkv"): {"per_sm": 2, "min_split": 1, "pipe": 3},
-    (64, "wide"): {"per_sm": 2, "min_split": 1, "pipe": 3},
-    (64, "deep"): {"per_sm": 2, "min_split": 2, "pipe": 3},
+    (256, "square"): {"per_sm": 2, "min_split": 1, "pipe": 3, "n_elems": 4096},
+    (256, "qkv"): {"per_sm": 3, "min_split": 1, "pipe": 3, "n_elems": 4096},
+    (256, "wide"): {"per_sm": 2, "min_split": 1, "pipe": 3, "n_elems": 8192},
+    (256, "deep"): {"per_sm": 2, "min_split": 1, "pipe": 3, "n_elems": 4096, "block_k": 512},
+    (64, "square"): {"per_sm": 2, "min_split": 2, "pipe": 0, "n_elems": 4096},
+    (64, "qkv"): {"per_sm": 3, "min_split": 1, "pipe": 3, "n_elems": 4096},
+    (64, "wide"): {"per_sm": 2, "min_split": 2, "pipe": 3, "n_elems": 8192},
+    (64, "deep"): {"per_sm": 2, "min_split": 1, "pipe": 3, "n_elems": 4096},
 }
 FUSED_TABLE: dict[tuple[int, str], FusedConfig] = {
     (t, shape): replace(cfg, **_FUSED_TUNED[(64 if t == 16 else t, shape)])

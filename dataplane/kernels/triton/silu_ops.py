@@ -1,0 +1,81 @@
+"""Launcher of the gate/up expand folded into SiLU·mul (``expand_silu_kernel.py``),
+registered as the torch custom op ``adapterplane::lora_expand_silu`` (mutates ``out``)."""
+
+from __future__ import annotations
+
+import torch
+import triton
+
+from dataplane.kernels.triton.configs import expand_config, shrink_config
+from dataplane.kernels.triton.expand_silu_kernel import grid_rows, lora_expand_silu_kernel
+from dataplane.kernels.triton.ops import _interpreting, _precision, _s_pad, shrink_target
+
+
+def launch_expand_silu(
+    gate_up: torch.Tensor,
+    out: torch.Tensor,
+    z: torch.Tensor,
+    storage: torch.Tensor,
+    b_rows: torch.Tensor,
+    ranks: torch.Tensor,
+    scales: torch.Tensor,
+    sorted_rows: torch.Tensor,
+    slot_counts: torch.Tensor,
+    slot_starts: torch.Tensor,
+    align: int,
+) -> None:
+    """``out = silu(gate + Δgate) * (up + Δup)``; ``z`` from the two-kernel shrink."""
+    split, t, _, r_max = z.shape
+    s = ranks.shape[1]
+    inter = out.shape[1]
+    if t == 0 or inter == 0:
+        return
+    cfg = expand_config(t, r_max)
+    shrink_cfg = shrink_config(t, r_max, 1)  # block_m and per_sm do not depend on K
+    grid = (grid_rows(t, s, cfg.block_m), triton.cdiv(inter, cfg.block_n * cfg.n_iters))
+    lora_expand_silu_kernel[grid](
+        gate_up, out, z, storage, b_rows, ranks, scales, sorted_rows, slot_counts, slot_starts,
+        s, t, r_max, gate_up.stride(0), out.stride(0),
+        INTER=inter, SPLIT_MAX=split, TARGET=shrink_target(shrink_cfg, out.device),
+        SHRINK_BM=shrink_cfg.block_m, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
+        N_ITERS=cfg.n_iters, BLOCK_R=cfg.block_r, S_PAD=_s_pad(s), ALIGN=align,
+        UPCAST=_interpreting(), PREC=_precision(out.dtype),
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+    )  # fmt: skip
+
+
+@torch.library.custom_op("adapterplane::lora_expand_silu", mutates_args=("out",))
+def lora_expand_silu(
+    gate_up: torch.Tensor,
+    out: torch.Tensor,
+    z: torch.Tensor,
+    storage: torch.Tensor,
+    b_rows: torch.Tensor,
+    ranks: torch.Tensor,
+    scales: torch.Tensor,
+    sorted_rows: torch.Tensor,
+    slot_counts: torch.Tensor,
+    slot_starts: torch.Tensor,
+    align: int,
+) -> None:
+    launch_expand_silu(
+        gate_up, out, z, storage, b_rows, ranks, scales, sorted_rows, slot_counts,
+        slot_starts, align,
+    )  # fmt: skip
+
+
+@lora_expand_silu.register_fake
+def _lora_expand_silu_fake(
+    gate_up: torch.Tensor,
+    out: torch.Tensor,
+    z: torch.Tensor,
+    storage: torch.Tensor,
+    b_rows: torch.Tensor,
+    ranks: torch.Tensor,
+    scales: torch.Tensor,
+    sorted_rows: torch.Tensor,
+    slot_counts: torch.Tensor,
+    slot_starts: torch.Tensor,
+    align: int,
+) -> None:
+    return None
