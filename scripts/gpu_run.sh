@@ -63,9 +63,9 @@ for s in "$@"; do
     agent) section agent 200 python3 -m pytest -q -p no:cacheprovider -m gpu \
              tests/agent/test_agent_async.py ;;
     attention) section attention 40 python3 bench/attention.py ;;
-    silu) section silu 90 python3 bench/lora_silu.py --out "$OUT/silu" ;;  # gate/up expand folded into SiLU·mul
-    etests) section etests 200 python3 -m pytest -q -p no:cacheprovider -m gpu --import-mode=append \
-              tests/engine/test_gpu.py tests/kernels/test_expand_silu.py ;;  # engine GPU tests
+    silu) section silu 200 python3 bench/lora_silu.py --sweep --out "$OUT/silu" ;;  # the folded gate/up expand, tuned
+    etests) section etests 200 python3 -m pytest -q -p no:cacheprovider -m "gpu or not gpu" \
+              --import-mode=append tests/engine/test_gpu.py tests/kernels/test_expand_silu.py ;;
     overlap) section overlap 120 python3 bench/lora_overlap.py --out "$OUT/overlap" ;;  # LoRA under the GEMM?
     tp) section tp 350 python3 bench/tp.py --shape 8b --device cuda --tp 1 2 \
           --adapters 0 16 128 --attention triton --graphs graphs --out "$OUT/tp" ;;  # 2 GPUs

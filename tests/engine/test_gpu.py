@@ -13,6 +13,7 @@ import torch
 
 from dataplane.core import SamplingParams
 from dataplane.engine.engine import Engine
+from tests.kernels.lora_cases import enable_folded_silu
 
 from .helpers import HFReference
 
@@ -43,6 +44,8 @@ def test_fp32_cuda_graphs_match_hf(cuda_device: torch.device, tiny_llama: Path,
     """Both LoRA paths: the fused decode launch, and two kernels everywhere (gate/up's
     expand folded into SiLU·mul)."""
     monkeypatch.setenv("ADAPTERPLANE_LORA_FUSED", fused)
+    if fused == "0":
+        enable_folded_silu(monkeypatch)
     engine, outs = _generate(tiny_llama, tiny_adapters, "float32", graphs=True)
     graphs = engine.runner.graphs
     assert graphs is not None and graphs.replays > 0  # type: ignore[attr-defined]

@@ -11,6 +11,7 @@ import torch
 
 from dataplane.core import SamplingParams
 from dataplane.engine.engine import Engine
+from tests.kernels.lora_cases import enable_folded_silu
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
@@ -33,6 +34,8 @@ def test_triton_paths_match_torch_paths(tiny_llama: Path, tiny_adapters: dict[st
     """Both Triton LoRA paths: the fused decode launch, and two kernels everywhere (the
     gate/up expand folded into SiLU·mul)."""
     monkeypatch.setenv("ADAPTERPLANE_LORA_FUSED", fused)
+    if fused == "0":
+        enable_folded_silu(monkeypatch)
     want = _run(tiny_llama, tiny_adapters, "torch")
     got = _run(tiny_llama, tiny_adapters, "triton")
     assert [t for t, _ in got] == [t for t, _ in want]

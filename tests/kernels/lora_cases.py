@@ -133,3 +133,15 @@ def check_case(case: LoraCase, backend: LoraBackend) -> None:
             if s < 0 or k not in case.factors[s]:
                 cols = slice(offs[k], offs[k] + width)
                 assert torch.equal(y.cpu()[t, cols], y0[t, cols]), (t, s, k)
+
+
+def enable_folded_silu(monkeypatch: object) -> None:
+    """Turn on the gate/up expand folded into SiLU·mul for every T class (the committed
+    table leaves it off where it measured slower) with the plain expand's tiles."""
+    import pytest
+
+    from dataplane.kernels.triton import configs
+
+    assert isinstance(monkeypatch, pytest.MonkeyPatch)
+    for t in configs.T_BUCKETS:
+        monkeypatch.setitem(configs.SILU_TABLE, t, configs.default_expand(t, 64))

@@ -17,9 +17,14 @@ import torch.nn.functional as F
 from dataplane.kernels import LoraMetaBuffers, LoraWorkspace
 from dataplane.kernels.reference import lora_delta_reference
 
-from .lora_cases import TOLERANCE, LoraCase, make_case
+from .lora_cases import TOLERANCE, LoraCase, enable_folded_silu, make_case
 
 TRITON_DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+@pytest.fixture(autouse=True)
+def _folded(monkeypatch: pytest.MonkeyPatch) -> None:
+    enable_folded_silu(monkeypatch)
 
 
 def _run(case: LoraCase, fused: bool) -> tuple[torch.Tensor | None, torch.Tensor]:
@@ -103,6 +108,18 @@ def test_decode_sized_steps_take_the_fused_launch() -> None:
     assert act is None and torch.equal(gate_up, case.y0)
 
 
+def test_classes_without_an_entry_do_not_fold(monkeypatch: pytest.MonkeyPatch) -> None:
+    from dataplane.kernels.triton import configs
+
+    case = make_case(
+        dtype=torch.float32, in_features=32, out_features=(24, 24), ranks=[8], num_rows=6,
+        dist="uniform", none_share=0.0, seed=3, device=TRITON_DEVICE,
+    )  # fmt: skip
+    monkeypatch.setitem(configs.SILU_TABLE, configs.bucket(6, configs.T_BUCKETS), None)
+    act, gate_up = _run(case, fused=False)
+    assert act is None and torch.equal(gate_up, case.y0)
+
+
 def test_torch_backend_has_no_folded_path() -> None:
     from dataplane.kernels.torch_backend import TorchLoraBackend
 
@@ -126,9 +143,7 @@ def test_expand_silu_column_spans_and_rank_chunks(
 
     rows = 30
     t_key = configs.bucket(rows, configs.T_BUCKETS)
-    cfg = configs.ExpandConfig(8, 16, 16, 4, 2, n_iters=3)
-    for r_key in configs.R_BUCKETS:
-        monkeypatch.setitem(configs.EXPAND_TABLE, (t_key, r_key), cfg)
+    monkeypatch.setitem(configs.SILU_TABLE, t_key, configs.ExpandConfig(8, 16, 16, 4, 2, 3))
     case = make_case(
         dtype=dtype, in_features=40, out_features=(100, 100), ranks=[33, 4, 16],
         num_rows=rows, dist="zipf1.5", none_share=0.4, seed=23, device=TRITON_DEVICE,

@@ -55,3 +55,36 @@ def test_bad_tuned_file_raises_and_changes_nothing(
     with pytest.raises(ValueError):
         configs.load_tuned(str(path))
     assert before == configs.FUSED_TABLE  # the good entry was not applied either
+
+
+def test_tuned_file_installs_folded_silu_entries(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(configs, "SILU_TABLE", dict(configs.SILU_TABLE))
+    tile = configs.ExpandConfig(64, 128, 64, 8, 3, 4)
+    path = tmp_path / "tuned_configs.json"
+    path.write_text(json.dumps({"silu": {"4096": tile.__dict__, "1024": None}}))
+    configs.load_tuned(str(path))
+    assert configs.silu_config(3000, 16) == configs.ExpandConfig(64, 128, 16, 8, 3, 4)
+    assert configs.silu_config(3000, 64) == tile
+    assert configs.silu_config(600, 16) is None  # null: do not fold
+    assert configs.silu_table_json()["4096"] == tile.__dict__
+
+
+@pytest.mark.parametrize(
+    "silu",
+    [{"4000": None}, {"4096": {"block_m": 64}}, {"x": None}],
+    ids=["no-such-class", "missing-fields", "not-a-number"],
+)
+def test_bad_silu_entries_raise_and_change_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, silu: dict
+) -> None:
+    monkeypatch.setattr(configs, "FUSED_TABLE", dict(configs.FUSED_TABLE))
+    monkeypatch.setattr(configs, "SILU_TABLE", dict(configs.SILU_TABLE))
+    fused_before, silu_before = dict(configs.FUSED_TABLE), dict(configs.SILU_TABLE)
+    good = configs.FusedConfig(16, 128, 32, 4, 3, pipe=3).__dict__
+    path = tmp_path / "tuned_configs.json"
+    path.write_text(json.dumps({"fused": {"64/qkv": good}, "silu": silu}))
+    with pytest.raises(ValueError):
+        configs.load_tuned(str(path))
+    assert configs.FUSED_TABLE == fused_before and configs.SILU_TABLE == silu_before

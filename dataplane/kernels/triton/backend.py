@@ -27,6 +27,7 @@ from dataplane.kernels.triton.configs import (
     T_BUCKETS,
     fused_config,
     shrink_config,
+    silu_config,
 )
 from dataplane.kernels.triton.meta_kernel import build_meta_triton
 
@@ -123,14 +124,17 @@ class TritonLoraBackend(LoraBackend):
         weights: LoraModuleWeights,
         workspace: LoraWorkspace | None = None,
     ) -> torch.Tensor | None:
-        """Two-kernel steps: the shrink, then the expand folded into SiLU·mul
-        (``expand_silu_kernel.py``). Decode-sized steps return None (their fused
-        launch is one node and ``gate_up`` is small there)."""
+        """Two-kernel steps whose T class has a ``SILU_TABLE`` entry: the shrink,
+        then the expand folded into SiLU·mul (``expand_silu_kernel.py``). Others
+        return None; so do decode-sized steps (their fused launch is one node and
+        ``gate_up`` is small there)."""
         outs = weights.out_features
         if len(outs) != 2 or outs[0] != outs[1]:
             return None
         if self.fused and fused_config(meta.num_rows, weights.max_rank, weights.in_features,
                                        tuple(outs)) is not None:  # fmt: skip
+            return None
+        if silu_config(meta.num_rows, weights.max_rank) is None:
             return None
         check_call(x, gate_up, meta, weights)
         if workspace is None:

@@ -229,15 +229,39 @@ def fused_config(
     return replace(cfg, split_k=min(cfg.split_k, k_tiles))
 
 
+# The gate/up expand folded into SiLU·mul (`expand_silu_kernel.py`) per T class, or None:
+# do not fold (two-kernel `add_lora` on gate/up, then the activation). Off by default:
+# measured on the H200 (2026-11-30, Llama-8B gate/up, rank 16, T = 4,096) with the
+# plain expand's tile (32 x 128, 8 column tiles, 4 warps) the fold took 327 µs per layer
+# against 254 for add_lora + SiLU·mul. `bench/lora_silu.py --sweep` tunes it per class
+# and writes the winners (or null) to tuned_configs.json (ADAPTERPLANE_LORA_TUNED).
+SILU_TABLE: dict[int, ExpandConfig | None] = {t: None for t in T_BUCKETS}
+
+
+def silu_config(num_rows: int, max_rank: int) -> ExpandConfig | None:
+    """Tile of the folded gate/up expand for this step, None = do not fold."""
+    cfg = SILU_TABLE.get(bucket(num_rows, T_BUCKETS))
+    if cfg is None:
+        return None
+    block_r = min(64, max(16, bucket(max_rank, R_BUCKETS)))
+    return cfg if cfg.block_r == block_r else replace(cfg, block_r=block_r)
+
+
+def silu_table_json() -> dict[str, dict[str, int | bool] | None]:
+    """``SILU_TABLE`` as JSON-able ``{"<T class>": fields or null}``."""
+    return {str(t): None if c is None else asdict(c) for t, c in sorted(SILU_TABLE.items())}
+
+
 def fused_table_json() -> dict[str, dict[str, int]]:
     """``FUSED_TABLE`` as JSON-able ``{"<T class>/<shape>": fields}``."""
     return {f"{t}/{shape}": asdict(c) for (t, shape), c in sorted(FUSED_TABLE.items())}
 
 
 def load_tuned(path: str) -> None:
-    """Install fused-launch entries from a ``tuned_configs.json`` written by
-    ``bench/lora_kernels.py --tune`` (keys ``"<T class>/<shape>"``). Unknown keys
-    or fields raise ``ValueError``: a stale file must not half-apply."""
+    """Install entries from a ``tuned_configs.json``: ``"fused"`` (written by
+    ``bench/lora_kernels.py --tune``, keys ``"<T class>/<shape>"``) and ``"silu"``
+    (``bench/lora_silu.py --sweep``, keys ``"<T class>"``, null = do not fold).
+    Unknown keys or fields raise ``ValueError``: a stale file must not half-apply."""
     with open(path) as f:
         data = json.load(f)
     fused: dict[tuple[int, str], FusedConfig] = {}
@@ -249,7 +273,16 @@ def load_tuned(path: str) -> None:
             fused[(int(t), shape)] = FusedConfig(**fields)
         except TypeError as exc:
             raise ValueError(f"{path}: bad fields for {key!r}: {exc}") from exc
+    silu: dict[int, ExpandConfig | None] = {}
+    for key, fields in data.get("silu", {}).items():
+        if not key.isdigit() or int(key) not in T_BUCKETS:
+            raise ValueError(f"{path}: unknown silu key {key!r}")
+        try:
+            silu[int(key)] = None if fields is None else ExpandConfig(**fields)
+        except TypeError as exc:
+            raise ValueError(f"{path}: bad fields for silu {key!r}: {exc}") from exc
     FUSED_TABLE.update(fused)
+    SILU_TABLE.update(silu)
 
 
 def default_shrink(t_bucket: int, r_bucket: int) -> ShrinkConfig:

@@ -91,8 +91,9 @@ def lora_expand_silu_kernel(
             homes_u = tl.multiple_of(homes_u, ALIGN)
         rank_g = tl.load(ranks_ptr + slot)
         rank_u = tl.load(ranks_ptr + S + slot)
-        scale_g = tl.load(scales_ptr + slot)
-        scale_u = tl.load(scales_ptr + S + slot)
+        # 0 where the slice is absent: its (masked) delta is 0 and 0 * scale must be too
+        scale_g = tl.where(rank_g > 0, tl.load(scales_ptr + slot), 0.0)
+        scale_u = tl.where(rank_u > 0, tl.load(scales_ptr + S + slot), 0.0)
         count = tl.load(counts_ptr + slot)
         start = tl.load(starts_ptr + slot)
         m = tile * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -109,16 +110,16 @@ def lora_expand_silu_kernel(
             n = n0 + ni * BLOCK_N
             nmask = n < INTER
             g, u = _load_gate_up(yrow, n, mmask, nmask, INTER)
-            if rank_g > 0:
-                g += scale_g * _delta(
-                    zg, homes_g, storage_ptr, z_ptr, table_g, rows, mmask, 0, n, nmask, r,
-                    rank_g, T, R_MAX, eff, BLOCK_M, BLOCK_R, ALIGN, UPCAST, PREC,
-                )  # fmt: skip
-            if rank_u > 0:
-                u += scale_u * _delta(
-                    zu, homes_u, storage_ptr, z_ptr, table_u, rows, mmask, 1, n, nmask, r,
-                    rank_u, T, R_MAX, eff, BLOCK_M, BLOCK_R, ALIGN, UPCAST, PREC,
-                )  # fmt: skip
+            # No branch on the ranks in the loop (it would keep the dot out of the
+            # pipeline): a rank-0 slice loads no factor rows, its delta is exactly 0.
+            g += scale_g * _delta(
+                zg, homes_g, storage_ptr, z_ptr, table_g, rows, mmask, 0, n, nmask, r,
+                rank_g, T, R_MAX, eff, BLOCK_M, BLOCK_R, ALIGN, UPCAST, PREC,
+            )  # fmt: skip
+            u += scale_u * _delta(
+                zu, homes_u, storage_ptr, z_ptr, table_u, rows, mmask, 1, n, nmask, r,
+                rank_u, T, R_MAX, eff, BLOCK_M, BLOCK_R, ALIGN, UPCAST, PREC,
+            )  # fmt: skip
             _silu_mul_store(g, u, out_ptr, rows, mmask, n, nmask, stride_om)
 
 

@@ -6,7 +6,8 @@ from __future__ import annotations
 import torch
 import triton
 
-from dataplane.kernels.triton.configs import expand_config, shrink_config
+from dataplane.kernels.errors import LoraShapeError
+from dataplane.kernels.triton.configs import shrink_config, silu_config
 from dataplane.kernels.triton.expand_silu_kernel import grid_rows, lora_expand_silu_kernel
 from dataplane.kernels.triton.ops import _interpreting, _precision, _s_pad, shrink_target
 
@@ -30,7 +31,9 @@ def launch_expand_silu(
     inter = out.shape[1]
     if t == 0 or inter == 0:
         return
-    cfg = expand_config(t, r_max)
+    cfg = silu_config(t, r_max)
+    if cfg is None:
+        raise LoraShapeError(f"no folded gate/up config for T={t}")
     shrink_cfg = shrink_config(t, r_max, 1)  # block_m and per_sm do not depend on K
     grid = (grid_rows(t, s, cfg.block_m), triton.cdiv(inter, cfg.block_n * cfg.n_iters))
     lora_expand_silu_kernel[grid](
