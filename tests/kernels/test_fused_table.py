@@ -87,4 +87,4 @@ def test_bad_silu_entries_raise_and_change_nothing(
     path.write_text(json.dumps({"fused": {"64/qkv": good}, "silu": silu}))
     with pytest.raises(ValueError):
         configs.load_tuned(str(path))
-    assert configs.FUSED_TABLE == fused_before and configs.SILU_TABLE == silu_before
+    assert fused_before == configs.FUSED_TABLE and silu_before == configs.SILU_TABLE
