@@ -97,13 +97,16 @@ class TPRanks:
         self._closed = True
         self.engine.shutdown()
         try:
+            # Leave the group before joining: a follower's exit tears its NCCL
+            # communicator down, which can wait for this rank's teardown (rank 0 joining
+            # first hung the eager TP=2 GPU test until the join timed out).
+            destroy_tp_group(self.engine.group)
             if self._context is not None and not self._context.join(timeout=timeout_s):
                 for proc in self._context.processes:
                     if proc.is_alive():
                         proc.terminate()
                 raise ProcessGroupError(f"TP followers did not stop within {timeout_s} s")
         finally:
-            destroy_tp_group(self.engine.group)
             self._tmp.cleanup()
 
 
