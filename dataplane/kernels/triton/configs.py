@@ -230,12 +230,17 @@ def fused_config(
 
 
 # The gate/up expand folded into SiLU·mul (`expand_silu_kernel.py`) per T class, or None:
-# do not fold (two-kernel `add_lora` on gate/up, then the activation). Off by default:
-# measured on the H200 (2026-11-30, Llama-8B gate/up, rank 16, T = 4,096) with the
-# plain expand's tile (32 x 128, 8 column tiles, 4 warps) the fold took 327 µs per layer
-# against 254 for add_lora + SiLU·mul. `bench/lora_silu.py --sweep` tunes it per class
-# and writes the winners (or null) to tuned_configs.json (ADAPTERPLANE_LORA_TUNED).
-SILU_TABLE: dict[int, ExpandConfig | None] = {t: None for t in T_BUCKETS}
+# do not fold (two-kernel `add_lora` on gate/up, then the activation). Measured on the
+# H200 (2026-11-30, Llama-8B gate/up, `bench/lora_silu.py --sweep`): with the plain
+# expand's tile (32 x 128) the fold took 299-327 µs per layer at T = 4,096 against 252
+# for add_lora + SiLU·mul; with 16-row tiles 216 vs 254 µs (32 adapters) and 239 vs 250
+# (4 adapters), so steps above 1,024 rows fold; at T = 1,024 (8 adapters, rank 16) the
+# best tile lost (99 vs 89 µs): no entry. tuned_configs.json (ADAPTERPLANE_LORA_TUNED)
+# overrides per class.
+_SILU_TILE = ExpandConfig(16, 128, 64, 4, 3, 8)
+SILU_TABLE: dict[int, ExpandConfig | None] = {
+    t: _SILU_TILE if t > 1024 else None for t in T_BUCKETS
+}
 
 
 def silu_config(num_rows: int, max_rank: int) -> ExpandConfig | None:
@@ -355,5 +360,5 @@ def max_split_k() -> int:
     return max(splits)
 
 
-if os.environ.get("ADAPTERPLANE_LORA_TUNED"):
-    load_tuned(os.environ["ADAPTERPLANE_LORA_TUNED"])
+for _tuned in filter(None, os.environ.get("ADAPTERPLANE_LORA_TUNED", "").split(os.pathsep)):
+    load_tuned(_tuned)  # e.g. the fused sweep's file, then the folded-SiLU sweep's
