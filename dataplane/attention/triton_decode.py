@@ -29,6 +29,7 @@ import triton
 import triton.language as tl
 
 from dataplane.attention.kv_cache import KVCacheLayoutError, is_blocked, kv_strides
+from dataplane.intmath import next_pow2
 
 
 @triton.jit
@@ -129,8 +130,8 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
         q, k_cache, v_cache, block_tables, context_lens, positions, out,
         q.stride(0), q.stride(1), ks, kh, vs, vh, block_tables.stride(0),
         out.stride(0), out.stride(1), scale, window or 0, kb, vb,
-        GROUP=group, G_PAD=max(16, triton.next_power_of_2(group)), HEAD_DIM=head_dim,
-        D_PAD=max(16, triton.next_power_of_2(head_dim)), BLOCK_SIZE=block_size,
+        GROUP=group, G_PAD=max(16, next_pow2(group)), HEAD_DIM=head_dim,
+        D_PAD=max(16, next_pow2(head_dim)), BLOCK_SIZE=block_size,
         BLOCK_N=32, USE_WINDOW=window is not None,
         PRECISION="ieee" if q.dtype == torch.float32 or interpreting else "tf32",
         UPCAST=interpreting and q.dtype == torch.bfloat16,

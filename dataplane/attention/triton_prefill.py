@@ -37,6 +37,7 @@ import triton.language as tl
 
 from dataplane.attention.kv_cache import KVCacheLayoutError, is_blocked, kv_strides
 from dataplane.attention.metadata import PrefillBatch
+from dataplane.intmath import next_pow2
 
 LOG2E = 1.4426950408889634
 
@@ -175,7 +176,7 @@ def varlen_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: to
     if batch.num_tiles == 0:
         return out
     interpreting = _interpreting()
-    d_pad = max(16, triton.next_power_of_2(head_dim))
+    d_pad = max(16, next_pow2(head_dim))
     if block_n is None:
         block_n = 32 if d_pad > 128 else 64
     if num_warps is None:

@@ -21,6 +21,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from dataplane.intmath import cdiv
 from dataplane.kernels.triton.expand_kernel import _expand_acc, _load_z
 from dataplane.kernels.triton.lora_kernels import _eff_split, _slot_tile, _total_tiles
 
@@ -125,4 +126,4 @@ def lora_expand_silu_kernel(
 
 def grid_rows(num_rows: int, num_slots: int, block_m: int) -> int:
     """Static bound of axis 0: the slot tiles (``ops.max_tiles``) + the ``-1`` run's."""
-    return 2 * triton.cdiv(num_rows, block_m) + min(num_slots, num_rows)
+    return 2 * cdiv(num_rows, block_m) + min(num_slots, num_rows)

@@ -47,6 +47,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from dataplane.intmath import next_pow2
 from dataplane.kernels.triton.lora_kernels import _pick, _shrink_chunk
 
 
@@ -224,4 +225,4 @@ def fused_block_n(block_r: int, n_elems: int) -> int:
 
 
 def fused_block_r(max_rank: int) -> int:
-    return max(16, triton.next_power_of_2(max_rank))
+    return max(16, next_pow2(max_rank))

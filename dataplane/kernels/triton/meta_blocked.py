@@ -28,6 +28,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from dataplane.intmath import cdiv, next_pow2
+
 
 @triton.jit(do_not_specialize=["T"])  # T varies per step: one compile
 def _block_hist_kernel(
@@ -140,7 +142,7 @@ def launch_blocked(
 ) -> None:
     """Launch ``blocked`` (two launches) or ``blocked1`` (one); the caller has
     checked that ``scratch`` holds ``2 * cdiv(num_rows, block) * slot_pad``."""
-    nb = triton.cdiv(num_rows, block)
+    nb = cdiv(num_rows, block)
     hist = scratch
     delta = scratch[nb * slot_pad :]  # type: ignore[index]
     warps = 4 if block <= 512 else 8
@@ -154,7 +156,7 @@ def launch_blocked(
         row_slot_in, row_slot, hist, num_rows, num_slots,
         BLOCK=block, S_PAD=slot_pad, num_warps=4,
     )  # fmt: skip
-    hb = max(1, min(triton.next_power_of_2(nb), 4096 // slot_pad))
+    hb = max(1, min(next_pow2(nb), 4096 // slot_pad))
     _block_scatter_kernel[(nb,)](
         row_slot_in, sorted_rows, counts, starts, hist, delta, num_rows, num_slots, nb,
         BLOCK=block, S_PAD=slot_pad, HB=hb, num_warps=warps,

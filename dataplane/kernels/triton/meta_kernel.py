@@ -19,6 +19,7 @@ import torch
 import triton
 import triton.language as tl
 
+from dataplane.intmath import next_pow2
 from dataplane.kernels.base import LoraBatchMeta, LoraMetaBuffers
 from dataplane.kernels.errors import LoraShapeError
 from dataplane.kernels.triton.meta_blocked import launch_blocked
@@ -150,8 +151,8 @@ def build_meta_triton(
     if method is not None and method not in METHODS:
         raise LoraShapeError(f"unknown metadata method {method!r}; one of {METHODS}")
     meta = buffers.views(row_slot.shape[0])
-    s_pad = max(16, triton.next_power_of_2(buffers.num_slots + 1))
-    block_t = max(16, triton.next_power_of_2(meta.num_rows))
+    s_pad = max(16, next_pow2(buffers.num_slots + 1))
+    block_t = max(16, next_pow2(meta.num_rows))
     sortable = meta.num_rows <= MAX_SORT_ROWS and (buffers.num_slots + 1) * MAX_SORT_ROWS < 2**31
     blk = max(BLOCKED_ROWS, buffers.min_block) if block is None else block
     blockable = (

@@ -13,8 +13,8 @@ import functools
 import os
 
 import torch
-import triton
 
+from dataplane.intmath import cdiv, next_pow2
 from dataplane.kernels.errors import LoraShapeError
 from dataplane.kernels.triton.configs import (
     ShrinkConfig,
@@ -28,7 +28,10 @@ from dataplane.kernels.triton.lora_kernels import lora_shrink_kernel
 MAX_SLICES = 4
 
 
+@functools.cache
 def _interpreting() -> bool:
+    """Triton reads ``TRITON_INTERPRET`` when it decorates the kernels (at import), so
+    the launchers read it once too (an environment lookup per launch costs µs)."""
     return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
@@ -38,7 +41,7 @@ def _precision(dtype: torch.dtype) -> str:
 
 
 def _s_pad(num_slots: int) -> int:
-    return max(16, triton.next_power_of_2(num_slots))
+    return max(16, next_pow2(num_slots))
 
 
 def split_target(device: torch.device, per_sm: int = 2) -> int:
@@ -62,7 +65,7 @@ def _sm_count(index: int) -> int:
 
 def max_tiles(num_rows: int, num_slots: int, block_m: int) -> int:
     """Static grid bound on (slot, row-tile) pairs: each slot adds <= 1 partial tile."""
-    return triton.cdiv(num_rows, block_m) + min(num_slots, num_rows)
+    return cdiv(num_rows, block_m) + min(num_slots, num_rows)
 
 
 def launch_shrink(
@@ -118,7 +121,7 @@ def launch_expand(
     cfg = expand_config(t, r_max)
     shrink_cfg = shrink_config(t, r_max, 1)  # block_m and per_sm do not depend on K
     widths = [*out_features, 0, 0, 0][:MAX_SLICES]
-    n_tiles = sum(triton.cdiv(w, cfg.block_n * cfg.n_iters) for w in out_features)
+    n_tiles = sum(cdiv(w, cfg.block_n * cfg.n_iters) for w in out_features)
     grid = (max_tiles(t, s, cfg.block_m), n_tiles)
     lora_expand_kernel[grid](
         y, z, storage, b_rows, ranks, scales, sorted_rows, slot_counts, slot_starts,

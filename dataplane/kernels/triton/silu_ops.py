@@ -4,8 +4,8 @@ registered as the torch custom op ``adapterplane::lora_expand_silu`` (mutates ``
 from __future__ import annotations
 
 import torch
-import triton
 
+from dataplane.intmath import cdiv
 from dataplane.kernels.errors import LoraShapeError
 from dataplane.kernels.triton.configs import shrink_config, silu_config
 from dataplane.kernels.triton.expand_silu_kernel import grid_rows, lora_expand_silu_kernel
@@ -35,7 +35,7 @@ def launch_expand_silu(
     if cfg is None:
         raise LoraShapeError(f"no folded gate/up config for T={t}")
     shrink_cfg = shrink_config(t, r_max, 1)  # block_m and per_sm do not depend on K
-    grid = (grid_rows(t, s, cfg.block_m), triton.cdiv(inter, cfg.block_n * cfg.n_iters))
+    grid = (grid_rows(t, s, cfg.block_m), cdiv(inter, cfg.block_n * cfg.n_iters))
     lora_expand_silu_kernel[grid](
         gate_up, out, z, storage, b_rows, ranks, scales, sorted_rows, slot_counts, slot_starts,
         s, t, r_max, gate_up.stride(0), out.stride(0),

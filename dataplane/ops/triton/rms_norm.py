@@ -11,6 +11,7 @@ import torch
 import triton
 import triton.language as tl
 
+from dataplane.intmath import next_pow2
 from dataplane.ops.errors import OpsError
 
 MAX_BLOCK = 65536
@@ -47,7 +48,7 @@ def _check(x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor | None)
                                  or residual.dtype != x.dtype or residual.device != x.device):
         raise OpsError("fused_add_rms_norm: residual must match x", x=tuple(x.shape),
                        residual=tuple(residual.shape))
-    block = triton.next_power_of_2(x.shape[1])
+    block = next_pow2(x.shape[1])
     if block > MAX_BLOCK:
         raise OpsError("rms_norm: hidden size too large for one block", hidden=x.shape[1])
     return block

@@ -14,6 +14,7 @@ import triton
 import triton.language as tl
 
 from dataplane.attention.kv_cache import kv_strides
+from dataplane.intmath import next_pow2
 from dataplane.ops.errors import OpsError
 
 
@@ -98,6 +99,6 @@ def rope_and_cache_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
         q, k, v, cos, sin, k_cache, v_cache, slot_mapping,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         cos.stride(0), sin.stride(0), ks, kh, vs, vh, kb, vb,
-        NUM_Q_HEADS=heads, HALF=half, HALF_PAD=triton.next_power_of_2(half),
+        NUM_Q_HEADS=heads, HALF=half, HALF_PAD=next_pow2(half),
         BLOCKED=blocked, BLOCK_SIZE=bs, num_warps=1)
     return q, k

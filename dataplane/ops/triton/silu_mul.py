@@ -8,6 +8,7 @@ import torch
 import triton
 import triton.language as tl
 
+from dataplane.intmath import cdiv, next_pow2
 from dataplane.ops.errors import OpsError
 
 BLOCK = 1024
@@ -31,8 +32,8 @@ def silu_and_mul_triton(gate_up: torch.Tensor) -> torch.Tensor:
     rows, inter = gate_up.shape[0], gate_up.shape[1] // 2
     out = torch.empty(rows, inter, dtype=gate_up.dtype, device=gate_up.device)
     if rows and inter:
-        block = min(BLOCK, triton.next_power_of_2(inter))
-        _silu_mul_kernel[(rows, triton.cdiv(inter, block))](
+        block = min(BLOCK, next_pow2(inter))
+        _silu_mul_kernel[(rows, cdiv(inter, block))](
             gate_up, out, gate_up.stride(0), out.stride(0), inter, BLOCK=block,
             num_warps=4)
     return out
