@@ -549,32 +549,45 @@ def profile_steps(engine: Engine, dev: str, path: Path) -> None:
 
 def profile_trace(engine: Engine, trace: list[Request], handles: list, dev: str,
                   path: Path) -> None:
-    """Kernel-level breakdown (torch.profiler) of the trace's first 96 requests served
-    again, all at once, on an already warm engine, each prompt rotated by one token (no
-    prefix-cache hit on the timed run's blocks, so the prefills run); written to `path`
-    with the window's wall time against its summed kernel time (host-bound if far less)."""
+    """Kernel-level breakdown (torch.profiler) of two windows on an already warm engine,
+    written to `path`, each with its wall time against its summed kernel time (host-bound
+    if far less): the trace's first 96 requests served again, all at once, each prompt
+    rotated by one token (no prefix-cache hit on the timed run's blocks, so the prefills
+    run); then the same prompts rotated by two with one output token each (prefill steps
+    only: eager steps without decode rows)."""
+    texts = []
+    for label, rotate, prefill_only in (("trace", 1, False), ("prefill only", 2, True)):
+        for i, r in enumerate(trace[:96]):
+            handle = handles[r.adapter] if r.adapter is not None and handles else None
+            engine.add_request(f"profile-{rotate}-{i}", r.prompt[rotate:] + r.prompt[:rotate],
+                               SamplingParams(temperature=0.0, ignore_eos=True,
+                                              max_tokens=1 if prefill_only else r.max_tokens),
+                               handle)
+        texts.append(_profile_window(engine, dev, label))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("\n\n".join(texts))
+    print(f"# profile written to {path}", file=sys.stderr, flush=True)
+
+
+def _profile_window(engine: Engine, dev: str, label: str) -> str:
     from torch.profiler import ProfilerActivity, profile
 
     acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if dev == "cuda" else [])
-    for i, r in enumerate(trace[:96]):
-        handle = handles[r.adapter] if r.adapter is not None and handles else None
-        engine.add_request(f"profile-{i}", r.prompt[1:] + r.prompt[:1], SamplingParams(
-            temperature=0.0, max_tokens=r.max_tokens, ignore_eos=True), handle)
     sync(dev)
+    steps = 0
     with profile(activities=acts) as prof:
         start = time.perf_counter()
         while engine.has_unfinished():
             engine.step()
+            steps += 1
         sync(dev)
         wall = time.perf_counter() - start
     events = prof.key_averages()
     kernels = sum(getattr(e, "self_device_time_total", 0.0) for e in events) / 1e6
     key = "cuda_time_total" if dev == "cuda" else "cpu_time_total"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(f"window wall {wall:.3f} s, kernels {kernels:.3f} s\n"
-                    + events.table(sort_by=key, row_limit=45, max_name_column_width=70))
-    print(f"# profile written to {path}: window wall {wall:.3f} s, kernels {kernels:.3f} s",
-          file=sys.stderr, flush=True)
+    head = f"{label}: {steps} steps, window wall {wall:.3f} s, kernels {kernels:.3f} s"
+    print(f"# {head}", file=sys.stderr, flush=True)
+    return head + "\n" + events.table(sort_by=key, row_limit=45, max_name_column_width=70)
 
 
 def markdown(results: list[dict]) -> str:

@@ -4,7 +4,10 @@
 # triton, transformers, peft installed):
 #   OUT=/tmp/gpu-run bash scripts/gpu_run.sh tests agent kernels coldload decode trace traceN online attention
 # (`hf`: HF + PEFT alone on the trace's 256 requests, ~400 s: a device call of its own)
-# (`ktests`, `kfused`: quicker subsets of `tests` and `kernels`)
+# (`ktests`, `kfused`: quicker subsets of `tests` and `kernels`; `etests`: the engine's GPU
+# tests + the folded-SiLU kernel test; `silu`: the folded gate/up expand sweep; `overlap`:
+# LoRA on a side stream under the GEMM; `trace128` / `trace128p`: the trace with 128
+# adapters only, without / with the torch.profiler kernel tables)
 # and on a 2-GPU host the tensor-parallel sections `tp tptests`.
 # (tests/ is a package, so tests/agent is `tests.agent` and never shadows the `agent`
 # package, with or without an editable install.)
@@ -49,6 +52,10 @@ for s in "$@"; do
                 --requests 256 --rate inf --prompt-min 64 --prompt-max 512 --output-min 64 \
                 --output-max 128 --max-num-seqs 128 --max-batched-tokens 4096 \
                 --kv-blocks 8192 --skip-hf --out "$OUT/trace128" ;;  # `trace`, 128 adapters only
+    trace128p) section trace128p 400 python3 bench/engine.py --mode cuda --adapters 128 \
+                 --requests 256 --rate inf --prompt-min 64 --prompt-max 512 --output-min 64 \
+                 --output-max 128 --max-num-seqs 128 --max-batched-tokens 4096 \
+                 --kv-blocks 8192 --skip-hf --profile --out "$OUT/trace128p" ;;
     traceN) section traceN 300 python3 bench/engine.py --mode cuda --adapters 1 1000 \
               --requests 256 --rate inf --prompt-min 64 --prompt-max 512 --output-min 64 \
               --output-max 128 --max-num-seqs 128 --max-batched-tokens 4096 \
