@@ -1,7 +1,8 @@
 """The LoRA kernel benchmark's cases: scenarios, the peers' numbers, the layer ring.
 
 A :class:`Scenario` is one LoRA-wrapped linear step (decode: T rows, one per request,
-adapter = row % n, rows shuffled; prefill: n requests of T/n contiguous rows). Each is
+adapter = row % n, rows shuffled; prefill: n requests of T/n contiguous rows; mixed: 104
+decode rows over slots 3..n-1, then T - 104 prefill rows in 3 runs on slots 0-2). Each is
 timed over a ring of independent :class:`Layer` objects sized so that one sweep touches
 >= ``RING_BYTES`` and factors stream from HBM; its floor is
 :meth:`Scenario.floor_bytes` / copy bandwidth.
@@ -31,9 +32,12 @@ PEER = {
 }  # fmt: skip
 
 
+MIXED_DECODE_ROWS = 104  # one-row decode slots of a "mixed" step (n - 3 slots)
+
+
 @dataclass(frozen=True)
 class Scenario:
-    kind: str  # "decode" | "prefill"
+    kind: str  # "decode" | "prefill" | "mixed"
     rows: int
     n: int
     ranks: tuple[int, ...]  # slot s has ranks[s % len]
@@ -52,6 +56,10 @@ class Scenario:
         if self.kind == "decode":
             slots = [t % self.n for t in range(self.rows)]
             return [slots[i] for i in torch.randperm(self.rows, generator=gen).tolist()]
+        if self.kind == "mixed":  # decode rows over slots 3.., then 3 prefill runs
+            decode = [3 + t % (self.n - 3) for t in range(MIXED_DECODE_ROWS)]
+            per = -(-(self.rows - MIXED_DECODE_ROWS) // 3)
+            return decode + [t // per for t in range(self.rows - MIXED_DECODE_ROWS)]
         per = self.rows // self.n
         return [t // per for t in range(self.rows)]
 
@@ -115,4 +123,8 @@ EXTRA = [
     Scenario("prefill", 4096, 32, (16,), (4096, 1024, 1024)),
     Scenario("decode", 256, 64, (8, 16, 32, 64)),
     Scenario("prefill", 4096, 32, (8, 16, 32, 64)),
+    # the engine's typical mixed step (128 Zipf adapters): 600 prefill rows of 3 requests
+    # + 104 decode rows over 50 slots, each Llama-8B module
+    *[Scenario("mixed", 704, 53, (16,), outs, d_in) for outs, d_in in (
+        ((4096, 1024, 1024), 4096), ((4096,), 4096), ((14336, 14336), 4096), ((4096,), 14336))],
 ]

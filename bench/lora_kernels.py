@@ -51,7 +51,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from bench.lora_cases import EXTRA, PEER, SCENARIOS, Scenario, build_ring, outs_label, ring_size
 from bench.lora_meta import META_CASES, meta_advice, time_meta
 from bench.lora_timing import copy_bandwidth, time_base_gemm, time_loop, time_ours
-from bench.lora_tune import TUNE_SWEEPS, paste_block, tune
+from bench.lora_tune import ALL_SWEEPS, TUNE_SWEEPS, paste_block, tune
 from dataplane.kernels import LoraWorkspace
 from dataplane.kernels.triton import configs
 from dataplane.kernels.triton.backend import TritonLoraBackend
@@ -67,7 +67,7 @@ def main() -> None:
     ap.add_argument("--only", default="", help="comma list: scenarios whose name has one")
     ap.add_argument("--no-stacked", action="store_true", help="skip the stacked-layout rings")
     ap.add_argument("--tune-sweeps", default=",".join(TUNE_SWEEPS),
-                    help=f"comma list of --tune's sweeps, from {','.join(TUNE_SWEEPS)}")
+                    help=f"comma list of --tune's sweeps, from {','.join(ALL_SWEEPS)}")
     args = ap.parse_args()
     t_start = time.time()
     os.makedirs(args.out, exist_ok=True)

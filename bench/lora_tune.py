@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from bench.lora_cases import Scenario, build_ring, outs_label
+from bench.lora_cases import EXTRA, Scenario, build_ring, outs_label
 from bench.lora_timing import time_ours
 from dataplane.kernels.triton import configs
 from dataplane.kernels.triton.backend import TritonLoraBackend
@@ -177,7 +177,41 @@ def _tune_prefill_shrink(
     return chosen
 
 
-TUNE_SWEEPS = ("expand", "shrink", "fused")
+TUNE_SWEEPS = ("expand", "shrink", "fused")  # what `--tune` runs by default
+ALL_SWEEPS = (*TUNE_SWEEPS, "mixed")
+
+# Mixed-step (T class 1024) candidates: the committed entry first.
+MIXED_EXPAND_CANDIDATES = tuple(configs.ExpandConfig(*c) for c in (
+    (32, 128, 64, 4, 3, 2), (16, 128, 64, 4, 3, 4), (16, 256, 64, 4, 2, 2),
+    (32, 128, 64, 4, 3, 8), (16, 128, 64, 4, 3, 8), (32, 64, 64, 4, 3, 4),
+))  # fmt: skip
+MIXED_SHRINK_CANDIDATES = tuple(configs.ShrinkConfig(*c) for c in (
+    (32, 64, 128, 16, 4, 3), (16, 64, 128, 16, 4, 3), (16, 64, 256, 16, 4, 3),
+    (32, 64, 128, 16, 4, 3, 4), (16, 64, 128, 32, 4, 3, 3), (64, 64, 128, 8, 4, 3),
+))  # fmt: skip
+
+
+def _tune_mixed(two: TritonLoraBackend, log: Callable[[str], None]) -> dict[str, object]:
+    """T class 1024 (257-1024 rows: the engine's typical mixed step), rank <= 32: the
+    expand, then the shrink with the expand winner installed, over the four Llama-8B
+    modules of a mixed step (600 prefill rows in 3 runs + 104 one-row decode slots).
+    Metric: the two-kernel add_lora (geomean). Winners go to ``EXPAND_BY_RANK`` /
+    ``SHRINK_BY_RANK`` under ``(1024, 16)``."""
+    chosen: dict[str, object] = {}
+    cases = [sc for sc in EXTRA if sc.kind == "mixed"]
+    built = [(sc, build_ring(sc, "scattered")) for sc in cases]
+    for name, table, by_rank, cands in (
+        ("expand", configs.EXPAND_TABLE, configs.EXPAND_BY_RANK, MIXED_EXPAND_CANDIDATES),
+        ("shrink", configs.SHRINK_TABLE, configs.SHRINK_BY_RANK, MIXED_SHRINK_CANDIDATES),
+    ):
+        put = _installer(table, (1024,), (16, 32))
+        best, t = _sweep(put, list(cands), built, two, "ours", log)
+        by_rank[(1024, 16)] = best  # type: ignore[index]
+        log(f"tuned mixed {name} (T<=1024, r<=32): {best} ({t:.2f} µs add_lora geomean)")
+        chosen[f"{name} 1024 r16"] = repr(best)
+    del built
+    torch.cuda.empty_cache()
+    return chosen
 
 
 def tune(
@@ -195,7 +229,9 @@ def tune(
     3. Prefill shrink (``_tune_prefill_shrink``): row tile, ``BLOCK_K``,
        stages, programs per SM (hence K splits), evict-first ``x``; r = 16
        and r = 64 apart, with the expand winners of 1 installed.
-    ``sweeps`` picks among 1-3 (``TUNE_SWEEPS`` names).
+    4. ``mixed`` (not in the default ``TUNE_SWEEPS``): the T class 1024 expand and
+       shrink on mixed-step cases (``_tune_mixed``).
+    ``sweeps`` picks among them (``ALL_SWEEPS`` names).
     """
     ec = configs.ExpandConfig
     two = TritonLoraBackend(fused=False)
@@ -224,6 +260,8 @@ def tune(
         chosen.update(_tune_prefill_shrink(two, log))
     if "fused" in sweeps:
         chosen.update(_tune_fused_grid(backend, log))
+    if "mixed" in sweeps:
+        chosen.update(_tune_mixed(two, log))
     return chosen
 
 

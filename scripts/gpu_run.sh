@@ -7,7 +7,8 @@
 # (`ktests`, `kfused`: quicker subsets of `tests` and `kernels`; `etests`: the engine's GPU
 # tests + the folded-SiLU kernel test; `silu`: the folded gate/up expand sweep; `overlap`:
 # LoRA on a side stream under the GEMM; `trace128` / `trace128p`: the trace with 128
-# adapters only, without / with the torch.profiler kernel tables)
+# adapters only, without / with the torch.profiler kernel tables; `kmixed`: sweep and
+# bench of the 257-1024-row class on mixed-step cases)
 # and on a 2-GPU host the tensor-parallel sections `tp tptests`.
 # (tests/ is a package, so tests/agent is `tests.agent` and never shadows the `agent`
 # package, with or without an editable install.)
@@ -38,6 +39,8 @@ for s in "$@"; do
     kfused) section kfused 320 python3 bench/lora_kernels.py --tune --tune-sweeps fused \
               --no-loop --no-stacked --only "T=64 n=1,T=64 n=16,T=64 n=64,n=50" \
               --out "$OUT/kfused" ;;  # the fused-grid sweep + the decode rows only
+    kmixed) section kmixed 240 python3 bench/lora_kernels.py --tune --tune-sweeps mixed \
+              --no-loop --no-stacked --only mixed --out "$OUT/kmixed" ;;  # T class 1024 (mixed steps)
     coldload) section coldload 90 python3 bench/coldload.py --device cuda --shape 8b \
                 --loads 20 --adapters 64 --pool-adapters 16 --requests 400 \
                 --out "$OUT/coldload" ;;

@@ -95,11 +95,13 @@ def bucket(value: int, edges: tuple[int, ...]) -> int:
 _TUNED_SHRINK = {
     64: ShrinkConfig(16, 64, 256, 32, 4, 3),
     256: ShrinkConfig(16, 64, 128, 32, 4, 3),
+    1024: ShrinkConfig(32, 64, 128, 16, 4, 3),  # = default_shrink: not swept yet
     4096: ShrinkConfig(32, 64, 128, 8, 4, 3),
 }
 _TUNED_EXPAND = {
     64: ExpandConfig(16, 256, 64, 4, 2, 1),
     256: ExpandConfig(16, 256, 64, 4, 2, 1),
+    1024: ExpandConfig(32, 128, 64, 4, 3, 2),  # = default_expand: not swept yet
     4096: ExpandConfig(64, 128, 64, 4, 3, 4),
 }
 # Per rank group (key: (T class, 16) for rank buckets <= 32, (T class, 64) above),
@@ -141,7 +143,9 @@ PREFILL_SHRINK_CANDIDATES: tuple[ShrinkConfig, ...] = (
     ShrinkConfig(32, 64, 128, 8, 4, 3, 2, True),  # committed + evict-first x
     ShrinkConfig(64, 64, 128, 8, 4, 4, 4, True),
 )
-_NEAREST = {16: 64, 64: 64, 256: 256, 4096: 4096, 1 << 30: 4096}
+# T class 1024 (257-1024 rows) is the engine's typical mixed step: a few prefill runs
+# plus ~100 one-row decode slots; `--tune --tune-sweeps mixed` sweeps it.
+_NEAREST = {16: 64, 64: 64, 256: 256, 1024: 1024, 4096: 4096, 1 << 30: 4096}
 
 
 def rank_group(r_bucket: int) -> int:
