@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import torch
 
 from dataplane.core import BatchPlan
+from dataplane.h2d import to_device, upload
 
 
 @dataclass(frozen=True)
@@ -98,7 +99,7 @@ def prefill_batch(indptr: tuple[int, ...] | list[int], context_lens: tuple[int, 
     for seg in segments:
         starts.append(len(flat))
         flat += seg + [0] * (-len(seg) % 4)
-    buf = torch.tensor(flat, dtype=torch.int32).to(device)
+    buf = to_device(flat, torch.int32, device)
     o0, o1, o2, o3, o4 = starts
     n = len(tiles)
     return PrefillBatch(
@@ -212,9 +213,9 @@ def build_attention_metadata(plan: BatchPlan, windows: tuple[int | None, ...],
         k_pos = torch.arange(ctx, dtype=torch.int64)[None, :]
         valid = torch.ones(1, ctx, dtype=torch.bool)
         # A fresh chunk with no effective window is plain causal: no mask (flash kernels).
-        masks = {w: _window_mask(q_pos, k_pos, valid, w).to(device) for w in distinct
+        masks = {w: upload(_window_mask(q_pos, k_pos, valid, w), device) for w in distinct
                  if not (fresh and (w is None or w >= ctx))}
-        prefills.append(PrefillSegment(start, end, slots.to(device), fresh, masks))
+        prefills.append(PrefillSegment(start, end, upload(slots, device), fresh, masks))
     decode = None
     num_decodes = plan.num_decodes
     if num_decodes:
@@ -226,13 +227,13 @@ def build_attention_metadata(plan: BatchPlan, windows: tuple[int | None, ...],
         padded = [list(t[:max_blocks]) + [0] * (max_blocks - len(t[:max_blocks]))
                   for t in tables]
         decode = decode_batch(
-            torch.tensor(padded, dtype=torch.int64).to(device),
-            torch.tensor(lens, dtype=torch.int64).to(device),
-            positions_host[plan.doff:].to(device), bs, width, distinct, max_slot,
+            to_device(padded, torch.int64, device),
+            to_device(lens, torch.int64, device),
+            upload(positions_host[plan.doff:], device), bs, width, distinct, max_slot,
             gather=decode_kernel == "torch")
     return AttentionMetadata(
-        positions=positions_host.to(device),
-        slot_mapping=torch.tensor(plan.slot_mapping, dtype=torch.int64).to(device),
+        positions=upload(positions_host, device),
+        slot_mapping=to_device(plan.slot_mapping, torch.int64, device),
         prefills=tuple(prefills), doff=plan.doff, decode=decode, decode_kernel=decode_kernel,
         prefill=prefill,
     )

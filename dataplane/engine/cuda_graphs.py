@@ -26,6 +26,7 @@ import torch
 from dataplane.attention.metadata import AttentionMetadata, decode_batch, distinct_windows
 from dataplane.core import BatchPlan
 from dataplane.engine.deferred import DeferredTokens, patch_input_ids
+from dataplane.h2d import to_device
 from dataplane.kernels import LoraMetaBuffers
 from dataplane.layers.lora_linear import LoraStepContext
 
@@ -182,7 +183,7 @@ class CudaGraphRunner:
     def _sampled(self, logits: torch.Tensor, plan: BatchPlan) -> torch.Tensor:
         if plan.sample_rows == self._identity[plan.num_rows]:
             return logits[:plan.num_rows]
-        order = torch.tensor(plan.sample_rows, dtype=torch.int64).to(self.device)
+        order = to_device(plan.sample_rows, torch.int64, self.device)
         return logits.index_select(0, order)
 
     @torch.inference_mode()

@@ -18,6 +18,7 @@ from dataplane.attention.kv_cache import PagedKVCache
 from dataplane.attention.metadata import build_attention_metadata
 from dataplane.core import BatchPlan, InvalidBatchPlan, InvalidRequest
 from dataplane.engine.deferred import DeferredTokens, check_no_placeholders, patch_input_ids
+from dataplane.h2d import to_device
 from dataplane.kernels import (
     LoraFactorTable,
     LoraMetaBuffers,
@@ -185,19 +186,19 @@ class ModelRunner:
             if replayed is not None:
                 return replayed
         device = self.device
-        input_ids = torch.tensor(plan.input_ids, dtype=torch.int64).to(device)
+        input_ids = to_device(plan.input_ids, torch.int64, device)
         if deferred is not None:
             patch_input_ids(input_ids, deferred)
         attn = build_attention_metadata(plan, self.config.layer_windows, device,
                                         self.cache.trash_slot, self.decode_kernel)
         lora = None
         if self.max_slots > 0 and any(s >= 0 for s in plan.row_slot):
-            row_slot = torch.tensor(plan.row_slot, dtype=torch.int32).to(device)
+            row_slot = to_device(plan.row_slot, torch.int32, device)
             lora = self.lora_context(row_slot)
         hidden = self.model(input_ids, attn, self.cache, lora)
         if not plan.sample_rows:
             return torch.empty(0, self.config.vocab_size, dtype=torch.float32, device=device)
-        rows = torch.tensor(plan.sample_rows, dtype=torch.int64).to(device)
+        rows = to_device(plan.sample_rows, torch.int64, device)
         return self.model.compute_logits(hidden.index_select(0, rows))
 
 
