@@ -13,11 +13,12 @@ they are plain conversions.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 
 
-def to_device(values: Sequence[int] | Sequence[Sequence[int]], dtype: torch.dtype,
+def to_device(values: Sequence[Any], dtype: torch.dtype,
               device: torch.device | str) -> torch.Tensor:
     """``torch.tensor(values, dtype)`` on ``device`` without a host-side wait."""
     device = torch.device(device)

@@ -56,7 +56,7 @@ def patch_input_ids(input_ids: torch.Tensor, deferred: DeferredTokens) -> None:
     if src is not None and dst is not None:
         input_ids[dst:dst + n].copy_(deferred.tokens[src:src + n])
         return
-    from dataplane.sampling.sampler import to_device
+    from dataplane.h2d import to_device
 
     dev = input_ids.device
     values = deferred.tokens.index_select(0, to_device(list(deferred.src), torch.int64, dev))

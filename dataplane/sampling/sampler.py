@@ -30,6 +30,7 @@ from dataclasses import dataclass
 import torch
 
 from dataplane.core import EngineError, SamplingParams, Sequence
+from dataplane.h2d import to_device
 
 
 class SamplerError(EngineError):
@@ -47,16 +48,6 @@ class TokenLogprobs:
 class SampleResult:
     token_ids: list[int]
     logprobs: list[TokenLogprobs | None]  # None where the request asked for none
-
-
-def to_device(values: list[int] | list[float] | list[bool], dtype: torch.dtype,
-              device: torch.device) -> torch.Tensor:
-    """A host list as a tensor on `device` without a host sync (pinned, non-blocking on
-    CUDA: a pageable copy would wait for the stream, i.e. for the step still running)."""
-    host = torch.tensor(values, dtype=dtype)
-    if device.type != "cuda":
-        return host.to(device)
-    return host.pin_memory().to(device, non_blocking=True)
 
 
 def _to_host(t: torch.Tensor) -> torch.Tensor:
