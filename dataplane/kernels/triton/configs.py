@@ -312,11 +312,18 @@ def default_expand(t_bucket: int, r_bucket: int) -> ExpandConfig:
     return ExpandConfig(64, 128, block_r, 4, 3, 2)
 
 
+def shrink_entry(num_rows: int, max_rank: int) -> ShrinkConfig:
+    """The table entry of a shrink over ``num_rows`` rows, before the K-dependent caps
+    (its ``block_m`` and ``per_sm`` are what the expand needs to find the split)."""
+    key = (bucket(num_rows, T_BUCKETS), bucket(max_rank, R_BUCKETS))
+    return SHRINK_TABLE.get(key) or default_shrink(*key)
+
+
 def shrink_config(num_rows: int, max_rank: int, in_features: int) -> ShrinkConfig:
     """Config for a shrink over ``num_rows`` rows; split-K capped so every split
     has at least one K tile."""
     key = (bucket(num_rows, T_BUCKETS), bucket(max_rank, R_BUCKETS))
-    cfg = SHRINK_TABLE.get(key) or default_shrink(*key)
+    cfg = shrink_entry(num_rows, max_rank)
     k_tiles = max(1, -(-in_features // cfg.block_k))
     split = min(cfg.split_k, k_tiles)
     block_r = min(cfg.block_r, max(16, key[1]))

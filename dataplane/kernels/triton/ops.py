@@ -21,6 +21,7 @@ from dataplane.kernels.triton.configs import (
     expand_config,
     fit_shrink_smem,
     shrink_config,
+    shrink_entry,
 )
 from dataplane.kernels.triton.expand_kernel import lora_expand_kernel
 from dataplane.kernels.triton.lora_kernels import lora_shrink_kernel
@@ -119,7 +120,7 @@ def launch_expand(
     split, t, ns, r_max = z.shape
     s = ranks.shape[1]
     cfg = expand_config(t, r_max)
-    shrink_cfg = shrink_config(t, r_max, 1)  # block_m and per_sm do not depend on K
+    shrink_cfg = shrink_entry(t, r_max)  # block_m and per_sm do not depend on K
     widths = [*out_features, 0, 0, 0][:MAX_SLICES]
     n_tiles = sum(cdiv(w, cfg.block_n * cfg.n_iters) for w in out_features)
     grid = (max_tiles(t, s, cfg.block_m), n_tiles)

@@ -7,7 +7,7 @@ import torch
 
 from dataplane.intmath import cdiv
 from dataplane.kernels.errors import LoraShapeError
-from dataplane.kernels.triton.configs import shrink_config, silu_config
+from dataplane.kernels.triton.configs import shrink_entry, silu_config
 from dataplane.kernels.triton.expand_silu_kernel import grid_rows, lora_expand_silu_kernel
 from dataplane.kernels.triton.ops import _interpreting, _precision, _s_pad, shrink_target
 
@@ -34,7 +34,7 @@ def launch_expand_silu(
     cfg = silu_config(t, r_max)
     if cfg is None:
         raise LoraShapeError(f"no folded gate/up config for T={t}")
-    shrink_cfg = shrink_config(t, r_max, 1)  # block_m and per_sm do not depend on K
+    shrink_cfg = shrink_entry(t, r_max)  # block_m and per_sm do not depend on K
     grid = (grid_rows(t, s, cfg.block_m), cdiv(inter, cfg.block_n * cfg.n_iters))
     lora_expand_silu_kernel[grid](
         gate_up, out, z, storage, b_rows, ranks, scales, sorted_rows, slot_counts, slot_starts,
