@@ -287,13 +287,17 @@ class LoraBackend(ABC):
         ``y`` ``[T, sum(out_features)]`` is the base projection output (fused
         q/k/v with GQA widths, or gate/up); it is updated in place.
         """
-        if workspace is None:
-            workspace = LoraWorkspace(
-                self.workspace_numel(meta.num_rows, weights.num_slices, weights.max_rank),
-                x.device,
-            )
-        z = self.shrink(x, meta, weights, workspace)
+        z = self.shrink(x, meta, weights, self.workspace_for(meta, weights, workspace, x.device))
         self.expand(y, z, meta, weights)
+
+    def workspace_for(self, meta: LoraBatchMeta, weights: LoraModuleWeights,
+                      workspace: LoraWorkspace | None, device: torch.device) -> LoraWorkspace:
+        """``workspace``, or a fresh one sized for this call when None."""
+        if workspace is not None:
+            return workspace
+        return LoraWorkspace(
+            self.workspace_numel(meta.num_rows, weights.num_slices, weights.max_rank), device
+        )
 
     def add_lora_silu_mul(
         self,

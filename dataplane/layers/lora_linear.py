@@ -88,11 +88,17 @@ class LoRALinear(nn.Module):
             start += width
         raise KeyError(name)
 
+    def _active(self, lora: LoraStepContext | None) -> LoraModuleWeights | None:
+        """This step's factors, or None when the step has no LoRA branch here."""
+        if lora is None or self.factors is None or not (self.has_factors or not lora.skip_empty):
+            return None
+        return self.factors.weights
+
     def forward(self, x: torch.Tensor, lora: LoraStepContext | None) -> torch.Tensor:
         y = F.linear(x, self.weight, self.bias)
-        if lora is not None and self.factors is not None and (
-                self.has_factors or not lora.skip_empty):
-            lora.backend.add_lora(y, x, lora.meta, self.factors.weights, lora.workspace)
+        w = self._active(lora)
+        if w is not None and lora is not None:
+            lora.backend.add_lora(y, x, lora.meta, w, lora.workspace)
         return y
 
     def forward_silu_mul(self, x: torch.Tensor, lora: LoraStepContext | None,
@@ -101,9 +107,8 @@ class LoRALinear(nn.Module):
         folded into the activation where the backend has that path (the same math, one
         rounding fewer: ``gate + Δgate`` is not rounded to the dtype first)."""
         y = F.linear(x, self.weight, self.bias)
-        if lora is not None and self.factors is not None and (
-                self.has_factors or not lora.skip_empty):
-            w = self.factors.weights
+        w = self._active(lora)
+        if w is not None and lora is not None:
             act = lora.backend.add_lora_silu_mul(y, x, lora.meta, w, lora.workspace)
             if act is not None:
                 return act

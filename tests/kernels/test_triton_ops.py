@@ -51,7 +51,10 @@ def test_meta_sort_matches_torch_stable_sort(num_rows: int, num_slots: int) -> N
         assert meta.row_slot.tolist() == row_slot_cpu.tolist()
 
 
-def test_custom_ops_pass_opcheck() -> None:
+def test_custom_ops_pass_opcheck(monkeypatch: pytest.MonkeyPatch) -> None:
+    from .lora_cases import enable_folded_silu
+
+    enable_folded_silu(monkeypatch)
     dev = TRITON_DEVICE
     backend = get_lora_backend(dev, prefer="triton")
     table = LoraFactorTable(3, 32, (16, 8), max_rank=16, dtype=torch.float32, device=dev)
@@ -86,6 +89,18 @@ def test_custom_ops_pass_opcheck() -> None:
     torch.library.opcheck(
         torch.ops.adapterplane.lora_fused.default,
         fused_args,
+        test_utils=("test_schema", "test_faketensor"),
+    )
+    table2 = LoraFactorTable(3, 32, (12, 12), max_rank=16, dtype=torch.float32, device=dev)
+    table2.set_slot(1, {0: (torch.randn(4, 32), torch.randn(12, 4), 0.5)})
+    w2 = table2.weights
+    z2 = backend.shrink(x, meta, w2, ws)
+    silu_args = (torch.randn(5, 24, device=dev), torch.empty(5, 12, device=dev), z2,
+                 w2.storage, w2.b_rows, w2.ranks, w2.scales, meta.sorted_rows,
+                 meta.slot_counts, meta.slot_starts, w2.addr_align)  # fmt: skip
+    torch.library.opcheck(
+        torch.ops.adapterplane.lora_expand_silu.default,
+        silu_args,
         test_utils=("test_schema", "test_faketensor"),
     )
 

@@ -39,6 +39,12 @@ def _op(launch: Callable[..., None], registered: Callable[..., None]) -> Callabl
     return registered if torch.compiler.is_compiling() else launch
 
 
+def _expand_operands(meta: LoraBatchMeta, weights: LoraModuleWeights) -> tuple[torch.Tensor, ...]:
+    """The expand kernels' factor and grouping tensors, in their launchers' order."""
+    return (weights.storage, weights.b_rows, weights.ranks, weights.scales,
+            meta.sorted_rows, meta.slot_counts, meta.slot_starts)
+
+
 class TritonLoraBackend(LoraBackend):
     """Segmented shrink/expand kernels with mixed ranks and paged factors.
 
@@ -88,11 +94,7 @@ class TritonLoraBackend(LoraBackend):
             super().add_lora(y, x, meta, weights, workspace)
             return
         check_call(x, y, meta, weights)
-        if workspace is None:
-            workspace = LoraWorkspace(
-                self.workspace_numel(meta.num_rows, weights.num_slices, weights.max_rank),
-                x.device,
-            )
+        workspace = self.workspace_for(meta, weights, workspace, x.device)
         if not fused_ops.fused_fits(
             meta.num_rows, meta.num_slots, weights.num_slices, weights.max_rank, cfg,
             workspace.buffer.numel(), workspace.COUNTERS, x.device,
@@ -137,25 +139,10 @@ class TritonLoraBackend(LoraBackend):
         if silu_config(meta.num_rows, weights.max_rank) is None:
             return None
         check_call(x, gate_up, meta, weights)
-        if workspace is None:
-            workspace = LoraWorkspace(
-                self.workspace_numel(meta.num_rows, weights.num_slices, weights.max_rank),
-                x.device,
-            )
-        z = self.shrink(x, meta, weights, workspace)
+        z = self.shrink(x, meta, weights, self.workspace_for(meta, weights, workspace, x.device))
         out = torch.empty(meta.num_rows, outs[0], dtype=gate_up.dtype, device=gate_up.device)
         _op(silu_ops.launch_expand_silu, torch.ops.adapterplane.lora_expand_silu)(
-            gate_up,
-            out,
-            z,
-            weights.storage,
-            weights.b_rows,
-            weights.ranks,
-            weights.scales,
-            meta.sorted_rows,
-            meta.slot_counts,
-            meta.slot_starts,
-            weights.addr_align,
+            gate_up, out, z, *_expand_operands(meta, weights), weights.addr_align
         )
         return out
 
@@ -196,15 +183,6 @@ class TritonLoraBackend(LoraBackend):
         if z.dim() != 4 or tuple(z.shape[1:]) != want or z.dtype != torch.float32:
             raise LoraShapeError(f"z: want float32 [splits, {', '.join(map(str, want))}]")
         _op(ops.launch_expand, torch.ops.adapterplane.lora_expand)(
-            y,
-            z,
-            weights.storage,
-            weights.b_rows,
-            weights.ranks,
-            weights.scales,
-            meta.sorted_rows,
-            meta.slot_counts,
-            meta.slot_starts,
-            list(weights.out_features),
+            y, z, *_expand_operands(meta, weights), list(weights.out_features),
             weights.addr_align,
         )
