@@ -31,14 +31,19 @@ latency is the batch's mean step time.
 from __future__ import annotations
 
 import argparse
+import cProfile
+import gc
 import hashlib
+import io
 import json
 import math
 import os
+import pstats
 import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -374,6 +379,9 @@ def cuda_main(args: argparse.Namespace) -> list[dict]:
         results.append({**res, "adapters": n})
         if args.profile:
             profile_trace(engine, trace, handles, dev, Path(args.out or ".") / f"trace_n{n}.txt")
+        if args.split_eager:
+            split_eager(engine, trace, handles, Path(args.out or ".") / f"split_n{n}.txt",
+                        args.host_profile)
         del engine, handles
         if dev == "cuda":
             torch.cuda.empty_cache()
@@ -384,6 +392,9 @@ def cuda_main(args: argparse.Namespace) -> list[dict]:
             results.append({**res, "adapters": 0})
             if args.profile:
                 profile_trace(base, trace, [], dev, Path(args.out or ".") / "trace_n0.txt")
+            if args.split_eager:
+                split_eager(base, trace, [], Path(args.out or ".") / "split_n0.txt",
+                            args.host_profile)
             del base
     if not args.skip_hf:
         del model
@@ -551,35 +562,26 @@ def profile_trace(engine: Engine, trace: list[Request], handles: list, dev: str,
                   path: Path) -> None:
     """Kernel-level breakdown (torch.profiler) of two windows on an already warm engine,
     written to `path`, each with its wall time against its summed kernel time (host-bound
-    if far less): the trace's first 96 requests served again, all at once, each prompt
-    rotated by one token (no prefix-cache hit on the timed run's blocks, so the prefills
-    run); then the same prompts rotated by two with one output token each (prefill steps
-    only: eager steps without decode rows)."""
+    if far less): the trace served again (`replay`, rotated by one token); then the same
+    prompts rotated by two with one output token each (prefill steps only: eager steps
+    without decode rows)."""
     texts = []
     for label, rotate, prefill_only in (("trace", 1, False), ("prefill only", 2, True)):
-        for i, r in enumerate(trace[:96]):
-            handle = handles[r.adapter] if r.adapter is not None and handles else None
-            engine.add_request(f"profile-{rotate}-{i}", r.prompt[rotate:] + r.prompt[:rotate],
-                               SamplingParams(temperature=0.0, ignore_eos=True,
-                                              max_tokens=1 if prefill_only else r.max_tokens),
-                               handle)
-        texts.append(_profile_window(engine, dev, label))
+        texts.append(_profile_window(engine, trace, handles, dev, label, rotate, prefill_only))
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("\n\n".join(texts))
     print(f"# profile written to {path}", file=sys.stderr, flush=True)
 
 
-def _profile_window(engine: Engine, dev: str, label: str) -> str:
+def _profile_window(engine: Engine, trace: list[Request], handles: list, dev: str,
+                    label: str, rotate: int, prefill_only: bool) -> str:
     from torch.profiler import ProfilerActivity, profile
 
     acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if dev == "cuda" else [])
     sync(dev)
-    steps = 0
     with profile(activities=acts) as prof:
         start = time.perf_counter()
-        while engine.has_unfinished():
-            engine.step()
-            steps += 1
+        steps = replay(engine, trace, handles, f"profile-{rotate}", rotate, prefill_only)
         sync(dev)
         wall = time.perf_counter() - start
     events = prof.key_averages()
@@ -588,6 +590,125 @@ def _profile_window(engine: Engine, dev: str, label: str) -> str:
     head = f"{label}: {steps} steps, window wall {wall:.3f} s, kernels {kernels:.3f} s"
     print(f"# {head}", file=sys.stderr, flush=True)
     return head + "\n" + events.table(sort_by=key, row_limit=45, max_name_column_width=70)
+
+
+def replay(engine: Engine, trace: list[Request], handles: list, tag: str, rotate: int,
+           prefill_only: bool = False) -> int:
+    """Serve the whole trace again on a warm engine, every request at once (the timed
+    run's `--rate inf` composition), each prompt rotated by `rotate` tokens (no prefix hit
+    on earlier runs' blocks); `prefill_only`: one output token each. Returns the steps."""
+    for i, r in enumerate(trace):
+        handle = handles[r.adapter] if r.adapter is not None and handles else None
+        engine.add_request(f"{tag}-{i}", r.prompt[rotate:] + r.prompt[:rotate],
+                           SamplingParams(temperature=0.0, ignore_eos=True,
+                                          max_tokens=1 if prefill_only else r.max_tokens),
+                           handle)
+    steps = 0
+    while engine.has_unfinished():
+        engine.step()
+        steps += 1
+    return steps
+
+
+def split_eager(engine: Engine, trace: list[Request], handles: list, path: Path,
+                host_profile: bool = False) -> None:
+    """Host enqueue time against device time of each step's `runner.execute` (CUDA), on a
+    replay of the trace (`replay`): before each call the stream is held by a ~0.15 s device
+    spin, so the host queues the whole step while the device waits, and the events around
+    the call time its kernels back to back. A step is host-bound when its host time exceeds
+    its device time. Also the rest of each `engine.step()` outside `execute` (scheduling,
+    plan, sampling, outputs: host work plus the sampled tokens' copy). Eager steps (a model
+    forward ran) are summed per row class, graph replays apart."""
+    runner = engine.runner
+    forward, execute, step = runner.model.forward, runner.execute, engine.step
+    profiles: dict[str, list[cProfile.Profile]] = {"eager": [], "stalled": []}
+    collections: list[tuple[int, float]] = []  # (generation, seconds) of each gc pass
+    gc_start = [0.0]
+
+    def on_gc(phase: str, info: dict) -> None:
+        if phase == "start":
+            gc_start[0] = time.perf_counter()
+        else:
+            collections.append((info["generation"], time.perf_counter() - gc_start[0]))
+    # (eager, plan rows, execute host s, device s, step s outside execute)
+    rows: list[list[Any]] = []
+    eager = [False]
+
+    def flagged(*a: Any, **k: Any) -> Any:
+        eager[0] = True
+        return forward(*a, **k)
+
+    def timed(plan: BatchPlan, *a: Any, **k: Any) -> torch.Tensor:
+        eager[0] = False
+        torch.cuda._sleep(300_000_000)
+        begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        begin.record()
+        t0 = time.perf_counter()
+        out = execute(plan, *a, **k)
+        host = time.perf_counter() - t0
+        end.record()
+        end.synchronize()
+        rows.append([eager[0], plan.num_rows, host, begin.elapsed_time(end) / 1e3,
+                     -(time.perf_counter() - t0)])
+        return out
+
+    def stepped() -> Any:
+        mark, t0 = len(rows), time.perf_counter()
+        prof = cProfile.Profile() if host_profile else None
+        if prof is not None:
+            prof.enable()
+        out = step()
+        if prof is not None:
+            prof.disable()
+        for r in rows[mark:]:
+            r[4] += time.perf_counter() - t0
+            if prof is not None and r[4] > 0.1:  # a stall outside execute
+                profiles["stalled"].append(prof)
+            elif prof is not None and r[0]:
+                profiles["eager"].append(prof)
+        return out
+
+    setattr(runner.model, "forward", flagged)  # noqa: B010 (bench-only instrumentation)
+    setattr(runner, "execute", timed)  # noqa: B010
+    setattr(engine, "step", stepped)  # noqa: B010
+    gc.callbacks.append(on_gc)
+    try:
+        replay(engine, trace, handles, "split", 3)
+    finally:
+        del runner.model.forward, runner.execute, engine.step
+        gc.callbacks.remove(on_gc)
+    lines = []
+    classes = [("graph", 0, 1 << 30, False)] + [
+        (f"eager T<={hi}", lo, hi, True) for lo, hi in ((0, 256), (256, 1024), (1024, 1 << 30))]
+    for label, lo, hi, kind in classes:
+        sel = [r for r in rows if r[0] == kind and lo < r[1] <= hi]
+        if sel:
+            k = len(sel)
+            lines.append(
+                f"{label}: {k} steps, mean rows {sum(r[1] for r in sel) / k:.0f}, "
+                f"execute host {1e3 * sum(r[2] for r in sel) / k:.2f} ms/step, device "
+                f"{1e3 * sum(r[3] for r in sel) / k:.2f} ms/step, rest of step "
+                f"{1e3 * sum(r[4] for r in sel) / k:.2f} ms/step, host-bound steps "
+                f"{sum(1 for r in sel if r[2] > r[3])}")
+    for gen in range(3):
+        times = [t for g, t in collections if g == gen]
+        if times:
+            lines.append(f"gc generation {gen}: {len(times)} passes, {1e3 * sum(times):.1f} ms, "
+                         f"longest {1e3 * max(times):.1f} ms")
+    print("# split " + "\n# split ".join(lines), file=sys.stderr, flush=True)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    text = io.StringIO()
+    for label, profs in profiles.items():
+        if profs:
+            text.write(f"==== {label} steps: {len(profs)} (whole engine.step, cProfile)\n")
+            stats = pstats.Stats(*profs, stream=text)
+            stats.sort_stats("tottime").print_stats(30)
+            stats.sort_stats("cumulative").print_stats(30)
+    if text.getvalue():
+        path.with_suffix(".pstats.txt").write_text(text.getvalue())
+    path.write_text("\n".join(lines) + "\n" + "\n".join(
+        f"{'E' if e else 'G'} rows={n} host_ms={1e3 * h:.2f} device_ms={1e3 * d:.2f} "
+        f"rest_ms={1e3 * o:.2f}" for e, n, h, d, o in rows) + "\n")
 
 
 def markdown(results: list[dict]) -> str:
@@ -641,6 +762,10 @@ def main() -> None:
                    help="decode-step mode: HBM GB/s for the floor (BENCHMARKS.md, H200)")
     p.add_argument("--profile", action="store_true",
                    help="decode-step and cuda modes: write torch.profiler tables to --out")
+    p.add_argument("--split-eager", action="store_true",
+                   help="cuda mode: host enqueue vs device time of each step (split_eager)")
+    p.add_argument("--host-profile", action="store_true",
+                   help="with --split-eager: cProfile of eager steps and of stalled steps")
     p.add_argument("--no-graphs", action="store_true", help="disable CUDA graphs")
     p.add_argument("--scheduling", nargs="+", choices=("auto", "sync", "async"),
                    default=["auto"], help="decode-step mode: engine loop(s) to measure "

@@ -59,6 +59,16 @@ for s in "$@"; do
                  --requests 256 --rate inf --prompt-min 64 --prompt-max 512 --output-min 64 \
                  --output-max 128 --max-num-seqs 128 --max-batched-tokens 4096 \
                  --kv-blocks 8192 --skip-hf --profile --out "$OUT/trace128p" ;;
+    split128) section split128 400 python3 bench/engine.py --mode cuda --adapters 128 \
+                --requests 256 --rate inf --prompt-min 64 --prompt-max 512 --output-min 64 \
+                --output-max 128 --max-num-seqs 128 --max-batched-tokens 4096 \
+                --kv-blocks 8192 --skip-hf --split-eager \
+                --out "$OUT/split128" ;;  # host enqueue vs device time per step
+    hostprof) section hostprof 400 python3 bench/engine.py --mode cuda --adapters 128 \
+                --requests 256 --rate inf --prompt-min 64 --prompt-max 512 --output-min 64 \
+                --output-max 128 --max-num-seqs 128 --max-batched-tokens 4096 \
+                --kv-blocks 8192 --skip-hf --split-eager --host-profile \
+                --out "$OUT/hostprof" ;;  # split128 + cProfile of the eager steps, gc passes
     traceN) section traceN 300 python3 bench/engine.py --mode cuda --adapters 1 1000 \
               --requests 256 --rate inf --prompt-min 64 --prompt-max 512 --output-min 64 \
               --output-max 128 --max-num-seqs 128 --max-batched-tokens 4096 \
@@ -75,7 +85,8 @@ for s in "$@"; do
     attention) section attention 40 python3 bench/attention.py ;;
     silu) section silu 200 python3 bench/lora_silu.py --sweep --out "$OUT/silu" ;;  # the folded gate/up expand, tuned
     etests) section etests 200 python3 -m pytest -q -p no:cacheprovider -m "gpu or not gpu" \
-              --import-mode=append tests/engine/test_gpu.py tests/kernels/test_expand_silu.py ;;
+              --import-mode=append tests/engine/test_gpu.py tests/kernels/test_expand_silu.py \
+              tests/kernels/test_fast_launch_gpu.py tests/kernels/test_step_memo.py ;;
     overlap) section overlap 120 python3 bench/lora_overlap.py --out "$OUT/overlap" ;;  # LoRA under the GEMM?
     tp) section tp 350 python3 bench/tp.py --shape 8b --device cuda --tp 1 2 \
           --adapters 0 16 128 --attention triton --graphs graphs --out "$OUT/tp" ;;  # 2 GPUs

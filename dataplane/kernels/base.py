@@ -30,6 +30,7 @@ factor is one contiguous run of elements.
 
 from __future__ import annotations
 
+import functools
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 
@@ -147,6 +148,13 @@ class LoraModuleWeights:
     @property
     def num_slices(self) -> int:
         return len(self.out_features)
+
+    @functools.cached_property
+    def geometry(self) -> tuple[object, ...]:
+        """Everything a launch over these tables depends on besides their addresses
+        (computed once; the tables of every layer of one projection kind share it)."""
+        return (self.in_features, self.out_features, self.max_rank, self.addr_align,
+                self.storage.dtype, self.storage.device, tuple(self.ranks.shape))
 
     @property
     def num_slots(self) -> int:

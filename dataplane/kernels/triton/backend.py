@@ -30,6 +30,7 @@ from dataplane.kernels.triton.configs import (
     silu_config,
 )
 from dataplane.kernels.triton.meta_kernel import build_meta_triton
+from dataplane.kernels.triton.step_memo import MemoEntry, StepMemo
 
 
 def _op(launch: Callable[..., None], registered: Callable[..., None]) -> Callable[..., None]:
@@ -60,6 +61,7 @@ class TritonLoraBackend(LoraBackend):
         if fused is None:
             fused = os.environ.get("ADAPTERPLANE_LORA_FUSED", "1") not in ("", "0")
         self.fused = fused
+        self.memo = StepMemo()
 
     def build_meta(self, row_slot: torch.Tensor, buffers: LoraMetaBuffers) -> LoraBatchMeta:
         return build_meta_triton(row_slot, buffers)
@@ -87,11 +89,16 @@ class TritonLoraBackend(LoraBackend):
         workspace: LoraWorkspace | None = None,
     ) -> None:
         """One fused launch for decode-sized steps, else shrink + expand."""
+        key = StepMemo.key("add", x, y, weights)
+        e = self.memo.get(meta, workspace, key, x, y)
+        if e is not None:  # a later layer of this step: prepared by the first
+            self._launch_two(e, y, x, meta, weights)
+            return
         cfg = fused_config(
             meta.num_rows, weights.max_rank, weights.in_features, tuple(weights.out_features)
         )
         if not self.fused or cfg is None:
-            super().add_lora(y, x, meta, weights, workspace)
+            self._two_kernel(key, y, x, meta, weights, workspace)
             return
         check_call(x, y, meta, weights)
         workspace = self.workspace_for(meta, weights, workspace, x.device)
@@ -118,6 +125,31 @@ class TritonLoraBackend(LoraBackend):
             weights.addr_align,
         )
 
+    def _two_kernel(self, key: tuple[object, ...], y: torch.Tensor, x: torch.Tensor,
+                    meta: LoraBatchMeta, weights: LoraModuleWeights,
+                    workspace: LoraWorkspace | None) -> None:
+        """Shrink + expand, prepared once per step and projection kind (``StepMemo``)."""
+        if workspace is None or torch.compiler.is_compiling():
+            super().add_lora(y, x, meta, weights, workspace)
+            return
+        check_call(x, y, meta, weights)
+        z = self._bottleneck(x, meta, weights, workspace)
+        e = MemoEntry(x.shape, y.shape, x.dtype, z,
+                      ops.prepare_shrink(x, weights.ranks, z, weights.addr_align),
+                      ops.prepare_expand(y, z, weights.ranks, weights.out_features,
+                                         weights.addr_align))
+        self.memo.put(key, e)
+        self._launch_two(e, y, x, meta, weights)
+
+    @staticmethod
+    def _launch_two(e: MemoEntry, y: torch.Tensor, x: torch.Tensor, meta: LoraBatchMeta,
+                    weights: LoraModuleWeights) -> None:
+        plan, grid, ints = e.shrink
+        plan(grid, x, weights.storage, weights.a_rows, weights.ranks, e.z, meta.sorted_rows,
+             meta.slot_counts, meta.slot_starts, *ints)
+        plan, grid, ints = e.expand
+        plan(grid, y, e.z, *_expand_operands(meta, weights), *ints)
+
     def add_lora_silu_mul(
         self,
         gate_up: torch.Tensor,
@@ -131,20 +163,48 @@ class TritonLoraBackend(LoraBackend):
         return None; so do decode-sized steps (their fused launch is one node and
         ``gate_up`` is small there)."""
         outs = weights.out_features
-        if len(outs) != 2 or outs[0] != outs[1]:
-            return None
-        if self.fused and fused_config(meta.num_rows, weights.max_rank, weights.in_features,
-                                       tuple(outs)) is not None:  # fmt: skip
-            return None
-        if silu_config(meta.num_rows, weights.max_rank) is None:
-            return None
-        check_call(x, gate_up, meta, weights)
-        z = self.shrink(x, meta, weights, self.workspace_for(meta, weights, workspace, x.device))
+        key = StepMemo.key("silu", x, gate_up, weights)
+        e = self.memo.get(meta, workspace, key, x, gate_up)
+        if e is None:  # the first gate/up of this step (or no memo): decide and prepare
+            if len(outs) != 2 or outs[0] != outs[1]:
+                return None
+            if self.fused and fused_config(meta.num_rows, weights.max_rank,
+                                           weights.in_features, tuple(outs)) is not None:
+                return None
+            if silu_config(meta.num_rows, weights.max_rank) is None:
+                return None
         out = torch.empty(meta.num_rows, outs[0], dtype=gate_up.dtype, device=gate_up.device)
-        _op(silu_ops.launch_expand_silu, torch.ops.adapterplane.lora_expand_silu)(
-            gate_up, out, z, *_expand_operands(meta, weights), weights.addr_align
-        )
+        if workspace is None or torch.compiler.is_compiling():
+            check_call(x, gate_up, meta, weights)
+            z = self.shrink(x, meta, weights, self.workspace_for(meta, weights, workspace,
+                                                                 x.device))
+            _op(silu_ops.launch_expand_silu, torch.ops.adapterplane.lora_expand_silu)(
+                gate_up, out, z, *_expand_operands(meta, weights), weights.addr_align
+            )
+            return out
+        if e is None:
+            check_call(x, gate_up, meta, weights)
+            z = self._bottleneck(x, meta, weights, workspace)
+            e = MemoEntry(x.shape, gate_up.shape, x.dtype, z,
+                          ops.prepare_shrink(x, weights.ranks, z, weights.addr_align),
+                          silu_ops.prepare_expand_silu(gate_up, out, z, weights.ranks,
+                                                       weights.addr_align))
+            self.memo.put(key, e)
+        plan, grid, ints = e.shrink
+        plan(grid, x, weights.storage, weights.a_rows, weights.ranks, e.z, meta.sorted_rows,
+             meta.slot_counts, meta.slot_starts, *ints)
+        plan, grid, ints = e.expand
+        plan(grid, gate_up, out, e.z, *_expand_operands(meta, weights), *ints)
         return out
+
+    @staticmethod
+    def _bottleneck(x: torch.Tensor, meta: LoraBatchMeta, weights: LoraModuleWeights,
+                    workspace: LoraWorkspace) -> torch.Tensor:
+        if weights.num_slices > ops.MAX_SLICES:
+            raise LoraShapeError(f"at most {ops.MAX_SLICES} slices per module")
+        cfg = shrink_config(meta.num_rows, weights.max_rank, weights.in_features)
+        return workspace.bottleneck(cfg.split_k, meta.num_rows, weights.num_slices,
+                                    weights.max_rank)
 
     def shrink(
         self,
@@ -154,10 +214,7 @@ class TritonLoraBackend(LoraBackend):
         workspace: LoraWorkspace,
     ) -> torch.Tensor:
         check_call(x, None, meta, weights)
-        if weights.num_slices > ops.MAX_SLICES:
-            raise LoraShapeError(f"at most {ops.MAX_SLICES} slices per module")
-        cfg = shrink_config(meta.num_rows, weights.max_rank, weights.in_features)
-        z = workspace.bottleneck(cfg.split_k, meta.num_rows, weights.num_slices, weights.max_rank)
+        z = self._bottleneck(x, meta, weights, workspace)
         _op(ops.launch_shrink, torch.ops.adapterplane.lora_shrink)(
             x,
             weights.storage,

@@ -110,7 +110,11 @@ _TUNED_EXPAND = {
 # tiles and 8 column tiles per program (no `y` prefetch) vs 28.3-28.6 for the 64-row
 # entry and 27.1-27.2 with the prefetch; r = 64 keeps `_TUNED_EXPAND` (34.4-34.7 µs,
 # every other candidate slower: 35.3-55.6).
+# T class 1024 at r = 16 (`--tune-sweeps mixed`, the mixed T=704 n=53 cases, H200
+# 2026-11-30): 16-row tiles, 4 column tiles per program, 38.4 µs add_lora geomean
+# against 46.7 for the default.
 EXPAND_BY_RANK: dict[tuple[int, int], ExpandConfig] = {
+    (1024, 16): ExpandConfig(16, 128, 64, 4, 3, 4),
     (4096, 16): ExpandConfig(32, 128, 64, 4, 3, 8),
 }
 # Prefill shrink per rank group, overriding `_TUNED_SHRINK` (same keys as
@@ -120,7 +124,10 @@ EXPAND_BY_RANK: dict[tuple[int, int], ExpandConfig] = {
 # (2026-11-29): r = 64 wins with the committed tile plus the evict-first hint on x
 # (54.07 µs add_lora geomean; r = 64 n = 4 shrink 17.9 µs vs 18.5); r = 16 keeps
 # `_TUNED_SHRINK` (39.0 µs geomean).
+# T class 1024 at r = 16 (same mixed sweep, with the expand above): 64-row tiles, up
+# to 8 K splits, 34.8 µs add_lora geomean against 38.4.
 SHRINK_BY_RANK: dict[tuple[int, int], ShrinkConfig] = {
+    (1024, 16): ShrinkConfig(64, 64, 128, 8, 4, 3, 2),
     (4096, 64): ShrinkConfig(32, 64, 128, 8, 4, 3, 2, True),
 }
 # Candidates of that sweep, (block_m, block_r, block_k, split_k, warps, stages,

@@ -17,6 +17,7 @@ import torch
 from dataplane.intmath import cdiv, next_pow2
 from dataplane.kernels.errors import LoraShapeError
 from dataplane.kernels.triton.configs import (
+    ExpandConfig,
     ShrinkConfig,
     expand_config,
     fit_shrink_smem,
@@ -25,6 +26,7 @@ from dataplane.kernels.triton.configs import (
 )
 from dataplane.kernels.triton.expand_kernel import lora_expand_kernel
 from dataplane.kernels.triton.lora_kernels import lora_shrink_kernel
+from dataplane.triton_launch import LaunchPlan
 
 MAX_SLICES = 4
 
@@ -69,6 +71,35 @@ def max_tiles(num_rows: int, num_slots: int, block_m: int) -> int:
     return cdiv(num_rows, block_m) + min(num_slots, num_rows)
 
 
+@functools.lru_cache(maxsize=512)
+def _shrink_plan(cfg: ShrinkConfig, s: int, k: int, ns: int, r_max: int, stride: int,
+                 dtype: torch.dtype, elem: int, align: int, device: torch.device) -> LaunchPlan:
+    """The launch of ``cfg`` for these specialized arguments (T is not specialized)."""
+    target = shrink_target(cfg, device)
+    fit = fit_shrink_smem(cfg, elem)
+    return LaunchPlan(lora_shrink_kernel, dict(
+        BLOCK_M=fit.block_m, BLOCK_R=fit.block_r, BLOCK_K=fit.block_k,
+        SPLIT_MAX=cfg.split_k, TARGET=target,
+        S_PAD=_s_pad(s), ALIGN=align, UPCAST=_interpreting(), PREC=_precision(dtype),
+        EVICT_X=fit.evict_x, num_warps=fit.num_warps, num_stages=fit.num_stages,
+    ))  # fmt: skip
+
+
+def prepare_shrink(x: torch.Tensor, ranks: torch.Tensor, z: torch.Tensor,
+                   align: int) -> tuple[LaunchPlan, tuple[int, ...], tuple[int, ...]]:
+    """(plan, grid, integer arguments) of a shrink of ``x`` into ``z``."""
+    split, t, ns, r_max = z.shape
+    s = ranks.shape[1]
+    k = x.shape[1]
+    cfg = shrink_config(t, r_max, k)
+    if cfg.split_k != split:
+        raise LoraShapeError(f"z has {split} splits, the config table wants {cfg.split_k}")
+    stride = x.stride(0)
+    plan = _shrink_plan(cfg, s, k, ns, r_max, stride, x.dtype, x.element_size(), align,
+                        x.device)
+    return plan, (max_tiles(t, s, cfg.block_m), split, ns), (s, k, t, ns, r_max, stride)
+
+
 def launch_shrink(
     x: torch.Tensor,
     storage: torch.Tensor,
@@ -84,23 +115,39 @@ def launch_shrink(
 
     ``align``: every row address (and slice width) is a multiple of it.
     """
+    plan, grid, ints = prepare_shrink(x, ranks, z, align)
+    plan(grid, x, storage, a_rows, ranks, z, sorted_rows, slot_counts, slot_starts, *ints)
+
+
+@functools.lru_cache(maxsize=512)
+def _expand_plan(cfg: ExpandConfig, shrink_cfg: ShrinkConfig, split: int, s: int, ns: int,
+                 r_max: int, stride: int, widths: tuple[int, ...], dtype: torch.dtype,
+                 align: int, device: torch.device) -> LaunchPlan:
+    return LaunchPlan(lora_expand_kernel, dict(
+        W0=widths[0], W1=widths[1], W2=widths[2], W3=widths[3],
+        SPLIT_MAX=split, TARGET=shrink_target(shrink_cfg, device),
+        SHRINK_BM=shrink_cfg.block_m,
+        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, N_ITERS=cfg.n_iters,
+        BLOCK_R=cfg.block_r,
+        S_PAD=_s_pad(s), ALIGN=align, UPCAST=_interpreting(), PREC=_precision(dtype),
+        Y_PREFETCH=cfg.y_prefetch, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+    ))  # fmt: skip
+
+
+def prepare_expand(y: torch.Tensor, z: torch.Tensor, ranks: torch.Tensor,
+                   out_features: list[int] | tuple[int, ...],
+                   align: int) -> tuple[LaunchPlan, tuple[int, ...], tuple[int, ...]]:
+    """(plan, grid, integer arguments) of an expand of ``z`` into ``y``."""
     split, t, ns, r_max = z.shape
     s = ranks.shape[1]
-    k = x.shape[1]
-    cfg = shrink_config(t, r_max, k)
-    if cfg.split_k != split:
-        raise LoraShapeError(f"z has {split} splits, the config table wants {cfg.split_k}")
-    target = shrink_target(cfg, x.device)
-    cfg = fit_shrink_smem(cfg, x.element_size())
-    grid = (max_tiles(t, s, cfg.block_m), split, ns)
-    lora_shrink_kernel[grid](
-        x, storage, a_rows, ranks, z, sorted_rows, slot_counts, slot_starts,
-        s, k, t, ns, r_max, x.stride(0),
-        BLOCK_M=cfg.block_m, BLOCK_R=cfg.block_r, BLOCK_K=cfg.block_k,
-        SPLIT_MAX=split, TARGET=target,
-        S_PAD=_s_pad(s), ALIGN=align, UPCAST=_interpreting(), PREC=_precision(x.dtype),
-        EVICT_X=cfg.evict_x, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-    )  # fmt: skip
+    cfg = expand_config(t, r_max)
+    shrink_cfg = shrink_entry(t, r_max)  # block_m and per_sm do not depend on K
+    widths = (*out_features, 0, 0, 0)[:MAX_SLICES]
+    stride = y.stride(0)
+    plan = _expand_plan(cfg, shrink_cfg, split, s, ns, r_max, stride, widths, y.dtype, align,
+                        y.device)
+    n_tiles = sum(cdiv(w, cfg.block_n * cfg.n_iters) for w in out_features)
+    return plan, (max_tiles(t, s, cfg.block_m), n_tiles), (s, t, ns, r_max, stride)
 
 
 def launch_expand(
@@ -117,23 +164,9 @@ def launch_expand(
     align: int,
 ) -> None:
     """``y[:, slice k] += scale * sum_split(z) @ Bt`` for every slice, in place."""
-    split, t, ns, r_max = z.shape
-    s = ranks.shape[1]
-    cfg = expand_config(t, r_max)
-    shrink_cfg = shrink_entry(t, r_max)  # block_m and per_sm do not depend on K
-    widths = [*out_features, 0, 0, 0][:MAX_SLICES]
-    n_tiles = sum(cdiv(w, cfg.block_n * cfg.n_iters) for w in out_features)
-    grid = (max_tiles(t, s, cfg.block_m), n_tiles)
-    lora_expand_kernel[grid](
-        y, z, storage, b_rows, ranks, scales, sorted_rows, slot_counts, slot_starts,
-        s, t, ns, r_max, y.stride(0), widths[0], widths[1], widths[2], widths[3],
-        SPLIT_MAX=split, TARGET=shrink_target(shrink_cfg, y.device),
-        SHRINK_BM=shrink_cfg.block_m,
-        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, N_ITERS=cfg.n_iters,
-        BLOCK_R=cfg.block_r,
-        S_PAD=_s_pad(s), ALIGN=align, UPCAST=_interpreting(), PREC=_precision(y.dtype),
-        Y_PREFETCH=cfg.y_prefetch, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-    )  # fmt: skip
+    plan, grid, ints = prepare_expand(y, z, ranks, out_features, align)
+    plan(grid, y, z, storage, b_rows, ranks, scales, sorted_rows, slot_counts, slot_starts,
+         *ints)
 
 
 @torch.library.custom_op("adapterplane::lora_shrink", mutates_args=("z",))

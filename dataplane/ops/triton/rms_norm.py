@@ -7,12 +7,15 @@ the normalised row is rounded to the activation dtype before the weight multiply
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import triton
 import triton.language as tl
 
 from dataplane.intmath import next_pow2
 from dataplane.ops.errors import OpsError
+from dataplane.triton_launch import LaunchPlan
 
 MAX_BLOCK = 65536
 
@@ -54,15 +57,21 @@ def _check(x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor | None)
     return block
 
 
+@functools.lru_cache(maxsize=256)
+def _plan(block: int, add_residual: bool, ints: tuple[int, ...]) -> LaunchPlan:
+    """One plan per value of the specialized integer arguments (strides, width)."""
+    return LaunchPlan(_rms_norm_kernel, dict(BLOCK=block, ADD_RESIDUAL=add_residual,
+                                             num_warps=min(16, max(1, block // 256))))
+
+
 def _launch(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor,
             out: torch.Tensor, eps: float, block: int) -> None:
     if x.shape[0] == 0:
         return
     res = residual if residual is not None else x
-    _rms_norm_kernel[(x.shape[0],)](
-        x, res, weight, out, x.stride(0), res.stride(0), out.stride(0), x.shape[1], eps,
-        BLOCK=block, ADD_RESIDUAL=residual is not None,
-        num_warps=min(16, max(1, block // 256)))
+    ints = (x.stride(0), res.stride(0), out.stride(0), x.shape[1])
+    _plan(block, residual is not None, ints)(
+        (x.shape[0],), x, res, weight, out, *ints, float(eps))
 
 
 def rms_norm_triton(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:

@@ -9,6 +9,8 @@ One program per (row, head) of q and k: grid (T, Hq + Hkv); fp32 math, one round
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import triton
 import triton.language as tl
@@ -16,6 +18,7 @@ import triton.language as tl
 from dataplane.attention.kv_cache import kv_strides
 from dataplane.intmath import next_pow2
 from dataplane.ops.errors import OpsError
+from dataplane.triton_launch import LaunchPlan
 
 
 @triton.jit
@@ -95,10 +98,17 @@ def rope_and_cache_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     bs = k_cache.shape[1] if blocked else 1
     kb, ks, kh = kv_strides(k_cache, bs)
     vb, vs, vh = kv_strides(v_cache, bs)
-    _rope_kv_kernel[(t, heads + k.shape[1])](
-        q, k, v, cos, sin, k_cache, v_cache, slot_mapping,
-        q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
-        cos.stride(0), sin.stride(0), ks, kh, vs, vh, kb, vb,
-        NUM_Q_HEADS=heads, HALF=half, HALF_PAD=next_pow2(half),
-        BLOCKED=blocked, BLOCK_SIZE=bs, num_warps=1)
+    ints = (q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
+            cos.stride(0), sin.stride(0), ks, kh, vs, vh, kb, vb)
+    _plan(heads, half, blocked, bs, ints)(
+        (t, heads + k.shape[1]), q, k, v, cos, sin, k_cache, v_cache, slot_mapping, *ints)
     return q, k
+
+
+@functools.lru_cache(maxsize=256)
+def _plan(heads: int, half: int, blocked: bool, block_size: int,
+          ints: tuple[int, ...]) -> LaunchPlan:
+    """One plan per value of the specialized integer arguments (the strides)."""
+    return LaunchPlan(_rope_kv_kernel, dict(
+        NUM_Q_HEADS=heads, HALF=half, HALF_PAD=next_pow2(half), BLOCKED=blocked,
+        BLOCK_SIZE=block_size, num_warps=1))
