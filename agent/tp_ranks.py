@@ -99,7 +99,8 @@ class TPRanks:
         try:
             # Leave the group before joining: a follower's exit tears its NCCL
             # communicator down, which can wait for this rank's teardown (rank 0 joining
-            # first hung the eager TP=2 GPU test until the join timed out).
+            # first hung the eager TP=2 GPU test until the join timed out). The stop
+            # message itself is acknowledged by a barrier in `ControlChannel.close`.
             destroy_tp_group(self.engine.group)
             if self._context is not None and not self._context.join(timeout=timeout_s):
                 for proc in self._context.processes:

@@ -90,7 +90,7 @@ for s in "$@"; do
     overlap) section overlap 120 python3 bench/lora_overlap.py --out "$OUT/overlap" ;;  # LoRA under the GEMM?
     tp) section tp 350 python3 bench/tp.py --shape 8b --device cuda --tp 1 2 \
           --adapters 0 16 128 --attention triton --graphs graphs --out "$OUT/tp" ;;  # 2 GPUs
-    tptests) section tptests 300 python3 -m pytest -q -p no:cacheprovider --noconftest \
+    tptests) section tptests 540 python3 -m pytest -q -s -p no:cacheprovider --noconftest \
                tests/parallel/test_tp_graphs_gpu.py tests/agent/test_tp_ranks_gpu.py ;;  # 2 GPUs
     *) echo "unknown section $s" >&2; exit 2 ;;
   esac

@@ -70,6 +70,11 @@ class ControlChannel:
         return pickle.loads(payload.numpy().tobytes())  # same-host TP ranks of one agent
 
     def close(self) -> None:
+        """Collective (every rank calls it after the stop message): a barrier first, so
+        that no rank tears the gloo group down while the stop broadcast is still in
+        flight to another (a follower would then wait for it forever, and the leader in
+        the NCCL teardown that needs the follower)."""
         if self.pg is not None and dist.is_initialized():
+            dist.barrier(group=self.pg)
             dist.destroy_process_group(self.pg)
             self.pg = None

@@ -3,6 +3,7 @@ tokens, and decode steps are replayed. Skipped without two CUDA devices."""
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pytest
@@ -22,13 +23,21 @@ GPU_SIZES = {**SIZES, "attention_backend": "triton"}
 def tp2_tokens(base: Path, adapters: dict[str, Path], graphs: bool
                ) -> tuple[list[tuple[int, ...]], int]:
     sizes = {**GPU_SIZES, "enable_cuda_graphs": graphs}
+    start = time.perf_counter()
+
+    def stage(name: str) -> None:  # shown with -s: where a slow or stuck run spent its time
+        print(f"tp2 graphs={graphs}: {name} at {time.perf_counter() - start:.1f} s", flush=True)
+
     ranks = launch_tp_ranks(TPLaunchSpec(str(base), 2, device="cuda", dtype="float32",
                                          engine_sizes=sizes, timeout_s=300.0))
+    stage("ranks up")
     try:
         tokens = greedy(ranks.engine, adapters)
         replays = getattr(ranks.engine.runner.graphs, "replays", 0)
+        stage("generated")
     finally:
         ranks.shutdown(timeout_s=120.0)
+        stage("shut down")
     return tokens, replays
 
 
