@@ -86,3 +86,20 @@ class LaunchPlan:
         kernel.run(g0, g1, g2, stream, kernel.function, kernel.packed_metadata,
                    kernel.launch_metadata(grid, stream, *values),
                    runtime.launch_enter_hook, runtime.launch_exit_hook, *values)
+
+
+_PLANS: dict[tuple[Any, ...], LaunchPlan] = {}
+_MAX_PLANS = 4096
+
+
+def cached_plan(fn: Any, key: tuple[Any, ...], constexprs: dict[str, Any]) -> LaunchPlan:
+    """The `LaunchPlan` of ``fn`` for ``key``, made once. ``key`` must hold every value the
+    plan depends on: each specialized integer argument and each entry of ``constexprs``
+    (launchers build it from the same values they pass)."""
+    full = (fn, key)
+    plan = _PLANS.get(full)
+    if plan is None:
+        if len(_PLANS) >= _MAX_PLANS:
+            _PLANS.clear()
+        plan = _PLANS[full] = LaunchPlan(fn, constexprs)
+    return plan

@@ -30,6 +30,7 @@ import triton.language as tl
 
 from dataplane.attention.kv_cache import KVCacheLayoutError, is_blocked, kv_strides
 from dataplane.intmath import next_pow2
+from dataplane.triton_launch import cached_plan
 
 
 @triton.jit
@@ -126,10 +127,9 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
         raise ValueError("paged_decode_attention: out must match q's shape and dtype")
     if rows == 0:
         return out
-    _paged_decode_kernel[(rows, kv_heads)](
-        q, k_cache, v_cache, block_tables, context_lens, positions, out,
-        q.stride(0), q.stride(1), ks, kh, vs, vh, block_tables.stride(0),
-        out.stride(0), out.stride(1), scale, window or 0, kb, vb,
+    ints = (q.stride(0), q.stride(1), ks, kh, vs, vh, block_tables.stride(0),
+            out.stride(0), out.stride(1))
+    consts = dict(
         GROUP=group, G_PAD=max(16, next_pow2(group)), HEAD_DIM=head_dim,
         D_PAD=max(16, next_pow2(head_dim)), BLOCK_SIZE=block_size,
         BLOCK_N=32, USE_WINDOW=window is not None,
@@ -137,4 +137,8 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
         UPCAST=interpreting and q.dtype == torch.bfloat16,
         BLOCKED=is_blocked(k_cache),
     )
+    tail = (window or 0, kb, vb)
+    plan = cached_plan(_paged_decode_kernel, (*ints, *tail, *consts.values()), consts)
+    plan((rows, kv_heads), q, k_cache, v_cache, block_tables, context_lens, positions, out,
+         *ints, float(scale), *tail)
     return out

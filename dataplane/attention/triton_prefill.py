@@ -38,6 +38,7 @@ import triton.language as tl
 from dataplane.attention.kv_cache import KVCacheLayoutError, is_blocked, kv_strides
 from dataplane.attention.metadata import PrefillBatch
 from dataplane.intmath import next_pow2
+from dataplane.triton_launch import cached_plan
 
 LOG2E = 1.4426950408889634
 
@@ -183,11 +184,9 @@ def varlen_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: to
         num_warps = 8 if batch.block_m >= 128 else 4
     if num_stages is None:
         num_stages = 2 if d_pad > 64 else 3
-    _varlen_prefill_kernel[(heads, batch.num_tiles)](
-        q, k_cache, v_cache, out, batch.indptr, batch.context_lens, batch.block_tables,
-        batch.tile_request, batch.tile_row,
-        q.stride(0), q.stride(1), ks, kh, vs, vh, out.stride(0), out.stride(1),
-        batch.block_tables.stride(0), scale * LOG2E, window or 0, kb, vb,
+    ints = (q.stride(0), q.stride(1), ks, kh, vs, vh, out.stride(0), out.stride(1),
+            batch.block_tables.stride(0))
+    consts = dict(
         GROUP=heads // kv_heads, HEAD_DIM=head_dim, D_PAD=d_pad, EVEN_D=d_pad == head_dim,
         BLOCK_M=batch.block_m, BLOCK_N=block_n, BLOCK_SIZE=block_size,
         USE_WINDOW=window is not None,
@@ -196,4 +195,9 @@ def varlen_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: to
         UPCAST=interpreting and q.dtype == torch.bfloat16, BLOCKED=is_blocked(k_cache),
         num_warps=num_warps, num_stages=num_stages,
     )
+    tail = (window or 0, kb, vb)
+    plan = cached_plan(_varlen_prefill_kernel, (*ints, *tail, *consts.values()), consts)
+    plan((heads, batch.num_tiles),
+         q, k_cache, v_cache, out, batch.indptr, batch.context_lens, batch.block_tables,
+         batch.tile_request, batch.tile_row, *ints, float(scale * LOG2E), *tail)
     return out

@@ -10,6 +10,7 @@ import triton.language as tl
 
 from dataplane.intmath import cdiv, next_pow2
 from dataplane.ops.errors import OpsError
+from dataplane.triton_launch import cached_plan
 
 BLOCK = 1024
 
@@ -33,7 +34,7 @@ def silu_and_mul_triton(gate_up: torch.Tensor) -> torch.Tensor:
     out = torch.empty(rows, inter, dtype=gate_up.dtype, device=gate_up.device)
     if rows and inter:
         block = min(BLOCK, next_pow2(inter))
-        _silu_mul_kernel[(rows, cdiv(inter, block))](
-            gate_up, out, gate_up.stride(0), out.stride(0), inter, BLOCK=block,
-            num_warps=4)
+        ints = (gate_up.stride(0), out.stride(0), inter)
+        cached_plan(_silu_mul_kernel, (*ints, block), dict(BLOCK=block, num_warps=4))(
+            (rows, cdiv(inter, block)), gate_up, out, *ints)
     return out
