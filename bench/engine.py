@@ -369,6 +369,7 @@ def cuda_main(args: argparse.Namespace) -> list[dict]:
             max_slots=n,
             max_rank=16,
             max_model_len=max_len,
+            enable_piecewise_graphs=args.piecewise,
         )
         engine = Engine(model, engine_cfg, digest)
         handles = [
@@ -617,8 +618,9 @@ def split_eager(engine: Engine, trace: list[Request], handles: list, path: Path,
     spin, so the host queues the whole step while the device waits, and the events around
     the call time its kernels back to back. A step is host-bound when its host time exceeds
     its device time. Also the rest of each `engine.step()` outside `execute` (scheduling,
-    plan, sampling, outputs: host work plus the sampled tokens' copy). Eager steps (a model
-    forward ran) are summed per row class, graph replays apart."""
+    plan, sampling, outputs: host work plus the sampled tokens' copy). Steps with prefill
+    rows or an eager forward ("eager": mixed steps, also when replayed as piecewise graphs)
+    are summed per row class, decode graph replays apart."""
     runner = engine.runner
     forward, execute, step = runner.model.forward, runner.execute, engine.step
     profiles: dict[str, list[cProfile.Profile]] = {"eager": [], "stalled": []}
@@ -648,7 +650,8 @@ def split_eager(engine: Engine, trace: list[Request], handles: list, path: Path,
         host = time.perf_counter() - t0
         end.record()
         end.synchronize()
-        rows.append([eager[0], plan.num_rows, host, begin.elapsed_time(end) / 1e3,
+        rows.append([eager[0] or plan.doff > 0, plan.num_rows, host,
+                     begin.elapsed_time(end) / 1e3,
                      -(time.perf_counter() - t0)])
         return out
 
@@ -766,6 +769,8 @@ def main() -> None:
                    help="cuda mode: host enqueue vs device time of each step (split_eager)")
     p.add_argument("--host-profile", action="store_true",
                    help="with --split-eager: cProfile of eager steps and of stalled steps")
+    p.add_argument("--piecewise", action="store_true",
+                   help="cuda mode: mixed steps as piecewise CUDA graphs (both engines)")
     p.add_argument("--no-graphs", action="store_true", help="disable CUDA graphs")
     p.add_argument("--scheduling", nargs="+", choices=("auto", "sync", "async"),
                    default=["auto"], help="decode-step mode: engine loop(s) to measure "

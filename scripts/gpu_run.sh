@@ -69,6 +69,11 @@ for s in "$@"; do
                 --output-max 128 --max-num-seqs 128 --max-batched-tokens 4096 \
                 --kv-blocks 8192 --skip-hf --split-eager --host-profile \
                 --out "$OUT/hostprof" ;;  # split128 + cProfile of the eager steps, gc passes
+    pw128) section pw128 400 python3 bench/engine.py --mode cuda --adapters 128 \
+             --requests 256 --rate inf --prompt-min 64 --prompt-max 512 --output-min 64 \
+             --output-max 128 --max-num-seqs 128 --max-batched-tokens 4096 \
+             --kv-blocks 8192 --skip-hf --piecewise --split-eager \
+             --out "$OUT/pw128" ;;  # split128 with piecewise graphs for mixed steps
     traceN) section traceN 300 python3 bench/engine.py --mode cuda --adapters 1 1000 \
               --requests 256 --rate inf --prompt-min 64 --prompt-max 512 --output-min 64 \
               --output-max 128 --max-num-seqs 128 --max-batched-tokens 4096 \
@@ -86,7 +91,8 @@ for s in "$@"; do
     silu) section silu 200 python3 bench/lora_silu.py --sweep --out "$OUT/silu" ;;  # the folded gate/up expand, tuned
     etests) section etests 200 python3 -m pytest -q -p no:cacheprovider -m "gpu or not gpu" \
               --import-mode=append tests/engine/test_gpu.py tests/kernels/test_expand_silu.py \
-              tests/kernels/test_fast_launch_gpu.py tests/kernels/test_step_memo.py ;;
+              tests/kernels/test_fast_launch_gpu.py tests/kernels/test_step_memo.py \
+              tests/engine/test_piecewise_gpu.py ;;
     overlap) section overlap 120 python3 bench/lora_overlap.py --out "$OUT/overlap" ;;  # LoRA under the GEMM?
     tp) section tp 350 python3 bench/tp.py --shape 8b --device cuda --tp 1 2 \
           --adapters 0 16 128 --attention triton --graphs graphs --out "$OUT/tp" ;;  # 2 GPUs

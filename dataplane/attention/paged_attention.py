@@ -24,14 +24,19 @@ from dataplane.attention.metadata import AttentionMetadata
 
 def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: int,
                     cache: PagedKVCache, meta: AttentionMetadata, window: int | None,
-                    scale: float, write_kv: bool = True) -> torch.Tensor:
+                    scale: float, write_kv: bool = True,
+                    out: torch.Tensor | None = None) -> torch.Tensor:
     """q [T, Hq, D], k/v [T, Hkv, D] (RoPE applied) -> out [T, Hq, D] in q's dtype.
 
     `write_kv=False`: the caller already stored k/v at `meta.slot_mapping` (the fused
-    `dataplane.ops.rope_and_cache` does)."""
+    `dataplane.ops.rope_and_cache` does). `out`: a [T, Hq, D] buffer to write (a static
+    buffer of the piecewise graphs); None allocates one."""
     if write_kv:
         cache.write(layer, meta.slot_mapping, k, v)
-    out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    if out is None:
+        out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    elif out.shape != q.shape or out.dtype != q.dtype:
+        raise ValueError("paged_attention: out must match q's shape and dtype")
     k_all, v_all = cache.k[layer], cache.v[layer]
     if meta.prefill is not None:
         from dataplane.attention.triton_prefill import varlen_prefill_attention

@@ -156,6 +156,12 @@ class Engine(StepLoop):
                                      min(self.max_model_len, self.config.max_graph_context))
             graphs.capture_all()
             self.runner.graphs = graphs
+        if self.config.enable_piecewise_graphs and self.runner.piecewise is None:
+            from dataplane.engine.piecewise_graphs import PiecewiseGraphRunner
+
+            pieces = PiecewiseGraphRunner(self.runner, self.config.max_num_batched_tokens)
+            pieces.capture_all()
+            self.runner.piecewise = pieces
         if self.config.async_scheduling is None and self._async_allowed:
             self.async_scheduling = True
         return True

@@ -91,6 +91,7 @@ class ModelRunner:
         self.tables: dict[tuple[int, str], LoraFactorTable] = {}
         self.linears: dict[tuple[int, str], LoRALinear] = {}
         self.graphs: object | None = None  # CudaGraphRunner, set by the engine on CUDA
+        self.piecewise: object | None = None  # PiecewiseGraphRunner (mixed steps), likewise
         if ops_backend is not None:
             model.set_ops_backend(ops_backend)
         own = [(layer, attr, linear) for layer, attr, linear in model.lora_linears()
@@ -185,6 +186,10 @@ class ModelRunner:
                         self.graphs.replay_plan(plan, deferred))  # type: ignore[attr-defined]
             if replayed is not None:
                 return replayed
+        if self.piecewise is not None:
+            ran = self.piecewise.run(plan, deferred)  # type: ignore[attr-defined]
+            if ran is not None:
+                return ran
         device = self.device
         input_ids = to_device(plan.input_ids, torch.int64, device)
         if deferred is not None:

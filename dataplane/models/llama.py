@@ -65,6 +65,18 @@ class DecoderLayer(nn.Module):
         the layer is `h' + residual'`; the next layer's fused add-norm forms it. Buffers
         of `h` and `residual` may be reused in place: callers use the returned tensors.
         """
+        q, k, v, residual = self.pre_attention(h, residual, cos_sin, attn.slot_mapping, cache,
+                                               lora)
+        o = paged_attention(q, k, v, self.index, cache, attn, self.window, self.scale,
+                            write_kv=False)
+        return self.post_attention(o, residual, lora)
+
+    def pre_attention(self, h: torch.Tensor, residual: torch.Tensor | None,
+                      cos_sin: tuple[torch.Tensor, torch.Tensor], slot_mapping: torch.Tensor,
+                      cache: PagedKVCache, lora: LoraStepContext | None
+                      ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The layer up to attention: add-norm, q/k/v (+ LoRA), RoPE and this step's KV
+        write at `slot_mapping`. Returns (q, k, v, residual); q and k rotated."""
         t = h.shape[0]
         if residual is None:
             residual, x = h, self.input_layernorm(h)
@@ -77,11 +89,16 @@ class DecoderLayer(nn.Module):
         v = qkv[:, q_size + kv_size:].view(t, self.num_kv_heads, self.head_dim)
         cos, sin = cos_sin
         q, k = rope_and_cache(q, k, v, cos, sin, cache.k[self.index], cache.v[self.index],
-                              attn.slot_mapping, self.ops_backend)
-        o = paged_attention(q, k, v, self.index, cache, attn, self.window, self.scale,
-                            write_kv=False)
+                              slot_mapping, self.ops_backend)
+        return q, k, v, residual
+
+    def post_attention(self, o: torch.Tensor, residual: torch.Tensor,
+                       lora: LoraStepContext | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """The layer after attention (`o` [T, Hq, D]): o (+ LoRA), add-norm, gate/up
+        (+ LoRA) with SiLU·mul, down (+ LoRA). Returns (MLP output, residual)."""
+        t = o.shape[0]
         x, residual = self.post_attention_layernorm.forward_add(
-            self.o_proj(o.view(t, q_size), lora), residual)
+            self.o_proj(o.reshape(t, self.num_heads * self.head_dim), lora), residual)
         act = self.gate_up_proj.forward_silu_mul(x, lora, self.ops_backend)
         return self.down_proj(act, lora), residual
 
