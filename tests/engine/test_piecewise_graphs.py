@@ -28,11 +28,14 @@ def test_row_buckets() -> None:
         row_buckets(0, 10)
 
 
-def _run(model_dir: Path, adapters: dict[str, Path], *, pieces: bool,
-         async_on: bool) -> tuple[dict[str, list[int]], dict[str, list[float]], int]:
+def _run(model_dir: Path, adapters: dict[str, Path], *, pieces: bool, async_on: bool,
+         backend: str = "torch", max_tokens: int = 8, num_prompts: int = len(PROMPTS)
+         ) -> tuple[dict[str, list[int]], dict[str, list[float]], int]:
     config = EngineConfig(max_num_seqs=4, max_num_batched_tokens=16, num_kv_blocks=64,
                           block_size=4, max_slots=3, max_rank=8, sampler_seed=5,
-                          async_scheduling=async_on)
+                          async_scheduling=async_on, lora_backend=backend,
+                          attention_backend=backend,
+                          ops_backend="triton" if backend == "triton" else None)
     engine = Engine.from_model_dir(model_dir, dtype="float32", device="cpu",
                                    **config.__dict__)
     handles = {name: engine.register_adapter(path) for name, path in adapters.items()}
@@ -42,10 +45,11 @@ def _run(model_dir: Path, adapters: dict[str, Path], *, pieces: bool,
         engine.runner.piecewise = runner
     tokens: dict[str, list[int]] = {}
     logprobs: dict[str, list[float]] = {}
-    for i, (prompt, adapter) in enumerate(PROMPTS):
-        params = (SamplingParams(temperature=0, max_tokens=8, logprobs=1, ignore_eos=True)
+    for i, (prompt, adapter) in enumerate(PROMPTS[:num_prompts]):
+        params = (SamplingParams(temperature=0, max_tokens=max_tokens, logprobs=1,
+                                 ignore_eos=True)
                   if i % 2 == 0 else
-                  SamplingParams(temperature=0.9, top_p=0.9, seed=7 + i, max_tokens=8,
+                  SamplingParams(temperature=0.9, top_p=0.9, seed=7 + i, max_tokens=max_tokens,
                                  logprobs=1, ignore_eos=True))
         engine.add_request(f"r{i}", prompt, params, handles[adapter] if adapter else None)
     step = 0
@@ -66,6 +70,18 @@ def test_pieces_match_the_eager_engine(tiny_llama: Path, tiny_adapters: dict[str
     got_tokens, got_lp, runs = _run(tiny_llama, tiny_adapters, pieces=True, async_on=async_on)
     assert runs > 0
     assert got_tokens == want_tokens
+    for rid, want in want_lp.items():
+        torch.testing.assert_close(torch.tensor(got_lp[rid]), torch.tensor(want),
+                                   rtol=1e-4, atol=1e-4)
+
+
+def test_pieces_on_the_triton_paths(tiny_llama: Path, tiny_adapters: dict[str, Path]) -> None:
+    """The Triton LoRA backend (its per-step memo with every projection launched, as under
+    capture), fused ops and attention kernels, interpreted on CPU."""
+    kw = dict(async_on=False, backend="triton", max_tokens=3, num_prompts=3)
+    want_tokens, want_lp, _ = _run(tiny_llama, tiny_adapters, pieces=False, **kw)
+    got_tokens, got_lp, runs = _run(tiny_llama, tiny_adapters, pieces=True, **kw)
+    assert runs > 0 and got_tokens == want_tokens
     for rid, want in want_lp.items():
         torch.testing.assert_close(torch.tensor(got_lp[rid]), torch.tensor(want),
                                    rtol=1e-4, atol=1e-4)
