@@ -8,7 +8,9 @@
 # tests + the folded-SiLU kernel test; `silu`: the folded gate/up expand sweep; `overlap`:
 # LoRA on a side stream under the GEMM; `trace128` / `trace128p`: the trace with 128
 # adapters only, without / with the torch.profiler kernel tables; `kmixed`: sweep and
-# bench of the 257-1024-row class on mixed-step cases)
+# bench of the 257-1024-row class on mixed-step cases; `split128` / `hostprof`: trace128
+# with host-enqueue vs device time per step / plus cProfile; `pw128`: split128 with
+# piecewise graphs for mixed steps; `launch`: host µs per launch)
 # and on a 2-GPU host the tensor-parallel sections `tp tptests`.
 # (tests/ is a package, so tests/agent is `tests.agent` and never shadows the `agent`
 # package, with or without an editable install.)
@@ -74,6 +76,7 @@ for s in "$@"; do
              --output-max 128 --max-num-seqs 128 --max-batched-tokens 4096 \
              --kv-blocks 8192 --skip-hf --piecewise --split-eager \
              --out "$OUT/pw128" ;;  # split128 with piecewise graphs for mixed steps
+    launch) section launch 120 python3 bench/launch_overhead.py --out "$OUT/launch" ;;  # host µs per launch
     traceN) section traceN 300 python3 bench/engine.py --mode cuda --adapters 1 1000 \
               --requests 256 --rate inf --prompt-min 64 --prompt-max 512 --output-min 64 \
               --output-max 128 --max-num-seqs 128 --max-batched-tokens 4096 \
