@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import os
 import tempfile
+import threading
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -91,22 +93,27 @@ class TPRanks:
         return self.engine.group.size
 
     def shutdown(self, timeout_s: float = 60.0) -> None:
-        """Stop followers (they return from `serve()`), join them, leave the group."""
+        """Stop followers (they return from `serve()`), leave the group, join them."""
         if self._closed:
             return
         self._closed = True
-        self.engine.shutdown()
+        self.engine.shutdown()  # the stop message, acknowledged (ControlChannel.close)
         try:
-            # Leave the group before joining: a follower's exit tears its NCCL
-            # communicator down, which can wait for this rank's teardown (rank 0 joining
-            # first hung the eager TP=2 GPU test until the join timed out). The stop
-            # message itself is acknowledged by a barrier in `ControlChannel.close`.
-            destroy_tp_group(self.engine.group)
-            if self._context is not None and not self._context.join(timeout=timeout_s):
-                for proc in self._context.processes:
-                    if proc.is_alive():
-                        proc.terminate()
-                raise ProcessGroupError(f"TP followers did not stop within {timeout_s} s")
+            # Leave the group while the followers exit, not before or after: tearing an
+            # NCCL communicator down can wait for the peers' teardown (rank 0 joining the
+            # followers first hung the eager TP=2 GPU test until the join timed out).
+            left = threading.Thread(target=destroy_tp_group, args=(self.engine.group,),
+                                    name="tp-leave", daemon=True)
+            left.start()
+            deadline = time.monotonic() + timeout_s
+            joined = self._context is None or self._context.join(timeout=timeout_s)
+            left.join(timeout=max(0.0, deadline - time.monotonic()))
+            if not joined or left.is_alive():
+                if self._context is not None:
+                    for proc in self._context.processes:
+                        if proc.is_alive():
+                            proc.terminate()
+                raise ProcessGroupError(f"TP ranks did not stop within {timeout_s} s")
         finally:
             self._tmp.cleanup()
 
