@@ -26,6 +26,7 @@ import torch
 from dataplane.attention.metadata import AttentionMetadata, decode_batch, distinct_windows
 from dataplane.core import BatchPlan
 from dataplane.engine.deferred import DeferredTokens, patch_input_ids
+from dataplane.engine.staging import Staging
 from dataplane.h2d import to_device
 from dataplane.kernels import LoraMetaBuffers
 from dataplane.layers.lora_linear import LoraStepContext
@@ -71,8 +72,8 @@ class CudaGraphRunner:
         # pinned host mirror filled through numpy:
         #   [input_ids B | positions B | slot_mapping B | context_lens B | block_tables B x M]
         m = self.max_blocks
-        self._staged = _Staging(4 * b + b * m, torch.int64, dev)
-        self._staged_slots = _Staging(b, torch.int32, dev)
+        self._staged = Staging(4 * b + b * m, torch.int64, dev)
+        self._staged_slots = Staging(b, torch.int32, dev)
         flat = self._staged.device
         self.input_ids = flat[0:b]
         self.positions = flat[b:2 * b]
@@ -233,29 +234,3 @@ class CudaGraphRunner:
                 staged[i] = table
         self._staged.upload(len(self._staged.array))
         self._staged_slots.upload(batch)
-
-
-class _Staging:
-    """A device buffer and its host mirror (pinned on CUDA) with a numpy view for fast
-    fills. `upload(n)` copies the first n elements asynchronously and records an event;
-    `wait()` blocks until that copy has read the host buffer (normally long done: the
-    engine syncs on the sampled tokens every step), so refilling never races a copy."""
-
-    def __init__(self, numel: int, dtype: torch.dtype, device: torch.device) -> None:
-        cuda = device.type == "cuda"
-        self.host = torch.zeros(numel, dtype=dtype, pin_memory=cuda)
-        self.array = self.host.numpy()
-        self.device = torch.zeros(numel, dtype=dtype, device=device)
-        self._event: Any = torch.cuda.Event() if cuda else None
-        self._pending = False
-
-    def upload(self, n: int) -> None:
-        self.device[:n].copy_(self.host[:n], non_blocking=True)
-        if self._event is not None:
-            self._event.record()
-            self._pending = True
-
-    def wait(self) -> None:
-        if self._pending:
-            self._event.synchronize()
-            self._pending = False

@@ -34,8 +34,8 @@ import torch
 from dataplane.attention.metadata import build_attention_metadata
 from dataplane.attention.paged_attention import paged_attention
 from dataplane.core import BatchPlan
-from dataplane.engine.cuda_graphs import _Staging
 from dataplane.engine.deferred import DeferredTokens, patch_input_ids
+from dataplane.engine.staging import Staging
 from dataplane.h2d import to_device
 from dataplane.kernels import LoraMetaBuffers
 from dataplane.layers.lora_linear import LoraStepContext
@@ -76,8 +76,8 @@ class PiecewiseGraphRunner:
         self.device = runner.device
         self.buckets = buckets or row_buckets(min_rows, max_rows)
         b, dev, c = self.buckets[-1], self.device, runner.config
-        self._staged = _Staging(3 * b, torch.int64, dev)  # ids | positions | KV slots
-        self._staged_slots = _Staging(b, torch.int32, dev)
+        self._staged = Staging(3 * b, torch.int64, dev)  # ids | positions | KV slots
+        self._staged_slots = Staging(b, torch.int32, dev)
         flat = self._staged.device
         self.input_ids, self.positions, self.slot_mapping = flat[:b], flat[b:2 * b], flat[2 * b:]
         self.row_slot = self._staged_slots.device
