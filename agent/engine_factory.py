@@ -118,11 +118,12 @@ def build_engine(settings: AgentSettings, metrics: AgentMetrics,
                  max_num_seqs=settings.max_num_seqs,
                  max_num_batched_tokens=settings.max_num_batched_tokens)
     engine: MeteredEngine
-    if settings.tp_degree > 1:
+    if settings.tp_degree > 1:  # (the TP ranks' engines capture decode graphs only)
         engine = _build_tp_engine(settings, sizes)
     elif settings.residency_backend == "engine":
-        single = MeteredEngine.from_model_dir(settings.model_dir, dtype=settings.dtype,
-                                              device=settings.device, **sizes)
+        single = MeteredEngine.from_model_dir(
+            settings.model_dir, dtype=settings.dtype, device=settings.device,
+            enable_piecewise_graphs=settings.piecewise_graphs, **sizes)
         assert isinstance(single, MeteredEngine)
         engine = single
         engine.slots = EngineSlots(engine)
@@ -137,7 +138,8 @@ def build_engine(settings: AgentSettings, metrics: AgentMetrics,
                                     max_slots=settings.max_slots, max_rank=settings.max_rank,
                                     faults=faults or FaultInjector.from_env())
         # graphs are captured after the linears point at the pool's address tables
-        config = EngineConfig(**sizes, enable_cuda_graphs=False)  # type: ignore[arg-type]
+        config = EngineConfig(**sizes, enable_cuda_graphs=False,  # type: ignore[arg-type]
+                              enable_piecewise_graphs=settings.piecewise_graphs)
         engine = MeteredEngine(model, config, abi.h_base, abi, tokenizer,
                                kv_pages=slots.kv_view, kv_cache=slots.kv_cache)
         slots.attach(engine)

@@ -58,3 +58,18 @@ def test_slots_serve_the_adapter_they_hold(backend: str, agent_assets: AgentAsse
         with pytest.raises(StaleGeneration):  # b's handle never validates again (ABA)
             slots.pool.begin_launch([stale])
         slots.pool.check()
+
+
+@pytest.mark.parametrize("backend", ["pool", "engine"])
+def test_piecewise_graphs_setting_reaches_the_engine(backend: str, agent_assets: AgentAssets,
+                                                     tmp_path: Path) -> None:
+    """`ADAPTERPLANE_AGENT_PIECEWISE_GRAPHS` turns the engine option on for both slot
+    backends (captured on CUDA only; on CPU the option is recorded and nothing is)."""
+    for on in (False, True):
+        settings = AgentSettings(model_dir=agent_assets.base, max_slots=3,
+                                 max_rank=AGENT_MAX_RANK, num_kv_blocks=64,
+                                 residency_backend=backend,  # type: ignore[arg-type]
+                                 cache_dir=tmp_path, piecewise_graphs=on)
+        engine = build_engine(settings, AgentMetrics())
+        assert engine.config.enable_piecewise_graphs is on
+        assert engine.runner.piecewise is None  # CPU: no capture
