@@ -18,7 +18,7 @@ DEVICE = "cuda" if torch.cuda.is_available() else "cpu"  # on CUDA: the fast lau
 pytestmark = pytest.mark.skipif(DEVICE == "cpu" and "triton" not in CPU_BACKENDS,
                                 reason="needs CUDA or TRITON_INTERPRET=1 (the CPU suite)")
 
-ROWS = 40  # with the fused decode launch off: the two-kernel path
+ROWS = 40  # a decode-sized step: the fused launch, or two kernels with it off
 
 
 def _case(seed: int, outs: tuple[int, ...]) -> LoraCase:
@@ -35,9 +35,11 @@ def _relative_error(got: torch.Tensor, want: torch.Tensor) -> float:
     return float((got.double() - want).norm() / want.norm())
 
 
+@pytest.mark.parametrize("fused", [False, True], ids=["two-kernel", "fused"])
 @pytest.mark.parametrize("outs", [(32, 16, 16), (16, 16)], ids=["qkv", "gate_up"])
-def test_layers_of_one_step_share_the_prepared_launches(outs: tuple[int, ...]) -> None:
-    backend = TritonLoraBackend(fused=False)
+def test_layers_of_one_step_share_the_prepared_launches(outs: tuple[int, ...],
+                                                        fused: bool) -> None:
+    backend = TritonLoraBackend(fused=fused)
     first, second = _case(1, outs), _case(2, outs)
     second.row_slot = first.row_slot  # one step: both "layers" see the same grouping
     buffers = LoraMetaBuffers(ROWS, first.table.num_slots, DEVICE)
@@ -49,6 +51,7 @@ def test_layers_of_one_step_share_the_prepared_launches(outs: tuple[int, ...]) -
         backend.add_lora(y, case.x, meta, case.table.weights, ws)
         assert _relative_error(y, case.reference()) < TOLERANCE[torch.float32]
     assert len(backend.memo.entries) == 1
+    assert next(iter(backend.memo.entries.values())).fused is fused
 
     bad = first.x[:-1]  # another row count under the same metadata: validated, refused
     with pytest.raises(LoraShapeError):

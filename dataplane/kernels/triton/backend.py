@@ -92,7 +92,7 @@ class TritonLoraBackend(LoraBackend):
         key = StepMemo.key("add", x, y, weights)
         e = self.memo.get(meta, workspace, key, x, y)
         if e is not None:  # a later layer of this step: prepared by the first
-            self._launch_two(e, y, x, meta, weights)
+            (self._launch_fused if e.fused else self._launch_two)(e, y, x, meta, weights)
             return
         cfg = fused_config(
             meta.num_rows, weights.max_rank, weights.in_features, tuple(weights.out_features)
@@ -101,12 +101,20 @@ class TritonLoraBackend(LoraBackend):
             self._two_kernel(key, y, x, meta, weights, workspace)
             return
         check_call(x, y, meta, weights)
+        memo = workspace is not None and not torch.compiler.is_compiling()
         workspace = self.workspace_for(meta, weights, workspace, x.device)
         if not fused_ops.fused_fits(
             meta.num_rows, meta.num_slots, weights.num_slices, weights.max_rank, cfg,
             workspace.buffer.numel(), workspace.COUNTERS, x.device,
         ):  # fmt: skip
             super().add_lora(y, x, meta, weights, workspace)
+            return
+        if memo:
+            e = MemoEntry(x.shape, y.shape, x.dtype, workspace.buffer, (fused_ops.prepare_fused(
+                x, y, weights.a_rows, workspace.buffer, workspace.counters,
+                weights.out_features, weights.addr_align),))
+            self.memo.put(key, e)
+            self._launch_fused(e, y, x, meta, weights)
             return
         _op(fused_ops.launch_fused, torch.ops.adapterplane.lora_fused)(
             y,
@@ -135,20 +143,28 @@ class TritonLoraBackend(LoraBackend):
         check_call(x, y, meta, weights)
         z = self._bottleneck(x, meta, weights, workspace)
         e = MemoEntry(x.shape, y.shape, x.dtype, z,
-                      ops.prepare_shrink(x, weights.ranks, z, weights.addr_align),
-                      ops.prepare_expand(y, z, weights.ranks, weights.out_features,
-                                         weights.addr_align))
+                      (ops.prepare_shrink(x, weights.ranks, z, weights.addr_align),
+                       ops.prepare_expand(y, z, weights.ranks, weights.out_features,
+                                          weights.addr_align)))
         self.memo.put(key, e)
         self._launch_two(e, y, x, meta, weights)
 
     @staticmethod
     def _launch_two(e: MemoEntry, y: torch.Tensor, x: torch.Tensor, meta: LoraBatchMeta,
                     weights: LoraModuleWeights) -> None:
-        plan, grid, ints = e.shrink
+        plan, grid, ints = e.launches[0]
         plan(grid, x, weights.storage, weights.a_rows, weights.ranks, e.z, meta.sorted_rows,
              meta.slot_counts, meta.slot_starts, *ints)
-        plan, grid, ints = e.expand
+        plan, grid, ints = e.launches[1]
         plan(grid, y, e.z, *_expand_operands(meta, weights), *ints)
+
+    def _launch_fused(self, e: MemoEntry, y: torch.Tensor, x: torch.Tensor,
+                      meta: LoraBatchMeta, weights: LoraModuleWeights) -> None:
+        plan, grid, ints = e.launches[0]
+        counters = self.memo.workspace.counters  # type: ignore[union-attr]
+        plan(grid, x, y, weights.storage, weights.a_rows, weights.b_rows, weights.ranks,
+             weights.scales, e.z, counters, meta.sorted_rows, meta.slot_counts,
+             meta.slot_starts, *ints)
 
     def add_lora_silu_mul(
         self,
@@ -186,14 +202,14 @@ class TritonLoraBackend(LoraBackend):
             check_call(x, gate_up, meta, weights)
             z = self._bottleneck(x, meta, weights, workspace)
             e = MemoEntry(x.shape, gate_up.shape, x.dtype, z,
-                          ops.prepare_shrink(x, weights.ranks, z, weights.addr_align),
-                          silu_ops.prepare_expand_silu(gate_up, out, z, weights.ranks,
-                                                       weights.addr_align))
+                          (ops.prepare_shrink(x, weights.ranks, z, weights.addr_align),
+                           silu_ops.prepare_expand_silu(gate_up, out, z, weights.ranks,
+                                                        weights.addr_align)))
             self.memo.put(key, e)
-        plan, grid, ints = e.shrink
+        plan, grid, ints = e.launches[0]
         plan(grid, x, weights.storage, weights.a_rows, weights.ranks, e.z, meta.sorted_rows,
              meta.slot_counts, meta.slot_starts, *ints)
-        plan, grid, ints = e.expand
+        plan, grid, ints = e.launches[1]
         plan(grid, gate_up, out, e.z, *_expand_operands(meta, weights), *ints)
         return out
 

@@ -8,6 +8,8 @@ launch is captured in a CUDA graph like the two-kernel path.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from dataplane.kernels.errors import LoraShapeError
@@ -21,6 +23,7 @@ from dataplane.kernels.triton.ops import (
     _sm_count,
     max_tiles,
 )
+from dataplane.triton_launch import LaunchPlan
 
 # Most programs a fused launch may use (sizes the scratch it needs).
 FUSED_MAX_PROGRAMS = 2048
@@ -108,36 +111,50 @@ def launch_fused(
     align: int,
 ) -> None:
     """``y[:, slice k] += scale * (x @ A^T) @ Bt`` for every slice, one launch."""
+    plan, grid, ints = prepare_fused(x, y, a_rows, scratch, counters, out_features, align)
+    plan(grid, x, y, storage, a_rows, b_rows, ranks, scales, scratch, counters, sorted_rows,
+         slot_counts, slot_starts, *ints)
+
+
+def prepare_fused(x: torch.Tensor, y: torch.Tensor, a_rows: torch.Tensor,
+                  scratch: torch.Tensor, counters: torch.Tensor,
+                  out_features: list[int] | tuple[int, ...],
+                  align: int) -> tuple[LaunchPlan, tuple[int, ...], tuple[int, ...]]:
+    """(plan, grid, integer arguments) of a fused launch (checks scratch and counters)."""
     t, k = x.shape
     ns, s, r_max = a_rows.shape
-    max_rank = r_max
-    cfg = fused_config(t, max_rank, k, tuple(out_features))
+    cfg = fused_config(t, r_max, k, tuple(out_features))
     if cfg is None:
-        raise LoraShapeError(f"no fused config for T={t}, rank {max_rank}")
-    block_r = fused_block_r(max_rank)
-    block_n = fused_block_n(block_r, cfg.n_elems)
+        raise LoraShapeError(f"no fused config for T={t}, rank {r_max}")
     tiles = max_tiles(t, s, cfg.block_m)
     programs = fused_programs(tiles, ns, cfg, x.device)
-    if scratch.numel() < fused_scratch_numel(programs, max_rank, cfg.block_m):
+    if scratch.numel() < fused_scratch_numel(programs, r_max, cfg.block_m):
         raise LoraShapeError("fused scratch too small")
     if tiles * ns > counters.numel() // 2:
         raise LoraShapeError("too few fused counters")
-    split = 1 if _interpreting() else cfg.split_k  # the interpreter runs programs serially
-    widths = [*out_features, 0, 0, 0][:MAX_SLICES]
-    grid = (programs,)
-    lora_fused_kernel[grid](
-        x, y, storage, a_rows, b_rows, ranks, scales, scratch, counters,
-        sorted_rows, slot_counts, slot_starts,
-        s, k, ns, r_max, x.stride(0), y.stride(0), counters.numel() // 2,
-        fused_target(x.device, cfg),
-        widths[0], widths[1], widths[2], widths[3],
-        BLOCK_M=cfg.block_m, BLOCK_R=block_r, BLOCK_N=block_n,
-        BLOCK_K=fused_block_k(cfg, block_r, x.element_size()),
-        SPLIT_MAX=split, MIN_SPLIT=fused_min_split(cfg), S_PAD=_s_pad(s),
-        ALIGN=align,
-        UPCAST=_interpreting(), PREC=_precision(x.dtype), PIPE=cfg.pipe,
+    widths = (*out_features, 0, 0, 0)[:MAX_SLICES]
+    ints = (s, k, ns, r_max, x.stride(0), y.stride(0), counters.numel() // 2,
+            fused_target(x.device, cfg))
+    plan = _plan(cfg, widths, ints[:-1], x.dtype, x.element_size(), align, x.device)
+    return plan, (programs,), ints
+
+
+@functools.lru_cache(maxsize=256)
+def _plan(cfg: FusedConfig, widths: tuple[int, ...], ints: tuple[int, ...], dtype: torch.dtype,
+          elem: int, align: int, device: torch.device) -> LaunchPlan:
+    """One plan per config, slice widths and specialized integers (TARGET is not)."""
+    r_max = ints[3]
+    block_r = fused_block_r(r_max)
+    return LaunchPlan(lora_fused_kernel, dict(
+        W0=widths[0], W1=widths[1], W2=widths[2], W3=widths[3],
+        BLOCK_M=cfg.block_m, BLOCK_R=block_r, BLOCK_N=fused_block_n(block_r, cfg.n_elems),
+        BLOCK_K=fused_block_k(cfg, block_r, elem),
+        # the interpreter runs programs serially: no split may wait for another
+        SPLIT_MAX=1 if _interpreting() else cfg.split_k, MIN_SPLIT=fused_min_split(cfg),
+        S_PAD=_s_pad(ints[0]), ALIGN=align,
+        UPCAST=_interpreting(), PREC=_precision(dtype), PIPE=cfg.pipe,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-    )  # fmt: skip
+    ))  # fmt: skip
 
 
 @torch.library.custom_op("adapterplane::lora_fused", mutates_args=("y", "scratch", "counters"))

@@ -3,9 +3,10 @@
 Every layer of one step calls the LoRA branch of each projection kind with the same row
 grouping, the same shapes and the same workspace; only the activations and that layer's
 factor tables differ. The first call of a kind in a step validates, picks configs, views
-the bottleneck ``z`` in the workspace and prepares the launches (`ops.prepare_*`); the
-next layers' calls reuse that after comparing shapes, dtypes and strides, and go straight
-to the launches. An 8B eager step makes 128 such calls.
+the bottleneck ``z`` in the workspace and prepares the launches (`ops.prepare_*`,
+`fused_ops.prepare_fused`); the next layers' calls reuse that after comparing shapes,
+dtypes and strides, and go straight to the launches. An 8B eager step makes 128 such
+calls.
 
 The memo forgets everything when the step's metadata or workspace object changes, so a
 config table edited between steps (``load_tuned``) is seen by the next step.
@@ -27,14 +28,19 @@ Prepared = tuple[LaunchPlan, tuple[int, ...], tuple[int, ...]]  # plan, grid, in
 @dataclass(frozen=True)
 class MemoEntry:
     """One projection kind's launches in this step; ``x_shape`` / ``y_shape`` / ``dtype``
-    are what a later call must match to reuse them."""
+    are what a later call must match to reuse them. Two kernels: ``z`` is the bottleneck
+    view, ``launches`` the shrink and the expand (plain or folded into SiLU·mul); the
+    fused decode launch: ``z`` is the workspace's scratch, ``launches`` that one launch."""
 
     x_shape: torch.Size
     y_shape: torch.Size
     dtype: torch.dtype
     z: torch.Tensor
-    shrink: Prepared
-    expand: Prepared
+    launches: tuple[Prepared, ...]
+
+    @property
+    def fused(self) -> bool:
+        return len(self.launches) == 1
 
 
 class StepMemo:
