@@ -260,5 +260,6 @@ def check_batch_plan(plan: BatchPlan) -> None:
             fail("sample row is not a prefill's last row or a decode row", row=row)
         if plan.request_ids[plan.row_request[row]] != plan.sample_request_ids[k]:
             fail("sample row belongs to another request", row=row)
-    if any(row not in plan.sample_rows for row in range(plan.doff, t)):
+    sampled = set(plan.sample_rows)
+    if any(row not in sampled for row in range(plan.doff, t)):
         fail("every decode row must be sampled")
