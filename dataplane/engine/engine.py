@@ -139,10 +139,11 @@ class Engine(StepLoop):
         """Rows of overlapped steps whose request had finished before their tokens came."""
 
     def capture_cuda_graphs(self) -> bool:
-        """Capture the decode-step CUDA graphs (done by the constructor when
-        `enable_cuda_graphs`). An owner that re-points the LoRA linears at other factor
-        tables (the agent's unified pool) builds the engine with graphs off, attaches, then
-        calls this: graphs record the tables' addresses, whose contents change in place.
+        """Capture the decode-step CUDA graphs, and with `enable_piecewise_graphs` the
+        mixed steps' piecewise graphs (done by the constructor when `enable_cuda_graphs`).
+        An owner that re-points the LoRA linears at other factor tables (the agent's
+        unified pool) builds the engine with graphs off, attaches, then calls this: graphs
+        record the tables' addresses, whose contents change in place.
         Returns False (nothing captured) off CUDA or when the LoRA path is not graph-safe.
         With `async_scheduling=None` a capture turns async scheduling on (call it before
         the first step)."""
