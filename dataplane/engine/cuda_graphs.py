@@ -26,7 +26,7 @@ import torch
 from dataplane.attention.metadata import AttentionMetadata, decode_batch, distinct_windows
 from dataplane.core import BatchPlan
 from dataplane.engine.deferred import DeferredTokens, patch_input_ids
-from dataplane.engine.staging import Staging
+from dataplane.engine.staging import Staging, stage_rows
 from dataplane.h2d import to_device
 from dataplane.kernels import LoraMetaBuffers
 from dataplane.layers.lora_linear import LoraStepContext
@@ -210,17 +210,11 @@ class CudaGraphRunner:
         d = plan.num_rows
         self._staged.wait()
         self._staged_slots.wait()
-        self._host_ids[:d] = plan.input_ids
-        self._host_pos[:d] = plan.positions
-        self._host_slots[:d] = plan.slot_mapping
+        stage_rows(plan, batch, self._trash, self._host_ids, self._host_pos, self._host_slots,
+                   self._host_row_slot)
         self._host_ctx[:d] = plan.context_lens
-        self._host_row_slot[:d] = plan.row_slot
         if batch > d:
-            self._host_ids[d:batch] = 0
-            self._host_pos[d:batch] = 0
-            self._host_slots[d:batch] = self._trash
             self._host_ctx[d:batch] = 1
-            self._host_row_slot[d:batch] = -1
             self._host_tables[d:batch, 0] = self._pad_block
             for i in range(d, batch):
                 self._table_rows[i] = None

@@ -35,7 +35,7 @@ from dataplane.attention.metadata import build_attention_metadata
 from dataplane.attention.paged_attention import paged_attention
 from dataplane.core import BatchPlan
 from dataplane.engine.deferred import DeferredTokens, patch_input_ids
-from dataplane.engine.staging import Staging
+from dataplane.engine.staging import Staging, stage_rows
 from dataplane.h2d import to_device
 from dataplane.kernels import LoraMetaBuffers
 from dataplane.layers.lora_linear import LoraStepContext
@@ -196,18 +196,10 @@ class PiecewiseGraphRunner:
             return r.model.compute_logits(io["hidden"].index_select(0, picked))
 
     def _fill(self, plan: BatchPlan, bucket_rows: int) -> None:
-        t = plan.num_rows
         self._staged.wait()
         self._staged_slots.wait()
-        self._host_ids[:t] = plan.input_ids
-        self._host_pos[:t] = plan.positions
-        self._host_slots[:t] = plan.slot_mapping
-        self._host_row_slot[:t] = plan.row_slot
-        if bucket_rows > t:
-            self._host_ids[t:bucket_rows] = 0
-            self._host_pos[t:bucket_rows] = 0
-            self._host_slots[t:bucket_rows] = self._trash
-            self._host_row_slot[t:bucket_rows] = -1
+        stage_rows(plan, bucket_rows, self._trash, self._host_ids, self._host_pos,
+                   self._host_slots, self._host_row_slot)
         b = self.buckets[-1]
         self._staged.upload(3 * b)
         self._staged_slots.upload(bucket_rows)

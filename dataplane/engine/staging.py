@@ -4,7 +4,27 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 import torch
+
+from dataplane.core import BatchPlan
+
+
+def stage_rows(plan: BatchPlan, rows: int, trash_slot: int, ids: np.ndarray,
+               positions: np.ndarray, slots: np.ndarray, row_slot: np.ndarray) -> None:
+    """Write the plan's T per-row inputs into host arrays and pad rows T..rows-1 (token 0,
+    position 0, the KV write to `trash_slot`, adapter slot -1: no LoRA work, no KV write
+    anyone reads)."""
+    t = plan.num_rows
+    ids[:t] = plan.input_ids
+    positions[:t] = plan.positions
+    slots[:t] = plan.slot_mapping
+    row_slot[:t] = plan.row_slot
+    if rows > t:
+        ids[t:rows] = 0
+        positions[t:rows] = 0
+        slots[t:rows] = trash_slot
+        row_slot[t:rows] = -1
 
 
 class Staging:

@@ -150,11 +150,16 @@ class TritonLoraBackend(LoraBackend):
         self._launch_two(e, y, x, meta, weights)
 
     @staticmethod
-    def _launch_two(e: MemoEntry, y: torch.Tensor, x: torch.Tensor, meta: LoraBatchMeta,
-                    weights: LoraModuleWeights) -> None:
+    def _launch_shrink(e: MemoEntry, x: torch.Tensor, meta: LoraBatchMeta,
+                       weights: LoraModuleWeights) -> None:
         plan, grid, ints = e.launches[0]
         plan(grid, x, weights.storage, weights.a_rows, weights.ranks, e.z, meta.sorted_rows,
              meta.slot_counts, meta.slot_starts, *ints)
+
+    @classmethod
+    def _launch_two(cls, e: MemoEntry, y: torch.Tensor, x: torch.Tensor, meta: LoraBatchMeta,
+                    weights: LoraModuleWeights) -> None:
+        cls._launch_shrink(e, x, meta, weights)
         plan, grid, ints = e.launches[1]
         plan(grid, y, e.z, *_expand_operands(meta, weights), *ints)
 
@@ -206,9 +211,7 @@ class TritonLoraBackend(LoraBackend):
                            silu_ops.prepare_expand_silu(gate_up, out, z, weights.ranks,
                                                         weights.addr_align)))
             self.memo.put(key, e)
-        plan, grid, ints = e.launches[0]
-        plan(grid, x, weights.storage, weights.a_rows, weights.ranks, e.z, meta.sorted_rows,
-             meta.slot_counts, meta.slot_starts, *ints)
+        self._launch_shrink(e, x, meta, weights)
         plan, grid, ints = e.launches[1]
         plan(grid, gate_up, out, e.z, *_expand_operands(meta, weights), *ints)
         return out

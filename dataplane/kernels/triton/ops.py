@@ -169,68 +169,19 @@ def launch_expand(
          *ints)
 
 
-@torch.library.custom_op("adapterplane::lora_shrink", mutates_args=("z",))
-def lora_shrink(
-    x: torch.Tensor,
-    storage: torch.Tensor,
-    a_rows: torch.Tensor,
-    ranks: torch.Tensor,
-    sorted_rows: torch.Tensor,
-    slot_counts: torch.Tensor,
-    slot_starts: torch.Tensor,
-    z: torch.Tensor,
-    align: int,
-) -> None:
-    launch_shrink(x, storage, a_rows, ranks, sorted_rows, slot_counts, slot_starts, z, align)
+# The launchers themselves are the ops (same signatures); their fakes do nothing (the
+# outputs are mutated arguments), so torch.compile traces through them.
+lora_shrink = torch.library.custom_op("adapterplane::lora_shrink", launch_shrink,
+                                      mutates_args=("z",))
+lora_expand = torch.library.custom_op("adapterplane::lora_expand", launch_expand,
+                                      mutates_args=("y",))
 
 
 @lora_shrink.register_fake
-def _lora_shrink_fake(
-    x: torch.Tensor,
-    storage: torch.Tensor,
-    a_rows: torch.Tensor,
-    ranks: torch.Tensor,
-    sorted_rows: torch.Tensor,
-    slot_counts: torch.Tensor,
-    slot_starts: torch.Tensor,
-    z: torch.Tensor,
-    align: int,
-) -> None:
+def _lora_shrink_fake(*args: object) -> None:
     return None
 
 
-@torch.library.custom_op("adapterplane::lora_expand", mutates_args=("y",))
-def lora_expand(
-    y: torch.Tensor,
-    z: torch.Tensor,
-    storage: torch.Tensor,
-    b_rows: torch.Tensor,
-    ranks: torch.Tensor,
-    scales: torch.Tensor,
-    sorted_rows: torch.Tensor,
-    slot_counts: torch.Tensor,
-    slot_starts: torch.Tensor,
-    out_features: list[int],
-    align: int,
-) -> None:
-    launch_expand(
-        y, z, storage, b_rows, ranks, scales, sorted_rows, slot_counts, slot_starts, out_features,
-        align,
-    )  # fmt: skip
-
-
 @lora_expand.register_fake
-def _lora_expand_fake(
-    y: torch.Tensor,
-    z: torch.Tensor,
-    storage: torch.Tensor,
-    b_rows: torch.Tensor,
-    ranks: torch.Tensor,
-    scales: torch.Tensor,
-    sorted_rows: torch.Tensor,
-    slot_counts: torch.Tensor,
-    slot_starts: torch.Tensor,
-    out_features: list[int],
-    align: int,
-) -> None:
+def _lora_expand_fake(*args: object) -> None:
     return None
