@@ -52,7 +52,7 @@ class AgentSettings(BaseSettings):
     max_queued_requests: int = Field(default=256, ge=1)
     """Live requests (queued + running) above which new ones get 429."""
     tp_degree: int = Field(default=1, ge=1)
-    piecewise_graphs: bool = False
+    piecewise_graphs: bool = True
     """On CUDA with one rank: replay mixed (prefill + decode) steps as piecewise CUDA
     graphs (`EngineConfig.enable_piecewise_graphs`)."""
     adapter_targets: list[str] = Field(default_factory=list)

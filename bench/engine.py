@@ -769,8 +769,9 @@ def main() -> None:
                    help="cuda mode: host enqueue vs device time of each step (split_eager)")
     p.add_argument("--host-profile", action="store_true",
                    help="with --split-eager: cProfile of eager steps and of stalled steps")
-    p.add_argument("--piecewise", action="store_true",
-                   help="cuda mode: mixed steps as piecewise CUDA graphs (both engines)")
+    p.add_argument("--piecewise", action=argparse.BooleanOptionalAction, default=True,
+                   help="cuda mode: mixed steps as piecewise CUDA graphs (both engines; the "
+                        "engine's default)")
     p.add_argument("--no-graphs", action="store_true", help="disable CUDA graphs")
     p.add_argument("--scheduling", nargs="+", choices=("auto", "sync", "async"),
                    default=["auto"], help="decode-step mode: engine loop(s) to measure "

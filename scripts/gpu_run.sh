@@ -57,6 +57,10 @@ for s in "$@"; do
                 --requests 256 --rate inf --prompt-min 64 --prompt-max 512 --output-min 64 \
                 --output-max 128 --max-num-seqs 128 --max-batched-tokens 4096 \
                 --kv-blocks 8192 --skip-hf --out "$OUT/trace128" ;;  # `trace`, 128 adapters only
+    trace128e) section trace128e 300 python3 bench/engine.py --mode cuda --adapters 128 \
+                 --requests 256 --rate inf --prompt-min 64 --prompt-max 512 --output-min 64 \
+                 --output-max 128 --max-num-seqs 128 --max-batched-tokens 4096 \
+                 --kv-blocks 8192 --skip-hf --no-piecewise --out "$OUT/trace128e" ;;  # eager mixed steps
     trace128p) section trace128p 400 python3 bench/engine.py --mode cuda --adapters 128 \
                  --requests 256 --rate inf --prompt-min 64 --prompt-max 512 --output-min 64 \
                  --output-max 128 --max-num-seqs 128 --max-batched-tokens 4096 \
@@ -64,18 +68,18 @@ for s in "$@"; do
     split128) section split128 400 python3 bench/engine.py --mode cuda --adapters 128 \
                 --requests 256 --rate inf --prompt-min 64 --prompt-max 512 --output-min 64 \
                 --output-max 128 --max-num-seqs 128 --max-batched-tokens 4096 \
-                --kv-blocks 8192 --skip-hf --split-eager \
-                --out "$OUT/split128" ;;  # host enqueue vs device time per step
+                --kv-blocks 8192 --skip-hf --split-eager --no-piecewise \
+                --out "$OUT/split128" ;;  # host enqueue vs device time per step, eager mixed steps
     hostprof) section hostprof 400 python3 bench/engine.py --mode cuda --adapters 128 \
                 --requests 256 --rate inf --prompt-min 64 --prompt-max 512 --output-min 64 \
                 --output-max 128 --max-num-seqs 128 --max-batched-tokens 4096 \
-                --kv-blocks 8192 --skip-hf --split-eager --host-profile \
+                --kv-blocks 8192 --skip-hf --split-eager --host-profile --no-piecewise \
                 --out "$OUT/hostprof" ;;  # split128 + cProfile of the eager steps, gc passes
     pw128) section pw128 400 python3 bench/engine.py --mode cuda --adapters 128 \
              --requests 256 --rate inf --prompt-min 64 --prompt-max 512 --output-min 64 \
              --output-max 128 --max-num-seqs 128 --max-batched-tokens 4096 \
              --kv-blocks 8192 --skip-hf --piecewise --split-eager \
-             --out "$OUT/pw128" ;;  # split128 with piecewise graphs for mixed steps
+             --out "$OUT/pw128" ;;  # split128 with piecewise graphs for mixed steps (the default)
     launch) section launch 120 python3 bench/launch_overhead.py --out "$OUT/launch" ;;  # host µs per launch
     traceN) section traceN 300 python3 bench/engine.py --mode cuda --adapters 1 1000 \
               --requests 256 --rate inf --prompt-min 64 --prompt-max 512 --output-min 64 \

@@ -27,10 +27,10 @@ class EngineConfig:
     attention_backend: str | None = None
     ops_backend: str | None = None
     max_graph_context: int = 4096
-    enable_piecewise_graphs: bool = False
+    enable_piecewise_graphs: bool = True
     """Also capture mixed (prefill + decode) steps as piecewise CUDA graphs around attention
-    (engine/piecewise_graphs.py; rows padded to buckets of 64, 256 above 1,024). Needs
-    `enable_cuda_graphs`; off by default until measured on the device."""
+    (engine/piecewise_graphs.py; rows padded to buckets of 64, 256 above 1,024). Only where
+    decode graphs are captured (CUDA, `enable_cuda_graphs`, one rank)."""
     sampler_seed: int | None = 0
     async_scheduling: bool | None = None
     """Launch the next decode-only step before syncing on this one's tokens (None: on
