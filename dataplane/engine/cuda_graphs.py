@@ -141,6 +141,16 @@ class CudaGraphRunner:
         self.pool = graph.pool()
         self.graphs[(batch, width)] = _Graph(graph, logits)
 
+    def release(self) -> None:
+        """Drop every captured graph (later steps run eagerly). A TP rank calls this before
+        leaving its NCCL group: destroying a communicator that a live graph captured hangs
+        (pytorch/pytorch#115388)."""
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        for entry in self.graphs.values():
+            entry.graph.reset()
+        self.graphs.clear()
+
     def _pick(self, rows: int, context: int) -> tuple[int, int] | None:
         batch = next((b for b in self.batch_sizes if b >= rows), None)
         width = next((w for w in self.context_buckets if w >= context), None)

@@ -218,6 +218,7 @@ class TPEngine(Engine):
             message = self.channel.recv()
             if message[0] == STOP:
                 self.channel.close()
+                self.release_graphs()
                 return plans
             if message[0] == PLAN:
                 try:
@@ -240,3 +241,12 @@ class TPEngine(Engine):
                 self._stopped = True
                 self.channel.send((STOP,))
                 self.channel.close()
+                self.release_graphs()
+
+    def release_graphs(self) -> None:
+        """Drop this rank's captured decode graphs (they hold the NCCL communicator: every
+        rank releases them before the group is destroyed; steps after this run eagerly)."""
+        graphs = self.runner.graphs
+        if graphs is not None:
+            graphs.release()  # type: ignore[attr-defined]
+            self.runner.graphs = None

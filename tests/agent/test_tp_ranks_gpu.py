@@ -38,6 +38,7 @@ def tp2_tokens(base: Path, adapters: dict[str, Path], graphs: bool
     finally:
         ranks.shutdown(timeout_s=120.0)
         stage("shut down")
+    assert ranks.engine.runner.graphs is None  # released before the NCCL group was left
     return tokens, replays
 
 
