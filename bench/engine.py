@@ -106,6 +106,8 @@ class Timing:
 
 def make_trace(args: argparse.Namespace, vocab: int, n_adapters: int) -> list[Request]:
     gen = torch.Generator().manual_seed(args.seed)
+    # Adapters drawn from their own stream: every N gets the same arrivals and prompts.
+    pick = torch.Generator().manual_seed(args.seed + 1)
     weights = torch.tensor([1.0 / (i + 1) for i in range(max(n_adapters, 1))])
     t, out = 0.0, []
     for _ in range(args.requests):
@@ -114,7 +116,7 @@ def make_trace(args: argparse.Namespace, vocab: int, n_adapters: int) -> list[Re
         plen = int(torch.randint(args.prompt_min, args.prompt_max + 1, (1,), generator=gen))
         olen = int(torch.randint(args.output_min, args.output_max + 1, (1,), generator=gen))
         prompt = torch.randint(3, vocab, (plen,), generator=gen).tolist()
-        adapter = int(torch.multinomial(weights, 1, generator=gen)) if n_adapters else None
+        adapter = int(torch.multinomial(weights, 1, generator=pick)) if n_adapters else None
         out.append(Request(t, prompt, olen, adapter))
     return out
 
