@@ -2,7 +2,7 @@
 # The GPU tests and benchmarks behind docs/PERFORMANCE.md, one section after another on
 # one GPU (each benchmark runs alone on it). From the repo root on the GPU host (torch,
 # triton, transformers, peft installed):
-#   OUT=/tmp/gpu-run bash scripts/gpu_run.sh tests agent kernels coldload decode trace traceN online attention
+#   OUT=/tmp/gpu-run bash scripts/gpu_run.sh tests agent kernels coldload decode trace trace1 trace1000 online attention
 # (`hf`: HF + PEFT alone on the trace's 256 requests, ~400 s: a device call of its own)
 # (`ktests`, `kfused`: quicker subsets of `tests` and `kernels`; `etests`: the engine's GPU
 # tests + the folded-SiLU kernel test; `silu`: the folded gate/up expand sweep; `overlap`:
@@ -81,10 +81,10 @@ for s in "$@"; do
              --kv-blocks 8192 --skip-hf --piecewise --split-eager \
              --out "$OUT/pw128" ;;  # split128 with piecewise graphs for mixed steps (the default)
     launch) section launch 120 python3 bench/launch_overhead.py --out "$OUT/launch" ;;  # host µs per launch
-    traceN) section traceN 300 python3 bench/engine.py --mode cuda --adapters 1 1000 \
+    trace1|trace1000) section "$s" 420 python3 bench/engine.py --mode cuda --adapters "${s#trace}" \
               --requests 256 --rate inf --prompt-min 64 --prompt-max 512 --output-min 64 \
               --output-max 128 --max-num-seqs 128 --max-batched-tokens 4096 \
-              --kv-blocks 8192 --skip-hf --out "$OUT/traceN" ;;  # N = 1 and 1000 adapters
+              --kv-blocks 8192 --skip-hf --out "$OUT/$s" ;;  # N = 1 or 1,000 adapters (+ no LoRA)
     hf) section hf 560 python3 bench/engine.py --mode cuda --only-hf --adapters 128 \
           --requests 256 --rate inf --prompt-min 64 --prompt-max 512 --output-min 64 \
           --output-max 128 --hf-batch 64 --out "$OUT/hf" ;;  # HF + PEFT on the whole trace
