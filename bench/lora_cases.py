@@ -77,8 +77,7 @@ class Layer:
     """One layer of the ring: its own x, y and factor table (random factors
     written straight into the storage; ranks and scales set per slot)."""
 
-    def __init__(self, sc: Scenario, layout: str) -> None:
-        dev = "cuda"
+    def __init__(self, sc: Scenario, layout: str, dev: str = "cuda") -> None:
         self.x = torch.randn(sc.rows, sc.d_in, device=dev, dtype=DT)
         self.y = torch.randn(sc.rows, sum(sc.outs), device=dev, dtype=DT)
         self.table = LoraFactorTable(sc.n, sc.d_in, sc.outs, sc.max_rank, DT, dev, layout)

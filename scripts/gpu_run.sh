@@ -10,7 +10,8 @@
 # adapters only, without / with the torch.profiler kernel tables; `kmixed`: sweep and
 # bench of the 257-1024-row class on mixed-step cases; `split128` / `hostprof`: trace128
 # with host-enqueue vs device time per step / plus cProfile; `pw128`: split128 with
-# piecewise graphs for mixed steps; `launch`: host µs per launch)
+# piecewise graphs for mixed steps; `launch`: host µs per launch; `anatomy`: the fused
+# decode launch's time split into launch + prologue, shrink, exchange, expand)
 # and on a 2-GPU host the tensor-parallel sections `tp tptests`.
 # (tests/ is a package, so tests/agent is `tests.agent` and never shadows the `agent`
 # package, with or without an editable install.)
@@ -100,6 +101,7 @@ for s in "$@"; do
               --import-mode=append tests/engine/test_gpu.py tests/kernels/test_expand_silu.py \
               tests/kernels/test_fast_launch_gpu.py tests/kernels/test_step_memo.py \
               tests/engine/test_piecewise_gpu.py ;;
+    anatomy) section anatomy 120 python3 bench/lora_anatomy.py --out "$OUT/anatomy" ;;  # fused decode launch: where its µs go
     overlap) section overlap 120 python3 bench/lora_overlap.py --out "$OUT/overlap" ;;  # LoRA under the GEMM?
     tp) section tp 350 python3 bench/tp.py --shape 8b --device cuda --tp 1 2 \
           --adapters 0 16 128 --attention triton --graphs graphs --out "$OUT/tp" ;;  # 2 GPUs
