@@ -209,8 +209,46 @@ def _tune_mixed(two: TritonLoraBackend, log: Callable[[str], None]) -> dict[str,
         by_rank[(1024, 16)] = best  # type: ignore[index]
         log(f"tuned mixed {name} (T<=1024, r<=32): {best} ({t:.2f} µs add_lora geomean)")
         chosen[f"{name} 1024 r16"] = repr(best)
+    chosen.update(_tune_mixed_fused(built, two, log))
     del built
     torch.cuda.empty_cache()
+    return chosen
+
+
+# Fused candidates for mixed steps: (block_m, block_k, per_sm, min_split, pipe, n_elems).
+MIXED_FUSED_CANDIDATES = (
+    (16, 128, 2, 1, 3, 4096), (16, 128, 2, 2, 3, 4096), (32, 128, 2, 1, 3, 4096),
+    (16, 256, 2, 1, 3, 4096), (16, 128, 3, 1, 3, 8192), (32, 128, 2, 2, 3, 8192),
+)  # fmt: skip
+
+
+def _tune_mixed_fused(built: list, two: TritonLoraBackend,
+                      log: Callable[[str], None]) -> dict[str, object]:
+    """Per module class, one launch instead of two on the mixed step: each fused
+    candidate in ``FUSED_TABLE[(1024, class)]``, kept only where it beats the
+    two-kernel ``add_lora`` (winners above installed) on the same case."""
+    fused = TritonLoraBackend(fused=True)
+    chosen: dict[str, object] = {}
+    for sc, ring in built:
+        shape = configs.fused_shape(sc.d_in, sc.outs)
+        key = (1024, shape)
+        configs.FUSED_TABLE.pop(key, None)
+        two_t = time_ours(sc, ring, two, ("ours",))["ours"]
+
+        def put(c: object, key: tuple[int, str] = key) -> None:
+            configs.FUSED_TABLE[key] = c  # type: ignore[assignment]
+
+        cands = [configs.FusedConfig(bm, bk, 32, 4, 3, per_sm=p, min_split=m, pipe=pp,
+                                     n_elems=ne)
+                 for bm, bk, p, m, pp, ne in MIXED_FUSED_CANDIDATES]  # fmt: skip
+        best, t = _sweep(put, cands, [(sc, ring)], fused, "ours", log)
+        if t < two_t:
+            log(f"tuned mixed fused {shape}: {best} ({t:.2f} µs vs two kernels {two_t:.2f})")
+            chosen[f"fused 1024 {shape}"] = repr(best)
+        else:
+            configs.FUSED_TABLE.pop(key, None)
+            log(f"mixed {shape}: two kernels kept ({two_t:.2f} µs; best fused {best} "
+                f"{t:.2f})")
     return chosen
 
 

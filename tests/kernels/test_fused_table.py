@@ -88,3 +88,40 @@ def test_bad_silu_entries_raise_and_change_nothing(
     with pytest.raises(ValueError):
         configs.load_tuned(str(path))
     assert fused_before == configs.FUSED_TABLE and silu_before == configs.SILU_TABLE
+
+
+@pytest.mark.parametrize("out_features", [(48,), (64, 16, 16)])
+def test_fused_entry_for_mixed_steps_is_used_and_exact(
+    monkeypatch: pytest.MonkeyPatch, out_features: tuple[int, ...]
+) -> None:
+    """A tuned fused entry for T class 1,024 (what the mixed sweep installs when it wins)
+    serves a 300-row step — long single-adapter runs and one-row slots — through the
+    fused launch, matching the float64 reference (Triton interpreter on CPU)."""
+    import os
+
+    import torch
+
+    from dataplane.kernels.triton import fused_ops
+    from dataplane.kernels.triton.backend import TritonLoraBackend
+
+    from .lora_cases import check_case, make_case
+
+    if os.environ.get("TRITON_INTERPRET") != "1" and not torch.cuda.is_available():
+        pytest.skip("needs CUDA or the Triton interpreter")
+    monkeypatch.setattr(configs, "FUSED_TABLE", dict(configs.FUSED_TABLE))
+    shape = configs.fused_shape(40, out_features)
+    assert configs.fused_config(300, 16, 40, out_features) is None  # two kernels by default
+    configs.FUSED_TABLE[(1024, shape)] = configs.FusedConfig(16, 128, 32, 4, 3, pipe=3)
+    launches: list[int] = []
+    real = fused_ops.prepare_fused
+
+    def counting(*args: object, **kwargs: object) -> object:
+        launches.append(1)
+        return real(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(fused_ops, "prepare_fused", counting)
+    case = make_case(dtype=torch.float32, in_features=40, out_features=out_features,
+                     ranks=[4, 16, 9], num_rows=300, dist="skewed", none_share=0.1, seed=3,
+                     device="cuda" if torch.cuda.is_available() else "cpu")
+    check_case(case, TritonLoraBackend(fused=True))
+    assert launches  # the step went through the fused launch

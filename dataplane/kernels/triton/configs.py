@@ -212,6 +212,10 @@ FUSED_TABLE: dict[tuple[int, str], FusedConfig] = {
     for t, cfg in _FUSED_BASE.items()
     for shape in FUSED_SHAPES
 }
+# T classes a fused entry may have. Mixed steps (T class 1,024) use two kernels unless
+# the mixed sweep (`bench/lora_kernels.py --tune --tune-sweeps mixed`) finds a fused
+# config faster for a module class and a tuned file installs it.
+FUSED_T_CLASSES = (16, 64, 256, 1024)
 
 
 def fused_shape(in_features: int, out_features: tuple[int, ...]) -> str:
@@ -283,7 +287,7 @@ def load_tuned(path: str) -> None:
     fused: dict[tuple[int, str], FusedConfig] = {}
     for key, fields in data.get("fused", {}).items():
         t, _, shape = key.partition("/")
-        if not t.isdigit() or int(t) not in _FUSED_BASE or shape not in FUSED_SHAPES:
+        if not t.isdigit() or int(t) not in FUSED_T_CLASSES or shape not in FUSED_SHAPES:
             raise ValueError(f"{path}: unknown fused key {key!r}")
         try:
             fused[(int(t), shape)] = FusedConfig(**fields)
