@@ -16,6 +16,11 @@ Every variant runs the module's own config (grid, tiles, splits), not the table'
 the smaller shape. Derived: shrink ≈ full − tiny K, expand ≈ full − tiny N, exchange ≈
 tiny K+N − prologue. The floor is the full case's bytes at the measured copy bandwidth.
 
+Then, as in the engine, each layer's base GEMM writes ``y`` and the launch follows it:
+``gemm`` alone, ``gemm+lora``, and ``gemm+lora pdl`` (the config with ``pdl = 1``: a
+programmatic dependent launch whose prologue and shrink overlap the GEMM's end); the LoRA's
+visible cost is the difference to ``gemm``.
+
     python3 bench/lora_anatomy.py --out $OUT
     TRITON_INTERPRET=1 python3 bench/lora_anatomy.py --smoke   # CPU: plumbing only
 """
@@ -34,7 +39,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from bench.lora_cases import Layer, Scenario, ring_size
+from bench.lora_cases import DT, Layer, Scenario, ring_size
 from bench.lora_timing import copy_bandwidth, graph_time_us
 from dataplane.kernels import LoraMetaBuffers, LoraWorkspace
 from dataplane.kernels.triton import fused_ops
@@ -54,6 +59,7 @@ SMOKE = {  # the same four kinds at interpreter size
     "down": Scenario("decode", 16, 5, (16,), (64,), 192),
 }
 TINY_K, TINY_N = 64, 16
+RING_WEIGHT_BYTES = 1 << 30  # the GEMM rings' base weights stream from HBM
 
 
 @contextmanager
@@ -68,8 +74,8 @@ def pinned_config(cfg: FusedConfig) -> Iterator[None]:
 
 
 def ring_launches(sc: Scenario, n: int, backend: TritonLoraBackend, zero_ranks: bool = False,
-                  dev: str = "cuda") -> tuple[Callable[[], None], list[Layer]]:
-    """One ``lora_fused`` launch per layer of a ring of ``n`` layers of ``sc``."""
+                  dev: str = "cuda") -> tuple[list[Callable[[], None]], list[Layer]]:
+    """A ring of ``n`` layers of ``sc`` and one ``lora_fused`` launch per layer."""
     ring = [Layer(sc, "scattered", dev) for _ in range(n)]
     if zero_ranks:
         for layer in ring:
@@ -79,16 +85,23 @@ def ring_launches(sc: Scenario, n: int, backend: TritonLoraBackend, zero_ranks: 
     meta = backend.build_meta(slots, LoraMetaBuffers(sc.rows, sc.n, dev))
     ws = LoraWorkspace(backend.workspace_numel(sc.rows, len(sc.outs), sc.max_rank), dev)
 
-    def run() -> None:
-        for layer in ring:
-            w = layer.table.weights
-            fused_ops.launch_fused(
-                layer.y, layer.x, w.storage, w.a_rows, w.b_rows, w.ranks, w.scales,
-                meta.sorted_rows, meta.slot_counts, meta.slot_starts, ws.buffer, ws.counters,
-                list(w.out_features), w.addr_align,
-            )  # fmt: skip
+    def launch(layer: Layer) -> Callable[[], None]:
+        w = layer.table.weights
+        return lambda: fused_ops.launch_fused(
+            layer.y, layer.x, w.storage, w.a_rows, w.b_rows, w.ranks, w.scales,
+            meta.sorted_rows, meta.slot_counts, meta.slot_starts, ws.buffer, ws.counters,
+            list(w.out_features), w.addr_align,
+        )  # fmt: skip
 
-    return run, ring
+    return [launch(layer) for layer in ring], ring
+
+
+def in_order(calls: list[Callable[[], None]]) -> Callable[[], None]:
+    def run() -> None:
+        for call in calls:
+            call()
+
+    return run
 
 
 def variants(sc: Scenario) -> dict[str, tuple[Scenario, bool]]:
@@ -114,11 +127,37 @@ def anatomy(sc: Scenario, backend: TritonLoraBackend, bandwidth: float) -> dict[
     out: dict[str, float] = {"ring": n, "floor": sc.floor_bytes() / bandwidth * 1e6}
     with pinned_config(module_config(sc)):
         for name, (variant, zero) in variants(sc).items():
-            out[name] = graph_time_us(ring_launches(variant, n, backend, zero)[0]) / n
+            out[name] = graph_time_us(in_order(ring_launches(variant, n, backend, zero)[0])) / n
             torch.cuda.empty_cache()
+    out.update(after_gemm(sc, backend))
     out["shrink"] = out["full"] - out["tiny K"]
     out["expand"] = out["full"] - out["tiny N"]
     out["exchange"] = out["tiny K+N"] - out["prologue"]
+    return out
+
+
+def after_gemm(sc: Scenario, backend: TritonLoraBackend) -> dict[str, float]:
+    """µs per layer of the base GEMM alone, then GEMM + launch without and with PDL."""
+    n = max(3, -(-RING_WEIGHT_BYTES // (sum(sc.outs) * sc.d_in * 2)))
+    launches, ring = ring_launches(sc, n, backend)
+    weights = [torch.randn(sum(sc.outs), sc.d_in, device="cuda", dtype=DT) * 0.02
+               for _ in ring]
+
+    def gemm() -> None:
+        for layer, w in zip(ring, weights, strict=True):
+            torch.mm(layer.x, w.t(), out=layer.y)
+
+    def serial() -> None:  # each layer's GEMM writes its y, then its launch
+        for layer, w, launch in zip(ring, weights, launches, strict=True):
+            torch.mm(layer.x, w.t(), out=layer.y)
+            launch()
+
+    cfg = module_config(sc)
+    out = {"gemm": graph_time_us(gemm) / n}
+    with pinned_config(cfg):
+        out["gemm+lora"] = graph_time_us(serial) / n
+    with pinned_config(replace(cfg, pdl=1)):
+        out["gemm+lora pdl"] = graph_time_us(serial) / n
     return out
 
 
@@ -128,9 +167,9 @@ def smoke(backend: TritonLoraBackend) -> None:
     for name, sc in SMOKE.items():
         with pinned_config(module_config(sc)):
             for variant_name, (variant, zero) in variants(sc).items():
-                run, ring = ring_launches(variant, 1, backend, zero, "cpu")
+                launches, ring = ring_launches(variant, 1, backend, zero, "cpu")
                 before = ring[0].y.clone()
-                run()
+                in_order(launches)()
                 if torch.equal(before, ring[0].y) != zero:
                     raise SystemExit(f"{name} {variant_name}: y changed = {not zero} expected")
         print(f"{name}: ok", flush=True)
@@ -150,7 +189,7 @@ def main() -> None:
     print(f"device {torch.cuda.get_device_name()} torch {torch.__version__}, copy "
           f"{bw / 1e9:.0f} GB/s", flush=True)
     cols = ("full", "floor", "prologue", "tiny K", "tiny N", "tiny K+N", "shrink", "expand",
-            "exchange")
+            "exchange", "gemm", "gemm+lora", "gemm+lora pdl")
     print("| module (T=128, 50 slots, r=16) | " + " | ".join(cols) + " |")
     print("|---" * (len(cols) + 1) + "|")
     results = {}

@@ -161,6 +161,61 @@ def test_fused_decode_is_deterministic_and_resets_counters(
             assert err < TOLERANCE[dtype], (k, err)
 
 
+@pytest.mark.parametrize("outs", [(4096,), (4096, 1024, 1024), (14336, 14336)])
+def test_fused_pdl_launch_waits_for_the_gemm_that_writes_y(
+    cuda_device: torch.device, outs: tuple[int, ...], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With ``pdl`` the fused launch may start while the base GEMM before it still
+    writes ``y``: ``y`` must be read only after the wait. Each replay recomputes
+    ``y = x Wᵀ`` (a GEMM big enough to still be running when the launch starts) and adds
+    the LoRA delta, eagerly and in a CUDA graph, against the float64 reference."""
+    from dataplane.kernels.triton import configs
+    from dataplane.kernels.triton.backend import TritonLoraBackend
+    from dataplane.kernels.triton.fused_ops import use_pdl
+
+    monkeypatch.setattr(configs, "FUSED_TABLE", {
+        k: dataclasses.replace(c, pdl=1) for k, c in configs.FUSED_TABLE.items()})
+    cfg = configs.fused_config(128, 16, 4096, outs)
+    assert cfg is not None and cfg.pdl == 1
+    if not use_pdl(cfg, cuda_device):
+        pytest.skip("programmatic dependent launch needs compute capability 9.0")
+    backend = TritonLoraBackend(fused=True)
+    case = make_case(dtype=torch.bfloat16, in_features=4096, out_features=outs, ranks=[16],
+                     num_rows=128, dist="distinct", none_share=0.1, seed=11,
+                     device=cuda_device)  # fmt: skip
+    weight = torch.randn(sum(outs), 4096, device=cuda_device, dtype=torch.bfloat16) * 0.02
+    base = (case.x.double() @ weight.double().t())
+    ref = base + lora_delta_reference_grouped(case.x, case.row_slot, case.factors, outs,
+                                              cuda_device)
+    meta = backend.build_meta(torch.tensor(case.row_slot, dtype=torch.int32,
+                                           device=cuda_device),
+                              LoraMetaBuffers(128, case.table.num_slots, cuda_device))
+    ws = LoraWorkspace(backend.workspace_numel(128, len(outs), 16), cuda_device)
+    y = torch.empty(128, sum(outs), device=cuda_device, dtype=torch.bfloat16)
+
+    def layer() -> None:
+        torch.mm(case.x, weight.t(), out=y)
+        backend.add_lora(y, case.x, meta, case.table.weights, ws)
+
+    def check() -> None:
+        torch.cuda.synchronize()
+        err = float((y.double() - ref).norm() / ref.norm())
+        assert err < TOLERANCE[torch.bfloat16], err
+        assert int(ws.counters.abs().sum()) == 0
+
+    for _ in range(3):
+        y.fill_(float("nan"))  # a read of y before the GEMM wrote it shows up
+        layer()
+        check()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        layer()
+    for _ in range(3):
+        y.fill_(float("nan"))
+        graph.replay()
+        check()
+
+
 @pytest.mark.parametrize(("num_rows", "num_slots"), [(1000, 32), (4096, 32), (16500, 256)])
 def test_large_step_metadata_matches_stable_sort(
     cuda_device: torch.device, num_rows: int, num_slots: int

@@ -67,7 +67,9 @@ class FusedConfig:
     the ``per_sm`` bound (q/k/v with 64 live slots = 192 tiles would otherwise
     get 1 split, each program streaming all of K alone, measured 68 µs vs 57
     for two kernels). ``pipe``: 0 = the expand loop prefetches the next
-    column tile by hand; k >= 2 = Triton's software pipeline, k stages.
+    column tile by hand; k >= 2 = Triton's software pipeline, k stages. ``pdl``: 1 =
+    programmatic dependent launch on Hopper and later (the launch and the shrink overlap
+    the end of the previous kernel; ``fused_kernel.py``).
     """
 
     block_m: int
@@ -79,6 +81,7 @@ class FusedConfig:
     n_elems: int = 8192
     min_split: int = 2
     pipe: int = 0
+    pdl: int = 0
 
 
 def bucket(value: int, edges: tuple[int, ...]) -> int:

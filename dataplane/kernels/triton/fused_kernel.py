@@ -40,6 +40,13 @@ CUTLASS's serial split-K semaphore and CUB's decoupled look-back), so the
 waiting group is always completed by programs that are already resident.
 Under ``TRITON_INTERPRET`` (programs run one after another) the host passes
 ``SPLIT_MAX = 1``: no waiting.
+
+``PDL`` (the config's ``pdl``, Hopper and later): the launch is a programmatic
+dependent launch, so its programs may start while the previous kernel in the stream (the
+base GEMM, in the engine) finishes. Everything before ``gdc_wait`` — the step's row
+grouping, the factor tables, the factor tiles and the whole shrink over ``x`` — reads
+only what was written at least two launches earlier (true in the engine: ``x`` and the
+grouping precede the GEMM); ``y``, the scratch and the counters are touched after it.
 """
 
 from __future__ import annotations
@@ -89,7 +96,7 @@ def lora_fused_kernel(
     BLOCK_M: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr,
     BLOCK_N: tl.constexpr, SPLIT_MAX: tl.constexpr, MIN_SPLIT: tl.constexpr,
     S_PAD: tl.constexpr, ALIGN: tl.constexpr, UPCAST: tl.constexpr, PREC: tl.constexpr,
-    PIPE: tl.constexpr,
+    PIPE: tl.constexpr, PDL: tl.constexpr,
 ):  # fmt: skip
     """``y[rows, slice] += scale * (x[rows] @ A^T) @ Bt`` for every live item of
     this program (one item when ``eff > 1``; every grid-size-th when 1).
@@ -110,7 +117,7 @@ def lora_fused_kernel(
             p, eff, tiles, cum, cols, x_ptr, y_ptr, storage_ptr, a_rows_ptr, b_rows_ptr,
             ranks_ptr, scales_ptr, ws_ptr, ctr_ptr, sorted_ptr, counts_ptr, starts_ptr,
             S, K, NS, R_MAX, stride_xm, stride_ym, DEPART_OFF, W0, W1, W2, W3,
-            BLOCK_M, BLOCK_R, BLOCK_K, BLOCK_N, ALIGN, UPCAST, PREC, PIPE,
+            BLOCK_M, BLOCK_R, BLOCK_K, BLOCK_N, ALIGN, UPCAST, PREC, PIPE, PDL,
         )  # fmt: skip
 
 
@@ -122,7 +129,7 @@ def _fused_item(
     W0: tl.constexpr, W1: tl.constexpr, W2: tl.constexpr, W3: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr,
     BLOCK_N: tl.constexpr, ALIGN: tl.constexpr, UPCAST: tl.constexpr, PREC: tl.constexpr,
-    PIPE: tl.constexpr,
+    PIPE: tl.constexpr, PDL: tl.constexpr,
 ):  # fmt: skip
     """Item ``p`` = (row tile, slice, split) with the split fastest."""
     q = p // eff
@@ -162,13 +169,17 @@ def _fused_item(
         mmask = m < count
         rows = tl.load(sorted_ptr + start + m, mask=mmask, other=0).to(tl.int64)
         yrow = y_ptr + rows[:, None] * stride_ym + col0
-        yv = tl.load(yrow + n[None, :], mask=mmask[:, None] & nok[None, :], other=0.0)
+        if not PDL:  # else the previous kernel may still be writing y: after the wait
+            yv = tl.load(yrow + n[None, :], mask=mmask[:, None] & nok[None, :], other=0.0)
         # Shrink over this item's K range.
         k_per = tl.cdiv(tl.cdiv(K, BLOCK_K), eff) * BLOCK_K
         acc = _shrink_chunk(
             x_ptr, storage_ptr, rows, mmask, a_home, rmask, sp * k_per, K, k_per, stride_xm,
             BLOCK_M, BLOCK_R, BLOCK_K, UPCAST, PREC, False,
         )  # fmt: skip
+        if PDL:  # y, the scratch and the counters only after the previous kernel is done
+            tl.extra.cuda.gdc_wait()
+            yv = tl.load(yrow + n[None, :], mask=mmask[:, None] & nok[None, :], other=0.0)
         if eff > 1:
             z = _wait_and_sum(ws_ptr, ctr_ptr, DEPART_OFF, p, q, eff, acc, BLOCK_M, BLOCK_R)
         else:

@@ -145,6 +145,7 @@ def _plan(cfg: FusedConfig, widths: tuple[int, ...], ints: tuple[int, ...], dtyp
     """One plan per config, slice widths and specialized integers (TARGET is not)."""
     r_max = ints[3]
     block_r = fused_block_r(r_max)
+    pdl = use_pdl(cfg, device)
     return LaunchPlan(lora_fused_kernel, dict(
         W0=widths[0], W1=widths[1], W2=widths[2], W3=widths[3],
         BLOCK_M=cfg.block_m, BLOCK_R=block_r, BLOCK_N=fused_block_n(block_r, cfg.n_elems),
@@ -152,9 +153,18 @@ def _plan(cfg: FusedConfig, widths: tuple[int, ...], ints: tuple[int, ...], dtyp
         # the interpreter runs programs serially: no split may wait for another
         SPLIT_MAX=1 if _interpreting() else cfg.split_k, MIN_SPLIT=fused_min_split(cfg),
         S_PAD=_s_pad(ints[0]), ALIGN=align,
-        UPCAST=_interpreting(), PREC=_precision(dtype), PIPE=cfg.pipe,
+        UPCAST=_interpreting(), PREC=_precision(dtype), PIPE=cfg.pipe, PDL=pdl,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        **({"launch_pdl": True} if pdl else {}),
     ))  # fmt: skip
+
+
+def use_pdl(cfg: FusedConfig, device: torch.device) -> bool:
+    """Programmatic dependent launch: asked by the config, on CUDA with compute
+    capability 9.0 or later (never under the interpreter)."""
+    if not cfg.pdl or _interpreting() or device.type != "cuda":
+        return False
+    return torch.cuda.get_device_capability(device)[0] >= 9
 
 
 # The launcher itself is the op (same signature); its fake does nothing.
