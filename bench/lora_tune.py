@@ -85,13 +85,35 @@ FUSED_CANDIDATES = (
 )  # fmt: skip
 
 
-def _tune_fused_grid(backend: TritonLoraBackend, log: Callable[[str], None]) -> dict[str, object]:
-    """Fused launch per (T class, shape class): ``per_sm``, ``min_split``, the
-    expand loop (``pipe``), the column tile (``n_elems``) and ``block_k`` over
-    ``FUSED_CANDIDATES``. Cases: the Llama-8B module of the class at T = 128 rows
-    (T class 256) or 64 (T class 64, also installed for 16), over 16 and 50 (64)
-    slots — a step with 16 / 128 Zipf(1.0) adapters has about that many live —
-    plus 1 slot for the square class."""
+def _fused_grid_candidates(cur: configs.FusedConfig) -> list[configs.FusedConfig]:
+    return [dataclasses.replace(cur, per_sm=p, min_split=m, pipe=pp, n_elems=ne,
+                                block_k=bk or cur.block_k)
+            for p, m, pp, ne, bk in FUSED_CANDIDATES]  # fmt: skip
+
+
+# (num_stages, num_warps, pdl) tried around each class's current entry: the grid sweep
+# keeps 3 stages / 4 warps; deeper pipelines keep more factor bytes in flight per
+# program, PDL overlaps a launch with the end of the one before.
+FUSED_DEPTH_CANDIDATES = (
+    (3, 4, 0), (4, 4, 0), (5, 4, 0), (2, 4, 0), (3, 8, 0), (4, 8, 0), (3, 4, 1), (4, 4, 1),
+)  # fmt: skip
+
+
+def _fused_depth_candidates(cur: configs.FusedConfig) -> list[configs.FusedConfig]:
+    return [dataclasses.replace(cur, num_stages=st, num_warps=nw, pdl=pdl)
+            for st, nw, pdl in FUSED_DEPTH_CANDIDATES]  # fmt: skip
+
+
+def _tune_fused(backend: TritonLoraBackend, log: Callable[[str], None], label: str,
+                candidates: Callable[[configs.FusedConfig], list[configs.FusedConfig]]
+                ) -> dict[str, object]:
+    """Fused launch per (T class, shape class) over ``candidates(current entry)``:
+    ``grid`` = ``per_sm``, ``min_split``, the expand loop (``pipe``), the column tile
+    (``n_elems``) and ``block_k`` (``FUSED_CANDIDATES``); ``depth`` = pipeline stages,
+    warps and PDL (``FUSED_DEPTH_CANDIDATES``). Cases: the Llama-8B module of the class at
+    T = 128 rows (T class 256) or 64 (T class 64, also installed for 16), over 16 and 50
+    (64) slots — a step with 16 / 128 Zipf(1.0) adapters has about that many live — plus
+    1 slot for the square class."""
     chosen: dict[str, object] = {}
     for t_key, rows, many in ((256, 128, 50), (64, 64, 64)):
         for shape in configs.FUSED_SHAPES:
@@ -103,12 +125,9 @@ def _tune_fused_grid(backend: TritonLoraBackend, log: Callable[[str], None]) -> 
                 for k in keys:
                     configs.FUSED_TABLE[k] = c  # type: ignore[assignment]
 
-            cur = configs.FUSED_TABLE[keys[0]]
-            cands = [dataclasses.replace(cur, per_sm=p, min_split=m, pipe=pp, n_elems=ne,
-                                         block_k=bk or cur.block_k)
-                     for p, m, pp, ne, bk in FUSED_CANDIDATES]  # fmt: skip
+            cands = candidates(configs.FUSED_TABLE[keys[0]])
             best, t = _sweep(put, cands, built, backend, "ours", log)
-            log(f"tuned fused T<={t_key} {shape}: {best} ({t:.2f} µs)")
+            log(f"tuned fused {label} T<={t_key} {shape}: {best} ({t:.2f} µs)")
             chosen[f"fused {t_key} {shape}"] = repr(best)
             del built
             torch.cuda.empty_cache()
@@ -178,7 +197,7 @@ def _tune_prefill_shrink(
 
 
 TUNE_SWEEPS = ("expand", "shrink", "fused")  # what `--tune` runs by default
-ALL_SWEEPS = (*TUNE_SWEEPS, "mixed")
+ALL_SWEEPS = (*TUNE_SWEEPS, "mixed", "fuseddepth")
 
 # Mixed-step (T class 1024) candidates: the committed entry first.
 MIXED_EXPAND_CANDIDATES = tuple(configs.ExpandConfig(*c) for c in (
@@ -262,13 +281,16 @@ def tune(
     1. Prefill expand (T = 4096, n in {4, 32}), rank groups 16 and 64 apart:
        ``Bt``- vs ``y``-prefetching column loop, row tile, column tile, tiles
        per program (metric: the expand alone, two-kernel path).
-    2. Fused launch per T class and module shape class (``_tune_fused_grid``):
+    2. Fused launch per T class and module shape class (``_tune_fused``, grid):
        programs per SM, minimum split, expand pipelining (metric: add_lora).
     3. Prefill shrink (``_tune_prefill_shrink``): row tile, ``BLOCK_K``,
        stages, programs per SM (hence K splits), evict-first ``x``; r = 16
        and r = 64 apart, with the expand winners of 1 installed.
     4. ``mixed`` (not in the default ``TUNE_SWEEPS``): the T class 1024 expand and
-       shrink on mixed-step cases (``_tune_mixed``).
+       shrink on mixed-step cases (``_tune_mixed``), then fused candidates for that
+       class per module class (kept only where faster than the two kernels).
+    5. ``fuseddepth`` (not in the default): each fused entry with other pipeline
+       depths, warps and PDL (``_tune_fused``, depth).
     ``sweeps`` picks among them (``ALL_SWEEPS`` names).
     """
     ec = configs.ExpandConfig
@@ -297,7 +319,9 @@ def tune(
     if "shrink" in sweeps:
         chosen.update(_tune_prefill_shrink(two, log))
     if "fused" in sweeps:
-        chosen.update(_tune_fused_grid(backend, log))
+        chosen.update(_tune_fused(backend, log, "grid", _fused_grid_candidates))
+    if "fuseddepth" in sweeps:
+        chosen.update(_tune_fused(backend, log, "depth", _fused_depth_candidates))
     if "mixed" in sweeps:
         chosen.update(_tune_mixed(two, log))
     return chosen

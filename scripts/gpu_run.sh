@@ -42,6 +42,9 @@ for s in "$@"; do
     kfused) section kfused 320 python3 bench/lora_kernels.py --tune --tune-sweeps fused \
               --no-loop --no-stacked --only "T=64 n=1,T=64 n=16,T=64 n=64,n=50" \
               --out "$OUT/kfused" ;;  # the fused-grid sweep + the decode rows only
+    kdepth) section kdepth 300 python3 bench/lora_kernels.py --tune --tune-sweeps fuseddepth \
+              --no-loop --no-stacked --only "T=64 n=16,T=64 n=64,n=50" \
+              --out "$OUT/kdepth" ;;  # fused entries x stages / warps / PDL
     kmixed) section kmixed 240 python3 bench/lora_kernels.py --tune --tune-sweeps mixed \
               --no-loop --no-stacked --only mixed --out "$OUT/kmixed" ;;  # T class 1024 (mixed steps)
     coldload) section coldload 90 python3 bench/coldload.py --device cuda --shape 8b \
