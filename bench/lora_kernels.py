@@ -139,7 +139,7 @@ def main() -> None:
         cfg = configs.fused_config(sc.rows, sc.max_rank, sc.d_in, sc.outs)
         if cfg is None:
             return "two kernels"
-        fits = fused_fits(sc.rows, sc.n, len(sc.outs), sc.max_rank, cfg,
+        fits = fused_fits(sc.rows, sc.n, sc.d_in, sc.outs, sc.max_rank, cfg,
                           backend.workspace_numel(sc.rows, len(sc.outs), sc.max_rank),
                           LoraWorkspace.COUNTERS, torch.device("cuda"))  # fmt: skip
         return "fused" if fits else "two kernels (fused_fits)"

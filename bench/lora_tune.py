@@ -91,17 +91,19 @@ def _fused_grid_candidates(cur: configs.FusedConfig) -> list[configs.FusedConfig
             for p, m, pp, ne, bk in FUSED_CANDIDATES]  # fmt: skip
 
 
-# (num_stages, num_warps, pdl) tried around each class's current entry: the grid sweep
-# keeps 3 stages / 4 warps; deeper pipelines keep more factor bytes in flight per
-# program, PDL overlaps a launch with the end of the one before.
+# (num_stages, num_warps, pdl, weighted) tried around each class's current entry: the
+# grid sweep keeps 3 stages / 4 warps; deeper pipelines keep more factor bytes in flight
+# per program, PDL overlaps a launch with the end of the one before, weighted gives
+# wide slices (q of q/k/v) more items.
 FUSED_DEPTH_CANDIDATES = (
-    (3, 4, 0), (4, 4, 0), (5, 4, 0), (2, 4, 0), (3, 8, 0), (4, 8, 0), (3, 4, 1), (4, 4, 1),
+    (3, 4, 0, 0), (4, 4, 0, 0), (5, 4, 0, 0), (2, 4, 0, 0), (3, 8, 0, 0), (4, 8, 0, 0),
+    (3, 4, 1, 0), (4, 4, 1, 0), (3, 4, 0, 1), (3, 4, 1, 1),
 )  # fmt: skip
 
 
 def _fused_depth_candidates(cur: configs.FusedConfig) -> list[configs.FusedConfig]:
-    return [dataclasses.replace(cur, num_stages=st, num_warps=nw, pdl=pdl)
-            for st, nw, pdl in FUSED_DEPTH_CANDIDATES]  # fmt: skip
+    return [dataclasses.replace(cur, num_stages=st, num_warps=nw, pdl=pdl, weighted=wt)
+            for st, nw, pdl, wt in FUSED_DEPTH_CANDIDATES]  # fmt: skip
 
 
 def _tune_fused(backend: TritonLoraBackend, log: Callable[[str], None], label: str,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -125,3 +126,53 @@ def test_fused_entry_for_mixed_steps_is_used_and_exact(
                      device="cuda" if torch.cuda.is_available() else "cpu")
     check_case(case, TritonLoraBackend(fused=True))
     assert launches  # the step went through the fused launch
+
+
+def test_weighted_slice_items_follow_factor_bytes() -> None:
+    """q/k/v under GQA: the q slice (4x as wide) gets more items than k and v; one slice
+    or equal slices keep ``eff`` items each; the host's count is what the grid needs."""
+    from dataplane.kernels.triton import fused_ops
+
+    cfg = configs.FusedConfig(16, 128, 32, 4, 3, weighted=1)
+    if fused_ops._interpreting():  # the interpreter never weights (no split may wait)
+        assert fused_ops.slice_items(cfg, 2, 4096, (4096, 1024, 1024)) == 6
+        return
+    assert fused_ops.slice_items(cfg, 2, 4096, (4096, 1024, 1024)) == 3 + 2 + 2
+    assert fused_ops.slice_items(cfg, 4, 4096, (4096,)) == 4
+    assert fused_ops.slice_items(cfg, 2, 4096, (14336, 14336)) == 4
+
+
+@pytest.mark.parametrize("out_features", [(24, 16, 16), (16, 16), (40,)])
+def test_weighted_item_map_matches_reference(
+    monkeypatch: pytest.MonkeyPatch, out_features: tuple[int, ...]
+) -> None:
+    """The weighted item map (slice by cumulative item counts) in the interpreter: forced
+    on, with widths whose bytes round every slice to one item (no split waits), every
+    slice of every row tile is computed exactly once."""
+    import os
+
+    import torch
+
+    from dataplane.kernels.triton import fused_ops
+    from dataplane.kernels.triton.backend import TritonLoraBackend
+
+    from .lora_cases import check_case, make_case
+
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        pytest.skip("interpreter test (on CUDA the GPU tests weight real splits)")
+    monkeypatch.setattr(fused_ops, "weighted", lambda cfg: bool(cfg.weighted))
+    monkeypatch.setattr(configs, "FUSED_TABLE", {
+        k: dataclasses.replace(c, weighted=1) for k, c in configs.FUSED_TABLE.items()})
+    plans: list[object] = []
+    real = fused_ops._plan
+
+    def spy(cfg: configs.FusedConfig, *args: object) -> object:
+        plan = real(cfg, *args)  # type: ignore[arg-type]
+        plans.append(plan)
+        return plan
+
+    monkeypatch.setattr(fused_ops, "_plan", spy)
+    case = make_case(dtype=torch.float32, in_features=64, out_features=out_features,
+                     ranks=[4, 16], num_rows=24, dist="uniform", none_share=0.2, seed=5)
+    check_case(case, TritonLoraBackend(fused=True))
+    assert plans and all(p.constexprs["WEIGHTED"] for p in plans)  # type: ignore[attr-defined]

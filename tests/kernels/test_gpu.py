@@ -106,19 +106,27 @@ def test_step_is_cuda_graph_capturable(cuda_device: torch.device) -> None:
             assert err < TOLERANCE[torch.bfloat16], err
 
 
+@pytest.mark.parametrize("weighted", [0, 1], ids=["even", "weighted"])
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d).removeprefix("torch."))
 def test_fused_decode_is_deterministic_and_resets_counters(
-    cuda_device: torch.device, dtype: torch.dtype
+    cuda_device: torch.device, dtype: torch.dtype, weighted: int,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """The fused launch joins split-K partials across programs through counters.
 
     One workspace serves steps whose live tiles (hence splits per tile) change:
     every result must match the float64 reference and the two-kernel path,
     repeat bit for bit (a race would move it), and leave the counters at zero.
+    ``weighted``: every table entry with per-slice item counts by factor bytes (q/k/v:
+    more splits for q than for k and v).
     """
+    from dataplane.kernels.triton import configs
     from dataplane.kernels.triton.backend import TritonLoraBackend
     from dataplane.kernels.triton.configs import fused_config
     from dataplane.kernels.triton.fused_ops import fused_fits
+
+    monkeypatch.setattr(configs, "FUSED_TABLE", {
+        k: dataclasses.replace(c, weighted=weighted) for k, c in configs.FUSED_TABLE.items()})
 
     fused, two = TritonLoraBackend(fused=True), TritonLoraBackend(fused=False)
     ws = LoraWorkspace(fused.workspace_numel(256, 3, 128), cuda_device)
@@ -142,8 +150,8 @@ def test_fused_decode_is_deterministic_and_resets_counters(
         w = case.table.weights
         cfg = fused_config(rows, w.max_rank, w.in_features, tuple(w.out_features))
         assert cfg is not None and fused_fits(  # every case here takes the fused launch
-            rows, w.num_slots, w.num_slices, w.max_rank, cfg, ws.buffer.numel(), ws.COUNTERS,
-            cuda_device,
+            rows, w.num_slots, w.in_features, tuple(w.out_features), w.max_rank, cfg,
+            ws.buffer.numel(), ws.COUNTERS, cuda_device,
         )  # fmt: skip
         outs_seen = []
         for backend in (fused, fused, fused, two):

@@ -104,8 +104,8 @@ class TritonLoraBackend(LoraBackend):
         memo = workspace is not None and not torch.compiler.is_compiling()
         workspace = self.workspace_for(meta, weights, workspace, x.device)
         if not fused_ops.fused_fits(
-            meta.num_rows, meta.num_slots, weights.num_slices, weights.max_rank, cfg,
-            workspace.buffer.numel(), workspace.COUNTERS, x.device,
+            meta.num_rows, meta.num_slots, weights.in_features, tuple(weights.out_features),
+            weights.max_rank, cfg, workspace.buffer.numel(), workspace.COUNTERS, x.device,
         ):  # fmt: skip
             super().add_lora(y, x, meta, weights, workspace)
             return

@@ -69,7 +69,9 @@ class FusedConfig:
     for two kernels). ``pipe``: 0 = the expand loop prefetches the next
     column tile by hand; k >= 2 = Triton's software pipeline, k stages. ``pdl``: 1 =
     programmatic dependent launch on Hopper and later (the launch and the shrink overlap
-    the end of the previous kernel; ``fused_kernel.py``).
+    the end of the previous kernel; ``fused_kernel.py``). ``weighted``: 1 = a slice's
+    K splits / column shares scale with its factor bytes (q/k/v: the q slice, four
+    times as wide as k or v under GQA, gets more items) instead of the same for all.
     """
 
     block_m: int
@@ -82,6 +84,7 @@ class FusedConfig:
     min_split: int = 2
     pipe: int = 0
     pdl: int = 0
+    weighted: int = 0
 
 
 def bucket(value: int, edges: tuple[int, ...]) -> int:

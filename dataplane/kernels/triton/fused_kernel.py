@@ -19,6 +19,12 @@ their item dead and exit, and their dispatch is not free (measured on the H200:
 the o/down shapes with 64 live slots 11-16% faster). So every program has at
 most one item; the loop over items ``pid, pid + grid, ...`` is a safety net
 (a group whose items shared a program would wait for itself).
+``WEIGHTED`` (the config's ``weighted``): slice ``s`` of a row tile gets
+``e_s = round(eff * (K + W_s) / (K + W_min))`` items instead of ``eff`` (its share
+of the factor bytes: q/k/v under GQA gives q more splits than k and v, so no
+item streams much more than the others); a tile's items are its slices' runs,
+``p = tile * sum(e) + e_0 + ... + e_(s-1) + split``; ``eff`` is then the largest
+power of two with ``tiles * sum(e) <= TARGET``.
 Each item:
 
 1. loads its slot's factor-row addresses, its first ``Bt`` tile and ``y`` tile;
@@ -59,9 +65,10 @@ from dataplane.kernels.triton.lora_kernels import _pick, _shrink_chunk
 
 
 @triton.jit
-def _wait_and_sum(ws_ptr, ctr_ptr, DEPART_OFF, p, q, eff, acc,
+def _wait_and_sum(ws_ptr, ctr_ptr, DEPART_OFF, p, q, base, eff, acc,
                   BLOCK_M: tl.constexpr, BLOCK_R: tl.constexpr):  # fmt: skip
-    """Publish ``acc`` as partial ``p``; return the sum of the ``eff`` partials of group ``q``."""
+    """Publish ``acc`` as partial ``p``; return the sum of the ``eff`` partials of group
+    ``q`` (partials ``base .. base + eff - 1``)."""
     loc = tl.arange(0, BLOCK_M)[:, None] * BLOCK_R + tl.arange(0, BLOCK_R)[None, :]
     tl.store(ws_ptr + p * (BLOCK_M * BLOCK_R) + loc, acc)
     tl.debug_barrier()  # every thread's partial is written before the release
@@ -74,7 +81,7 @@ def _wait_and_sum(ws_ptr, ctr_ptr, DEPART_OFF, p, q, eff, acc,
         tl.atomic_xchg(ctr_ptr + q, 0, sem="relaxed", scope="gpu")
         tl.atomic_xchg(ctr_ptr + DEPART_OFF + q, 0, sem="relaxed", scope="gpu")
     z = tl.zeros([BLOCK_M, BLOCK_R], dtype=tl.float32)
-    group = ws_ptr + q * eff * (BLOCK_M * BLOCK_R) + loc
+    group = ws_ptr + base * (BLOCK_M * BLOCK_R) + loc
     for s0 in range(0, eff, 4):
         for j in tl.static_range(4):
             part = tl.load(
@@ -96,7 +103,7 @@ def lora_fused_kernel(
     BLOCK_M: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr,
     BLOCK_N: tl.constexpr, SPLIT_MAX: tl.constexpr, MIN_SPLIT: tl.constexpr,
     S_PAD: tl.constexpr, ALIGN: tl.constexpr, UPCAST: tl.constexpr, PREC: tl.constexpr,
-    PIPE: tl.constexpr, PDL: tl.constexpr,
+    PIPE: tl.constexpr, PDL: tl.constexpr, WEIGHTED: tl.constexpr, WMIN: tl.constexpr,
 ):  # fmt: skip
     """``y[rows, slice] += scale * (x[rows] @ A^T) @ Bt`` for every live item of
     this program (one item when ``eff > 1``; every grid-size-th when 1).
@@ -106,24 +113,67 @@ def lora_fused_kernel(
     cols = tl.arange(0, S_PAD)
     counts = tl.load(counts_ptr + cols, mask=cols < S, other=0)
     tiles = (counts + BLOCK_M - 1) // BLOCK_M
-    groups = tl.sum(tiles, axis=0) * NS
-    eff = groups * 0 + 1  # largest power of two <= SPLIT_MAX with groups * eff <= TARGET
+    n_tiles = tl.sum(tiles, axis=0)
+    eff = n_tiles * 0 + 1  # largest power of two <= SPLIT_MAX with items <= TARGET
     for _ in tl.static_range(8):
-        eff = tl.where((eff * 2 <= SPLIT_MAX) & (groups * eff * 2 <= TARGET), eff * 2, eff)
+        more = n_tiles * _per_tile(eff * 2, K, NS, W0, W1, W2, W3, WEIGHTED, WMIN)
+        eff = tl.where((eff * 2 <= SPLIT_MAX) & (more <= TARGET), eff * 2, eff)
     eff = tl.maximum(eff, MIN_SPLIT)
     cum = tl.cumsum(tiles, axis=0)
-    for p in range(tl.program_id(0), groups * eff, tl.num_programs(0)):
+    e0 = _slice_items(eff, K, W0, WEIGHTED, WMIN)
+    e1 = _slice_items(eff, K, W1, WEIGHTED, WMIN)
+    e2 = _slice_items(eff, K, W2, WEIGHTED, WMIN)
+    e3 = _slice_items(eff, K, W3, WEIGHTED, WMIN)
+    per_tile = _per_tile(eff, K, NS, W0, W1, W2, W3, WEIGHTED, WMIN)
+    for p in range(tl.program_id(0), n_tiles * per_tile, tl.num_programs(0)):
+        if WEIGHTED:  # slice sl has e_sl consecutive items per row tile
+            pid = p // per_tile
+            rem = p - pid * per_tile
+            sl = ((rem >= e0).to(tl.int32) + (rem >= e0 + e1).to(tl.int32)
+                  + (rem >= e0 + e1 + e2).to(tl.int32))  # fmt: skip
+            sp = rem - _pick(sl, 0, e0, e0 + e1, e0 + e1 + e2)
+            e = _pick(sl, e0, e1, e2, e3)
+        else:
+            q = p // eff
+            sp = p - q * eff
+            pid = q // NS
+            sl = q - pid * NS
+            e = eff
         _fused_item(
-            p, eff, tiles, cum, cols, x_ptr, y_ptr, storage_ptr, a_rows_ptr, b_rows_ptr,
-            ranks_ptr, scales_ptr, ws_ptr, ctr_ptr, sorted_ptr, counts_ptr, starts_ptr,
-            S, K, NS, R_MAX, stride_xm, stride_ym, DEPART_OFF, W0, W1, W2, W3,
+            p, pid, sl, sp, e, tiles, cum, cols, x_ptr, y_ptr, storage_ptr, a_rows_ptr,
+            b_rows_ptr, ranks_ptr, scales_ptr, ws_ptr, ctr_ptr, sorted_ptr, counts_ptr,
+            starts_ptr, S, K, NS, R_MAX, stride_xm, stride_ym, DEPART_OFF, W0, W1, W2, W3,
             BLOCK_M, BLOCK_R, BLOCK_K, BLOCK_N, ALIGN, UPCAST, PREC, PIPE, PDL,
         )  # fmt: skip
 
 
 @triton.jit
+def _slice_items(eff, K, W: tl.constexpr, WEIGHTED: tl.constexpr, WMIN: tl.constexpr):
+    """Items (K splits = column shares) of a slice of width ``W`` per row tile: ``eff``,
+    or with ``WEIGHTED`` ``eff`` scaled by the slice's factor bytes over the narrowest
+    slice's, ``(K + W) / (K + WMIN)``, rounded (0 for an absent slice)."""
+    if W == 0:
+        return eff * 0
+    elif WEIGHTED:
+        return tl.maximum(1, (eff * (K + W) * 2 + K + WMIN) // (2 * (K + WMIN)))
+    else:
+        return eff
+
+
+@triton.jit
+def _per_tile(eff, K, NS, W0: tl.constexpr, W1: tl.constexpr, W2: tl.constexpr,
+              W3: tl.constexpr, WEIGHTED: tl.constexpr, WMIN: tl.constexpr):  # fmt: skip
+    if WEIGHTED:
+        return (_slice_items(eff, K, W0, WEIGHTED, WMIN) + _slice_items(eff, K, W1, WEIGHTED, WMIN)
+                + _slice_items(eff, K, W2, WEIGHTED, WMIN)
+                + _slice_items(eff, K, W3, WEIGHTED, WMIN))  # fmt: skip
+    else:
+        return eff * NS
+
+
+@triton.jit
 def _fused_item(
-    p, eff, tiles, cum, cols, x_ptr, y_ptr, storage_ptr, a_rows_ptr, b_rows_ptr,
+    p, pid, sl, sp, eff, tiles, cum, cols, x_ptr, y_ptr, storage_ptr, a_rows_ptr, b_rows_ptr,
     ranks_ptr, scales_ptr, ws_ptr, ctr_ptr, sorted_ptr, counts_ptr, starts_ptr,
     S, K, NS, R_MAX, stride_xm, stride_ym, DEPART_OFF,
     W0: tl.constexpr, W1: tl.constexpr, W2: tl.constexpr, W3: tl.constexpr,
@@ -131,11 +181,9 @@ def _fused_item(
     BLOCK_N: tl.constexpr, ALIGN: tl.constexpr, UPCAST: tl.constexpr, PREC: tl.constexpr,
     PIPE: tl.constexpr, PDL: tl.constexpr,
 ):  # fmt: skip
-    """Item ``p`` = (row tile, slice, split) with the split fastest."""
-    q = p // eff
-    sp = p - q * eff
-    pid = q // NS
-    sl = q - pid * NS
+    """Item ``p`` = split ``sp`` of ``eff`` of slice ``sl`` of live row tile ``pid``
+    (its partials are ``p - sp .. p - sp + eff - 1``)."""
+    q = pid * NS + sl
     slot = tl.sum((cum <= pid).to(tl.int32), axis=0)
     tile = pid - tl.sum(tl.where(cols < slot, tiles, 0), axis=0)
     width = _pick(sl, W0, W1, W2, W3)
@@ -181,7 +229,8 @@ def _fused_item(
             tl.extra.cuda.gdc_wait()
             yv = tl.load(yrow + n[None, :], mask=mmask[:, None] & nok[None, :], other=0.0)
         if eff > 1:
-            z = _wait_and_sum(ws_ptr, ctr_ptr, DEPART_OFF, p, q, eff, acc, BLOCK_M, BLOCK_R)
+            z = _wait_and_sum(ws_ptr, ctr_ptr, DEPART_OFF, p, q, p - sp, eff, acc,
+                              BLOCK_M, BLOCK_R)
         else:
             z = acc
         if not UPCAST:

@@ -42,11 +42,29 @@ def fused_min_split(cfg: FusedConfig) -> int:
     return 1 if _interpreting() else max(1, min(cfg.min_split, cfg.split_k))
 
 
-def fused_programs(tiles: int, num_slices: int, cfg: FusedConfig, device: torch.device) -> int:
+def weighted(cfg: FusedConfig) -> bool:
+    """Slices get items by their factor bytes (never under the interpreter, whose
+    programs run one after another: a split may not wait for another)."""
+    return bool(cfg.weighted) and not _interpreting()
+
+
+def slice_items(cfg: FusedConfig, eff: int, in_features: int,
+                out_features: tuple[int, ...]) -> int:
+    """Items per live row tile at ``eff`` splits (the kernel's ``_per_tile``)."""
+    if not weighted(cfg):
+        return eff * len(out_features)
+    k, w_min = in_features, min(out_features)
+    return sum(max(1, (eff * (k + w) * 2 + k + w_min) // (2 * (k + w_min)))
+               for w in out_features)
+
+
+def fused_programs(tiles: int, cfg: FusedConfig, device: torch.device, in_features: int,
+                   out_features: tuple[int, ...]) -> int:
     """The grid of a launch with at most ``tiles`` row tiles: the ``per_sm``
-    bound, raised to ``tiles * slices * min_split`` when that is more (so every
+    bound, raised to the items at ``min_split`` when that is more (so every
     item has its own program; only the interpreter's programs loop)."""
-    return max(fused_target(device, cfg), tiles * num_slices * fused_min_split(cfg))
+    items = tiles * slice_items(cfg, fused_min_split(cfg), in_features, out_features)
+    return max(fused_target(device, cfg), items)
 
 
 def fused_scratch_numel(programs: int, max_rank: int, block_m: int = 16) -> int:
@@ -56,7 +74,8 @@ def fused_scratch_numel(programs: int, max_rank: int, block_m: int = 16) -> int:
 def fused_fits(
     num_rows: int,
     num_slots: int,
-    num_slices: int,
+    in_features: int,
+    out_features: tuple[int, ...],
     max_rank: int,
     cfg: FusedConfig,
     scratch_numel: int,
@@ -70,7 +89,8 @@ def fused_fits(
     unsplit: q/k/v at 50 slots 25.1 µs unsplit vs 30.2 with 2 splits on the H200).
     """
     tiles = max_tiles(num_rows, num_slots, cfg.block_m)
-    programs = fused_programs(tiles, num_slices, cfg, device)
+    num_slices = len(out_features)
+    programs = fused_programs(tiles, cfg, device, in_features, out_features)
     return (
         num_slices <= MAX_SLICES
         and tiles * num_slices <= counters
@@ -127,7 +147,7 @@ def prepare_fused(x: torch.Tensor, y: torch.Tensor, a_rows: torch.Tensor,
     if cfg is None:
         raise LoraShapeError(f"no fused config for T={t}, rank {r_max}")
     tiles = max_tiles(t, s, cfg.block_m)
-    programs = fused_programs(tiles, ns, cfg, x.device)
+    programs = fused_programs(tiles, cfg, x.device, k, tuple(out_features))
     if scratch.numel() < fused_scratch_numel(programs, r_max, cfg.block_m):
         raise LoraShapeError("fused scratch too small")
     if tiles * ns > counters.numel() // 2:
@@ -154,6 +174,7 @@ def _plan(cfg: FusedConfig, widths: tuple[int, ...], ints: tuple[int, ...], dtyp
         SPLIT_MAX=1 if _interpreting() else cfg.split_k, MIN_SPLIT=fused_min_split(cfg),
         S_PAD=_s_pad(ints[0]), ALIGN=align,
         UPCAST=_interpreting(), PREC=_precision(dtype), PIPE=cfg.pipe, PDL=pdl,
+        WEIGHTED=weighted(cfg), WMIN=min(w for w in widths if w),
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         **({"launch_pdl": True} if pdl else {}),
     ))  # fmt: skip
