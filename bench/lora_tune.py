@@ -227,7 +227,7 @@ def _tune_mixed(two: TritonLoraBackend, log: Callable[[str], None]) -> dict[str,
     ):
         put = _installer(table, (1024,), (16, 32))
         best, t = _sweep(put, list(cands), built, two, "ours", log)
-        by_rank[(1024, 16)] = best  # type: ignore[index]
+        by_rank[(1024, 16)] = best  # type: ignore[assignment]
         log(f"tuned mixed {name} (T<=1024, r<=32): {best} ({t:.2f} µs add_lora geomean)")
         chosen[f"{name} 1024 r16"] = repr(best)
     chosen.update(_tune_mixed_fused(built, two, log))
