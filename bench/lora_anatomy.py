@@ -51,6 +51,7 @@ MODULES = {
     "o": Scenario("decode", 128, 50, (16,)),
     "gate/up": Scenario("decode", 128, 50, (16,), (14336, 14336)),
     "down": Scenario("decode", 128, 50, (16,), (4096,), 14336),
+    "o, 1 slot": Scenario("decode", 128, 1, (16,)),  # the fixed cost of a launch
 }
 SMOKE = {  # the same four kinds at interpreter size
     "q/k/v": Scenario("decode", 16, 5, (16,), (128, 32, 32), 64),
@@ -190,7 +191,7 @@ def main() -> None:
           f"{bw / 1e9:.0f} GB/s", flush=True)
     cols = ("full", "floor", "prologue", "tiny K", "tiny N", "tiny K+N", "shrink", "expand",
             "exchange", "gemm", "gemm+lora", "gemm+lora pdl")
-    print("| module (T=128, 50 slots, r=16) | " + " | ".join(cols) + " |")
+    print("| module (T=128, r=16, 50 slots) | " + " | ".join(cols) + " |")
     print("|---" * (len(cols) + 1) + "|")
     results = {}
     for name, sc in MODULES.items():
