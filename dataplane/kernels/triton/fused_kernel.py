@@ -145,6 +145,8 @@ def lora_fused_kernel(
             starts_ptr, S, K, NS, R_MAX, stride_xm, stride_ym, DEPART_OFF, W0, W1, W2, W3,
             BLOCK_M, BLOCK_R, BLOCK_K, BLOCK_N, ALIGN, UPCAST, PREC, PIPE, PDL,
         )  # fmt: skip
+    if PDL:  # every program, items or not: this launch never ends before the previous one
+        tl.extra.cuda.gdc_wait()
 
 
 @triton.jit
