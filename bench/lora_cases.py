@@ -87,6 +87,13 @@ class Layer:
         self.table.scales.fill_(2.0)
 
 
+def mixed_cases(rows: int) -> list[Scenario]:
+    """The four Llama-8B modules (q/k/v, o, gate/up, down) of a mixed step of ``rows``
+    rows: 104 one-row decode slots + the rest in 3 prefill runs, 53 slots, rank 16."""
+    return [Scenario("mixed", rows, 53, (16,), outs, d_in) for outs, d_in in (
+        ((4096, 1024, 1024), 4096), ((4096,), 4096), ((14336, 14336), 4096), ((4096,), 14336))]
+
+
 def ring_size(sc: Scenario) -> int:
     return max(4, min(512, math.ceil(RING_BYTES / sc.floor_bytes())))
 
@@ -124,6 +131,5 @@ EXTRA = [
     Scenario("prefill", 4096, 32, (8, 16, 32, 64)),
     # the engine's typical mixed step (128 Zipf adapters): 600 prefill rows of 3 requests
     # + 104 decode rows over 50 slots, each Llama-8B module
-    *[Scenario("mixed", 704, 53, (16,), outs, d_in) for outs, d_in in (
-        ((4096, 1024, 1024), 4096), ((4096,), 4096), ((14336, 14336), 4096), ((4096,), 14336))],
+    *mixed_cases(704),
 ]

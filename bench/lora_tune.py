@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from bench.lora_cases import EXTRA, Scenario, build_ring, outs_label
+from bench.lora_cases import Scenario, build_ring, mixed_cases, outs_label
 from bench.lora_timing import time_ours
 from dataplane.kernels.triton import configs
 from dataplane.kernels.triton.backend import TritonLoraBackend
@@ -213,26 +213,37 @@ MIXED_SHRINK_CANDIDATES = tuple(configs.ShrinkConfig(*c) for c in (
 
 
 def _tune_mixed(two: TritonLoraBackend, log: Callable[[str], None]) -> dict[str, object]:
-    """T class 1024 (257-1024 rows: the engine's typical mixed step), rank <= 32: the
-    expand, then the shrink with the expand winner installed, over the four Llama-8B
-    modules of a mixed step (600 prefill rows in 3 runs + 104 one-row decode slots).
-    Metric: the two-kernel add_lora (geomean). Winners go to ``EXPAND_BY_RANK`` /
-    ``SHRINK_BY_RANK`` under ``(1024, 16)``."""
+    """Mixed steps, rank <= 32: the expand, then the shrink with the expand winner
+    installed. T class 1024 (257-1024 rows, the engine's typical mixed step) over the four
+    modules of a 704-row step; T class 4096 (the trace's large mixed steps, 1025-4096
+    rows) over a 2,600-row step's modules plus the square module's pure prefill T = 4096
+    at n = 4 and 32 (the same class: a winner must not give prefill back). Metric: the
+    two-kernel add_lora (geomean). Winners go to ``EXPAND_BY_RANK`` / ``SHRINK_BY_RANK``
+    under ``(class, 16)``; then fused candidates for class 1024."""
     chosen: dict[str, object] = {}
-    cases = [sc for sc in EXTRA if sc.kind == "mixed"]
-    built = [(sc, build_ring(sc, "scattered")) for sc in cases]
-    for name, table, by_rank, cands in (
-        ("expand", configs.EXPAND_TABLE, configs.EXPAND_BY_RANK, MIXED_EXPAND_CANDIDATES),
-        ("shrink", configs.SHRINK_TABLE, configs.SHRINK_BY_RANK, MIXED_SHRINK_CANDIDATES),
+    for t_class, t_keys, cases in (
+        (1024, (1024,), mixed_cases(704)),
+        (4096, (4096, 1 << 30), [*mixed_cases(2600),
+                                 *(Scenario("prefill", 4096, n, (16,)) for n in (4, 32))]),
     ):
-        put = _installer(table, (1024,), (16, 32))
-        best, t = _sweep(put, list(cands), built, two, "ours", log)
-        by_rank[(1024, 16)] = best  # type: ignore[assignment]
-        log(f"tuned mixed {name} (T<=1024, r<=32): {best} ({t:.2f} µs add_lora geomean)")
-        chosen[f"{name} 1024 r16"] = repr(best)
-    chosen.update(_tune_mixed_fused(built, two, log))
-    del built
-    torch.cuda.empty_cache()
+        built = [(sc, build_ring(sc, "scattered")) for sc in cases]
+        for name, table, by_rank, cands in (
+            ("expand", configs.EXPAND_TABLE, configs.EXPAND_BY_RANK, MIXED_EXPAND_CANDIDATES),
+            ("shrink", configs.SHRINK_TABLE, configs.SHRINK_BY_RANK, MIXED_SHRINK_CANDIDATES),
+        ):
+            put = _installer(table, t_keys, (16, 32))
+            current = table[(t_class, 16)]
+            others = [c for c in cands
+                      if dataclasses.replace(c, block_r=current.block_r) != current]
+            best, t = _sweep(put, [current, *others], built, two, "ours", log)
+            by_rank[(t_class, 16)] = best  # type: ignore[assignment]
+            log(f"tuned mixed {name} (T<={t_class}, r<=32): {best} "
+                f"({t:.2f} µs add_lora geomean)")
+            chosen[f"{name} {t_class} r16"] = repr(best)
+        if t_class == 1024:
+            chosen.update(_tune_mixed_fused(built, two, log))
+        del built
+        torch.cuda.empty_cache()
     return chosen
 
 

@@ -45,8 +45,8 @@ for s in "$@"; do
     kdepth) section kdepth 300 python3 bench/lora_kernels.py --tune --tune-sweeps fuseddepth \
               --no-loop --no-stacked --only "T=64 n=16,T=64 n=64,n=50" \
               --out "$OUT/kdepth" ;;  # fused entries x stages / warps / PDL
-    kmixed) section kmixed 240 python3 bench/lora_kernels.py --tune --tune-sweeps mixed \
-              --no-loop --no-stacked --only mixed --out "$OUT/kmixed" ;;  # T class 1024 (mixed steps)
+    kmixed) section kmixed 420 python3 bench/lora_kernels.py --tune --tune-sweeps mixed \
+              --no-loop --no-stacked --only mixed --out "$OUT/kmixed" ;;  # T classes 1024 and 4096 on mixed steps
     coldload) section coldload 90 python3 bench/coldload.py --device cuda --shape 8b \
                 --loads 20 --adapters 64 --pool-adapters 16 --requests 400 \
                 --out "$OUT/coldload" ;;
