@@ -209,6 +209,10 @@ MIXED_EXPAND_CANDIDATES = tuple(configs.ExpandConfig(*c) for c in (
 MIXED_SHRINK_CANDIDATES = tuple(configs.ShrinkConfig(*c) for c in (
     (32, 64, 128, 16, 4, 3), (16, 64, 128, 16, 4, 3), (16, 64, 256, 16, 4, 3),
     (32, 64, 128, 16, 4, 3, 4), (16, 64, 128, 32, 4, 3, 3), (64, 64, 128, 8, 4, 3),
+    # row-weighted splits (`row_split`): full prefill tiles get more K splits than
+    # one-row decode tiles
+    (64, 64, 128, 32, 4, 3, 2, False, 16), (64, 64, 128, 32, 4, 3, 1, False, 16),
+    (32, 64, 128, 32, 4, 3, 2, False, 8),
 ))  # fmt: skip
 
 

@@ -37,6 +37,11 @@ class ShrinkConfig:
     num_stages: int
     per_sm: int = 2
     evict_x: bool = False  # evict-first hint on the x stream (prefill)
+    row_split: int = 0
+    """0: every slot gets the launch's split count. ``n > 0``: a slot's count is that
+    times ``next_pow2(ceil(min(rows, block_m) / n))`` (capped at ``split_k``): in a mixed
+    step a full prefill tile streams ``block_m`` rows of ``x`` besides the factors, a
+    one-row decode tile almost only the factors, so the heavy tiles get more programs."""
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,13 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from dataplane.kernels.triton.lora_kernels import _eff_split, _pick, _slot_tile, _total_tiles
+from dataplane.kernels.triton.lora_kernels import (
+    _eff_split,
+    _pick,
+    _slot_split,
+    _slot_tile,
+    _total_tiles,
+)
 
 
 @triton.jit
@@ -88,6 +94,7 @@ def lora_expand_kernel(
     UPCAST: tl.constexpr,
     PREC: tl.constexpr,
     Y_PREFETCH: tl.constexpr,
+    ROW_SPLIT: tl.constexpr,
 ):
     """Each program: one (slot, row tile) × ``N_ITERS`` column tiles of one slice.
 
@@ -139,6 +146,7 @@ def lora_expand_kernel(
     mmask = m < count
     rows = tl.load(sorted_ptr + start + m, mask=mmask, other=0).to(tl.int64)
     eff = _eff_split(_total_tiles(counts_ptr, S, SHRINK_BM, S_PAD), SPLIT_MAX, TARGET)
+    eff = _slot_split(eff, count, SPLIT_MAX, SHRINK_BM, ROW_SPLIT)
     z0 = _load_z(z_ptr, rows, mmask, sl, r, rmask, T, NS, R_MAX, eff, BLOCK_M, BLOCK_R)
     if not UPCAST:
         z0 = z0.to(storage_ptr.dtype.element_ty)

@@ -23,7 +23,7 @@ import triton.language as tl
 
 from dataplane.intmath import cdiv
 from dataplane.kernels.triton.expand_kernel import _expand_acc, _load_z
-from dataplane.kernels.triton.lora_kernels import _eff_split, _slot_tile, _total_tiles
+from dataplane.kernels.triton.lora_kernels import _eff_split, _slot_split, _slot_tile, _total_tiles
 
 
 @triton.jit
@@ -63,7 +63,7 @@ def lora_expand_silu_kernel(
     INTER: tl.constexpr, SPLIT_MAX: tl.constexpr, TARGET: tl.constexpr,
     SHRINK_BM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     N_ITERS: tl.constexpr, BLOCK_R: tl.constexpr, S_PAD: tl.constexpr, ALIGN: tl.constexpr,
-    UPCAST: tl.constexpr, PREC: tl.constexpr,
+    UPCAST: tl.constexpr, PREC: tl.constexpr, ROW_SPLIT: tl.constexpr,
 ):  # fmt: skip
     """One (row tile, column span) of ``out [T, INTER]`` (module docstring)."""
     pid = tl.program_id(0)
@@ -101,6 +101,7 @@ def lora_expand_silu_kernel(
         mmask = m < count
         rows = tl.load(sorted_ptr + start + m, mask=mmask, other=0).to(tl.int64)
         eff = _eff_split(_total_tiles(counts_ptr, S, SHRINK_BM, S_PAD), SPLIT_MAX, TARGET)
+        eff = _slot_split(eff, count, SPLIT_MAX, SHRINK_BM, ROW_SPLIT)
         zg = _load_z(z_ptr, rows, mmask, 0, r, r < rank_g, T, 2, R_MAX, eff, BLOCK_M, BLOCK_R)
         zu = _load_z(z_ptr, rows, mmask, 1, r, r < rank_u, T, 2, R_MAX, eff, BLOCK_M, BLOCK_R)
         if not UPCAST:

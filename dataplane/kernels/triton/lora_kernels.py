@@ -67,6 +67,22 @@ def _eff_split(total, SPLIT_MAX: tl.constexpr, TARGET: tl.constexpr):
 
 
 @triton.jit
+def _slot_split(eff, count, SPLIT_MAX: tl.constexpr, BLOCK_M: tl.constexpr,
+                ROW_SPLIT: tl.constexpr):  # fmt: skip
+    """K splits of a slot with ``count`` rows: ``eff``, or with ``ROW_SPLIT`` (the
+    config's ``row_split``) ``eff`` times the next power of two of its tiles' rows over
+    ``ROW_SPLIT``, at most ``SPLIT_MAX`` (shrink and expand derive the same number)."""
+    if ROW_SPLIT == 0:
+        return eff
+    else:
+        units = (tl.minimum(count, BLOCK_M) + ROW_SPLIT - 1) // ROW_SPLIT
+        w = units * 0 + 1
+        for _ in tl.static_range(8):
+            w = tl.where(w < units, w * 2, w)
+        return tl.minimum(eff * w, SPLIT_MAX)
+
+
+@triton.jit
 def _shrink_chunk(
     x_ptr, storage_ptr, rows, mmask, homes, rmask, k_lo, K, K_PER_SPLIT, stride_xm,
     BLOCK_M: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr,
@@ -132,13 +148,14 @@ def lora_shrink_kernel(
     UPCAST: tl.constexpr,
     PREC: tl.constexpr,
     EVICT_X: tl.constexpr,
+    ROW_SPLIT: tl.constexpr,
 ):
     pid = tl.program_id(0)
     pid_k = tl.program_id(1)
     sl = tl.program_id(2)
     slot, tile, total = _slot_tile(pid, counts_ptr, S, BLOCK_M, S_PAD)
     eff = _eff_split(total, SPLIT_MAX, TARGET)
-    if (pid >= total) | (pid_k >= eff):
+    if (pid >= total) | ((ROW_SPLIT == 0) & (pid_k >= eff)):
         return
     # Independent loads first (short dependency chain matters at decode sizes).
     table = a_rows_ptr + (sl * S + slot) * R_MAX
@@ -147,7 +164,8 @@ def lora_shrink_kernel(
     rank = tl.load(ranks_ptr + sl * S + slot)
     count = tl.load(counts_ptr + slot)
     start = tl.load(starts_ptr + slot)
-    if rank == 0:
+    eff = _slot_split(eff, count, SPLIT_MAX, BLOCK_M, ROW_SPLIT)
+    if (rank == 0) | (pid_k >= eff):
         return
     if ALIGN > 1:  # lets the compiler vectorise the factor loads
         homes = tl.multiple_of(homes, ALIGN)

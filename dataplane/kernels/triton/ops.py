@@ -81,7 +81,8 @@ def _shrink_plan(cfg: ShrinkConfig, s: int, k: int, ns: int, r_max: int, stride:
         BLOCK_M=fit.block_m, BLOCK_R=fit.block_r, BLOCK_K=fit.block_k,
         SPLIT_MAX=cfg.split_k, TARGET=target,
         S_PAD=_s_pad(s), ALIGN=align, UPCAST=_interpreting(), PREC=_precision(dtype),
-        EVICT_X=fit.evict_x, num_warps=fit.num_warps, num_stages=fit.num_stages,
+        EVICT_X=fit.evict_x, ROW_SPLIT=cfg.row_split,
+        num_warps=fit.num_warps, num_stages=fit.num_stages,
     ))  # fmt: skip
 
 
@@ -130,7 +131,8 @@ def _expand_plan(cfg: ExpandConfig, shrink_cfg: ShrinkConfig, split: int, s: int
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, N_ITERS=cfg.n_iters,
         BLOCK_R=cfg.block_r,
         S_PAD=_s_pad(s), ALIGN=align, UPCAST=_interpreting(), PREC=_precision(dtype),
-        Y_PREFETCH=cfg.y_prefetch, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        Y_PREFETCH=cfg.y_prefetch, ROW_SPLIT=shrink_cfg.row_split,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     ))  # fmt: skip
 
 

@@ -61,7 +61,7 @@ def _plan(cfg: ExpandConfig, shrink_cfg: ShrinkConfig, split: int, s: int, r_max
         INTER=inter, SPLIT_MAX=split, TARGET=shrink_target(shrink_cfg, device),
         SHRINK_BM=shrink_cfg.block_m, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
         N_ITERS=cfg.n_iters, BLOCK_R=cfg.block_r, S_PAD=_s_pad(s), ALIGN=align,
-        UPCAST=_interpreting(), PREC=_precision(dtype),
+        UPCAST=_interpreting(), PREC=_precision(dtype), ROW_SPLIT=shrink_cfg.row_split,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     ))  # fmt: skip
 
