@@ -244,11 +244,33 @@ def _tune_mixed(two: TritonLoraBackend, log: Callable[[str], None]) -> dict[str,
             log(f"tuned mixed {name} (T<={t_class}, r<=32): {best} "
                 f"({t:.2f} µs add_lora geomean)")
             chosen[f"{name} {t_class} r16"] = repr(best)
+        chosen.update(_tune_two_kernel_pdl(t_class, t_keys, built, two, log))
         if t_class == 1024:
             chosen.update(_tune_mixed_fused(built, two, log))
         del built
         torch.cuda.empty_cache()
     return chosen
+
+
+def _tune_two_kernel_pdl(t_class: int, t_keys: tuple[int, ...], built: list,
+                         two: TritonLoraBackend, log: Callable[[str], None]
+                         ) -> dict[str, object]:
+    """The class's shrink and expand winners launched as programmatic dependent launches
+    (both or neither), kept where the add_lora geomean drops."""
+    entries: dict[str, tuple[dict[tuple[int, int], Any], dict[tuple[int, int], Any]]] = {
+        "shrink": (configs.SHRINK_TABLE, configs.SHRINK_BY_RANK),
+        "expand": (configs.EXPAND_TABLE, configs.EXPAND_BY_RANK)}
+    winners = {n: by_rank[(t_class, 16)] for n, (_, by_rank) in entries.items()}
+
+    def put(pdl: object) -> None:
+        for n, (table, _) in entries.items():
+            _installer(table, t_keys, (16, 32))(dataclasses.replace(winners[n], pdl=pdl))
+
+    best, t = _sweep(put, [0, 1], built, two, "ours", log)
+    for n, (_, by_rank) in entries.items():
+        by_rank[(t_class, 16)] = dataclasses.replace(winners[n], pdl=best)
+    log(f"mixed T<={t_class} two-kernel pdl={best} ({t:.2f} µs add_lora geomean)")
+    return {f"two-kernel pdl {t_class}": best}
 
 
 # Fused candidates for mixed steps: (block_m, block_k, per_sm, min_split, pipe, n_elems).

@@ -169,25 +169,27 @@ def test_fused_decode_is_deterministic_and_resets_counters(
             assert err < TOLERANCE[dtype], (k, err)
 
 
+@pytest.mark.parametrize("fused", [True, False], ids=["fused", "two-kernel"])
 @pytest.mark.parametrize("outs", [(4096,), (4096, 1024, 1024), (14336, 14336)])
-def test_fused_pdl_launch_waits_for_the_gemm_that_writes_y(
-    cuda_device: torch.device, outs: tuple[int, ...], monkeypatch: pytest.MonkeyPatch
+def test_pdl_launches_wait_for_the_gemm_that_writes_y(
+    cuda_device: torch.device, outs: tuple[int, ...], fused: bool,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """With ``pdl`` the fused launch may start while the base GEMM before it still
-    writes ``y``: ``y`` must be read only after the wait. Each replay recomputes
-    ``y = x Wᵀ`` (a GEMM big enough to still be running when the launch starts) and adds
-    the LoRA delta, eagerly and in a CUDA graph, against the float64 reference."""
+    """With ``pdl`` the LoRA launches (the fused one, or shrink and expand) may start while
+    the base GEMM before them still writes ``y``: ``y`` must be read only after the wait.
+    Each replay recomputes ``y = x Wᵀ`` (a GEMM big enough to still be running when the
+    launch starts) and adds the LoRA delta, eagerly and in a CUDA graph, against the
+    float64 reference."""
     from dataplane.kernels.triton import configs
     from dataplane.kernels.triton.backend import TritonLoraBackend
-    from dataplane.kernels.triton.fused_ops import use_pdl
+    from dataplane.kernels.triton.ops import pdl_launch
 
-    monkeypatch.setattr(configs, "FUSED_TABLE", {
-        k: dataclasses.replace(c, pdl=1) for k, c in configs.FUSED_TABLE.items()})
-    cfg = configs.fused_config(128, 16, 4096, outs)
-    assert cfg is not None and cfg.pdl == 1
-    if not use_pdl(cfg, cuda_device):
+    for name in ("FUSED_TABLE", "SHRINK_TABLE", "EXPAND_TABLE"):
+        monkeypatch.setattr(configs, name, {
+            k: dataclasses.replace(c, pdl=1) for k, c in getattr(configs, name).items()})
+    if not pdl_launch(1, cuda_device):
         pytest.skip("programmatic dependent launch needs compute capability 9.0")
-    backend = TritonLoraBackend(fused=True)
+    backend = TritonLoraBackend(fused=fused)
     case = make_case(dtype=torch.bfloat16, in_features=4096, out_features=outs, ranks=[16],
                      num_rows=128, dist="distinct", none_share=0.1, seed=11,
                      device=cuda_device)  # fmt: skip

@@ -42,6 +42,7 @@ class ShrinkConfig:
     times ``next_pow2(ceil(min(rows, block_m) / n))`` (capped at ``split_k``): in a mixed
     step a full prefill tile streams ``block_m`` rows of ``x`` besides the factors, a
     one-row decode tile almost only the factors, so the heavy tiles get more programs."""
+    pdl: int = 0  # 1: programmatic dependent launch (Hopper+), see ``ops.pdl_launch``
 
 
 @dataclass(frozen=True)
@@ -58,6 +59,7 @@ class ExpandConfig:
     num_stages: int
     n_iters: int = 1
     y_prefetch: bool = False
+    pdl: int = 0  # 1: programmatic dependent launch (Hopper+), see ``ops.pdl_launch``
 
 
 @dataclass(frozen=True)

@@ -95,6 +95,7 @@ def lora_expand_kernel(
     PREC: tl.constexpr,
     Y_PREFETCH: tl.constexpr,
     ROW_SPLIT: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     """Each program: one (slot, row tile) × ``N_ITERS`` column tiles of one slice.
 
@@ -105,6 +106,8 @@ def lora_expand_kernel(
     one of the two is double-buffered, so the live registers stay at one
     ``y`` + one ``Bt`` + the accumulator above a single-buffered loop.
     """
+    if PDL:  # launched early: the shrink's z and the GEMM's y only after this
+        tl.extra.cuda.gdc_wait()
     pid = tl.program_id(0)
     pid_n = tl.program_id(1)
     slot, tile, total = _slot_tile(pid, counts_ptr, S, BLOCK_M, S_PAD)

@@ -63,9 +63,11 @@ def lora_expand_silu_kernel(
     INTER: tl.constexpr, SPLIT_MAX: tl.constexpr, TARGET: tl.constexpr,
     SHRINK_BM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     N_ITERS: tl.constexpr, BLOCK_R: tl.constexpr, S_PAD: tl.constexpr, ALIGN: tl.constexpr,
-    UPCAST: tl.constexpr, PREC: tl.constexpr, ROW_SPLIT: tl.constexpr,
+    UPCAST: tl.constexpr, PREC: tl.constexpr, ROW_SPLIT: tl.constexpr, PDL: tl.constexpr,
 ):  # fmt: skip
     """One (row tile, column span) of ``out [T, INTER]`` (module docstring)."""
+    if PDL:  # launched early: the shrink's z and the GEMM's gate/up only after this
+        tl.extra.cuda.gdc_wait()
     pid = tl.program_id(0)
     slot, tile, total = _slot_tile(pid, counts_ptr, S, BLOCK_M, S_PAD)
     n0 = tl.program_id(1) * (N_ITERS * BLOCK_N) + tl.arange(0, BLOCK_N)

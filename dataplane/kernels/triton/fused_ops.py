@@ -22,6 +22,8 @@ from dataplane.kernels.triton.ops import (
     _s_pad,
     _sm_count,
     max_tiles,
+    pdl_launch,
+    pdl_options,
 )
 from dataplane.triton_launch import LaunchPlan
 
@@ -165,7 +167,7 @@ def _plan(cfg: FusedConfig, widths: tuple[int, ...], ints: tuple[int, ...], dtyp
     """One plan per config, slice widths and specialized integers (TARGET is not)."""
     r_max = ints[3]
     block_r = fused_block_r(r_max)
-    pdl = use_pdl(cfg, device)
+    pdl = pdl_launch(cfg.pdl, device)
     return LaunchPlan(lora_fused_kernel, dict(
         W0=widths[0], W1=widths[1], W2=widths[2], W3=widths[3],
         BLOCK_M=cfg.block_m, BLOCK_R=block_r, BLOCK_N=fused_block_n(block_r, cfg.n_elems),
@@ -176,16 +178,8 @@ def _plan(cfg: FusedConfig, widths: tuple[int, ...], ints: tuple[int, ...], dtyp
         UPCAST=_interpreting(), PREC=_precision(dtype), PIPE=cfg.pipe, PDL=pdl,
         WEIGHTED=weighted(cfg), WMIN=min(w for w in widths if w),
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-        **({"launch_pdl": True} if pdl else {}),
+        **pdl_options(pdl),
     ))  # fmt: skip
-
-
-def use_pdl(cfg: FusedConfig, device: torch.device) -> bool:
-    """Programmatic dependent launch: asked by the config, on CUDA with compute
-    capability 9.0 or later (never under the interpreter)."""
-    if not cfg.pdl or _interpreting() or device.type != "cuda":
-        return False
-    return torch.cuda.get_device_capability(device)[0] >= 9
 
 
 # The launcher itself is the op (same signature); its fake does nothing.

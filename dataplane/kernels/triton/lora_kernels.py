@@ -149,7 +149,10 @@ def lora_shrink_kernel(
     PREC: tl.constexpr,
     EVICT_X: tl.constexpr,
     ROW_SPLIT: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    if PDL:  # launched early: everything it reads may still be in flight before this
+        tl.extra.cuda.gdc_wait()
     pid = tl.program_id(0)
     pid_k = tl.program_id(1)
     sl = tl.program_id(2)

@@ -61,6 +61,21 @@ def shrink_target(cfg: ShrinkConfig, device: torch.device) -> int:
     return split_target(device, cfg.per_sm)
 
 
+def pdl_launch(flag: int, device: torch.device) -> bool:
+    """Launch as a programmatic dependent launch: asked by the config, on CUDA with
+    compute capability 9.0 or later, never under the interpreter. The kernel's blocks are
+    scheduled while the previous kernel in the stream drains; they wait for it
+    (``gdc_wait``) before reading anything it may have written."""
+    if not flag or _interpreting() or device.type != "cuda":
+        return False
+    return torch.cuda.get_device_capability(device)[0] >= 9
+
+
+def pdl_options(on: bool) -> dict[str, bool]:
+    """Launch options of a plan (``launch_pdl`` only when on)."""
+    return {"launch_pdl": True} if on else {}
+
+
 @functools.cache
 def _sm_count(index: int) -> int:
     return int(torch.cuda.get_device_properties(index).multi_processor_count)
@@ -77,12 +92,13 @@ def _shrink_plan(cfg: ShrinkConfig, s: int, k: int, ns: int, r_max: int, stride:
     """The launch of ``cfg`` for these specialized arguments (T is not specialized)."""
     target = shrink_target(cfg, device)
     fit = fit_shrink_smem(cfg, elem)
+    pdl = pdl_launch(cfg.pdl, device)
     return LaunchPlan(lora_shrink_kernel, dict(
         BLOCK_M=fit.block_m, BLOCK_R=fit.block_r, BLOCK_K=fit.block_k,
         SPLIT_MAX=cfg.split_k, TARGET=target,
         S_PAD=_s_pad(s), ALIGN=align, UPCAST=_interpreting(), PREC=_precision(dtype),
-        EVICT_X=fit.evict_x, ROW_SPLIT=cfg.row_split,
-        num_warps=fit.num_warps, num_stages=fit.num_stages,
+        EVICT_X=fit.evict_x, ROW_SPLIT=cfg.row_split, PDL=pdl,
+        num_warps=fit.num_warps, num_stages=fit.num_stages, **pdl_options(pdl),
     ))  # fmt: skip
 
 
@@ -124,6 +140,7 @@ def launch_shrink(
 def _expand_plan(cfg: ExpandConfig, shrink_cfg: ShrinkConfig, split: int, s: int, ns: int,
                  r_max: int, stride: int, widths: tuple[int, ...], dtype: torch.dtype,
                  align: int, device: torch.device) -> LaunchPlan:
+    pdl = pdl_launch(cfg.pdl, device)
     return LaunchPlan(lora_expand_kernel, dict(
         W0=widths[0], W1=widths[1], W2=widths[2], W3=widths[3],
         SPLIT_MAX=split, TARGET=shrink_target(shrink_cfg, device),
@@ -131,8 +148,8 @@ def _expand_plan(cfg: ExpandConfig, shrink_cfg: ShrinkConfig, split: int, s: int
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, N_ITERS=cfg.n_iters,
         BLOCK_R=cfg.block_r,
         S_PAD=_s_pad(s), ALIGN=align, UPCAST=_interpreting(), PREC=_precision(dtype),
-        Y_PREFETCH=cfg.y_prefetch, ROW_SPLIT=shrink_cfg.row_split,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        Y_PREFETCH=cfg.y_prefetch, ROW_SPLIT=shrink_cfg.row_split, PDL=pdl,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages, **pdl_options(pdl),
     ))  # fmt: skip
 
 

@@ -11,7 +11,14 @@ from dataplane.intmath import cdiv
 from dataplane.kernels.errors import LoraShapeError
 from dataplane.kernels.triton.configs import ExpandConfig, ShrinkConfig, shrink_entry, silu_config
 from dataplane.kernels.triton.expand_silu_kernel import grid_rows, lora_expand_silu_kernel
-from dataplane.kernels.triton.ops import _interpreting, _precision, _s_pad, shrink_target
+from dataplane.kernels.triton.ops import (
+    _interpreting,
+    _precision,
+    _s_pad,
+    pdl_launch,
+    pdl_options,
+    shrink_target,
+)
 from dataplane.triton_launch import LaunchPlan
 
 
@@ -57,12 +64,13 @@ def launch_expand_silu(
 def _plan(cfg: ExpandConfig, shrink_cfg: ShrinkConfig, split: int, s: int, r_max: int,
           stride_in: int, stride_out: int, inter: int, dtype: torch.dtype, align: int,
           device: torch.device) -> LaunchPlan:
+    pdl = pdl_launch(cfg.pdl, device)
     return LaunchPlan(lora_expand_silu_kernel, dict(
         INTER=inter, SPLIT_MAX=split, TARGET=shrink_target(shrink_cfg, device),
         SHRINK_BM=shrink_cfg.block_m, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
         N_ITERS=cfg.n_iters, BLOCK_R=cfg.block_r, S_PAD=_s_pad(s), ALIGN=align,
         UPCAST=_interpreting(), PREC=_precision(dtype), ROW_SPLIT=shrink_cfg.row_split,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        PDL=pdl, num_warps=cfg.num_warps, num_stages=cfg.num_stages, **pdl_options(pdl),
     ))  # fmt: skip
 
 
