@@ -96,8 +96,9 @@ def main() -> None:
         log(paste_block())
         tuned = os.path.join(args.out, "tuned_configs.json")
         with open(tuned, "w") as f:  # ADAPTERPLANE_LORA_TUNED=<this file> installs it
-            json.dump({"fused": configs.fused_table_json()}, f, indent=1)
-        log(f"fused table written to {tuned}")
+            json.dump({"fused": configs.fused_table_json(), **configs.two_kernel_tables_json()},
+                      f, indent=1)
+        log(f"fused, shrink and expand tables written to {tuned}")
     dump = os.path.join(args.out, "lora_bench.json")
 
     def save() -> None:

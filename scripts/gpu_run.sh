@@ -27,7 +27,13 @@ section() {  # name, time limit (s), command...
   local name=$1 limit=$2
   shift 2
   timeout "$limit" "$@" > "$OUT/$name.txt" 2>&1
-  echo "$name rc=$?" >> "$OUT/sections.txt"
+  echo "$name rc=$? tuned=${ADAPTERPLANE_LORA_TUNED:-}" >> "$OUT/sections.txt"
+  # CHAIN_TUNED=1: a tuning section's tuned file is appended to ADAPTERPLANE_LORA_TUNED
+  # (read in order at import, later files win), so it serves every later section, e.g.
+  # `CHAIN_TUNED=1 ... gpu_run.sh kdepth kmixed trace128 decode`
+  if [ -n "${CHAIN_TUNED:-}" ] && [ -f "$OUT/$name/tuned_configs.json" ]; then
+    export ADAPTERPLANE_LORA_TUNED="${ADAPTERPLANE_LORA_TUNED:+$ADAPTERPLANE_LORA_TUNED:}$OUT/$name/tuned_configs.json"
+  fi
 }
 
 for s in "$@"; do

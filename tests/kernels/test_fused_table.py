@@ -176,3 +176,45 @@ def test_weighted_item_map_matches_reference(
                      ranks=[4, 16], num_rows=24, dist="uniform", none_share=0.2, seed=5)
     check_case(case, TritonLoraBackend(fused=True))
     assert plans and all(p.constexprs["WEIGHTED"] for p in plans)  # type: ignore[attr-defined]
+
+
+def test_tuned_file_installs_two_kernel_entries_and_round_trips(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Shrink and expand entries (what the mixed sweep writes) load from a tuned file and
+    reach the configs a step of that size gets; the JSON of the tables round-trips."""
+    for name in ("SHRINK_TABLE", "EXPAND_TABLE"):
+        monkeypatch.setattr(configs, name, dict(getattr(configs, name)))
+    shrink = configs.ShrinkConfig(64, 16, 128, 32, 4, 3, 1, False, 16, 1)
+    expand = configs.ExpandConfig(16, 128, 16, 4, 3, 4, True, 1)
+    path = tmp_path / "tuned_configs.json"
+    path.write_text(json.dumps({"shrink": {"4096/16": shrink.__dict__},
+                                "expand": {"4096/16": expand.__dict__}}))
+    other = configs.shrink_entry(700, 16)
+    configs.load_tuned(str(path))
+    assert configs.shrink_entry(3000, 16) == shrink
+    assert configs.expand_config(3000, 16) == expand
+    assert configs.shrink_entry(700, 16) == other  # only the named class
+    tables = configs.two_kernel_tables_json()
+    assert tables["shrink"]["4096/16"] == shrink.__dict__
+    assert tables["expand"]["4096/16"] == expand.__dict__
+
+
+@pytest.mark.parametrize("bad", [
+    {"shrink": {"4096/16": {"block_m": 64}}},  # missing fields
+    {"shrink": {"4000/16": configs.ShrinkConfig(64, 16, 128, 8, 4, 3).__dict__}},  # T class
+    {"expand": {"4096/12": configs.ExpandConfig(16, 128, 16, 4, 3).__dict__}},  # rank bucket
+    {"expand": {"4096/16": {**configs.ExpandConfig(16, 128, 16, 4, 3).__dict__, "x": 1}}},
+])
+def test_bad_two_kernel_entries_raise_and_change_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, bad: dict
+) -> None:
+    for name in ("SHRINK_TABLE", "EXPAND_TABLE", "FUSED_TABLE"):
+        monkeypatch.setattr(configs, name, dict(getattr(configs, name)))
+    before = (dict(configs.SHRINK_TABLE), dict(configs.EXPAND_TABLE), dict(configs.FUSED_TABLE))
+    good = configs.FusedConfig(16, 128, 32, 4, 3, pipe=3).__dict__
+    path = tmp_path / "tuned_configs.json"
+    path.write_text(json.dumps({"fused": {"64/qkv": good}, **bad}))
+    with pytest.raises(ValueError):
+        configs.load_tuned(str(path))
+    assert before == (configs.SHRINK_TABLE, configs.EXPAND_TABLE, configs.FUSED_TABLE)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 from dataclasses import asdict, dataclass, replace
+from typing import Any
 
 T_BUCKETS = (16, 64, 256, 1024, 4096, 1 << 30)
 R_BUCKETS = (16, 32, 64, 128, 256)
@@ -290,13 +291,39 @@ def fused_table_json() -> dict[str, dict[str, int]]:
     return {f"{t}/{shape}": asdict(c) for (t, shape), c in sorted(FUSED_TABLE.items())}
 
 
+def two_kernel_tables_json() -> dict[str, dict[str, dict[str, int | bool]]]:
+    """``SHRINK_TABLE`` and ``EXPAND_TABLE`` as ``{"shrink" | "expand": {"<T>/<R>": fields}}``."""
+    return {
+        "shrink": {f"{t}/{r}": asdict(c) for (t, r), c in sorted(SHRINK_TABLE.items())},
+        "expand": {f"{t}/{r}": asdict(c) for (t, r), c in sorted(EXPAND_TABLE.items())},
+    }
+
+
+def _two_kernel_entries(path: str, data: dict[str, Any], name: str,
+                        cls: type[ShrinkConfig] | type[ExpandConfig]
+                        ) -> dict[tuple[int, int], Any]:
+    out: dict[tuple[int, int], Any] = {}
+    for key, fields in data.get(name, {}).items():
+        t, _, r = key.partition("/")
+        if not (t.isdigit() and r.isdigit() and int(t) in T_BUCKETS and int(r) in R_BUCKETS):
+            raise ValueError(f"{path}: unknown {name} key {key!r}")
+        try:
+            out[(int(t), int(r))] = cls(**fields)
+        except TypeError as exc:
+            raise ValueError(f"{path}: bad fields for {name} {key!r}: {exc}") from exc
+    return out
+
+
 def load_tuned(path: str) -> None:
     """Install entries from a ``tuned_configs.json``: ``"fused"`` (written by
-    ``bench/lora_kernels.py --tune``, keys ``"<T class>/<shape>"``) and ``"silu"``
+    ``bench/lora_kernels.py --tune``, keys ``"<T class>/<shape>"``), ``"shrink"`` and
+    ``"expand"`` (the same, keys ``"<T class>/<rank bucket>"``) and ``"silu"``
     (``bench/lora_silu.py --sweep``, keys ``"<T class>"``, null = do not fold).
     Unknown keys or fields raise ``ValueError``: a stale file must not half-apply."""
     with open(path) as f:
         data = json.load(f)
+    shrink = _two_kernel_entries(path, data, "shrink", ShrinkConfig)
+    expand = _two_kernel_entries(path, data, "expand", ExpandConfig)
     fused: dict[tuple[int, str], FusedConfig] = {}
     for key, fields in data.get("fused", {}).items():
         t, _, shape = key.partition("/")
@@ -316,6 +343,8 @@ def load_tuned(path: str) -> None:
             raise ValueError(f"{path}: bad fields for silu {key!r}: {exc}") from exc
     FUSED_TABLE.update(fused)
     SILU_TABLE.update(silu)
+    SHRINK_TABLE.update(shrink)
+    EXPAND_TABLE.update(expand)
 
 
 def default_shrink(t_bucket: int, r_bucket: int) -> ShrinkConfig:
