@@ -158,8 +158,11 @@ def lora_shrink_kernel(
     sl = tl.program_id(2)
     slot, tile, total = _slot_tile(pid, counts_ptr, S, BLOCK_M, S_PAD)
     eff = _eff_split(total, SPLIT_MAX, TARGET)
-    if (pid >= total) | ((ROW_SPLIT == 0) & (pid_k >= eff)):
+    if pid >= total:
         return
+    if ROW_SPLIT == 0:  # else the slot's own split count is known after its count
+        if pid_k >= eff:
+            return
     # Independent loads first (short dependency chain matters at decode sizes).
     table = a_rows_ptr + (sl * S + slot) * R_MAX
     r = tl.arange(0, BLOCK_R)
