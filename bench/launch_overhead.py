@@ -59,7 +59,7 @@ def measure(calls: int) -> list[dict]:
     gen = torch.Generator().manual_seed(0)
     row_slot = torch.tensor(sc.row_slot(gen), dtype=torch.int32, device="cuda")
     backend = get_lora_backend("cuda")
-    buffers = LoraMetaBuffers(sc.rows, sc.n, "cuda")
+    buffers = LoraMetaBuffers(sc.rows, sc.slots, "cuda")
     w = layer.table.weights
     ws = LoraWorkspace(backend.workspace_numel(sc.rows, w.num_slices, w.max_rank), "cuda")
     meta = backend.build_meta(row_slot, buffers)

@@ -52,6 +52,8 @@ MODULES = {
     "gate/up": Scenario("decode", 128, 50, (16,), (14336, 14336)),
     "down": Scenario("decode", 128, 50, (16,), (4096,), 14336),
     "o, 1 slot": Scenario("decode", 128, 1, (16,)),  # the fixed cost of a launch
+    # 50 live of a 1,024-slot pool: every program reads and prefix-sums all slot counts
+    "o, 1,024-slot pool": Scenario("decode", 128, 50, (16,), pool=1024),
 }
 SMOKE = {  # the same four kinds at interpreter size
     "q/k/v": Scenario("decode", 16, 5, (16,), (128, 32, 32), 64),
@@ -83,7 +85,7 @@ def ring_launches(sc: Scenario, n: int, backend: TritonLoraBackend, zero_ranks: 
             layer.table.ranks.zero_()
     gen = torch.Generator().manual_seed(1)
     slots = torch.tensor(sc.row_slot(gen), dtype=torch.int32, device=dev)
-    meta = backend.build_meta(slots, LoraMetaBuffers(sc.rows, sc.n, dev))
+    meta = backend.build_meta(slots, LoraMetaBuffers(sc.rows, sc.slots, dev))
     ws = LoraWorkspace(backend.workspace_numel(sc.rows, len(sc.outs), sc.max_rank), dev)
 
     def launch(layer: Layer) -> Callable[[], None]:

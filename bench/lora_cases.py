@@ -43,6 +43,11 @@ class Scenario:
     ranks: tuple[int, ...]  # slot s has ranks[s % len]
     outs: tuple[int, ...] = (4096,)
     d_in: int = 4096
+    pool: int = 0  # slots in the factor table (0: n); rows use the first n
+
+    @property
+    def slots(self) -> int:
+        return max(self.pool, self.n)
 
     @property
     def name(self) -> str:
@@ -80,10 +85,11 @@ class Layer:
     def __init__(self, sc: Scenario, layout: str, dev: str = "cuda") -> None:
         self.x = torch.randn(sc.rows, sc.d_in, device=dev, dtype=DT)
         self.y = torch.randn(sc.rows, sum(sc.outs), device=dev, dtype=DT)
-        self.table = LoraFactorTable(sc.n, sc.d_in, sc.outs, sc.max_rank, DT, dev, layout)
+        self.table = LoraFactorTable(sc.slots, sc.d_in, sc.outs, sc.max_rank, DT, dev, layout)
         self.table.storage.normal_(0.0, 0.02)
-        ranks = torch.tensor([sc.ranks[s % len(sc.ranks)] for s in range(sc.n)], dtype=torch.int32)
-        self.table.ranks.copy_(ranks.expand(len(sc.outs), sc.n))
+        ranks = torch.tensor([sc.ranks[s % len(sc.ranks)] for s in range(sc.slots)],
+                             dtype=torch.int32)
+        self.table.ranks.copy_(ranks.expand(len(sc.outs), sc.slots))
         self.table.scales.fill_(2.0)
 
 

@@ -51,7 +51,7 @@ def time_shape(sc: Scenario, backend: TritonLoraBackend) -> dict[str, float]:
     deltas = [torch.zeros_like(layer.y) for layer in ring]
     gen = torch.Generator().manual_seed(1)
     slots = torch.tensor(sc.row_slot(gen), dtype=torch.int32, device="cuda")
-    meta = backend.build_meta(slots, LoraMetaBuffers(sc.rows, sc.n, "cuda"))
+    meta = backend.build_meta(slots, LoraMetaBuffers(sc.rows, sc.slots, "cuda"))
     ws = LoraWorkspace(backend.workspace_numel(sc.rows, len(sc.outs), sc.max_rank), "cuda")
     side = torch.cuda.Stream()
 

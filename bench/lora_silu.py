@@ -60,7 +60,7 @@ class Case:
         self.ring = [Layer(sc, "scattered") for _ in range(RING)]
         gen = torch.Generator().manual_seed(1)
         slots = torch.tensor(sc.row_slot(gen), dtype=torch.int32, device="cuda")
-        self.meta = backend.build_meta(slots, LoraMetaBuffers(sc.rows, sc.n, "cuda"))
+        self.meta = backend.build_meta(slots, LoraMetaBuffers(sc.rows, sc.slots, "cuda"))
         self.ws = LoraWorkspace(backend.workspace_numel(sc.rows, 2, sc.max_rank), "cuda")
 
     def act_only(self) -> float:

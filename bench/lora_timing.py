@@ -75,7 +75,7 @@ def time_ours(
     """Per-layer µs of add_lora ("ours"), shrink alone and expand alone."""
     gen = torch.Generator().manual_seed(1)
     slots = torch.tensor(sc.row_slot(gen), dtype=torch.int32, device="cuda")
-    buffers = LoraMetaBuffers(sc.rows, sc.n, "cuda")
+    buffers = LoraMetaBuffers(sc.rows, sc.slots, "cuda")
     meta = backend.build_meta(slots, buffers)
     ws = LoraWorkspace(backend.workspace_numel(sc.rows, len(sc.outs), sc.max_rank), "cuda")
     z = backend.shrink(ring[0].x, meta, ring[0].table.weights, ws)
