@@ -160,7 +160,8 @@ def lora_shrink_kernel(
     eff = _eff_split(total, SPLIT_MAX, TARGET)
     if pid >= total:
         return
-    if ROW_SPLIT == 0:  # else the slot's own split count is known after its count
+    # (two ifs: a constexpr test, then a tensor one; `and` would mix the two)
+    if ROW_SPLIT == 0:  # noqa: SIM102 - else the slot's split count needs its count first
         if pid_k >= eff:
             return
     # Independent loads first (short dependency chain matters at decode sizes).
