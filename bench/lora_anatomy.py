@@ -39,7 +39,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from bench.lora_cases import DT, Layer, Scenario, ring_size
+from bench.lora_cases import DECODE_MODULES, DT, RING_WEIGHT_BYTES, Layer, Scenario, ring_size
 from bench.lora_timing import copy_bandwidth, graph_time_us
 from dataplane.kernels import LoraMetaBuffers, LoraWorkspace
 from dataplane.kernels.triton import fused_ops
@@ -47,10 +47,7 @@ from dataplane.kernels.triton.backend import TritonLoraBackend
 from dataplane.kernels.triton.configs import FusedConfig, fused_config
 
 MODULES = {
-    "q/k/v": Scenario("decode", 128, 50, (16,), (4096, 1024, 1024)),
-    "o": Scenario("decode", 128, 50, (16,)),
-    "gate/up": Scenario("decode", 128, 50, (16,), (14336, 14336)),
-    "down": Scenario("decode", 128, 50, (16,), (4096,), 14336),
+    **DECODE_MODULES,
     "o, 1 slot": Scenario("decode", 128, 1, (16,)),  # the fixed cost of a launch
     # 50 live of a 1,024-slot pool: every program reads and prefix-sums all slot counts
     "o, 1,024-slot pool": Scenario("decode", 128, 50, (16,), pool=1024),
@@ -62,7 +59,6 @@ SMOKE = {  # the same four kinds at interpreter size
     "down": Scenario("decode", 16, 5, (16,), (64,), 192),
 }
 TINY_K, TINY_N = 64, 16
-RING_WEIGHT_BYTES = 1 << 30  # the GEMM rings' base weights stream from HBM
 
 
 @contextmanager

@@ -93,6 +93,17 @@ class Layer:
         self.table.scales.fill_(2.0)
 
 
+# The engine's 128-row decode step with 128 Zipf(1.0) adapters (~50 live slots), per
+# Llama-8B module.
+DECODE_MODULES = {
+    "q/k/v": Scenario("decode", 128, 50, (16,), (4096, 1024, 1024)),
+    "o": Scenario("decode", 128, 50, (16,)),
+    "gate/up": Scenario("decode", 128, 50, (16,), (14336, 14336)),
+    "down": Scenario("decode", 128, 50, (16,), (4096,), 14336),
+}
+RING_WEIGHT_BYTES = 1 << 30  # base-weight rings (GEMM + LoRA benches) stream from HBM
+
+
 def mixed_cases(rows: int) -> list[Scenario]:
     """The four Llama-8B modules (q/k/v, o, gate/up, down) of a mixed step of ``rows``
     rows: 104 one-row decode slots + the rest in 3 prefill runs, 53 slots, rank 16."""

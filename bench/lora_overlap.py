@@ -29,18 +29,10 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from bench.lora_cases import DT, Layer, Scenario
+from bench.lora_cases import DECODE_MODULES, DT, RING_WEIGHT_BYTES, Layer, Scenario
 from bench.lora_timing import graph_time_us
 from dataplane.kernels import LoraMetaBuffers, LoraWorkspace
 from dataplane.kernels.triton.backend import TritonLoraBackend
-
-SHAPES = {
-    "q/k/v": Scenario("decode", 128, 50, (16,), (4096, 1024, 1024)),
-    "o": Scenario("decode", 128, 50, (16,)),
-    "gate/up": Scenario("decode", 128, 50, (16,), (14336, 14336)),
-    "down": Scenario("decode", 128, 50, (16,), (4096,), 14336),
-}
-RING_WEIGHT_BYTES = 1 << 30
 
 
 def time_shape(sc: Scenario, backend: TritonLoraBackend) -> dict[str, float]:
@@ -94,7 +86,7 @@ def main() -> None:
     print(f"device {torch.cuda.get_device_name()} torch {torch.__version__}", flush=True)
     print("| module | base | serial | overlap | overlap+add | LoRA visible: serial / overlap |")
     print("|---|---|---|---|---|---|")
-    for name, sc in SHAPES.items():
+    for name, sc in DECODE_MODULES.items():
         t = time_shape(sc, backend)
         results[name] = t
         print(
