@@ -157,13 +157,19 @@ def _tune_prefill_shrink(
     t0 = time.time()
     chosen: dict[str, object] = {}
     committed = configs.PREFILL_SHRINK_CANDIDATES[0]
-    ranked: list[tuple[float, object]] = []
+    ranked: list[tuple[float, configs.ShrinkConfig]] = []
     for group, r_keys in ((64, (64, 128, 256)), (16, (16, 32))):
         if group == 64:
             cands: list[object] = list(configs.PREFILL_SHRINK_CANDIDATES)
         else:
+            # the current r = 16 entry first (the mixed sweep may have tuned it: its
+            # `pack` and `pdl` carry over to the r = 64 finalists, which lack them)
+            current = configs.SHRINK_TABLE[(4096, 16)]
             best64 = [c for _, c in sorted(ranked, key=lambda p: p[0])]
-            cands = [committed, *[c for c in best64 if c != committed][:SHRINK_R16_FINALISTS]]
+            others = [dataclasses.replace(c, block_r=current.block_r, pack=current.pack,
+                                          pdl=current.pdl)
+                      for c in [committed, *[c for c in best64 if c != committed]]]
+            cands = [current, *[c for c in others if c != current][:SHRINK_R16_FINALISTS + 1]]
         built = [(sc, build_ring(sc, "scattered"))
                  for sc in (Scenario("prefill", 4096, n, (group,)) for n in (4, 32))]  # fmt: skip
         put = _installer(configs.SHRINK_TABLE, (4096, 1 << 30), r_keys)
@@ -183,6 +189,7 @@ def _tune_prefill_shrink(
                              for (sc, _), t in zip(built, times, strict=True))  # fmt: skip
             log(f"  r={group} {c}: add_lora geomean {geo:.2f} µs ({each})")
             if group == 64:
+                assert isinstance(c, configs.ShrinkConfig)
                 ranked.append((geo, c))
             if geo < best_t:
                 best, best_t = c, geo
@@ -244,12 +251,29 @@ def _tune_mixed(two: TritonLoraBackend, log: Callable[[str], None]) -> dict[str,
             log(f"tuned mixed {name} (T<={t_class}, r<=32): {best} "
                 f"({t:.2f} µs add_lora geomean)")
             chosen[f"{name} {t_class} r16"] = repr(best)
+        chosen.update(_tune_shrink_pack(t_class, t_keys, built, two, log))
         chosen.update(_tune_two_kernel_pdl(t_class, t_keys, built, two, log))
         if t_class == 1024:
             chosen.update(_tune_mixed_fused(built, two, log))
         del built
         torch.cuda.empty_cache()
     return chosen
+
+
+def _tune_shrink_pack(t_class: int, t_keys: tuple[int, ...], built: list,
+                      two: TritonLoraBackend, log: Callable[[str], None]
+                      ) -> dict[str, object]:
+    """The class's shrink winner with every slice of q/k/v and gate/up in one program
+    (``pack``: ``x`` streamed once per module instead of once per slice), kept where the
+    add_lora geomean drops."""
+    winner = configs.SHRINK_BY_RANK[(t_class, 16)]
+    put = _installer(configs.SHRINK_TABLE, t_keys, (16, 32))
+    cands = [dataclasses.replace(winner, pack=p) for p in (0, 64)]
+    best, t = _sweep(put, cands, built, two, "ours", log)
+    assert isinstance(best, configs.ShrinkConfig)
+    configs.SHRINK_BY_RANK[(t_class, 16)] = best
+    log(f"mixed T<={t_class} shrink pack={best.pack} ({t:.2f} µs add_lora geomean)")
+    return {f"shrink pack {t_class}": best.pack}
 
 
 def _tune_two_kernel_pdl(t_class: int, t_keys: tuple[int, ...], built: list,

@@ -44,6 +44,10 @@ class ShrinkConfig:
     step a full prefill tile streams ``block_m`` rows of ``x`` besides the factors, a
     one-row decode tile almost only the factors, so the heavy tiles get more programs."""
     pdl: int = 0  # 1: programmatic dependent launch (Hopper+), see ``ops.pdl_launch``
+    pack: int = 0
+    """0: one program per slice. ``w > 0``: a multi-slice module whose ranks fit
+    ``block_r`` runs one program per (tile, split) for all its slices when
+    ``next_pow2(slices) * block_r <= w`` (``x`` read once instead of once per slice)."""
 
 
 @dataclass(frozen=True)
@@ -128,8 +132,8 @@ _TUNED_EXPAND = {
 # 2026-11-30): 16-row tiles, 4 column tiles per program, 38.4 µs add_lora geomean
 # against 46.7 for the default.
 EXPAND_BY_RANK: dict[tuple[int, int], ExpandConfig] = {
-    (1024, 16): ExpandConfig(16, 128, 64, 4, 3, 4),
-    (4096, 16): ExpandConfig(32, 128, 64, 4, 3, 8),
+    (1024, 16): ExpandConfig(16, 128, 64, 4, 3, 4, pdl=1),
+    (4096, 16): ExpandConfig(32, 128, 64, 4, 3, 8, pdl=1),
 }
 # Prefill shrink per rank group, overriding `_TUNED_SHRINK` (same keys as
 # `EXPAND_BY_RANK`). `--tune` sweeps `PREFILL_SHRINK_CANDIDATES` for r = 16 and
@@ -140,8 +144,17 @@ EXPAND_BY_RANK: dict[tuple[int, int], ExpandConfig] = {
 # `_TUNED_SHRINK` (39.0 µs geomean).
 # T class 1024 at r = 16 (same mixed sweep, with the expand above): 64-row tiles, up
 # to 8 K splits, 34.8 µs add_lora geomean against 38.4.
+# T class 4096 at r = 16 (mixed sweep on a 2,600-row mixed step's four modules plus
+# prefill T = 4096 n = 4 / 32, H200 2026-11-30): up to 16 K splits with 4 programs per
+# SM, 53.4 µs add_lora geomean against 56.1 (prefill n = 4 38.0 vs 39.4 µs).
+# `pdl=1` (programmatic dependent launch) on the r = 16 mixed classes: 34.25 vs 34.64 µs
+# (T class 1024), 52.74 vs 53.01 (4096). `pack=64` (q/k/v and gate/up: every slice in
+# one program, `x` read once; same run, same kernels with and without): prefill
+# T = 4096 n = 32 q/k/v 57.5 vs 73.6 µs (shrink 18.4 vs 33.7), mixed T = 704 q/k/v 28.5
+# vs 32.7, gate/up two-kernel 61.6 vs 64.6; single-slice modules unchanged.
 SHRINK_BY_RANK: dict[tuple[int, int], ShrinkConfig] = {
-    (1024, 16): ShrinkConfig(64, 64, 128, 8, 4, 3, 2),
+    (1024, 16): ShrinkConfig(64, 64, 128, 8, 4, 3, 2, pdl=1, pack=64),
+    (4096, 16): ShrinkConfig(32, 64, 128, 16, 4, 3, 4, pdl=1, pack=64),
     (4096, 64): ShrinkConfig(32, 64, 128, 8, 4, 3, 2, True),
 }
 # Candidates of that sweep, (block_m, block_r, block_k, split_k, warps, stages,
@@ -211,24 +224,38 @@ _FUSED_BASE = {
 # µs at 50 slots (27.5 with 512-column tiles: now faster than two kernels, 24.8); down
 # with BLOCK_K 512 (19.3 vs 22.4). The one-slot square case is back to 7.0 µs (8.0 with
 # 512-column tiles). Ranks >= 64 keep 128-column tiles (see `fused_block_n`).
+# Then the depth sweep (`--tune-sweeps fuseddepth`, H200 2026-11-30 08:00 UTC, same
+# cases): programmatic dependent launch (`pdl`) wins in every class (1-3%: 9.64 vs 9.89
+# µs square, 22.42 vs 22.81 wide at T <= 256); four pipeline stages for the T <= 64
+# q/k/v and down and the T <= 256 square; `weighted` slices for the T <= 256 q/k/v
+# (14.54 vs 15.08 µs geomean: 17.6 vs 21.1 at 50 slots, 12.0 vs 10.8 at 16).
 _FUSED_TUNED: dict[tuple[int, str], dict[str, int]] = {
-    (256, "square"): {"per_sm": 2, "min_split": 1, "pipe": 3, "n_elems": 4096},
-    (256, "qkv"): {"per_sm": 3, "min_split": 1, "pipe": 3, "n_elems": 4096},
+    (256, "square"): {"per_sm": 2, "min_split": 1, "pipe": 3, "n_elems": 4096, "num_stages": 4},
+    (256, "qkv"): {"per_sm": 3, "min_split": 1, "pipe": 3, "n_elems": 4096, "weighted": 1},
     (256, "wide"): {"per_sm": 2, "min_split": 1, "pipe": 3, "n_elems": 8192},
     (256, "deep"): {"per_sm": 2, "min_split": 1, "pipe": 3, "n_elems": 4096, "block_k": 512},
     (64, "square"): {"per_sm": 2, "min_split": 2, "pipe": 0, "n_elems": 4096},
-    (64, "qkv"): {"per_sm": 3, "min_split": 1, "pipe": 3, "n_elems": 4096},
+    (64, "qkv"): {"per_sm": 3, "min_split": 1, "pipe": 3, "n_elems": 4096, "num_stages": 4},
     (64, "wide"): {"per_sm": 2, "min_split": 2, "pipe": 3, "n_elems": 8192},
-    (64, "deep"): {"per_sm": 2, "min_split": 1, "pipe": 3, "n_elems": 4096},
+    (64, "deep"): {"per_sm": 2, "min_split": 1, "pipe": 3, "n_elems": 4096, "num_stages": 4},
 }
 FUSED_TABLE: dict[tuple[int, str], FusedConfig] = {
-    (t, shape): replace(cfg, **_FUSED_TUNED[(64 if t == 16 else t, shape)])
+    (t, shape): replace(cfg, pdl=1, **_FUSED_TUNED[(64 if t == 16 else t, shape)])
     for t, cfg in _FUSED_BASE.items()
     for shape in FUSED_SHAPES
 }
-# T classes a fused entry may have. Mixed steps (T class 1,024) use two kernels unless
-# the mixed sweep (`bench/lora_kernels.py --tune --tune-sweeps mixed`) finds a fused
-# config faster for a module class and a tuned file installs it.
+# Mixed steps (T class 1,024, the mixed sweep on a 704-row step over 53 slots, H200
+# 2026-11-30): one fused launch beats the two kernels for the square (17.98 vs 19.69
+# µs), gate/up (49.49 vs 66.05) and down (31.38 vs 32.41) modules; q/k/v keeps the two
+# kernels (33.44 vs 33.65).
+FUSED_TABLE.update({
+    (1024, "square"): FusedConfig(16, 256, 32, 4, 3, 2, 4096, 1, 3),
+    (1024, "wide"): FusedConfig(16, 128, 32, 4, 3, 2, 4096, 2, 3),
+    (1024, "deep"): FusedConfig(16, 256, 32, 4, 3, 2, 4096, 1, 3),
+})
+# T classes a fused entry may have. Mixed steps (T class 1,024) use two kernels where
+# the mixed sweep (`bench/lora_kernels.py --tune --tune-sweeps mixed`) found no fused
+# config faster for the module class (q/k/v above); a tuned file may install one.
 FUSED_T_CLASSES = (16, 64, 256, 1024)
 
 

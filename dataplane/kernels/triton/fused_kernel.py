@@ -38,7 +38,8 @@ Each item:
    deep.
 
 Counters reset themselves: each program also bumps a departure counter after
-its wait, and the last to depart zeroes both, so every launch starts at zero
+its wait, and the last to depart zeroes both once its expand is done (the ticket's
+round trip overlaps the expand), so every launch starts at zero
 without a memset (one workspace per stream: launches sharing counters must not
 overlap). Forward progress: the programs one counter waits on have consecutive
 ids and the hardware dispatches blocks in id order (the assumption behind
@@ -68,7 +69,8 @@ from dataplane.kernels.triton.lora_kernels import _pick, _shrink_chunk
 def _wait_and_sum(ws_ptr, ctr_ptr, DEPART_OFF, p, q, base, eff, acc,
                   BLOCK_M: tl.constexpr, BLOCK_R: tl.constexpr):  # fmt: skip
     """Publish ``acc`` as partial ``p``; return the sum of the ``eff`` partials of group
-    ``q`` (partials ``base .. base + eff - 1``)."""
+    ``q`` (partials ``base .. base + eff - 1``) and this program's departure ticket
+    (``_depart``: the caller resets the counters at its end, off the critical path)."""
     loc = tl.arange(0, BLOCK_M)[:, None] * BLOCK_R + tl.arange(0, BLOCK_R)[None, :]
     tl.store(ws_ptr + p * (BLOCK_M * BLOCK_R) + loc, acc)
     tl.debug_barrier()  # every thread's partial is written before the release
@@ -77,9 +79,6 @@ def _wait_and_sum(ws_ptr, ctr_ptr, DEPART_OFF, p, q, base, eff, acc,
         cnt = tl.atomic_add(ctr_ptr + q, 0, sem="acquire", scope="gpu")
     tl.debug_barrier()
     left = tl.atomic_add(ctr_ptr + DEPART_OFF + q, 1, sem="relaxed", scope="gpu")
-    if left == eff - 1:  # last to leave: every program of the group is past its wait
-        tl.atomic_xchg(ctr_ptr + q, 0, sem="relaxed", scope="gpu")
-        tl.atomic_xchg(ctr_ptr + DEPART_OFF + q, 0, sem="relaxed", scope="gpu")
     z = tl.zeros([BLOCK_M, BLOCK_R], dtype=tl.float32)
     group = ws_ptr + base * (BLOCK_M * BLOCK_R) + loc
     for s0 in range(0, eff, 4):
@@ -91,7 +90,16 @@ def _wait_and_sum(ws_ptr, ctr_ptr, DEPART_OFF, p, q, base, eff, acc,
                 cache_modifier=".cg",  # L2, never a stale L1 line
             )
             z += part
-    return z
+    return z, left
+
+
+@triton.jit
+def _depart(ctr_ptr, DEPART_OFF, q, left, eff):
+    """The last program of group ``q`` to leave (every one is past its wait) zeroes both
+    of its counters for the next launch."""
+    if left == eff - 1:
+        tl.atomic_xchg(ctr_ptr + q, 0, sem="relaxed", scope="gpu")
+        tl.atomic_xchg(ctr_ptr + DEPART_OFF + q, 0, sem="relaxed", scope="gpu")
 
 
 @triton.jit(do_not_specialize=["TARGET"])
@@ -230,9 +238,10 @@ def _fused_item(
         if PDL:  # y, the scratch and the counters only after the previous kernel is done
             tl.extra.cuda.gdc_wait()
             yv = tl.load(yrow + n[None, :], mask=mmask[:, None] & nok[None, :], other=0.0)
+        left = eff * 0
         if eff > 1:
-            z = _wait_and_sum(ws_ptr, ctr_ptr, DEPART_OFF, p, q, p - sp, eff, acc,
-                              BLOCK_M, BLOCK_R)
+            z, left = _wait_and_sum(ws_ptr, ctr_ptr, DEPART_OFF, p, q, p - sp, eff, acc,
+                                    BLOCK_M, BLOCK_R)
         else:
             z = acc
         if not UPCAST:
@@ -257,6 +266,8 @@ def _fused_item(
                               mask=rmask[:, None] & ok[None, :], other=0.0)  # fmt: skip
                 yj = tl.load(yrow + nj[None, :], mask=mmask[:, None] & ok[None, :], other=0.0)
                 _expand_tile(z, btj, yj, yrow, nj, mmask, width, scale, UPCAST, PREC)
+        if eff > 1:
+            _depart(ctr_ptr, DEPART_OFF, q, left, eff)
 
 
 @triton.jit

@@ -28,6 +28,11 @@ the same split-K gives a slot's long run of row tiles more programs than
 ``cdiv(T, BLOCK_M)`` (e.g. T = 4096, ``BLOCK_M`` 64: 64 tiles × 4-8 splits
 instead of one program per SM streaming all of K). Both kernels derive the
 same ``eff`` from the counts and the same constexprs, so nothing is synced.
+
+``PACK`` (the config's ``pack``, multi-slice modules whose ranks fit one chunk): one
+program computes every slice's bottleneck, its ``BLOCK_R`` columns being ``PACK`` runs
+of ``BLOCK_R // PACK`` rank rows (slice ``j // RB``, rank row ``j % RB``), so each ``x``
+tile is read once for q/k/v (three times when each slice has its own programs).
 """
 
 from __future__ import annotations
@@ -150,6 +155,7 @@ def lora_shrink_kernel(
     EVICT_X: tl.constexpr,
     ROW_SPLIT: tl.constexpr,
     PDL: tl.constexpr,
+    PACK: tl.constexpr,
 ):
     if PDL:  # launched early: everything it reads may still be in flight before this
         tl.extra.cuda.gdc_wait()
@@ -165,10 +171,19 @@ def lora_shrink_kernel(
         if pid_k >= eff:
             return
     # Independent loads first (short dependency chain matters at decode sizes).
-    table = a_rows_ptr + (sl * S + slot) * R_MAX
-    r = tl.arange(0, BLOCK_R)
-    homes = tl.load(table + r, mask=r < R_MAX, other=0)
-    rank = tl.load(ranks_ptr + sl * S + slot)
+    if PACK > 0:  # column j = rank row j % RB of slice j // RB: one x stream, all slices
+        r = tl.arange(0, BLOCK_R)
+        sl_j = r // (BLOCK_R // PACK)
+        i_j = r % (BLOCK_R // PACK)
+        live = (sl_j < NS) & (i_j < R_MAX)
+        rank_j = tl.load(ranks_ptr + sl_j * S + slot, mask=sl_j < NS, other=0)
+        homes = tl.load(a_rows_ptr + (sl_j * S + slot) * R_MAX + i_j, mask=live, other=0)
+        rank = tl.max(tl.where(live & (i_j < rank_j), 1, 0), axis=0)
+    else:
+        table = a_rows_ptr + (sl * S + slot) * R_MAX
+        r = tl.arange(0, BLOCK_R)
+        homes = tl.load(table + r, mask=r < R_MAX, other=0)
+        rank = tl.load(ranks_ptr + sl * S + slot)
     count = tl.load(counts_ptr + slot)
     start = tl.load(starts_ptr + slot)
     eff = _slot_split(eff, count, SPLIT_MAX, BLOCK_M, ROW_SPLIT)
@@ -181,24 +196,32 @@ def lora_shrink_kernel(
     rows = tl.load(sorted_ptr + start + m, mask=mmask, other=0).to(tl.int64)
     K_PER_SPLIT = tl.cdiv(tl.cdiv(K, BLOCK_K), eff) * BLOCK_K
     k_lo = pid_k * K_PER_SPLIT
-    rmask = r < rank
+    if PACK > 0:  # noqa: SIM108 - a constexpr branch (live, rank_j exist only here)
+        rmask = live & (i_j < rank_j)
+    else:
+        rmask = r < rank
     acc = _shrink_chunk(
         x_ptr, storage_ptr, rows, mmask, homes, rmask, k_lo, K, K_PER_SPLIT, stride_xm,
         BLOCK_M, BLOCK_R, BLOCK_K, UPCAST, PREC, EVICT_X,
     )  # fmt: skip
-    zrow = (pid_k * T + rows[:, None]) * NS + sl
-    tl.store(z_ptr + zrow * R_MAX + r[None, :], acc, mask=mmask[:, None] & rmask[None, :])
-    for r0 in range(BLOCK_R, rank, BLOCK_R):  # ranks beyond one chunk
-        rr = r0 + tl.arange(0, BLOCK_R)
-        rrmask = rr < rank
-        hh = tl.load(table + rr, mask=rrmask, other=0)
-        if ALIGN > 1:
-            hh = tl.multiple_of(hh, ALIGN)
-        acc = _shrink_chunk(
-            x_ptr, storage_ptr, rows, mmask, hh, rrmask, k_lo, K, K_PER_SPLIT, stride_xm,
-            BLOCK_M, BLOCK_R, BLOCK_K, UPCAST, PREC, EVICT_X,
-        )  # fmt: skip
-        tl.store(z_ptr + zrow * R_MAX + rr[None, :], acc, mask=mmask[:, None] & rrmask[None, :])
+    if PACK > 0:  # every slice's rank fits its RB columns: no further chunk
+        zoff = ((pid_k * T + rows[:, None]) * NS + sl_j[None, :]) * R_MAX + i_j[None, :]
+        tl.store(z_ptr + zoff, acc, mask=mmask[:, None] & rmask[None, :])
+    else:
+        zrow = (pid_k * T + rows[:, None]) * NS + sl
+        tl.store(z_ptr + zrow * R_MAX + r[None, :], acc, mask=mmask[:, None] & rmask[None, :])
+        for r0 in range(BLOCK_R, rank, BLOCK_R):  # ranks beyond one chunk
+            rr = r0 + tl.arange(0, BLOCK_R)
+            rrmask = rr < rank
+            hh = tl.load(table + rr, mask=rrmask, other=0)
+            if ALIGN > 1:
+                hh = tl.multiple_of(hh, ALIGN)
+            acc = _shrink_chunk(
+                x_ptr, storage_ptr, rows, mmask, hh, rrmask, k_lo, K, K_PER_SPLIT, stride_xm,
+                BLOCK_M, BLOCK_R, BLOCK_K, UPCAST, PREC, EVICT_X,
+            )  # fmt: skip
+            tl.store(z_ptr + zrow * R_MAX + rr[None, :], acc,
+                     mask=mmask[:, None] & rrmask[None, :])  # fmt: skip
 
 
 @triton.jit

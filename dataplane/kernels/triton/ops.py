@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import os
+from dataclasses import replace
 
 import torch
 
@@ -86,18 +87,26 @@ def max_tiles(num_rows: int, num_slots: int, block_m: int) -> int:
     return cdiv(num_rows, block_m) + min(num_slots, num_rows)
 
 
+def shrink_pack(cfg: ShrinkConfig, ns: int, r_max: int) -> int:
+    """Slices one shrink program covers (``next_pow2(ns)``), or 0: one per slice."""
+    slices = next_pow2(ns)
+    fits = ns > 1 and r_max <= cfg.block_r and slices * cfg.block_r <= cfg.pack
+    return slices if fits else 0
+
+
 @functools.lru_cache(maxsize=512)
 def _shrink_plan(cfg: ShrinkConfig, s: int, k: int, ns: int, r_max: int, stride: int,
                  dtype: torch.dtype, elem: int, align: int, device: torch.device) -> LaunchPlan:
     """The launch of ``cfg`` for these specialized arguments (T is not specialized)."""
     target = shrink_target(cfg, device)
-    fit = fit_shrink_smem(cfg, elem)
+    pack = shrink_pack(cfg, ns, r_max)
+    fit = fit_shrink_smem(replace(cfg, block_r=cfg.block_r * max(1, pack)), elem)
     pdl = pdl_launch(cfg.pdl, device)
     return LaunchPlan(lora_shrink_kernel, dict(
         BLOCK_M=fit.block_m, BLOCK_R=fit.block_r, BLOCK_K=fit.block_k,
         SPLIT_MAX=cfg.split_k, TARGET=target,
         S_PAD=_s_pad(s), ALIGN=align, UPCAST=_interpreting(), PREC=_precision(dtype),
-        EVICT_X=fit.evict_x, ROW_SPLIT=cfg.row_split, PDL=pdl,
+        EVICT_X=fit.evict_x, ROW_SPLIT=cfg.row_split, PDL=pdl, PACK=pack,
         num_warps=fit.num_warps, num_stages=fit.num_stages, **pdl_options(pdl),
     ))  # fmt: skip
 
@@ -114,7 +123,8 @@ def prepare_shrink(x: torch.Tensor, ranks: torch.Tensor, z: torch.Tensor,
     stride = x.stride(0)
     plan = _shrink_plan(cfg, s, k, ns, r_max, stride, x.dtype, x.element_size(), align,
                         x.device)
-    return plan, (max_tiles(t, s, cfg.block_m), split, ns), (s, k, t, ns, r_max, stride)
+    grid = (max_tiles(t, s, cfg.block_m), split, 1 if shrink_pack(cfg, ns, r_max) else ns)
+    return plan, grid, (s, k, t, ns, r_max, stride)
 
 
 def launch_shrink(
