@@ -1,0 +1,127 @@
+"""Host side of the base projection with the LoRA expand in its epilogue
+(``linear_lora_kernel.py``): the segmented shrink into the workspace's ``z``, then one
+launch computing ``y = x @ W^T + LoRA`` tile by tile. Decode-sized steps only (the
+whole row range in one or a few ``BLOCK_M`` tiles); an experiment measured by
+``bench/linear_lora.py`` against cuBLAS + the fused LoRA launch, not yet used by the
+engine.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+import torch
+
+from dataplane.intmath import cdiv
+from dataplane.kernels.base import LoraBatchMeta, LoraModuleWeights, LoraWorkspace
+from dataplane.kernels.errors import LoraShapeError
+from dataplane.kernels.triton import ops
+from dataplane.kernels.triton.configs import shrink_config, shrink_entry
+from dataplane.kernels.triton.linear_lora_kernel import linear_lora_kernel
+from dataplane.triton_launch import LaunchPlan
+
+
+@dataclass(frozen=True)
+class LinearLoraConfig:
+    """Tile of the base product (``block_m`` rows x ``block_n`` output columns, K in
+    ``block_k`` steps, ``num_stages`` deep); ``pdl``: the launch overlaps the shrink's end
+    (Hopper and later)."""
+
+    block_m: int = 64
+    block_n: int = 64
+    block_k: int = 128
+    num_warps: int = 4
+    num_stages: int = 4
+    split_k: int = 1
+    pdl: int = 0
+
+
+class LinearScratch:
+    """Split-K partial tiles (fp32) and one self-resetting counter per output tile
+    (zero between launches; launches sharing it must not overlap: one per stream)."""
+
+    def __init__(self, max_rows: int, max_out: int, cfg: LinearLoraConfig,
+                 device: torch.device | str) -> None:  # fmt: skip
+        tiles = cdiv(max_rows, cfg.block_m) * cdiv(max_out, cfg.block_n)
+        numel = tiles * cfg.split_k * cfg.block_m * cfg.block_n if cfg.split_k > 1 else 1
+        self.tiles = tiles
+        self.buffer = torch.empty(numel, dtype=torch.float32, device=device)
+        self.counters = torch.zeros(max(tiles, 1), dtype=torch.int32, device=device)
+
+
+MAX_ROWS = 256
+MAX_RANK = 64
+
+
+def linear_lora_fits(num_rows: int, weights: LoraModuleWeights, cfg: LinearLoraConfig) -> str:
+    """Why this call cannot take the fused projection ("" = it can)."""
+    if num_rows > MAX_ROWS:
+        return f"{num_rows} rows > {MAX_ROWS}"
+    if weights.max_rank > MAX_RANK:
+        return f"rank {weights.max_rank} > {MAX_RANK}"
+    if any(w % cfg.block_n for w in weights.out_features):
+        return f"a slice width is not a multiple of block_n {cfg.block_n}"
+    if len(weights.out_features) > ops.MAX_SLICES:
+        return f"{len(weights.out_features)} slices > {ops.MAX_SLICES}"
+    if shrink_entry(num_rows, weights.max_rank).row_split:
+        return "the shrink entry splits by rows"
+    return ""
+
+
+@functools.lru_cache(maxsize=256)
+def _plan(cfg: LinearLoraConfig, split: int, target: int, shrink_bm: int, s: int,
+          widths: tuple[int, ...], lora: bool, dtype: torch.dtype,
+          device: torch.device) -> LaunchPlan:  # fmt: skip
+    pdl = lora and ops.pdl_launch(cfg.pdl, device)
+    return LaunchPlan(linear_lora_kernel, dict(
+        W0=widths[0], W1=widths[1], W2=widths[2], W3=widths[3],
+        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, SPLIT_K=cfg.split_k,
+        S_PAD=ops._s_pad(s), STAGES=cfg.num_stages, SH_BLOCK_M=shrink_bm, SPLIT_MAX=split,
+        TARGET=target, LORA=lora, PDL=pdl, UPCAST=ops._interpreting(),
+        PREC=ops._precision(dtype), num_warps=cfg.num_warps, **ops.pdl_options(pdl),
+    ))  # fmt: skip
+
+
+def linear_lora(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    y: torch.Tensor,
+    cfg: LinearLoraConfig,
+    scratch: LinearScratch,
+    meta: LoraBatchMeta | None = None,
+    weights: LoraModuleWeights | None = None,
+    workspace: LoraWorkspace | None = None,
+) -> None:
+    """``y = x @ weight^T`` plus, with ``meta``/``weights``/``workspace``, every row's
+    adapter delta (``y`` is written, not added to). ``weight``: ``[N, K]``, unit column
+    stride, ``x``'s dtype. Checks everything before launching anything."""
+    t, k = x.shape
+    n = weight.shape[0]
+    if weight.shape[1] != k or tuple(y.shape) != (t, n) or weight.stride(1) != 1:
+        raise LoraShapeError(f"x {tuple(x.shape)}, weight {tuple(weight.shape)}, "
+                             f"y {tuple(y.shape)} do not make y = x @ weight^T")
+    grid = (cdiv(n, cfg.block_n) * cfg.split_k, cdiv(t, cfg.block_m))
+    if grid[0] // cfg.split_k * grid[1] > scratch.tiles:
+        raise LoraShapeError(f"scratch holds {scratch.tiles} output tiles, this needs more")
+    ints = (x.stride(0), weight.stride(0), y.stride(0))
+    if meta is None or weights is None or workspace is None:
+        plan = _plan(cfg, 1, 1, 16, 1, (n, 0, 0, 0), False, x.dtype, x.device)
+        plan(grid, x, weight, y, y, y, y, y, y, y, y, scratch.buffer, scratch.counters,
+             t, k, n, 1, 1, 1, *ints)  # fmt: skip
+        return
+    why = linear_lora_fits(t, weights, cfg)
+    if why or sum(weights.out_features) != n or weights.in_features != k:
+        raise LoraShapeError(why or "adapter shapes differ from the projection's")
+    ns, r_max = weights.num_slices, weights.max_rank
+    shrink = shrink_config(t, r_max, k)
+    z = workspace.bottleneck(shrink.split_k, t, ns, r_max)
+    ops.launch_shrink(x, weights.storage, weights.a_rows, weights.ranks, meta.sorted_rows,
+                      meta.slot_counts, meta.slot_starts, z, weights.addr_align)  # fmt: skip
+    widths = (*weights.out_features, 0, 0, 0)[: ops.MAX_SLICES]
+    s = weights.ranks.shape[1]
+    plan = _plan(cfg, shrink.split_k, ops.shrink_target(shrink, x.device), shrink.block_m, s,
+                 tuple(widths), True, x.dtype, x.device)  # fmt: skip
+    plan(grid, x, weight, y, z, weights.storage, weights.b_rows, weights.ranks, weights.scales,
+         meta.row_slot, meta.slot_counts, scratch.buffer, scratch.counters,
+         t, k, n, s, ns, r_max, *ints)  # fmt: skip
