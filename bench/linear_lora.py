@@ -45,9 +45,11 @@ CANDIDATES = [
     LinearLoraConfig(block_m=m, block_n=bn, block_k=bk, num_warps=w, num_stages=st,
                      split_k=sk, pdl=1)
     for m, bn, bk, w, st, sk in (
-        (128, 64, 128, 4, 4, 1), (128, 128, 64, 8, 4, 2), (128, 128, 128, 8, 3, 4),
-        (128, 64, 128, 4, 4, 2), (128, 64, 128, 4, 4, 4), (64, 128, 128, 4, 4, 4),
-        (64, 64, 256, 4, 3, 4), (128, 256, 64, 8, 3, 4),
+        # x is re-read from L2 once per column tile (T x K per block_n columns): at 128
+        # rows a 64-column tile reads twice the weight's bytes of x, so wide tiles first
+        (128, 128, 128, 8, 3, 4), (128, 128, 64, 8, 4, 2), (128, 128, 128, 8, 3, 2),
+        (64, 128, 128, 4, 4, 4), (64, 256, 64, 8, 3, 1), (64, 256, 64, 8, 3, 2),
+        (128, 64, 128, 4, 4, 4), (64, 128, 128, 4, 4, 1),
     )
 ]  # fmt: skip
 SMOKE = {
@@ -75,7 +77,7 @@ class Ring:
         self.dev = dev
 
     def ours(self, cfg: LinearLoraConfig, lora: bool) -> Callable[[], None]:
-        scratch = LinearScratch(self.sc.rows, sum(self.sc.outs), cfg, self.dev)
+        scratch = LinearScratch.allocate(self.sc.rows, sum(self.sc.outs), cfg, self.dev)
 
         def run() -> None:
             for layer, w in zip(self.layers, self.weights, strict=True):

@@ -101,8 +101,10 @@ class ModelRunner:
         if max_slots > 0:
             self.backend = get_lora_backend(self.device, prefer=lora_backend)
             self.meta_buffers = LoraMetaBuffers(max_rows, max_slots, self.device)
+            shapes = sorted({(lin.in_features, tuple(lin.out_features)) for _, _, lin in own})
             self.workspace = LoraWorkspace(
-                self.backend.workspace_numel(max_rows, 3, max_rank), self.device)
+                self.backend.workspace_numel(max_rows, 3, max_rank), self.device,
+                self.backend.linear_tile_numel(max_rows, shapes))
             for layer, attr, linear in own:
                 table = LoraFactorTable(max_slots, linear.in_features, linear.out_features,
                                         max_rank, self.dtype, self.device)

@@ -94,9 +94,19 @@ class LoRALinear(nn.Module):
             return None
         return self.factors.weights
 
+    def _fused(self, x: torch.Tensor, lora: LoraStepContext | None,
+               w: LoraModuleWeights | None) -> torch.Tensor | None:  # fmt: skip
+        """Base projection + LoRA in one pass where the backend has that path."""
+        if w is None or lora is None or self.bias is not None:
+            return None
+        return lora.backend.linear(x, self.weight, lora.meta, w, lora.workspace)
+
     def forward(self, x: torch.Tensor, lora: LoraStepContext | None) -> torch.Tensor:
-        y = F.linear(x, self.weight, self.bias)
         w = self._active(lora)
+        fused = self._fused(x, lora, w)
+        if fused is not None:
+            return fused
+        y = F.linear(x, self.weight, self.bias)
         if w is not None and lora is not None:
             lora.backend.add_lora(y, x, lora.meta, w, lora.workspace)
         return y
@@ -106,8 +116,11 @@ class LoRALinear(nn.Module):
         """``silu_and_mul(self(x, lora))`` for a gate/up projection, with the LoRA expand
         folded into the activation where the backend has that path (the same math, one
         rounding fewer: ``gate + Δgate`` is not rounded to the dtype first)."""
-        y = F.linear(x, self.weight, self.bias)
         w = self._active(lora)
+        fused = self._fused(x, lora, w)
+        if fused is not None:
+            return silu_and_mul(fused, ops_backend)
+        y = F.linear(x, self.weight, self.bias)
         if w is not None and lora is not None:
             act = lora.backend.add_lora_silu_mul(y, x, lora.meta, w, lora.workspace)
             if act is not None:

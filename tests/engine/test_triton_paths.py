@@ -43,6 +43,30 @@ def test_triton_paths_match_torch_paths(tiny_llama: Path, tiny_adapters: dict[st
                                torch.tensor([lp for _, lp in want]), atol=2e-5, rtol=1e-4)
 
 
+def test_projection_with_lora_epilogue_matches_torch_paths(
+        tiny_llama: Path, tiny_adapters: dict[str, Path],
+        monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    """``ADAPTERPLANE_LORA_LINEAR=1``: decode-sized projections run the base product and
+    the LoRA expand in one kernel (``linear_lora``); same tokens and logprobs."""
+    from dataplane.kernels.triton import linear_lora_ops
+
+    calls: list[int] = []
+    real = linear_lora_ops.linear_lora
+
+    def counting(*args: object, **kwargs: object) -> None:
+        calls.append(1)
+        real(*args, **kwargs)  # type: ignore[arg-type]
+
+    want = _run(tiny_llama, tiny_adapters, "torch")
+    monkeypatch.setenv("ADAPTERPLANE_LORA_LINEAR", "1")
+    monkeypatch.setattr(linear_lora_ops, "linear_lora", counting)
+    got = _run(tiny_llama, tiny_adapters, "triton")
+    assert calls  # the projections went through it
+    assert [t for t, _ in got] == [t for t, _ in want]
+    torch.testing.assert_close(torch.tensor([lp for _, lp in got]),
+                               torch.tensor([lp for _, lp in want]), atol=2e-5, rtol=1e-4)
+
+
 def test_warm_up_row_counts_cover_every_power_of_two_and_the_maximum() -> None:
     from dataplane.engine.model_runner import warm_up_row_counts
 

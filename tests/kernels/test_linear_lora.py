@@ -53,7 +53,7 @@ def test_linear_lora_matches_reference(
     ws = LoraWorkspace(backend.workspace_numel(rows, w.num_slices, w.max_rank), DEVICE)
     weight = _weight(sum(out_features), 72, dtype, 1)
     y = torch.full_like(case.y0, float("nan"))  # written, never read
-    scratch = LinearScratch(rows, sum(out_features), cfg, DEVICE)
+    scratch = LinearScratch.allocate(rows, sum(out_features), cfg, DEVICE)
     linear_lora(case.x, weight, y, cfg, scratch, meta, w, ws)
     assert int(scratch.counters.abs().sum()) == 0  # left at zero for the next launch
     base = case.x.double().cpu() @ weight.double().cpu().T
@@ -79,7 +79,7 @@ def test_plain_projection_matches_reference(cfg: LinearLoraConfig) -> None:
     x = torch.randn(19, 70, generator=gen).to(DEVICE)
     weight = _weight(40, 70, torch.float32, 3)
     y = torch.empty(19, 40, device=DEVICE)
-    linear_lora(x, weight, y, cfg, LinearScratch(19, 40, cfg, DEVICE))
+    linear_lora(x, weight, y, cfg, LinearScratch.allocate(19, 40, cfg, DEVICE))
     ref = x.double().cpu() @ weight.double().cpu().T
     assert float((y.double().cpu() - ref).abs().max()) < 1e-4
 
@@ -96,5 +96,5 @@ def test_refuses_slices_off_the_column_tile() -> None:
     cfg = CFGS[0]
     with pytest.raises(LoraShapeError, match="multiple of block_n"):
         linear_lora(case.x, _weight(32, 32, torch.float32, 0), y, cfg,
-                    LinearScratch(8, 32, cfg, DEVICE), meta, w, ws)
+                    LinearScratch.allocate(8, 32, cfg, DEVICE), meta, w, ws)
     assert torch.equal(y, case.y0)  # nothing written

@@ -1,23 +1,23 @@
 """Host side of the base projection with the LoRA expand in its epilogue
 (``linear_lora_kernel.py``): the segmented shrink into the workspace's ``z``, then one
 launch computing ``y = x @ W^T + LoRA`` tile by tile. Decode-sized steps only (the
-whole row range in one or a few ``BLOCK_M`` tiles); an experiment measured by
-``bench/linear_lora.py`` against cuBLAS + the fused LoRA launch, not yet used by the
-engine.
+whole row range in one or a few ``BLOCK_M`` tiles). Measured by ``bench/linear_lora.py``
+against cuBLAS + the fused LoRA launch; the engine's LoRA linears take it when the backend
+is built with ``linear=True`` (env ``ADAPTERPLANE_LORA_LINEAR=1``, off by default).
 """
 
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
-from dataplane.intmath import cdiv
+from dataplane.intmath import cdiv, next_pow2
 from dataplane.kernels.base import LoraBatchMeta, LoraModuleWeights, LoraWorkspace
 from dataplane.kernels.errors import LoraShapeError
 from dataplane.kernels.triton import ops
-from dataplane.kernels.triton.configs import shrink_config, shrink_entry
+from dataplane.kernels.triton.configs import fused_shape, shrink_config, shrink_entry
 from dataplane.kernels.triton.linear_lora_kernel import linear_lora_kernel
 from dataplane.triton_launch import LaunchPlan
 
@@ -37,21 +37,56 @@ class LinearLoraConfig:
     pdl: int = 0
 
 
-class LinearScratch:
-    """Split-K partial tiles (fp32) and one self-resetting counter per output tile
-    (zero between launches; launches sharing it must not overlap: one per stream)."""
+def scratch_numel(num_rows: int, out_features: int, cfg: LinearLoraConfig) -> int:
+    """fp32 partial-tile floats a call of ``cfg`` over these sizes needs (0 unsplit)."""
+    if cfg.split_k == 1:
+        return 0
+    tiles = cdiv(num_rows, cfg.block_m) * cdiv(out_features, cfg.block_n)
+    return tiles * cfg.split_k * cfg.block_m * cfg.block_n
 
-    def __init__(self, max_rows: int, max_out: int, cfg: LinearLoraConfig,
-                 device: torch.device | str) -> None:  # fmt: skip
+
+@dataclass(frozen=True)
+class LinearScratch:
+    """Split-K partial tiles (fp32) and one self-resetting counter per output tile (zero
+    between launches; launches sharing them must not overlap: one per stream). The
+    engine passes its LoRA workspace's ``tiles`` and ``counters``."""
+
+    buffer: torch.Tensor
+    counters: torch.Tensor
+
+    @classmethod
+    def allocate(cls, max_rows: int, max_out: int, cfg: LinearLoraConfig,
+                 device: torch.device | str) -> LinearScratch:  # fmt: skip
         tiles = cdiv(max_rows, cfg.block_m) * cdiv(max_out, cfg.block_n)
-        numel = tiles * cfg.split_k * cfg.block_m * cfg.block_n if cfg.split_k > 1 else 1
-        self.tiles = tiles
-        self.buffer = torch.empty(numel, dtype=torch.float32, device=device)
-        self.counters = torch.zeros(max(tiles, 1), dtype=torch.int32, device=device)
+        return cls(torch.empty(max(1, scratch_numel(max_rows, max_out, cfg)),
+                               dtype=torch.float32, device=device),
+                   torch.zeros(tiles, dtype=torch.int32, device=device))  # fmt: skip
 
 
 MAX_ROWS = 256
 MAX_RANK = 64
+# Tile per module shape class (``configs.fused_shape``) at up to 128 rows. First guesses,
+# not measured yet: 4 K splits where the output is narrow (q/k/v, o, down: 32-48 column
+# tiles of 128 would leave most multiprocessors idle), none for gate/up (112 column tiles
+# of 256 x 2 row tiles). Wide column tiles because every column tile re-reads ``x`` (T x K)
+# from L2: at 128 rows and 128 columns that is as many bytes as the weight itself.
+LINEAR_TABLE: dict[str, LinearLoraConfig] = {
+    "square": LinearLoraConfig(128, 128, 128, 8, 3, split_k=4, pdl=1),
+    "qkv": LinearLoraConfig(128, 128, 128, 8, 3, split_k=4, pdl=1),
+    "deep": LinearLoraConfig(128, 128, 128, 8, 3, split_k=4, pdl=1),
+    "wide": LinearLoraConfig(64, 256, 64, 8, 3, split_k=1, pdl=1),
+}
+
+
+def linear_config(num_rows: int, in_features: int,
+                  out_features: tuple[int, ...]) -> LinearLoraConfig:  # fmt: skip
+    """The module class's tile, with row tiles no taller than the step (at least 16) and
+    column tiles halved until they divide every slice (at least 16)."""
+    cfg = LINEAR_TABLE[fused_shape(in_features, out_features)]
+    block_n = cfg.block_n
+    while block_n > 16 and any(w % block_n for w in out_features):
+        block_n //= 2
+    return replace(cfg, block_m=min(cfg.block_m, max(16, next_pow2(num_rows))), block_n=block_n)
 
 
 def linear_lora_fits(num_rows: int, weights: LoraModuleWeights, cfg: LinearLoraConfig) -> str:
@@ -102,8 +137,9 @@ def linear_lora(
         raise LoraShapeError(f"x {tuple(x.shape)}, weight {tuple(weight.shape)}, "
                              f"y {tuple(y.shape)} do not make y = x @ weight^T")
     grid = (cdiv(n, cfg.block_n) * cfg.split_k, cdiv(t, cfg.block_m))
-    if grid[0] // cfg.split_k * grid[1] > scratch.tiles:
-        raise LoraShapeError(f"scratch holds {scratch.tiles} output tiles, this needs more")
+    if (grid[0] // cfg.split_k * grid[1] > scratch.counters.numel()
+            or scratch_numel(t, n, cfg) > scratch.buffer.numel()):
+        raise LoraShapeError(f"the scratch is too small for {t} x {n} with {cfg}")
     ints = (x.stride(0), weight.stride(0), y.stride(0))
     if meta is None or weights is None or workspace is None:
         plan = _plan(cfg, 1, 1, 16, 1, (n, 0, 0, 0), False, x.dtype, x.device)
