@@ -72,10 +72,10 @@ for s in "$@"; do
                  --requests 256 --rate inf --prompt-min 64 --prompt-max 512 --output-min 64 \
                  --output-max 128 --max-num-seqs 128 --max-batched-tokens 4096 \
                  --kv-blocks 8192 --skip-hf --no-piecewise --out "$OUT/trace128e" ;;  # eager mixed steps
-    trace128l) ADAPTERPLANE_LORA_LINEAR=1 section trace128l 300 python3 bench/engine.py --mode cuda \
+    trace128l) ADAPTERPLANE_LORA_LINEAR=1 ADAPTERPLANE_TRITON_LINEAR=1 section trace128l 300 python3 bench/engine.py --mode cuda \
                  --adapters 128 --requests 256 --rate inf --prompt-min 64 --prompt-max 512 \
                  --output-min 64 --output-max 128 --max-num-seqs 128 --max-batched-tokens 4096 \
-                 --kv-blocks 8192 --skip-hf --out "$OUT/trace128l" ;;  # decode projections + LoRA epilogue
+                 --kv-blocks 8192 --skip-hf --out "$OUT/trace128l" ;;  # both engines' decode projections through linear_lora
     trace128p) section trace128p 400 python3 bench/engine.py --mode cuda --adapters 128 \
                  --requests 256 --rate inf --prompt-min 64 --prompt-max 512 --output-min 64 \
                  --output-max 128 --max-num-seqs 128 --max-batched-tokens 4096 \

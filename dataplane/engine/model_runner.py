@@ -9,6 +9,7 @@ captured graphs (engine/cuda_graphs.py).
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from functools import partial
 
@@ -98,6 +99,14 @@ class ModelRunner:
                if not getattr(linear, "owns_lora_tables", False)]
         for _layer, _attr, linear in own:  # detach a previous runner's tables
             linear.factors, linear.has_factors = None, False
+        base = None
+        if os.environ.get("ADAPTERPLANE_TRITON_LINEAR", "0") not in ("", "0"):
+            from dataplane.kernels.triton.linear_lora_ops import BaseLinear
+
+            base = BaseLinear(max_rows, sorted({(lin.in_features, tuple(lin.out_features))
+                                                for _, _, lin in own}), self.device)
+        for _layer, _attr, linear in own:  # decode-sized base products through Triton, or not
+            linear.base_linear = base
         if max_slots > 0:
             self.backend = get_lora_backend(self.device, prefer=lora_backend)
             self.meta_buffers = LoraMetaBuffers(max_rows, max_slots, self.device)

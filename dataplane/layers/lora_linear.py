@@ -10,6 +10,7 @@ of different ranks and target sets share one call (rank/scale tables per slot).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -65,6 +66,9 @@ class LoRALinear(nn.Module):
                                    requires_grad=False)
         self.bias = (nn.Parameter(torch.zeros(total, dtype=dtype, device=device),
                                   requires_grad=False) if bias else None)
+        self.base_linear: Callable[[torch.Tensor, torch.Tensor], torch.Tensor | None] | None = None
+        """Optional base product (``x``, ``weight``) -> ``y`` or None (then ``F.linear``):
+        the engine's Triton projection (``ADAPTERPLANE_TRITON_LINEAR=1``)."""
         self.factors: LoraFactorTable | FactorSource | None = None
         self.has_factors = False
         """Host-side: some slot has rank > 0 in `factors` (kept by the adapter loader)."""
@@ -106,10 +110,17 @@ class LoRALinear(nn.Module):
         fused = self._fused(x, lora, w)
         if fused is not None:
             return fused
-        y = F.linear(x, self.weight, self.bias)
+        y = self._base(x)
         if w is not None and lora is not None:
             lora.backend.add_lora(y, x, lora.meta, w, lora.workspace)
         return y
+
+    def _base(self, x: torch.Tensor) -> torch.Tensor:
+        if self.base_linear is not None and self.bias is None:
+            y = self.base_linear(x, self.weight)
+            if y is not None:
+                return y
+        return F.linear(x, self.weight, self.bias)
 
     def forward_silu_mul(self, x: torch.Tensor, lora: LoraStepContext | None,
                          ops_backend: str = "auto") -> torch.Tensor:
@@ -120,7 +131,7 @@ class LoRALinear(nn.Module):
         fused = self._fused(x, lora, w)
         if fused is not None:
             return silu_and_mul(fused, ops_backend)
-        y = F.linear(x, self.weight, self.bias)
+        y = self._base(x)
         if w is not None and lora is not None:
             act = lora.backend.add_lora_silu_mul(y, x, lora.meta, w, lora.workspace)
             if act is not None:

@@ -36,8 +36,7 @@ from dataplane.kernels.triton.lora_kernels import _eff_split, _pick, _total_tile
 
 @triton.jit
 def _lora_rows(acc, m, mmask, n, nmask, ks, z_ptr, storage_ptr, b_rows_ptr, ranks_ptr,
-               scales_ptr, row_slot_ptr, counts_ptr, T, N, S, NS, R_MAX,
-               W0: tl.constexpr, W1: tl.constexpr, W2: tl.constexpr, W3: tl.constexpr,
+               scales_ptr, row_slot_ptr, counts_ptr, T, N, S, NS, R_MAX, W0, W1, W2, W3,
                BLOCK_N: tl.constexpr, S_PAD: tl.constexpr, SPLIT_K: tl.constexpr,
                SH_BLOCK_M: tl.constexpr, SPLIT_MAX: tl.constexpr, TARGET: tl.constexpr,
                STAGES: tl.constexpr):  # fmt: skip
@@ -65,12 +64,12 @@ def _lora_rows(acc, m, mmask, n, nmask, ks, z_ptr, storage_ptr, b_rows_ptr, rank
     return acc
 
 
-@triton.jit(do_not_specialize=["T"])  # T varies per step: one compile
+# T varies per step, the slice widths per module: one compile for all of them
+@triton.jit(do_not_specialize=["T", "W0", "W1", "W2", "W3"])
 def linear_lora_kernel(
     x_ptr, w_ptr, y_ptr, z_ptr, storage_ptr, b_rows_ptr, ranks_ptr, scales_ptr,
     row_slot_ptr, counts_ptr, ws_ptr, ctr_ptr,
-    T, K, N, S, NS, R_MAX, stride_xm, stride_wn, stride_ym,
-    W0: tl.constexpr, W1: tl.constexpr, W2: tl.constexpr, W3: tl.constexpr,
+    T, K, N, S, NS, R_MAX, stride_xm, stride_wn, stride_ym, W0, W1, W2, W3,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     SPLIT_K: tl.constexpr, S_PAD: tl.constexpr, STAGES: tl.constexpr,
     SH_BLOCK_M: tl.constexpr, SPLIT_MAX: tl.constexpr, TARGET: tl.constexpr,

@@ -106,11 +106,12 @@ def linear_lora_fits(num_rows: int, weights: LoraModuleWeights, cfg: LinearLoraC
 
 @functools.lru_cache(maxsize=256)
 def _plan(cfg: LinearLoraConfig, split: int, target: int, shrink_bm: int, s: int,
-          widths: tuple[int, ...], lora: bool, dtype: torch.dtype,
-          device: torch.device) -> LaunchPlan:  # fmt: skip
+          lora: bool, dtype: torch.dtype, device: torch.device,
+          specialized: tuple[int, ...]) -> LaunchPlan:  # fmt: skip
+    """``specialized``: every integer argument Triton specializes on (all but ``T`` and the
+    slice widths): a plan's compiled kernels serve one value of each."""
     pdl = lora and ops.pdl_launch(cfg.pdl, device)
     return LaunchPlan(linear_lora_kernel, dict(
-        W0=widths[0], W1=widths[1], W2=widths[2], W3=widths[3],
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, SPLIT_K=cfg.split_k,
         S_PAD=ops._s_pad(s), STAGES=cfg.num_stages, SH_BLOCK_M=shrink_bm, SPLIT_MAX=split,
         TARGET=target, LORA=lora, PDL=pdl, UPCAST=ops._interpreting(),
@@ -142,9 +143,10 @@ def linear_lora(
         raise LoraShapeError(f"the scratch is too small for {t} x {n} with {cfg}")
     ints = (x.stride(0), weight.stride(0), y.stride(0))
     if meta is None or weights is None or workspace is None:
-        plan = _plan(cfg, 1, 1, 16, 1, (n, 0, 0, 0), False, x.dtype, x.device)
+        spec = (k, n, 1, 1, 1, *ints)
+        plan = _plan(cfg, 1, 1, 16, 1, False, x.dtype, x.device, spec)
         plan(grid, x, weight, y, y, y, y, y, y, y, y, scratch.buffer, scratch.counters,
-             t, k, n, 1, 1, 1, *ints)  # fmt: skip
+             t, *spec, n, 0, 0, 0)  # fmt: skip
         return
     why = linear_lora_fits(t, weights, cfg)
     if why or sum(weights.out_features) != n or weights.in_features != k:
@@ -156,8 +158,43 @@ def linear_lora(
                       meta.slot_counts, meta.slot_starts, z, weights.addr_align)  # fmt: skip
     widths = (*weights.out_features, 0, 0, 0)[: ops.MAX_SLICES]
     s = weights.ranks.shape[1]
+    spec = (k, n, s, ns, r_max, *ints)
     plan = _plan(cfg, shrink.split_k, ops.shrink_target(shrink, x.device), shrink.block_m, s,
-                 tuple(widths), True, x.dtype, x.device)  # fmt: skip
+                 True, x.dtype, x.device, spec)  # fmt: skip
     plan(grid, x, weight, y, z, weights.storage, weights.b_rows, weights.ranks, weights.scales,
          meta.row_slot, meta.slot_counts, scratch.buffer, scratch.counters,
-         t, k, n, s, ns, r_max, *ints)  # fmt: skip
+         t, *spec, *widths)  # fmt: skip
+
+
+class BaseLinear:
+    """``x @ weight^T`` through ``linear_lora`` without adapters, for projections with no
+    LoRA branch in a step (env ``ADAPTERPLANE_TRITON_LINEAR=1``; off by default): so that
+    an engine without adapters can run the same base product as ``linear_lora`` with them
+    (the honest baseline for it), and to compare it with cuBLAS. Owns its split-K scratch,
+    sized once for every projection shape of the model."""
+
+    def __init__(self, max_rows: int, shapes: list[tuple[int, tuple[int, ...]]],
+                 device: torch.device) -> None:  # fmt: skip
+        rows = [r for r in (*(1 << i for i in range(9)), max_rows)
+                if r <= min(max_rows, MAX_ROWS)]
+        cfgs = [(r, sum(outs), linear_config(r, d_in, outs)) for r in rows for d_in, outs in shapes]
+        numel = max((scratch_numel(r, n, c) for r, n, c in cfgs), default=0)
+        tiles = max((cdiv(r, c.block_m) * cdiv(n, c.block_n) for r, n, c in cfgs), default=1)
+        self.scratch = LinearScratch(
+            torch.empty(max(1, numel), dtype=torch.float32, device=device),
+            torch.zeros(tiles, dtype=torch.int32, device=device))  # fmt: skip
+        self.shapes = {(d_in, sum(outs)): outs for d_in, outs in shapes}
+
+    def __call__(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor | None:
+        """The product, or None where it does not apply (rows, shape, layout)."""
+        t, k = x.shape
+        outs = self.shapes.get((k, weight.shape[0]))
+        if (outs is None or t > MAX_ROWS or x.stride(1) != 1 or weight.stride(1) != 1
+                or weight.dtype != x.dtype):  # fmt: skip
+            return None
+        cfg = linear_config(t, k, outs)
+        if any(w % cfg.block_n for w in outs):
+            return None
+        y = torch.empty(t, weight.shape[0], dtype=x.dtype, device=x.device)
+        linear_lora(x, weight, y, cfg, self.scratch)
+        return y
