@@ -12,7 +12,8 @@
 # with host-enqueue vs device time per step / plus cProfile; `pw128`: split128 with
 # piecewise graphs for mixed steps; `launch`: host µs per launch; `anatomy`: the fused
 # decode launch's time split into launch + prologue, shrink, exchange, expand; `lltests`,
-# `linlora`: the base projection with the LoRA expand in its epilogue, tests / bench)
+# `linlora`: the base projection with the LoRA expand in its epilogue, tests (+ the packed
+# and row-split shrink's) / bench)
 # and on a 2-GPU host the tensor-parallel sections `tp tptests`.
 # (tests/ is a package, so tests/agent is `tests.agent` and never shadows the `agent`
 # package, with or without an editable install.)
@@ -116,8 +117,9 @@ for s in "$@"; do
               tests/kernels/test_fast_launch_gpu.py tests/kernels/test_step_memo.py \
               tests/engine/test_piecewise_gpu.py ;;
     anatomy) section anatomy 120 python3 bench/lora_anatomy.py --out "$OUT/anatomy" ;;  # fused decode launch: where its µs go
-    lltests) section lltests 200 python3 -m pytest -q -p no:cacheprovider --import-mode=append \
-               tests/kernels/test_linear_lora.py ;;  # projection + LoRA epilogue on CUDA
+    lltests) section lltests 240 python3 -m pytest -n 8 -q -p no:cacheprovider --import-mode=append \
+               tests/kernels/test_linear_lora.py tests/kernels/test_shrink_pack.py \
+               tests/kernels/test_row_split.py ;;  # unmarked tests that run on CUDA when present
     linlora) section linlora 400 python3 bench/linear_lora.py --out "$OUT/linlora" ;;  # vs cuBLAS + fused LoRA
     overlap) section overlap 120 python3 bench/lora_overlap.py --out "$OUT/overlap" ;;  # LoRA under the GEMM?
     tp) section tp 350 python3 bench/tp.py --shape 8b --device cuda --tp 1 2 \
