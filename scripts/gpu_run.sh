@@ -14,7 +14,7 @@
 # decode launch's time split into launch + prologue, shrink, exchange, expand; `lltests`,
 # `linlora`: the base projection with the LoRA expand in its epilogue, tests (+ the packed
 # and row-split shrink's) / bench)
-# and on a 2-GPU host the tensor-parallel sections `tp tptests`.
+# and on a 2-GPU host the tensor-parallel sections `tp tptests` (`tpl`: `tp` through linear_lora).
 # (tests/ is a package, so tests/agent is `tests.agent` and never shadows the `agent`
 # package, with or without an editable install.)
 # Results: $OUT/<section>.txt (logs), $OUT/<section>/ (JSON); $OUT/sections.txt has the
@@ -124,6 +124,9 @@ for s in "$@"; do
     overlap) section overlap 120 python3 bench/lora_overlap.py --out "$OUT/overlap" ;;  # LoRA under the GEMM?
     tp) section tp 350 python3 bench/tp.py --shape 8b --device cuda --tp 1 2 \
           --adapters 0 16 128 --attention triton --graphs graphs --out "$OUT/tp" ;;  # 2 GPUs
+    tpl) ADAPTERPLANE_LORA_LINEAR=1 ADAPTERPLANE_TRITON_LINEAR=1 section tpl 350 python3 bench/tp.py \
+           --shape 8b --device cuda --tp 1 2 --adapters 0 16 128 --attention triton \
+           --graphs graphs --out "$OUT/tpl" ;;  # `tp` with both flags (linear_lora), 2 GPUs
     tptests) section tptests 540 python3 -m pytest -q -s -p no:cacheprovider --noconftest \
                tests/parallel/test_tp_graphs_gpu.py tests/agent/test_tp_ranks_gpu.py ;;  # 2 GPUs
     *) echo "unknown section $s" >&2; exit 2 ;;

@@ -99,18 +99,18 @@ class ModelRunner:
                if not getattr(linear, "owns_lora_tables", False)]
         for _layer, _attr, linear in own:  # detach a previous runner's tables
             linear.factors, linear.has_factors = None, False
+        shapes = sorted({(lin.in_features, tuple(lin.out_features))
+                         for _, _, lin in model.lora_linears()})  # local shapes under TP
         base = None
         if os.environ.get("ADAPTERPLANE_TRITON_LINEAR", "0") not in ("", "0"):
             from dataplane.kernels.triton.linear_lora_ops import BaseLinear
 
-            base = BaseLinear(max_rows, sorted({(lin.in_features, tuple(lin.out_features))
-                                                for _, _, lin in own}), self.device)
-        for _layer, _attr, linear in own:  # decode-sized base products through Triton, or not
-            linear.base_linear = base
+            base = BaseLinear(max_rows, shapes, self.device)
+        for _layer, _attr, linear in model.lora_linears():  # decode-sized base products
+            linear.base_linear = base  # through Triton, or not
         if max_slots > 0:
             self.backend = get_lora_backend(self.device, prefer=lora_backend)
             self.meta_buffers = LoraMetaBuffers(max_rows, max_slots, self.device)
-            shapes = sorted({(lin.in_features, tuple(lin.out_features)) for _, _, lin in own})
             self.workspace = LoraWorkspace(
                 self.backend.workspace_numel(max_rows, 3, max_rank), self.device,
                 self.backend.linear_tile_numel(max_rows, shapes))

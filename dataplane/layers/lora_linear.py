@@ -46,6 +46,20 @@ class LoraStepContext:
     capture, so that an adapter registered after capture still reaches every projection."""
 
 
+BaseProduct = Callable[[torch.Tensor, torch.Tensor], torch.Tensor | None]
+"""``(x, weight) -> x @ weight^T`` or None where it does not apply (then ``F.linear``)."""
+
+
+def base_product(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+                 base_linear: BaseProduct | None) -> torch.Tensor:  # fmt: skip
+    """``F.linear(x, weight, bias)``, through ``base_linear`` where it applies (no bias)."""
+    if base_linear is not None and bias is None:
+        y = base_linear(x, weight)
+        if y is not None:
+            return y
+    return F.linear(x, weight, bias)
+
+
 class LoRALinear(nn.Module):
     """y[T, sum(out_features)] = x[T, in] W^T (+ b) + LoRA delta of each row's slot.
 
@@ -66,7 +80,7 @@ class LoRALinear(nn.Module):
                                    requires_grad=False)
         self.bias = (nn.Parameter(torch.zeros(total, dtype=dtype, device=device),
                                   requires_grad=False) if bias else None)
-        self.base_linear: Callable[[torch.Tensor, torch.Tensor], torch.Tensor | None] | None = None
+        self.base_linear: BaseProduct | None = None
         """Optional base product (``x``, ``weight``) -> ``y`` or None (then ``F.linear``):
         the engine's Triton projection (``ADAPTERPLANE_TRITON_LINEAR=1``)."""
         self.factors: LoraFactorTable | FactorSource | None = None
@@ -116,11 +130,7 @@ class LoRALinear(nn.Module):
         return y
 
     def _base(self, x: torch.Tensor) -> torch.Tensor:
-        if self.base_linear is not None and self.bias is None:
-            y = self.base_linear(x, self.weight)
-            if y is not None:
-                return y
-        return F.linear(x, self.weight, self.bias)
+        return base_product(x, self.weight, self.bias, self.base_linear)
 
     def forward_silu_mul(self, x: torch.Tensor, lora: LoraStepContext | None,
                          ops_backend: str = "auto") -> torch.Tensor:
