@@ -153,7 +153,7 @@ class TritonLoraBackend(LoraBackend):
             return None
         t = meta.num_rows
         cfg = linear_lora_ops.linear_config(t, weights.in_features, tuple(weights.out_features))
-        if (linear_lora_ops.linear_lora_fits(t, weights, cfg) or x.shape[0] != t
+        if (t == 0 or linear_lora_ops.linear_lora_fits(t, weights, cfg) or x.shape[0] != t
                 or x.stride(1) != 1 or weight.stride(1) != 1 or weight.dtype != x.dtype
                 or linear_lora_ops.scratch_numel(t, weight.shape[0], cfg)
                 > workspace.tiles.numel()):  # fmt: skip

@@ -189,7 +189,7 @@ class BaseLinear:
         """The product, or None where it does not apply (rows, shape, layout)."""
         t, k = x.shape
         outs = self.shapes.get((k, weight.shape[0]))
-        if (outs is None or t > MAX_ROWS or x.stride(1) != 1 or weight.stride(1) != 1
+        if (outs is None or t == 0 or t > MAX_ROWS or x.stride(1) != 1 or weight.stride(1) != 1
                 or weight.dtype != x.dtype):  # fmt: skip
             return None
         cfg = linear_config(t, k, outs)
