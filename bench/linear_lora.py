@@ -34,6 +34,7 @@ from bench.lora_cases import DECODE_MODULES, DT, RING_WEIGHT_BYTES, Layer, Scena
 from bench.lora_timing import device_bench_args, graph_time_us
 from dataplane.kernels import LoraMetaBuffers, LoraWorkspace
 from dataplane.kernels.triton.backend import TritonLoraBackend
+from dataplane.kernels.triton.configs import fused_shape
 from dataplane.kernels.triton.linear_lora_ops import LinearLoraConfig, LinearScratch, linear_lora
 
 MODULES = {
@@ -159,6 +160,10 @@ def main() -> None:
     print("| module (µs per layer) | " + " | ".join(cols) + " |")
     print("|---" * (len(cols) + 1) + "|")
     print("\n".join(rows))
+    print("# ---- LINEAR_TABLE entries (linear_lora_ops.py), triton+lora winners at 128 rows ----")
+    for name, sc in DECODE_MODULES.items():
+        shape = fused_shape(sc.d_in, sc.outs)
+        print(f'    "{shape}": {results[name]["triton+lora config"]},  # {name}')
     with open(os.path.join(out_dir, "linear_lora.json"), "w") as f:
         json.dump(results, f, indent=1)
 
