@@ -206,7 +206,7 @@ def _tune_prefill_shrink(
 
 
 TUNE_SWEEPS = ("expand", "shrink", "fused")  # what `--tune` runs by default
-ALL_SWEEPS = (*TUNE_SWEEPS, "mixed", "fuseddepth")
+ALL_SWEEPS = (*TUNE_SWEEPS, "mixed", "fuseddepth", "prefillfused")
 
 # Mixed-step (T class 1024) candidates: the committed entry first.
 MIXED_EXPAND_CANDIDATES = tuple(configs.ExpandConfig(*c) for c in (
@@ -334,6 +334,48 @@ def _tune_mixed_fused(built: list, two: TritonLoraBackend,
     return chosen
 
 
+# Fused candidates for T class 4,096 (prefill): (block_m, block_k, split_k, warps, per_sm,
+# n_elems). Taller row tiles than decode: a 64-row tile of one adapter streams 64 rows of
+# x per A byte, so A and B (re-read from L2 by every tile of the slot) stay small beside x
+# and y, and no z partials make the round trip through memory the two kernels make.
+PREFILL_FUSED_CANDIDATES = (
+    (64, 128, 8, 4, 2, 8192), (64, 128, 8, 8, 2, 8192), (32, 128, 8, 4, 2, 8192),
+    (64, 256, 8, 8, 2, 8192), (32, 128, 16, 4, 3, 4096), (64, 128, 4, 4, 2, 8192),
+    (128, 64, 8, 8, 2, 8192),
+)  # fmt: skip
+
+
+def _tune_prefill_fused(two: TritonLoraBackend, log: Callable[[str], None]
+                        ) -> dict[str, object]:
+    """The square module class at T class 4,096 as one fused launch
+    (``FUSED_TABLE[(4096, "square")]``) over prefill T = 4096 n = 4 / 32 at ranks 16 and
+    64 and the 2,600-row mixed step's o projection (the class's entry serves them all),
+    kept only where its add_lora geomean beats the two kernels' on the same cases."""
+    key = (4096, "square")
+    cases = [Scenario("prefill", 4096, n, (r,)) for r in (16, 64) for n in (4, 32)]
+    cases.append(next(sc for sc in mixed_cases(2600) if sc.outs == (4096,) and sc.d_in == 4096))
+    built = [(sc, build_ring(sc, "scattered")) for sc in cases]
+    configs.FUSED_TABLE.pop(key, None)
+    times = [time_ours(sc, ring, two, ("ours",))["ours"] for sc, ring in built]
+    two_t = math.exp(sum(math.log(t) for t in times) / len(times))
+    log(f"prefill square two kernels: {two_t:.2f} µs add_lora geomean")
+
+    def put(c: object) -> None:
+        configs.FUSED_TABLE[key] = c  # type: ignore[assignment]
+
+    cands = [configs.FusedConfig(bm, bk, sk, w, 3, per_sm=p, n_elems=ne, min_split=1, pipe=3)
+             for bm, bk, sk, w, p, ne in PREFILL_FUSED_CANDIDATES]  # fmt: skip
+    best, t = _sweep(put, cands, built, TritonLoraBackend(fused=True), "ours", log)
+    del built
+    torch.cuda.empty_cache()
+    if t < two_t:
+        log(f"tuned prefill fused square: {best} ({t:.2f} µs vs two kernels {two_t:.2f})")
+        return {"fused 4096 square": repr(best)}
+    configs.FUSED_TABLE.pop(key, None)
+    log(f"prefill square: two kernels kept ({two_t:.2f} µs; best fused {best} {t:.2f})")
+    return {}
+
+
 def tune(
     backend: TritonLoraBackend,
     log: Callable[[str], None],
@@ -354,6 +396,8 @@ def tune(
        class per module class (kept only where faster than the two kernels).
     5. ``fuseddepth`` (not in the default): each fused entry with other pipeline
        depths, warps and PDL (``_tune_fused``, depth).
+    6. ``prefillfused`` (not in the default): the square class at T class 4,096 as one
+       fused launch with tall row tiles, kept only where faster (``_tune_prefill_fused``).
     ``sweeps`` picks among them (``ALL_SWEEPS`` names).
     """
     ec = configs.ExpandConfig
@@ -393,6 +437,8 @@ def tune(
         chosen.update(_tune_fused(backend, log, "depth", _fused_depth_candidates))
     if "mixed" in sweeps:
         chosen.update(_tune_mixed(two, log))
+    if "prefillfused" in sweeps:
+        chosen.update(_tune_prefill_fused(two, log))
     return chosen
 
 

@@ -12,6 +12,7 @@
 # with host-enqueue vs device time per step / plus cProfile; `pw128`: split128 with
 # piecewise graphs for mixed steps; `launch`: host µs per launch; `anatomy`: the fused
 # decode launch's time split into launch + prologue, shrink, exchange, expand; `lltests`,
+# `kprefill`: one fused launch with tall row tiles for prefill (T class 4,096, square);
 # `linlora`: the base projection with the LoRA expand in its epilogue, tests (+ the packed
 # and row-split shrink's) / bench)
 # and on a 2-GPU host the tensor-parallel sections `tp tptests` (`tpl`: `tp` through linear_lora).
@@ -55,6 +56,8 @@ for s in "$@"; do
               --out "$OUT/kdepth" ;;  # fused entries x stages / warps / PDL
     kmixed) section kmixed 420 python3 bench/lora_kernels.py --tune --tune-sweeps mixed \
               --no-loop --no-stacked --only mixed --out "$OUT/kmixed" ;;  # T classes 1024 and 4096 on mixed steps
+    kprefill) section kprefill 300 python3 bench/lora_kernels.py --tune --tune-sweeps prefillfused \
+                --no-loop --no-stacked --only prefill --out "$OUT/kprefill" ;;  # T class 4096 fused, tall tiles
     coldload) section coldload 90 python3 bench/coldload.py --device cuda --shape 8b \
                 --loads 20 --adapters 64 --pool-adapters 16 --requests 400 \
                 --out "$OUT/coldload" ;;

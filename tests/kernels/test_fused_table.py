@@ -129,6 +129,42 @@ def test_fused_entry_for_mixed_steps_is_used_and_exact(
     assert launches  # the step went through the fused launch
 
 
+def test_tall_tile_fused_entry_for_prefill_steps_is_used_and_exact(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A fused entry for T class 4,096 with 64-row tiles (what `--tune-sweeps prefillfused`
+    tries) serves a 1,100-row step — one adapter's long run over many tiles beside short
+    runs and rows without an adapter — matching the float64 reference."""
+    import os
+
+    import torch
+
+    from dataplane.kernels.triton import fused_ops
+    from dataplane.kernels.triton.backend import TritonLoraBackend
+
+    from .lora_cases import check_case, make_case
+
+    if os.environ.get("TRITON_INTERPRET") != "1" and not torch.cuda.is_available():
+        pytest.skip("needs CUDA or the Triton interpreter")
+    monkeypatch.setattr(configs, "FUSED_TABLE", dict(configs.FUSED_TABLE))
+    assert configs.fused_config(1100, 16, 40, (48,)) is None  # two kernels without one
+    configs.FUSED_TABLE[(4096, "square")] = configs.FusedConfig(
+        64, 128, 8, 4, 3, per_sm=2, n_elems=8192, min_split=1, pipe=3)
+    launches: list[int] = []
+    real = fused_ops.prepare_fused
+
+    def counting(*args: object, **kwargs: object) -> object:
+        launches.append(1)
+        return real(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(fused_ops, "prepare_fused", counting)
+    case = make_case(dtype=torch.float32, in_features=40, out_features=(48,),
+                     ranks=[4, 16, 9], num_rows=1100, dist="skewed", none_share=0.05, seed=4,
+                     device="cuda" if torch.cuda.is_available() else "cpu")
+    check_case(case, TritonLoraBackend(fused=True))
+    assert launches
+
+
 def test_weighted_slice_items_follow_factor_bytes() -> None:
     """q/k/v under GQA: the q slice (4x as wide) gets more items than k and v; one slice
     or equal slices keep ``eff`` items each; the host's count is what the grid needs."""

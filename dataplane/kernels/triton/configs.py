@@ -255,8 +255,10 @@ FUSED_TABLE.update({
 })
 # T classes a fused entry may have. Mixed steps (T class 1,024) use two kernels where
 # the mixed sweep (`bench/lora_kernels.py --tune --tune-sweeps mixed`) found no fused
-# config faster for the module class (q/k/v above); a tuned file may install one.
-FUSED_T_CLASSES = (16, 64, 256, 1024)
+# config faster for the module class (q/k/v above); a tuned file may install one. T class
+# 4,096 has none yet (`--tune-sweeps prefillfused` tries tall-tile ones for the square
+# class).
+FUSED_T_CLASSES = (16, 64, 256, 1024, 4096)
 
 
 def fused_shape(in_features: int, out_features: tuple[int, ...]) -> str:
