@@ -91,13 +91,12 @@ def test_bad_silu_entries_raise_and_change_nothing(
     assert fused_before == configs.FUSED_TABLE and silu_before == configs.SILU_TABLE
 
 
-@pytest.mark.parametrize("out_features", [(48,), (64, 16, 16)])
-def test_fused_entry_for_mixed_steps_is_used_and_exact(
-    monkeypatch: pytest.MonkeyPatch, out_features: tuple[int, ...]
-) -> None:
-    """A tuned fused entry for T class 1,024 (what the mixed sweep installs when it wins)
-    serves a 300-row step — long single-adapter runs and one-row slots — through the
-    fused launch, matching the float64 reference (Triton interpreter on CPU)."""
+def _run_through_fused_entry(monkeypatch: pytest.MonkeyPatch, key: tuple[int, str],
+                             cfg: configs.FusedConfig, out_features: tuple[int, ...],
+                             num_rows: int, none_share: float, seed: int) -> None:
+    """Install ``cfg`` at ``key`` (none there before: two kernels), run a ``skewed`` step
+    of ``num_rows`` rows against the float64 reference, and check it took the fused
+    launch (Triton interpreter on CPU, CUDA when present)."""
     import os
 
     import torch
@@ -110,10 +109,9 @@ def test_fused_entry_for_mixed_steps_is_used_and_exact(
     if os.environ.get("TRITON_INTERPRET") != "1" and not torch.cuda.is_available():
         pytest.skip("needs CUDA or the Triton interpreter")
     monkeypatch.setattr(configs, "FUSED_TABLE", dict(configs.FUSED_TABLE))
-    shape = configs.fused_shape(40, out_features)
-    configs.FUSED_TABLE.pop((1024, shape), None)
-    assert configs.fused_config(300, 16, 40, out_features) is None  # two kernels without one
-    configs.FUSED_TABLE[(1024, shape)] = configs.FusedConfig(16, 128, 32, 4, 3, pipe=3)
+    configs.FUSED_TABLE.pop(key, None)
+    assert configs.fused_config(num_rows, 16, 40, out_features) is None  # two kernels
+    configs.FUSED_TABLE[key] = cfg
     launches: list[int] = []
     real = fused_ops.prepare_fused
 
@@ -123,10 +121,24 @@ def test_fused_entry_for_mixed_steps_is_used_and_exact(
 
     monkeypatch.setattr(fused_ops, "prepare_fused", counting)
     case = make_case(dtype=torch.float32, in_features=40, out_features=out_features,
-                     ranks=[4, 16, 9], num_rows=300, dist="skewed", none_share=0.1, seed=3,
+                     ranks=[4, 16, 9], num_rows=num_rows, dist="skewed",
+                     none_share=none_share, seed=seed,
                      device="cuda" if torch.cuda.is_available() else "cpu")
     check_case(case, TritonLoraBackend(fused=True))
     assert launches  # the step went through the fused launch
+
+
+@pytest.mark.parametrize("out_features", [(48,), (64, 16, 16)])
+def test_fused_entry_for_mixed_steps_is_used_and_exact(
+    monkeypatch: pytest.MonkeyPatch, out_features: tuple[int, ...]
+) -> None:
+    """A tuned fused entry for T class 1,024 (what the mixed sweep installs when it wins)
+    serves a 300-row step — long single-adapter runs and one-row slots — through the
+    fused launch, matching the float64 reference (Triton interpreter on CPU)."""
+    shape = configs.fused_shape(40, out_features)
+    _run_through_fused_entry(monkeypatch, (1024, shape),
+                             configs.FusedConfig(16, 128, 32, 4, 3, pipe=3), out_features,
+                             300, 0.1, 3)
 
 
 def test_tall_tile_fused_entry_for_prefill_steps_is_used_and_exact(
@@ -135,34 +147,8 @@ def test_tall_tile_fused_entry_for_prefill_steps_is_used_and_exact(
     """A fused entry for T class 4,096 with 64-row tiles (what `--tune-sweeps prefillfused`
     tries) serves a 1,100-row step — one adapter's long run over many tiles beside short
     runs and rows without an adapter — matching the float64 reference."""
-    import os
-
-    import torch
-
-    from dataplane.kernels.triton import fused_ops
-    from dataplane.kernels.triton.backend import TritonLoraBackend
-
-    from .lora_cases import check_case, make_case
-
-    if os.environ.get("TRITON_INTERPRET") != "1" and not torch.cuda.is_available():
-        pytest.skip("needs CUDA or the Triton interpreter")
-    monkeypatch.setattr(configs, "FUSED_TABLE", dict(configs.FUSED_TABLE))
-    assert configs.fused_config(1100, 16, 40, (48,)) is None  # two kernels without one
-    configs.FUSED_TABLE[(4096, "square")] = configs.FusedConfig(
-        64, 128, 8, 4, 3, per_sm=2, n_elems=8192, min_split=1, pipe=3)
-    launches: list[int] = []
-    real = fused_ops.prepare_fused
-
-    def counting(*args: object, **kwargs: object) -> object:
-        launches.append(1)
-        return real(*args, **kwargs)  # type: ignore[arg-type]
-
-    monkeypatch.setattr(fused_ops, "prepare_fused", counting)
-    case = make_case(dtype=torch.float32, in_features=40, out_features=(48,),
-                     ranks=[4, 16, 9], num_rows=1100, dist="skewed", none_share=0.05, seed=4,
-                     device="cuda" if torch.cuda.is_available() else "cpu")
-    check_case(case, TritonLoraBackend(fused=True))
-    assert launches
+    _run_through_fused_entry(monkeypatch, (4096, "square"), configs.FusedConfig(
+        64, 128, 8, 4, 3, per_sm=2, n_elems=8192, min_split=1, pipe=3), (48,), 1100, 0.05, 4)
 
 
 def test_weighted_slice_items_follow_factor_bytes() -> None:
