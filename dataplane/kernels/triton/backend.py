@@ -169,10 +169,7 @@ class TritonLoraBackend(LoraBackend):
                           shapes: list[tuple[int, tuple[int, ...]]]) -> int:  # fmt: skip
         if not self.linear_epilogue:
             return 0
-        rows = [r for r in (*(1 << i for i in range(9)), max_rows)
-                if r <= min(max_rows, linear_lora_ops.MAX_ROWS)]
-        return max((linear_lora_ops.scratch_numel(r, sum(outs), linear_lora_ops.linear_config(
-            r, d_in, outs)) for r in rows for d_in, outs in shapes), default=0)
+        return linear_lora_ops.scratch_bounds(max_rows, shapes)[0]
 
     def _two_kernel(self, key: tuple[object, ...], y: torch.Tensor, x: torch.Tensor,
                     meta: LoraBatchMeta, weights: LoraModuleWeights,

@@ -45,6 +45,17 @@ def scratch_numel(num_rows: int, out_features: int, cfg: LinearLoraConfig) -> in
     return tiles * cfg.split_k * cfg.block_m * cfg.block_n
 
 
+def scratch_bounds(max_rows: int, shapes: list[tuple[int, tuple[int, ...]]]) -> tuple[int, int]:
+    """(partial-tile floats, output tiles) any step up to ``max_rows`` rows needs over
+    projections of these ``(in_features, out_features)``, with the table's tiles (row
+    counts: powers of two and ``max_rows``, capped at ``MAX_ROWS``)."""
+    rows = [r for r in (*(1 << i for i in range(9)), max_rows) if r <= min(max_rows, MAX_ROWS)]
+    cfgs = [(r, sum(outs), linear_config(r, d_in, outs)) for r in rows for d_in, outs in shapes]
+    numel = max((scratch_numel(r, n, c) for r, n, c in cfgs), default=0)
+    tiles = max((cdiv(r, c.block_m) * cdiv(n, c.block_n) for r, n, c in cfgs), default=1)
+    return numel, tiles
+
+
 @dataclass(frozen=True)
 class LinearScratch:
     """Split-K partial tiles (fp32) and one self-resetting counter per output tile (zero
@@ -175,11 +186,7 @@ class BaseLinear:
 
     def __init__(self, max_rows: int, shapes: list[tuple[int, tuple[int, ...]]],
                  device: torch.device) -> None:  # fmt: skip
-        rows = [r for r in (*(1 << i for i in range(9)), max_rows)
-                if r <= min(max_rows, MAX_ROWS)]
-        cfgs = [(r, sum(outs), linear_config(r, d_in, outs)) for r in rows for d_in, outs in shapes]
-        numel = max((scratch_numel(r, n, c) for r, n, c in cfgs), default=0)
-        tiles = max((cdiv(r, c.block_m) * cdiv(n, c.block_n) for r, n, c in cfgs), default=1)
+        numel, tiles = scratch_bounds(max_rows, shapes)
         self.scratch = LinearScratch(
             torch.empty(max(1, numel), dtype=torch.float32, device=device),
             torch.zeros(tiles, dtype=torch.int32, device=device))  # fmt: skip
