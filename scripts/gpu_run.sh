@@ -41,10 +41,10 @@ section() {  # name, time limit (s), command...
 
 for s in "$@"; do
   case $s in
-    tests) section tests 240 python3 -m pytest -n 14 -q -p no:cacheprovider -m gpu --import-mode=append \
+    tests) section tests 240 env OMP_NUM_THREADS=1 python3 -m pytest -n 14 -q -p no:cacheprovider -m gpu --import-mode=append \
              tests/kernels tests/ops tests/attention/test_gpu.py tests/engine/test_gpu.py \
              tests/engine/test_pool_slots_gpu.py tests/pool/test_cuda_copy.py ;;
-    ktests) section ktests 240 python3 -m pytest -n 14 -q -p no:cacheprovider -m gpu --durations=15 \
+    ktests) section ktests 240 env OMP_NUM_THREADS=1 python3 -m pytest -n 14 -q -p no:cacheprovider -m gpu --durations=15 \
               --import-mode=append tests/kernels tests/ops ;;  # the kernel subset of `tests`
     kernels) section kernels 300 python3 bench/lora_kernels.py --tune --no-loop --no-stacked \
                --out "$OUT/kernels" ;;
@@ -120,7 +120,7 @@ for s in "$@"; do
               tests/kernels/test_fast_launch_gpu.py tests/kernels/test_step_memo.py \
               tests/engine/test_piecewise_gpu.py ;;
     anatomy) section anatomy 120 python3 bench/lora_anatomy.py --out "$OUT/anatomy" ;;  # fused decode launch: where its µs go
-    lltests) section lltests 240 python3 -m pytest -n 8 -q -p no:cacheprovider --import-mode=append \
+    lltests) section lltests 240 env OMP_NUM_THREADS=1 python3 -m pytest -n 8 -q -p no:cacheprovider --import-mode=append \
                tests/kernels/test_linear_lora.py tests/kernels/test_shrink_pack.py \
                tests/kernels/test_row_split.py ;;  # unmarked tests that run on CUDA when present
     linlora) section linlora 400 python3 bench/linear_lora.py --out "$OUT/linlora" ;;  # vs cuBLAS + fused LoRA

@@ -141,17 +141,18 @@ class LoraFactorTable:
         if not 0 <= slot < self.num_slots:
             raise LoraSlotError(f"slot {slot} outside [0, {self.num_slots})")
         for k, width in enumerate(self.out_features):
-            zeros_a = torch.zeros(self.max_rank, self.in_features, dtype=self.dtype)
-            zeros_b = torch.zeros(self.max_rank, width, dtype=self.dtype)
-            self._write_rows(self._a_rows_host[k, slot], zeros_a, self.in_features)
-            self._write_rows(self._b_rows_host[k, slot], zeros_b, width)
+            self.storage[self._row_index(self._a_rows_host[k, slot], self.in_features)] = 0
+            self.storage[self._row_index(self._b_rows_host[k, slot], width)] = 0
         self.ranks[:, slot] = 0
         self.scales[:, slot] = 0.0
 
+    def _row_index(self, homes: torch.Tensor, width: int) -> torch.Tensor:
+        """Flat storage indices of rows starting at ``homes``, built on the device."""
+        start = homes.to(self.device)[:, None]
+        return (start + torch.arange(width, dtype=torch.int64, device=self.device)).reshape(-1)
+
     def _write_rows(self, homes: torch.Tensor, rows: torch.Tensor, width: int) -> None:
-        idx = homes[:, None] + torch.arange(width, dtype=torch.int64)[None, :]
-        idx = idx.to(self.device)
-        self.storage[idx.reshape(-1)] = rows.to(self.device, self.dtype).reshape(-1)
+        self.storage[self._row_index(homes, width)] = rows.to(self.device, self.dtype).reshape(-1)
 
 
 def power_of_two_divisor(value: int, cap: int) -> int:

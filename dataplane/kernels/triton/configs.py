@@ -252,12 +252,16 @@ FUSED_TABLE.update({
     (1024, "square"): FusedConfig(16, 256, 32, 4, 3, 2, 4096, 1, 3),
     (1024, "wide"): FusedConfig(16, 128, 32, 4, 3, 2, 4096, 2, 3),
     (1024, "deep"): FusedConfig(16, 256, 32, 4, 3, 2, 4096, 1, 3),
+    # Prefill steps (T class 4,096, `--tune-sweeps prefillfused`, H200 2026-11-30 11:00
+    # UTC): one fused launch with 32-row tiles beats the two kernels for the square class
+    # over prefill n=4/32 at r16/r64 and a 2,600-row mixed o (39.51 vs 42.57 µs geomean;
+    # r=64 n=4 43.2 vs 52.1, i.e. 2.09x -> 1.75x the floor).
+    (4096, "square"): FusedConfig(32, 128, 16, 4, 3, 3, 4096, 1, 3),
 })
 # T classes a fused entry may have. Mixed steps (T class 1,024) use two kernels where
 # the mixed sweep (`bench/lora_kernels.py --tune --tune-sweeps mixed`) found no fused
 # config faster for the module class (q/k/v above); a tuned file may install one. T class
-# 4,096 has none yet (`--tune-sweeps prefillfused` tries tall-tile ones for the square
-# class).
+# 4,096 has the square class only (`--tune-sweeps prefillfused` tries tall-tile ones).
 FUSED_T_CLASSES = (16, 64, 256, 1024, 4096)
 
 
