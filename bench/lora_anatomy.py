@@ -27,6 +27,7 @@ visible cost is the difference to ``gemm``.
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import sys
@@ -39,7 +40,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from bench.lora_cases import DECODE_MODULES, DT, RING_WEIGHT_BYTES, Layer, Scenario, ring_size
-from bench.lora_timing import device_bench_args, graph_time_us
+from bench.lora_timing import copy_bandwidth, graph_time_us
 from dataplane.kernels import LoraMetaBuffers, LoraWorkspace
 from dataplane.kernels.triton import fused_ops
 from dataplane.kernels.triton.backend import TritonLoraBackend
@@ -174,11 +175,18 @@ def smoke(backend: TritonLoraBackend) -> None:
 
 
 def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--out", default=".")
+    ap.add_argument("--smoke", action="store_true", help="CPU plumbing check (interpreter)")
+    args = ap.parse_args()
     backend = TritonLoraBackend(fused=True)
-    parsed = device_bench_args(__doc__, lambda: smoke(backend))
-    if parsed is None:
+    if args.smoke:
+        smoke(backend)
         return
-    out_dir, bw = parsed
+    os.makedirs(args.out, exist_ok=True)
+    bw = max(copy_bandwidth().values()) * 1e9
+    print(f"device {torch.cuda.get_device_name()} torch {torch.__version__}, copy "
+          f"{bw / 1e9:.0f} GB/s", flush=True)
     cols = ("full", "floor", "prologue", "tiny K", "tiny N", "tiny K+N", "shrink", "expand",
             "exchange", "gemm", "gemm+lora", "gemm+lora pdl")
     print("| module (T=128, r=16, 50 slots) | " + " | ".join(cols) + " |")
@@ -188,7 +196,7 @@ def main() -> None:
         t = anatomy(sc, backend, bw)
         results[name] = t
         print(f"| {name} | " + " | ".join(f"{t[c]:.1f}" for c in cols) + " |", flush=True)
-    with open(os.path.join(out_dir, "lora_anatomy.json"), "w") as f:
+    with open(os.path.join(args.out, "lora_anatomy.json"), "w") as f:
         json.dump(results, f, indent=1)
 
 

@@ -5,9 +5,7 @@ Every time is the median replay of a captured CUDA graph, in µs; ring times are
 
 from __future__ import annotations
 
-import argparse
 import math
-import os
 import statistics
 from collections.abc import Callable
 
@@ -134,21 +132,3 @@ def time_base_gemm(rows: int, d_in: int = 4096, d_out: int = 4096) -> float:
             torch.mm(x, w.t(), out=y)
 
     return graph_time_us(run) / n
-
-
-def device_bench_args(doc: str, smoke: Callable[[], None]) -> tuple[str, float] | None:
-    """``--out DIR`` / ``--smoke`` of a device bench: runs ``smoke`` (CPU, interpreter)
-    and returns None, or makes ``DIR``, prints the device and returns ``DIR`` with the
-    measured copy bandwidth in bytes/s (the floors' denominator)."""
-    ap = argparse.ArgumentParser(description=doc.split("\n")[0])
-    ap.add_argument("--out", default=".")
-    ap.add_argument("--smoke", action="store_true", help="CPU plumbing check (interpreter)")
-    args = ap.parse_args()
-    if args.smoke:
-        smoke()
-        return None
-    os.makedirs(args.out, exist_ok=True)
-    bw = max(copy_bandwidth().values()) * 1e9
-    print(f"device {torch.cuda.get_device_name()} torch {torch.__version__}, copy "
-          f"{bw / 1e9:.0f} GB/s", flush=True)
-    return args.out, bw

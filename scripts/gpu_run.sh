@@ -11,11 +11,10 @@
 # bench of the 257-1024-row class on mixed-step cases; `split128` / `hostprof`: trace128
 # with host-enqueue vs device time per step / plus cProfile; `pw128`: split128 with
 # piecewise graphs for mixed steps; `launch`: host µs per launch; `anatomy`: the fused
-# decode launch's time split into launch + prologue, shrink, exchange, expand; `lltests`,
-# `kprefill`: one fused launch with tall row tiles for prefill (T class 4,096, square);
-# `linlora`: the base projection with the LoRA expand in its epilogue, tests (+ the packed
-# and row-split shrink's) / bench)
-# and on a 2-GPU host the tensor-parallel sections `tp tptests` (`tpl`: `tp` through linear_lora).
+# decode launch's time split into launch + prologue, shrink, exchange, expand; `stests`:
+# the packed and row-split shrink tests on CUDA; `kprefill`: one fused launch with tall
+# row tiles for prefill (T class 4,096, square))
+# and on a 2-GPU host the tensor-parallel sections `tp tptests`.
 # (tests/ is a package, so tests/agent is `tests.agent` and never shadows the `agent`
 # package, with or without an editable install.)
 # Results: $OUT/<section>.txt (logs), $OUT/<section>/ (JSON); $OUT/sections.txt has the
@@ -76,10 +75,6 @@ for s in "$@"; do
                  --requests 256 --rate inf --prompt-min 64 --prompt-max 512 --output-min 64 \
                  --output-max 128 --max-num-seqs 128 --max-batched-tokens 4096 \
                  --kv-blocks 8192 --skip-hf --no-piecewise --out "$OUT/trace128e" ;;  # eager mixed steps
-    trace128l) ADAPTERPLANE_LORA_LINEAR=1 ADAPTERPLANE_TRITON_LINEAR=1 section trace128l 300 python3 bench/engine.py --mode cuda \
-                 --adapters 128 --requests 256 --rate inf --prompt-min 64 --prompt-max 512 \
-                 --output-min 64 --output-max 128 --max-num-seqs 128 --max-batched-tokens 4096 \
-                 --kv-blocks 8192 --skip-hf --out "$OUT/trace128l" ;;  # both engines' decode projections through linear_lora
     trace128p) section trace128p 400 python3 bench/engine.py --mode cuda --adapters 128 \
                  --requests 256 --rate inf --prompt-min 64 --prompt-max 512 --output-min 64 \
                  --output-max 128 --max-num-seqs 128 --max-batched-tokens 4096 \
@@ -120,16 +115,11 @@ for s in "$@"; do
               tests/kernels/test_fast_launch_gpu.py tests/kernels/test_step_memo.py \
               tests/engine/test_piecewise_gpu.py ;;
     anatomy) section anatomy 120 python3 bench/lora_anatomy.py --out "$OUT/anatomy" ;;  # fused decode launch: where its µs go
-    lltests) section lltests 240 env OMP_NUM_THREADS=1 python3 -m pytest -n 8 -q -p no:cacheprovider --import-mode=append \
-               tests/kernels/test_linear_lora.py tests/kernels/test_shrink_pack.py \
-               tests/kernels/test_row_split.py ;;  # unmarked tests that run on CUDA when present
-    linlora) section linlora 400 python3 bench/linear_lora.py --out "$OUT/linlora" ;;  # vs cuBLAS + fused LoRA
+    stests) section stests 240 env OMP_NUM_THREADS=1 python3 -m pytest -n 8 -q -p no:cacheprovider --import-mode=append \
+              tests/kernels/test_shrink_pack.py tests/kernels/test_row_split.py ;;  # unmarked tests that run on CUDA when present
     overlap) section overlap 120 python3 bench/lora_overlap.py --out "$OUT/overlap" ;;  # LoRA under the GEMM?
     tp) section tp 350 python3 bench/tp.py --shape 8b --device cuda --tp 1 2 \
           --adapters 0 16 128 --attention triton --graphs graphs --out "$OUT/tp" ;;  # 2 GPUs
-    tpl) ADAPTERPLANE_LORA_LINEAR=1 ADAPTERPLANE_TRITON_LINEAR=1 section tpl 350 python3 bench/tp.py \
-           --shape 8b --device cuda --tp 1 2 --adapters 0 16 128 --attention triton \
-           --graphs graphs --out "$OUT/tpl" ;;  # `tp` with both flags (linear_lora), 2 GPUs
     tptests) section tptests 540 python3 -m pytest -q -s -p no:cacheprovider --noconftest \
                tests/parallel/test_tp_graphs_gpu.py tests/agent/test_tp_ranks_gpu.py ;;  # 2 GPUs
     *) echo "unknown section $s" >&2; exit 2 ;;

@@ -9,7 +9,6 @@ captured graphs (engine/cuda_graphs.py).
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from functools import partial
 
@@ -99,21 +98,11 @@ class ModelRunner:
                if not getattr(linear, "owns_lora_tables", False)]
         for _layer, _attr, linear in own:  # detach a previous runner's tables
             linear.factors, linear.has_factors = None, False
-        shapes = sorted({(lin.in_features, tuple(lin.out_features))
-                         for _, _, lin in model.lora_linears()})  # local shapes under TP
-        base = None
-        if os.environ.get("ADAPTERPLANE_TRITON_LINEAR", "0") not in ("", "0"):
-            from dataplane.kernels.triton.linear_lora_ops import BaseLinear
-
-            base = BaseLinear(max_rows, shapes, self.device)
-        for _layer, _attr, linear in model.lora_linears():  # decode-sized base products
-            linear.base_linear = base  # through Triton, or not
         if max_slots > 0:
             self.backend = get_lora_backend(self.device, prefer=lora_backend)
             self.meta_buffers = LoraMetaBuffers(max_rows, max_slots, self.device)
             self.workspace = LoraWorkspace(
-                self.backend.workspace_numel(max_rows, 3, max_rank), self.device,
-                self.backend.linear_tile_numel(max_rows, shapes))
+                self.backend.workspace_numel(max_rows, 3, max_rank), self.device)
             for layer, attr, linear in own:
                 table = LoraFactorTable(max_slots, linear.in_features, linear.out_features,
                                         max_rank, self.dtype, self.device)

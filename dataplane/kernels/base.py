@@ -213,12 +213,9 @@ class LoraWorkspace:
 
     COUNTERS = 4096
 
-    def __init__(self, numel: int, device: torch.device | str, tile_numel: int = 0) -> None:
+    def __init__(self, numel: int, device: torch.device | str) -> None:
         self.buffer = torch.empty(max(numel, 1), dtype=torch.float32, device=device)
         self.counters = torch.zeros(2 * self.COUNTERS, dtype=torch.int32, device=device)
-        self.tiles = torch.empty(max(tile_numel, 1), dtype=torch.float32, device=device)
-        """Split-K partial output tiles of :meth:`LoraBackend.linear` (size it with
-        :meth:`LoraBackend.linear_tile_numel`; unused by the other calls)."""
 
     def bottleneck(self, splits: int, num_rows: int, num_slices: int, rank: int) -> torch.Tensor:
         need = splits * num_rows * num_slices * rank
@@ -328,25 +325,6 @@ class LoraBackend(ABC):
         LoRA traffic of a prefill step.)
         """
         return None
-
-    def linear(
-        self,
-        x: torch.Tensor,
-        weight: torch.Tensor,
-        meta: LoraBatchMeta,
-        weights: LoraModuleWeights,
-        workspace: LoraWorkspace,
-    ) -> torch.Tensor | None:
-        """``x @ weight^T`` with every row's adapter delta added in the same pass (the
-        base projection and :meth:`add_lora` at once), or None where the backend has no
-        such path for this step: the caller then runs the two itself."""
-        return None
-
-    def linear_tile_numel(self, max_rows: int,
-                          shapes: list[tuple[int, tuple[int, ...]]]) -> int:  # fmt: skip
-        """Floats of ``LoraWorkspace.tiles`` :meth:`linear` needs for steps up to
-        ``max_rows`` rows over projections of these ``(in_features, out_features)``."""
-        return 0
 
 
 def check_call(

@@ -10,7 +10,6 @@ of different ranks and target sets share one call (rank/scale tables per slot).
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -46,20 +45,6 @@ class LoraStepContext:
     capture, so that an adapter registered after capture still reaches every projection."""
 
 
-BaseProduct = Callable[[torch.Tensor, torch.Tensor], torch.Tensor | None]
-"""``(x, weight) -> x @ weight^T`` or None where it does not apply (then ``F.linear``)."""
-
-
-def base_product(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
-                 base_linear: BaseProduct | None) -> torch.Tensor:  # fmt: skip
-    """``F.linear(x, weight, bias)``, through ``base_linear`` where it applies (no bias)."""
-    if base_linear is not None and bias is None:
-        y = base_linear(x, weight)
-        if y is not None:
-            return y
-    return F.linear(x, weight, bias)
-
-
 class LoRALinear(nn.Module):
     """y[T, sum(out_features)] = x[T, in] W^T (+ b) + LoRA delta of each row's slot.
 
@@ -80,9 +65,6 @@ class LoRALinear(nn.Module):
                                    requires_grad=False)
         self.bias = (nn.Parameter(torch.zeros(total, dtype=dtype, device=device),
                                   requires_grad=False) if bias else None)
-        self.base_linear: BaseProduct | None = None
-        """Optional base product (``x``, ``weight``) -> ``y`` or None (then ``F.linear``):
-        the engine's Triton projection (``ADAPTERPLANE_TRITON_LINEAR=1``)."""
         self.factors: LoraFactorTable | FactorSource | None = None
         self.has_factors = False
         """Host-side: some slot has rank > 0 in `factors` (kept by the adapter loader)."""
@@ -112,36 +94,20 @@ class LoRALinear(nn.Module):
             return None
         return self.factors.weights
 
-    def _fused(self, x: torch.Tensor, lora: LoraStepContext | None,
-               w: LoraModuleWeights | None) -> torch.Tensor | None:  # fmt: skip
-        """Base projection + LoRA in one pass where the backend has that path."""
-        if w is None or lora is None or self.bias is not None:
-            return None
-        return lora.backend.linear(x, self.weight, lora.meta, w, lora.workspace)
-
     def forward(self, x: torch.Tensor, lora: LoraStepContext | None) -> torch.Tensor:
+        y = F.linear(x, self.weight, self.bias)
         w = self._active(lora)
-        fused = self._fused(x, lora, w)
-        if fused is not None:
-            return fused
-        y = self._base(x)
         if w is not None and lora is not None:
             lora.backend.add_lora(y, x, lora.meta, w, lora.workspace)
         return y
-
-    def _base(self, x: torch.Tensor) -> torch.Tensor:
-        return base_product(x, self.weight, self.bias, self.base_linear)
 
     def forward_silu_mul(self, x: torch.Tensor, lora: LoraStepContext | None,
                          ops_backend: str = "auto") -> torch.Tensor:
         """``silu_and_mul(self(x, lora))`` for a gate/up projection, with the LoRA expand
         folded into the activation where the backend has that path (the same math, one
         rounding fewer: ``gate + Δgate`` is not rounded to the dtype first)."""
+        y = F.linear(x, self.weight, self.bias)
         w = self._active(lora)
-        fused = self._fused(x, lora, w)
-        if fused is not None:
-            return silu_and_mul(fused, ops_backend)
-        y = self._base(x)
         if w is not None and lora is not None:
             act = lora.backend.add_lora_silu_mul(y, x, lora.meta, w, lora.workspace)
             if act is not None:

@@ -12,9 +12,10 @@ RowParallelLinear: x ``[T, d_in/N]`` (this rank's input columns) -> y ``[T, d_ou
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
-from dataplane.layers.lora_linear import BaseProduct, LoraStepContext, base_product
+from dataplane.layers.lora_linear import LoraStepContext
 from dataplane.ops import silu_and_mul
 from dataplane.parallel.collectives import TPGroup
 from dataplane.parallel.errors import ShardShapeError
@@ -49,7 +50,6 @@ class _ParallelLinear(nn.Module):
                                   requires_grad=False) if bias else None)
         self.branch: ShardedLoraBranch | None = None
         self.trace: dict[str, torch.Tensor] | None = None
-        self.base_linear: BaseProduct | None = None  # as LoRALinear's (the engine's Triton path)
 
     def _copy_weight(self, local: torch.Tensor, bias: torch.Tensor | None) -> None:
         if tuple(local.shape) != tuple(self.weight.shape):
@@ -91,18 +91,6 @@ class _ParallelLinear(nn.Module):
             return None
         return self.branch if (self.branch.local or not lora.skip_empty) else None
 
-    def _fused(self, x: torch.Tensor, lora: LoraStepContext | None,
-               branch: ShardedLoraBranch | None) -> torch.Tensor | None:  # fmt: skip
-        """This rank's base product and its default-layout LoRA term in one pass, where
-        the backend has that path (``LoraBackend.linear``): the local layout's branch is
-        exactly ``add_lora`` on the local product (column: ``A`` replicated, ``B``
-        output-sharded; row: ``A`` input-sharded, ``B`` replicated, before the base
-        all-reduce). Not for the paper layout (collectives inside) or a traced call."""
-        if branch is None or lora is None or branch.paper or self.trace is not None:
-            return None
-        return lora.backend.linear(x, self.weight, lora.meta, branch.table.weights,
-                                   lora.workspace)  # fmt: skip
-
 
 class ColumnParallelLinear(_ParallelLinear):
     """Output-sharded projection; fused slices (q/k/v, gate/up) sharded one by one.
@@ -140,12 +128,10 @@ class ColumnParallelLinear(_ParallelLinear):
         self._copy_weight(local, local_bias)
 
     def forward(self, x: torch.Tensor, lora: LoraStepContext | None) -> torch.Tensor:
+        y = F.linear(x, self.weight, self.bias)
         branch = self._active_branch(lora)
-        y = None if self.bias is not None else self._fused(x, lora, branch)
-        if y is None:
-            y = base_product(x, self.weight, self.bias, self.base_linear)
-            if branch is not None and lora is not None:
-                branch.apply(y, x, lora, trace=self.trace)
+        if branch is not None and lora is not None:
+            branch.apply(y, x, lora, trace=self.trace)
         if self.trace is not None:
             self.trace["output"] = y.clone()
         return y
@@ -179,12 +165,10 @@ class RowParallelLinear(_ParallelLinear):
         self._copy_weight(shard_row_weight(weight, self.group.rank, self.group.size), bias)
 
     def forward(self, x: torch.Tensor, lora: LoraStepContext | None) -> torch.Tensor:
+        y = F.linear(x, self.weight)
         branch = self._active_branch(lora)
-        y = self._fused(x, lora, branch)  # the bias comes after the all-reduce
-        if y is None:
-            y = base_product(x, self.weight, None, self.base_linear)
-            if branch is not None and lora is not None:
-                branch.apply(y, x, lora, out_slice=self.out_slice, trace=self.trace)
+        if branch is not None and lora is not None:
+            branch.apply(y, x, lora, out_slice=self.out_slice, trace=self.trace)
         self.group.all_reduce(y, purpose="base")
         if self.bias is not None:
             y = y + self.bias

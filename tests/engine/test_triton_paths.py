@@ -43,63 +43,6 @@ def test_triton_paths_match_torch_paths(tiny_llama: Path, tiny_adapters: dict[st
                                torch.tensor([lp for _, lp in want]), atol=2e-5, rtol=1e-4)
 
 
-def test_projection_with_lora_epilogue_matches_torch_paths(
-        tiny_llama: Path, tiny_adapters: dict[str, Path],
-        monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
-    """``ADAPTERPLANE_LORA_LINEAR=1``: decode-sized projections run the base product and
-    the LoRA expand in one kernel (``linear_lora``); same tokens and logprobs."""
-    from dataplane.kernels.triton import linear_lora_ops
-
-    calls: list[int] = []
-    real = linear_lora_ops.linear_lora
-
-    def counting(*args: object, **kwargs: object) -> None:
-        calls.append(1)
-        real(*args, **kwargs)  # type: ignore[arg-type]
-
-    want = _run(tiny_llama, tiny_adapters, "torch")
-    monkeypatch.setenv("ADAPTERPLANE_LORA_LINEAR", "1")
-    monkeypatch.setattr(linear_lora_ops, "linear_lora", counting)
-    got = _run(tiny_llama, tiny_adapters, "triton")
-    assert calls  # the projections went through it
-    assert [t for t, _ in got] == [t for t, _ in want]
-    torch.testing.assert_close(torch.tensor([lp for _, lp in got]),
-                               torch.tensor([lp for _, lp in want]), atol=2e-5, rtol=1e-4)
-
-
-def test_triton_base_projection_matches_cublas_path(
-        tiny_llama: Path, monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
-    """``ADAPTERPLANE_TRITON_LINEAR=1``, an engine without adapters: decode-sized base
-    projections through ``linear_lora``'s plain product give the tokens and logprobs of
-    ``F.linear``."""
-    from dataplane.kernels.triton import linear_lora_ops
-
-    def run() -> list[tuple]:
-        engine = Engine.from_model_dir(tiny_llama, max_num_seqs=4, max_num_batched_tokens=16,
-                                       num_kv_blocks=32, block_size=4, max_slots=0,
-                                       attention_backend="torch", device=DEVICE)
-        outs = engine.generate([[5, 17, 33, 9, 100, 7], [1, 2, 3]],
-                               SamplingParams(temperature=0, max_tokens=3, ignore_eos=True,
-                                              logprobs=0))
-        return [(o.token_ids, [lp.logprob for lp in o.logprobs or ()]) for o in outs]
-
-    want = run()
-    calls: list[int] = []
-    real = linear_lora_ops.linear_lora
-
-    def counting(*args: object, **kwargs: object) -> None:
-        calls.append(1)
-        real(*args, **kwargs)  # type: ignore[arg-type]
-
-    monkeypatch.setenv("ADAPTERPLANE_TRITON_LINEAR", "1")
-    monkeypatch.setattr(linear_lora_ops, "linear_lora", counting)
-    got = run()
-    assert calls
-    assert [t for t, _ in got] == [t for t, _ in want]
-    torch.testing.assert_close(torch.tensor([lp for _, lp in got]),
-                               torch.tensor([lp for _, lp in want]), atol=2e-5, rtol=1e-4)
-
-
 def test_warm_up_row_counts_cover_every_power_of_two_and_the_maximum() -> None:
     from dataplane.engine.model_runner import warm_up_row_counts
 

@@ -39,30 +39,14 @@ def run_case(group: TPGroup, p: dict[str, Any], layout: str, backend_name: str
         for slot, per_module in p["adapters"].items():
             if name in per_module:
                 mod.load_adapter(slot, per_module[name])
-    rows = p["x"].shape[0]
-    fused: list[bool] = []
-    if backend_name.startswith("triton"):  # the GPU kernels, through Triton's CPU interpreter
+    if backend_name == "triton":  # the GPU kernels, through Triton's CPU interpreter
         os.environ["TRITON_INTERPRET"] = "1"
-        from dataplane.kernels.triton.backend import TritonLoraBackend
-
-        # "triton-linear": base product + LoRA in one kernel where the layout allows
-        backend = TritonLoraBackend(linear=backend_name == "triton-linear")
-        real = backend.linear
-
-        def counting(*args: Any) -> torch.Tensor | None:
-            y = real(*args)
-            fused.append(y is not None)
-            return y
-
-        backend.linear = counting  # type: ignore[method-assign]
-    else:
-        backend = get_lora_backend("cpu", prefer=backend_name)
+    backend = get_lora_backend("cpu", prefer=backend_name)
+    rows = p["x"].shape[0]
     meta = backend.build_meta(torch.tensor(p["row_slot"], dtype=torch.int32),
                               LoraMetaBuffers(rows, p["num_slots"], "cpu"))
-    shapes = [(m.in_features, m.out_features) for m in (qkv, o)]
     ctx = LoraStepContext(backend, meta, LoraWorkspace(
-        backend.workspace_numel(rows, 3, p["max_rank"]), "cpu",
-        backend.linear_tile_numel(rows, shapes)))
+        backend.workspace_numel(rows, 3, p["max_rank"]), "cpu"))
     lo, hi = o.global_in_features * group.rank // group.size, \
         o.global_in_features * (group.rank + 1) // group.size
     out: dict[str, Any] = {}
@@ -75,7 +59,6 @@ def run_case(group: TPGroup, p: dict[str, Any], layout: str, backend_name: str
         out[f"o_{label}_counts"] = _counts(group)
     assert qkv.branch is not None and o.branch is not None
     out["resident_scalars"] = qkv.branch.resident_scalars() + o.branch.resident_scalars()
-    out["fused_projections"] = sum(fused)
     return out
 
 

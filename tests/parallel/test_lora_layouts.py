@@ -6,9 +6,7 @@ k_proj, one skips o_proj), rows of every slot plus rows with no adapter. The ref
 a float64 single-process computation written here: ``x W^T + scale (x A^T) B^T`` per row.
 Integer-valued factors and power-of-two scales make float32 results exact, so the
 "integers" case compares with ==; the "gaussian" case within float32 rounding. The
-integer case also runs on the Triton kernels (CPU interpreter), the CUDA path's backend,
-and with the base product and the LoRA term in one kernel (``TritonLoraBackend(linear=True)``:
-the local layout's projections take it, the paper layout's cannot).
+integer case also runs on the Triton kernels (CPU interpreter), the CUDA path's backend.
 """
 
 from __future__ import annotations
@@ -22,7 +20,7 @@ from dataplane.parallel import LAYOUT_LOCAL, LAYOUT_PAPER
 
 from .dist_harness import run_world
 
-HIDDEN, HEADS, KV_HEADS, HEAD_DIM = 16, 4, 2, 16  # local slices in whole 16-column tiles
+HIDDEN, HEADS, KV_HEADS, HEAD_DIM = 16, 4, 2, 4
 WIDTHS = (HEADS * HEAD_DIM, KV_HEADS * HEAD_DIM, KV_HEADS * HEAD_DIM)
 ROW_SLOT = [0, 1, -1, 2, 3, 1, 0, -1, 3, 2]
 # slot -> (rank, scale, modules): one adapter without k_proj, one without o_proj
@@ -60,8 +58,7 @@ def make_payload(integers: bool, seed: int) -> dict[str, Any]:
 
 
 PAYLOADS = {"integers": make_payload(True, 0), "gaussian": make_payload(False, 1)}
-CASES = [("integers", "torch"), ("gaussian", "torch"), ("integers", "triton"),
-         ("integers", "triton-linear")]
+CASES = [("integers", "torch"), ("gaussian", "torch"), ("integers", "triton")]
 
 
 def reference(p: dict[str, Any], module: str, with_lora: bool) -> torch.Tensor:
@@ -166,14 +163,3 @@ def test_paper_layout_holds_fewer_factor_scalars(ranks: list[dict[Any, Any]]) ->
         extra += sum(r * HIDDEN // 2 for m in "qkv" if m in modules)
         extra += r * HIDDEN // 2 if "o" in modules else 0
     assert per_layout[LAYOUT_LOCAL] - per_layout[LAYOUT_PAPER] == extra
-
-
-@pytest.mark.parametrize("layout", LAYOUTS)
-def test_local_layout_projections_take_the_fused_kernel(ranks: list[dict[Any, Any]],
-                                                        layout: str) -> None:
-    """With ``linear=True`` both ranks' q/k/v and o projections with LoRA ran as one
-    kernel in the local layout (2 per rank); the paper layout keeps its collectives."""
-    case = ("integers", "triton-linear")
-    for j in range(2):
-        got = ranks[j][(case, layout)]["fused_projections"]
-        assert got == (2 if layout == LAYOUT_LOCAL else 0), (j, layout, got)

@@ -21,7 +21,7 @@ from dataplane.kernels.base import (
     check_call,
 )
 from dataplane.kernels.errors import LoraShapeError
-from dataplane.kernels.triton import fused_ops, linear_lora_ops, ops, silu_ops
+from dataplane.kernels.triton import fused_ops, ops, silu_ops
 from dataplane.kernels.triton.configs import (
     FUSED_MAX_RANK,
     T_BUCKETS,
@@ -52,21 +52,15 @@ class TritonLoraBackend(LoraBackend):
     ``add_lora`` on decode-sized steps (a fused config for ``T``, rank <= 128,
     a workspace sized by :meth:`workspace_numel`) is one fused launch; else,
     and always for :meth:`shrink` / :meth:`expand`, two kernels. ``fused=False``
-    (or env ``ADAPTERPLANE_LORA_FUSED=0``) forces two kernels. ``linear=True`` (or env
-    ``ADAPTERPLANE_LORA_LINEAR=1``; off by default, not yet measured on a GPU) lets
-    :meth:`linear` run decode-sized projections with the expand in the base product's
-    epilogue (``linear_lora_ops``).
+    (or env ``ADAPTERPLANE_LORA_FUSED=0``) forces two kernels.
     """
 
     name = "triton"
 
-    def __init__(self, fused: bool | None = None, linear: bool | None = None) -> None:
+    def __init__(self, fused: bool | None = None) -> None:
         if fused is None:
             fused = os.environ.get("ADAPTERPLANE_LORA_FUSED", "1") not in ("", "0")
-        if linear is None:
-            linear = os.environ.get("ADAPTERPLANE_LORA_LINEAR", "0") not in ("", "0")
         self.fused = fused
-        self.linear_epilogue = linear
         self.memo = StepMemo()
 
     def build_meta(self, row_slot: torch.Tensor, buffers: LoraMetaBuffers) -> LoraBatchMeta:
@@ -138,38 +132,6 @@ class TritonLoraBackend(LoraBackend):
             list(weights.out_features),
             weights.addr_align,
         )
-
-    def linear(
-        self,
-        x: torch.Tensor,
-        weight: torch.Tensor,
-        meta: LoraBatchMeta,
-        weights: LoraModuleWeights,
-        workspace: LoraWorkspace,
-    ) -> torch.Tensor | None:
-        """With ``linear_epilogue``: decode-sized steps through ``linear_lora`` (the
-        shrink, then one launch for the base product and the expand); else None."""
-        if not self.linear_epilogue:
-            return None
-        t = meta.num_rows
-        cfg = linear_lora_ops.linear_config(t, weights.in_features, tuple(weights.out_features))
-        if (t == 0 or linear_lora_ops.linear_lora_fits(t, weights, cfg) or x.shape[0] != t
-                or x.stride(1) != 1 or weight.stride(1) != 1 or weight.dtype != x.dtype
-                or linear_lora_ops.scratch_numel(t, weight.shape[0], cfg)
-                > workspace.tiles.numel()):  # fmt: skip
-            return None
-        y = torch.empty(t, weight.shape[0], dtype=x.dtype, device=x.device)
-        check_call(x, y, meta, weights)
-        linear_lora_ops.linear_lora(
-            x, weight, y, cfg, linear_lora_ops.LinearScratch(workspace.tiles, workspace.counters),
-            meta, weights, workspace)  # fmt: skip
-        return y
-
-    def linear_tile_numel(self, max_rows: int,
-                          shapes: list[tuple[int, tuple[int, ...]]]) -> int:  # fmt: skip
-        if not self.linear_epilogue:
-            return 0
-        return linear_lora_ops.scratch_bounds(max_rows, shapes)[0]
 
     def _two_kernel(self, key: tuple[object, ...], y: torch.Tensor, x: torch.Tensor,
                     meta: LoraBatchMeta, weights: LoraModuleWeights,
