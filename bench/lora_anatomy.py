@@ -28,7 +28,6 @@ visible cost is the difference to ``gemm``.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 from collections.abc import Callable, Iterator
@@ -40,7 +39,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from bench.lora_cases import DECODE_MODULES, DT, RING_WEIGHT_BYTES, Layer, Scenario, ring_size
-from bench.lora_timing import copy_bandwidth, graph_time_us
+from bench.lora_timing import copy_bandwidth, graph_time_us, module_table
 from dataplane.kernels import LoraMetaBuffers, LoraWorkspace
 from dataplane.kernels.triton import fused_ops
 from dataplane.kernels.triton.backend import TritonLoraBackend
@@ -189,15 +188,8 @@ def main() -> None:
           f"{bw / 1e9:.0f} GB/s", flush=True)
     cols = ("full", "floor", "prologue", "tiny K", "tiny N", "tiny K+N", "shrink", "expand",
             "exchange", "gemm", "gemm+lora", "gemm+lora pdl")
-    print("| module (T=128, r=16, 50 slots) | " + " | ".join(cols) + " |")
-    print("|---" * (len(cols) + 1) + "|")
-    results = {}
-    for name, sc in MODULES.items():
-        t = anatomy(sc, backend, bw)
-        results[name] = t
-        print(f"| {name} | " + " | ".join(f"{t[c]:.1f}" for c in cols) + " |", flush=True)
-    with open(os.path.join(args.out, "lora_anatomy.json"), "w") as f:
-        json.dump(results, f, indent=1)
+    module_table(cols, MODULES, lambda _name, sc: anatomy(sc, backend, bw),
+                 os.path.join(args.out, "lora_anatomy.json"))
 
 
 if __name__ == "__main__":

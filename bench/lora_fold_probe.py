@@ -34,7 +34,6 @@ that, under ``TRITON_INTERPRET=1``).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 from collections.abc import Callable
@@ -48,7 +47,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from bench.lora_anatomy import in_order, module_config, pinned_config, ring_launches
 from bench.lora_cases import DECODE_MODULES, Layer, Scenario, ring_size
-from bench.lora_timing import graph_time_us
+from bench.lora_timing import graph_time_us, module_table
 from dataplane.intmath import next_pow2
 from dataplane.kernels.triton.backend import TritonLoraBackend
 
@@ -294,16 +293,8 @@ def main() -> None:
     backend = TritonLoraBackend(fused=True)
     cols = ("fused", "norm", "norm+shrink", "empty", "shrink", "pass", "pass+expand",
             "fold cost")
-    print("| module (T=128, r=16, 50 slots) | " + " | ".join(cols) + " |")
-    print("|---" * (len(cols) + 1) + "|")
-    results = {}
-    for name, sc in DECODE_MODULES.items():
-        t = probe(name, sc, backend)
-        results[name] = t
-        print(f"| {name} | " + " | ".join(f"{t[c]:.1f}" if c in t else "—" for c in cols)
-              + " |", flush=True)
-    with open(os.path.join(args.out, "lora_fold_probe.json"), "w") as f:
-        json.dump(results, f, indent=1)
+    module_table(cols, DECODE_MODULES, lambda name, sc: probe(name, sc, backend),
+                 os.path.join(args.out, "lora_fold_probe.json"))
 
 
 if __name__ == "__main__":

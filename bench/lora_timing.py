@@ -5,9 +5,11 @@ Every time is the median replay of a captured CUDA graph, in µs; ring times are
 
 from __future__ import annotations
 
+import json
 import math
 import statistics
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from typing import Any
 
 import torch
 
@@ -132,3 +134,20 @@ def time_base_gemm(rows: int, d_in: int = 4096, d_out: int = 4096) -> float:
             torch.mm(x, w.t(), out=y)
 
     return graph_time_us(run) / n
+
+
+def module_table(cols: tuple[str, ...], cases: Mapping[str, Any],
+                 measure: Callable[[str, Any], dict[str, float]], path: str) -> None:
+    """Measure every case, printing one markdown row per module as it comes (µs, ``—``
+    for a column the case does not have); all results to ``path`` as JSON."""
+    print("| module (T=128, r=16, 50 slots) | " + " | ".join(cols) + " |")
+    print("|---" * (len(cols) + 1) + "|")
+    results = {}
+    for name, case in cases.items():
+        t = measure(name, case)
+        results[name] = t
+        print(f"| {name} | " + " | ".join(f"{t[c]:.1f}" if c in t else "—" for c in cols)
+              + " |", flush=True)
+    with open(path, "w") as f:
+        json.dump(results, f, indent=1)
+
