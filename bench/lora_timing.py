@@ -150,4 +150,3 @@ def module_table(cols: tuple[str, ...], cases: Mapping[str, Any],
               + " |", flush=True)
     with open(path, "w") as f:
         json.dump(results, f, indent=1)
-
