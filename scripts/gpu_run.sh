@@ -71,6 +71,10 @@ for s in "$@"; do
                 --requests 256 --rate inf --prompt-min 64 --prompt-max 512 --output-min 64 \
                 --output-max 128 --max-num-seqs 128 --max-batched-tokens 4096 \
                 --kv-blocks 8192 --skip-hf --out "$OUT/trace128" ;;  # `trace`, 128 adapters only
+    trace128w) section trace128w 420 python3 bench/engine.py --mode cuda --adapters 128 \
+                 --requests 1024 --rate inf --prompt-min 64 --prompt-max 512 --output-min 64 \
+                 --output-max 128 --max-num-seqs 256 --max-batched-tokens 8192 \
+                 --kv-blocks 16384 --skip-hf --out "$OUT/trace128w" ;;  # 256 seqs / 8,192 tokens, steady state
     trace128e) section trace128e 300 python3 bench/engine.py --mode cuda --adapters 128 \
                  --requests 256 --rate inf --prompt-min 64 --prompt-max 512 --output-min 64 \
                  --output-max 128 --max-num-seqs 128 --max-batched-tokens 4096 \
@@ -117,7 +121,7 @@ for s in "$@"; do
     anatomy) section anatomy 120 python3 bench/lora_anatomy.py --out "$OUT/anatomy" ;;  # fused decode launch: where its µs go
     stests) section stests 240 env OMP_NUM_THREADS=1 python3 -m pytest -n 8 -q -p no:cacheprovider --import-mode=append \
               tests/kernels/test_shrink_pack.py tests/kernels/test_row_split.py ;;  # unmarked tests that run on CUDA when present
-    overlap) section overlap 120 python3 bench/lora_overlap.py --out "$OUT/overlap" ;;  # LoRA under the GEMM?
+    overlap) section overlap 300 python3 bench/lora_overlap.py --out "$OUT/overlap" ;;  # LoRA under the GEMM?
     tp) section tp 350 python3 bench/tp.py --shape 8b --device cuda --tp 1 2 \
           --adapters 0 16 128 --attention triton --graphs graphs --out "$OUT/tp" ;;  # 2 GPUs
     tptests) section tptests 540 python3 -m pytest -q -s -p no:cacheprovider --noconftest \
