@@ -21,6 +21,7 @@ latency is the batch's mean step time.
         --output-min 64 --output-max 64          # SmolLM2 + 8 adapters (ranks 8/16, q/k/v/o)
     python bench/engine.py --mode cuda --adapters 1 16 128   # Llama-3-8B-shaped random bf16
     python bench/engine.py --mode cuda --shape tiny --device cpu --dtype float32  # smoke
+    python bench/engine.py --mode cuda --adapters 128 --rounds 5   # A/B rounds, median ratio
     python bench/engine.py --mode decode-step --max-num-seqs 64 --prompt-max 512 \
         --adapters 16 128 --kv-blocks 4096   # one decode step vs the HBM floor
     python bench/engine.py --mode decode-step ... --scheduling sync async  # both loops
@@ -39,9 +40,10 @@ import json
 import math
 import os
 import pstats
+import statistics
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -361,6 +363,8 @@ def cuda_main(args: argparse.Namespace) -> list[dict]:
     digest = hashlib.sha256(b"random-llama3-8b-shape-seed0").hexdigest()
     max_len = args.prompt_max + args.output_max + 16
     results = []
+    if args.rounds > 1:
+        return ab_rounds(args, model, config, digest, max_len)
     for n in [] if args.only_hf else args.adapters:
         trace = make_trace(args, config.vocab_size, n)
         engine_cfg = EngineConfig(
@@ -402,6 +406,49 @@ def cuda_main(args: argparse.Namespace) -> list[dict]:
     if not args.skip_hf:
         del model
         results.append(random_hf(args, config, shape, dev, dtype))
+    return results
+
+
+def rotated(trace: list[Request], by: int) -> list[Request]:
+    """The trace with every prompt rotated left by ``by`` tokens: same lengths, adapters and
+    arrivals, and (for ``by`` > 0) no full block in common with the unrotated prompts."""
+    return [replace(r, prompt=r.prompt[by:] + r.prompt[:by]) for r in trace]
+
+
+def ab_rounds(args: argparse.Namespace, model: LlamaForCausalLM, config: ModelConfig,
+              digest: str, max_len: int) -> list[dict]:
+    """``--rounds R``: the LoRA engine (``--adapters``' first N) and the no-LoRA engine
+    built side by side on the one model, then R rounds of both on the trace, round ``i``
+    with prompts rotated by ``i`` tokens (no prefix hit on an earlier round) and the two
+    arms in alternating order (drift in the GPU's clocks or the host hits both alike).
+    Prints each round's ratio and their median; every result row carries its round."""
+    n = args.adapters[0]
+    trace = make_trace(args, config.vocab_size, n)
+    cfg = EngineConfig(
+        max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_batched_tokens,
+        num_kv_blocks=args.kv_blocks, block_size=16, max_slots=n, max_rank=16,
+        max_model_len=max_len, enable_piecewise_graphs=args.piecewise,
+    )
+    dev, dtype = args.device, getattr(torch, args.dtype)
+    lora = Engine(model, cfg, digest)
+    handles = [lora.register_loaded_adapter(random_adapter(config, 16, i, dev, dtype))
+               for i in range(n)]
+    base = Engine(model, EngineConfig(**{**cfg.__dict__, "max_slots": 0}), digest)
+    arms = {"engine+lora": (lora, handles, n), "engine-base": (base, [], 0)}
+    results, ratios = [], []
+    for i in range(args.rounds):
+        order = list(arms) if i % 2 == 0 else list(reversed(arms))
+        got = {}
+        for name in order:
+            engine, hs, adapters = arms[name]
+            got[name] = {**run_engine(name, engine, rotated(trace, i), hs, dev),
+                         "adapters": adapters, "round": i}
+        results += [got[name] for name in arms]
+        ratios.append(got["engine+lora"]["output_tok_s"] / got["engine-base"]["output_tok_s"])
+        print(f"# round {i} ({' then '.join(order)}): ratio {ratios[-1]:.3f}",
+              file=sys.stderr, flush=True)
+    print(f"# ratio per round {[round(r, 3) for r in ratios]}, median "
+          f"{statistics.median(ratios):.3f}", file=sys.stderr, flush=True)
     return results
 
 
@@ -759,6 +806,8 @@ def main() -> None:
                    help="cuda mode: only the HF + PEFT run (its own device call on a long trace)")
     p.add_argument("--threads", type=int, default=None, help="torch intra-op threads (CPU)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--rounds", type=int, default=1,
+                   help="cuda mode: >1 = both engines side by side, R alternating rounds")
     p.add_argument("--shape", choices=("llama3-8b", "tiny"), default="llama3-8b")
     p.add_argument("--device", default="cuda", help="random-weights mode device")
     p.add_argument("--dtype", default="bfloat16", help="random-weights mode dtype")

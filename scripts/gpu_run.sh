@@ -13,7 +13,9 @@
 # piecewise graphs for mixed steps; `launch`: host µs per launch; `anatomy`: the fused
 # decode launch's time split into launch + prologue, shrink, exchange, expand; `stests`:
 # the packed and row-split shrink tests on CUDA; `kprefill`: one fused launch with tall
-# row tiles for prefill (T class 4,096, square))
+# row tiles for prefill (T class 4,096, square); `trace128w`: trace128 at 256 seqs / 8,192
+# tokens over 1,024 requests; `trace128r` / `trace128wr`: the two with both engines side by
+# side, alternating A/B rounds (`--rounds`), median ratio)
 # and on a 2-GPU host the tensor-parallel sections `tp tptests`.
 # (tests/ is a package, so tests/agent is `tests.agent` and never shadows the `agent`
 # package, with or without an editable install.)
@@ -75,6 +77,14 @@ for s in "$@"; do
                  --requests 1024 --rate inf --prompt-min 64 --prompt-max 512 --output-min 64 \
                  --output-max 128 --max-num-seqs 256 --max-batched-tokens 8192 \
                  --kv-blocks 16384 --skip-hf --out "$OUT/trace128w" ;;  # 256 seqs / 8,192 tokens, steady state
+    trace128r) section trace128r 420 python3 bench/engine.py --mode cuda --adapters 128 \
+                 --requests 256 --rate inf --prompt-min 64 --prompt-max 512 --output-min 64 \
+                 --output-max 128 --max-num-seqs 128 --max-batched-tokens 4096 \
+                 --kv-blocks 8192 --skip-hf --rounds 5 --out "$OUT/trace128r" ;;  # A/B rounds
+    trace128wr) section trace128wr 540 python3 bench/engine.py --mode cuda --adapters 128 \
+                  --requests 1024 --rate inf --prompt-min 64 --prompt-max 512 --output-min 64 \
+                  --output-max 128 --max-num-seqs 256 --max-batched-tokens 8192 \
+                  --kv-blocks 16384 --skip-hf --rounds 3 --out "$OUT/trace128wr" ;;  # A/B rounds
     trace128e) section trace128e 300 python3 bench/engine.py --mode cuda --adapters 128 \
                  --requests 256 --rate inf --prompt-min 64 --prompt-max 512 --output-min 64 \
                  --output-max 128 --max-num-seqs 128 --max-batched-tokens 4096 \

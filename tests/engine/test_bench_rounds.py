@@ -1,0 +1,39 @@
+"""`bench/engine.py --rounds`: both engines side by side, alternating rounds on the trace
+with rotated prompts (tiny random Llama on CPU, float32, a real subprocess)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_rounds_alternate_and_never_hit_an_earlier_rounds_prefix(tmp_path: Path) -> None:
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "engine.py"), "--mode", "cuda", "--shape", "tiny",
+         "--device", "cpu", "--dtype", "float32", "--adapters", "3", "--requests", "6",
+         "--prompt-min", "20", "--prompt-max", "40", "--output-min", "3", "--output-max", "5",
+         "--max-num-seqs", "4", "--max-batched-tokens", "64", "--kv-blocks", "64",
+         "--skip-hf", "--rounds", "3", "--threads", "1", "--workdir", str(tmp_path / "work"),
+         "--out", str(tmp_path)],
+        cwd=ROOT, capture_output=True, text=True, timeout=300,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    rounds = [line for line in done.stderr.splitlines() if line.startswith("# round ")]
+    assert [line.split(" (")[1].split(")")[0] for line in rounds] == [
+        "engine+lora then engine-base", "engine-base then engine+lora",
+        "engine+lora then engine-base"]
+    results = json.loads((tmp_path / "engine_results.json").read_text())["results"]
+    assert [(r["system"], r["round"], r["adapters"]) for r in results] == [
+        (system, i, n) for i in range(3) for system, n in (("engine+lora", 3),
+                                                            ("engine-base", 0))]
+    # Same trace every round: the same output tokens, and every prompt token prefilled
+    # again (a rotated prompt shares no full block with an earlier round's).
+    assert len({r["output_tokens"] for r in results}) == 1
+    assert len({r["steps"]["prefill_tokens"] for r in results}) == 1
+    ratios = [float(x) for x in done.stderr.split("ratio per round [")[1].split("]")[0].split(",")]
+    tok_s = [r["output_tok_s"] for r in results]
+    assert ratios == [round(tok_s[2 * i] / tok_s[2 * i + 1], 3) for i in range(3)]
