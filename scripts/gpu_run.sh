@@ -131,6 +131,7 @@ for s in "$@"; do
     anatomy) section anatomy 120 python3 bench/lora_anatomy.py --out "$OUT/anatomy" ;;  # fused decode launch: where its µs go
     stests) section stests 240 env OMP_NUM_THREADS=1 python3 -m pytest -n 8 -q -p no:cacheprovider --import-mode=append \
               tests/kernels/test_shrink_pack.py tests/kernels/test_row_split.py ;;  # unmarked tests that run on CUDA when present
+    concat) section concat 240 python3 bench/lora_concat_probe.py --out "$OUT/concat" ;;  # prefill LoRA in the GEMM?
     overlap) section overlap 300 python3 bench/lora_overlap.py --out "$OUT/overlap" ;;  # LoRA under the GEMM?
     tp) section tp 350 python3 bench/tp.py --shape 8b --device cuda --tp 1 2 \
           --adapters 0 16 128 --attention triton --graphs graphs --out "$OUT/tp" ;;  # 2 GPUs

@@ -3,7 +3,9 @@
 `bench/lora_anatomy.py`: every variant of the fused decode launch the GPU anatomy times
 runs, and only the rank-0 variant leaves `y` alone. `bench/lora_fold_probe.py`: the probe's
 folded norm + row shrink and row expand match float64 torch (and the unfolded pass leaves
-`y` alone), for every tile it times.
+`y` alone), for every tile it times. `bench/lora_concat_probe.py`: its concatenated-K way
+leaves a mixed step's prefill rows as the wide GEMM wrote them and updates every decode
+row.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ ROOT = Path(__file__).resolve().parents[2]
 @pytest.mark.parametrize(("bench", "modules"), [
     ("lora_anatomy.py", ["q/k/v", "o", "gate/up", "down"]),
     ("lora_fold_probe.py", ["q/k/v", "down"]),
+    ("lora_concat_probe.py", ["q/k/v"]),
 ])
 def test_bench_smoke(bench: str, modules: list[str]) -> None:
     env = {**os.environ, "TRITON_INTERPRET": "1"}
