@@ -200,6 +200,7 @@ def run_engine(name: str, engine: Engine, trace: list[Request], handles: list, d
     setattr(engine, "on_plan_launched", observe)  # noqa: B010 (bench-only observer)
     steps: list[tuple[float, bool]] = []  # (wall interval, whether a prefill was launched)
     timings: dict[str, Timing] = {}
+    generated: dict[str, list[int]] = {}
     pending = list(enumerate(trace))
     n_tokens = 0
     start = time.perf_counter()
@@ -224,9 +225,14 @@ def run_engine(name: str, engine: Engine, trace: list[Request], handles: list, d
         steps.append((stamp - before, any(d > 0 for d, _ in plans[mark:])))
         for o in outs:
             timings[o.request_id].tokens.append(stamp)
+            generated.setdefault(o.request_id, []).extend(o.new_token_ids)
             n_tokens += len(o.new_token_ids)
     sync(device)
     result = summarize(name, list(timings.values()), time.perf_counter() - start, n_tokens)
+    setattr(engine, "on_plan_launched", launched)  # noqa: B010
+    # Greedy: the same engine on the same trace gives the same tokens, run after run.
+    in_order = [generated.get(f"{name}-{i}", []) for i in range(len(trace))]
+    result["tokens_sha256"] = hashlib.sha256(json.dumps(in_order).encode()).hexdigest()
     new = sorted(compiled_kernels() - compiled)
     result["jit_compiles_timed"] = len(new)
     result["jit_compiled_while_timed"] = [f"{k}: {key[:300]}" for k, key in new]
@@ -418,9 +424,10 @@ def rotated(trace: list[Request], by: int) -> list[Request]:
 def ab_rounds(args: argparse.Namespace, model: LlamaForCausalLM, config: ModelConfig,
               digest: str, max_len: int) -> list[dict]:
     """``--rounds R``: the LoRA engine (``--adapters``' first N) and the no-LoRA engine
-    built side by side on the one model, then R rounds of both on the trace, round ``i``
-    with prompts rotated by ``i`` tokens (no prefix hit on an earlier round) and the two
-    arms in alternating order (drift in the GPU's clocks or the host hits both alike).
+    built side by side (each on its own copy of the model), then R rounds of both on the
+    trace, round ``i`` with prompts rotated by ``i`` tokens (no prefix hit on an earlier
+    round) and the two arms in alternating order (drift in the GPU's clocks or the host
+    hits both alike).
     Prints each round's ratio and their median; every result row carries its round."""
     n = args.adapters[0]
     trace = make_trace(args, config.vocab_size, n)
@@ -433,7 +440,10 @@ def ab_rounds(args: argparse.Namespace, model: LlamaForCausalLM, config: ModelCo
     lora = Engine(model, cfg, digest)
     handles = [lora.register_loaded_adapter(random_adapter(config, 16, i, dev, dtype))
                for i in range(n)]
-    base = Engine(model, EngineConfig(**{**cfg.__dict__, "max_slots": 0}), digest)
+    # A model of its own (same seed, same weights): an engine attaches its LoRA tables to
+    # the model's projections and a later engine on the same model detaches them.
+    twin = init_random(LlamaForCausalLM(config, dtype, torch.device(dev)), seed=0)
+    base = Engine(twin, EngineConfig(**{**cfg.__dict__, "max_slots": 0}), digest)
     arms = {"engine+lora": (lora, handles, n), "engine-base": (base, [], 0)}
     results, ratios = [], []
     for i in range(args.rounds):

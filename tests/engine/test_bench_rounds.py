@@ -11,7 +11,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def test_rounds_alternate_and_never_hit_an_earlier_rounds_prefix(tmp_path: Path) -> None:
+def test_rounds_alternate_keep_adapters_live_and_never_reuse_a_prefix(tmp_path: Path) -> None:
     done = subprocess.run(
         [sys.executable, str(ROOT / "bench" / "engine.py"), "--mode", "cuda", "--shape", "tiny",
          "--device", "cpu", "--dtype", "float32", "--adapters", "3", "--requests", "6",
@@ -34,6 +34,11 @@ def test_rounds_alternate_and_never_hit_an_earlier_rounds_prefix(tmp_path: Path)
     # again (a rotated prompt shares no full block with an earlier round's).
     assert len({r["output_tokens"] for r in results}) == 1
     assert len({r["steps"]["prefill_tokens"] for r in results}) == 1
+    # In every round the LoRA arm's greedy tokens differ from the no-LoRA arm's: its
+    # adapters stay live however many engines the process builds.
+    for i in range(3):
+        lora, base = (r["tokens_sha256"] for r in results[2 * i: 2 * i + 2])
+        assert lora != base, f"round {i}: the LoRA arm generated the base model's tokens"
     ratios = [float(x) for x in done.stderr.split("ratio per round [")[1].split("]")[0].split(",")]
     tok_s = [r["output_tok_s"] for r in results]
     assert ratios == [round(tok_s[2 * i] / tok_s[2 * i + 1], 3) for i in range(3)]
