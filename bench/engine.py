@@ -600,6 +600,7 @@ def host_step_main(args: argparse.Namespace) -> list[dict]:
         results.append({"system": f"host step B={batch} ctx~{ctx} (CPU)", "adapters": n,
                         "step_ms": 1e3 * step, "floor_ms": float("nan"), "ratio": float("nan")})
         print(f"# host step n={n}: {1e3 * step:.3f} ms", file=sys.stderr, flush=True)
+        del engine, graphs, handles  # the next engine takes the same model
     return results
 
 

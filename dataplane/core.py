@@ -19,6 +19,7 @@ from dataplane.errors import (
     InvalidBatchPlan,
     InvalidRequest,
     InvalidSamplingParams,
+    ModelInUse,
 )
 from dataplane.sampling_params import GREEDY_TEMPERATURE, MAX_LOGPROBS, SamplingParams
 from dataplane.sequence import (
@@ -40,6 +41,7 @@ __all__ = [
     "InvalidBatchPlan",
     "InvalidRequest",
     "InvalidSamplingParams",
+    "ModelInUse",
     "SamplingParams",
     "Sequence",
     "SequenceStatus",

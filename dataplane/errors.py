@@ -28,6 +28,14 @@ class InvalidRequest(EngineError):
     code = "INVALID_REQUEST"
 
 
+class ModelInUse(EngineError):
+    """The model's projections already carry the LoRA tables of another live engine: a second
+    engine on the same model object would detach them and leave the first one serving its
+    eager steps without its adapters."""
+
+    code = "MODEL_IN_USE"
+
+
 class InvalidBatchPlan(EngineError):
     """The plan's row/request/sample coordinates violate an invariant (a bug, caught pre-launch)."""
 

@@ -9,6 +9,8 @@ captured graphs (engine/cuda_graphs.py).
 
 from __future__ import annotations
 
+import gc
+import weakref
 from collections.abc import Callable
 from functools import partial
 
@@ -16,7 +18,7 @@ import torch
 
 from dataplane.attention.kv_cache import PagedKVCache
 from dataplane.attention.metadata import build_attention_metadata
-from dataplane.core import BatchPlan, InvalidBatchPlan, InvalidRequest
+from dataplane.core import BatchPlan, InvalidBatchPlan, InvalidRequest, ModelInUse
 from dataplane.engine.deferred import DeferredTokens, check_no_placeholders, patch_input_ids
 from dataplane.h2d import to_device
 from dataplane.kernels import (
@@ -39,6 +41,25 @@ def warm_up_row_counts(max_rows: int) -> list[int]:
         counts.append(rows)
         rows *= 2
     return [*counts, max_rows]
+
+
+_OWNERS: weakref.WeakKeyDictionary[LlamaForCausalLM, weakref.ref[ModelRunner]] = (
+    weakref.WeakKeyDictionary())
+
+
+def claim_model(model: LlamaForCausalLM, runner: ModelRunner) -> None:
+    """Make ``runner`` the one runner of ``model``, or raise :class:`ModelInUse` (changing
+    nothing) while an earlier runner of the same model object is alive: building a runner
+    re-attaches the model's LoRA tables, which would leave the earlier one serving its
+    eager steps without its adapters. A dropped runner still in a reference cycle is
+    collected before the check."""
+    owner = _OWNERS.get(model)
+    if owner is not None and owner() is not None:
+        gc.collect()
+    if owner is not None and owner() is not None:
+        raise ModelInUse("this model object already serves another live engine; build the "
+                         "new engine on a model of its own or drop the old engine first")
+    _OWNERS[model] = weakref.ref(runner)
 
 
 class ModelRunner:
@@ -67,6 +88,7 @@ class ModelRunner:
                  max_rows: int, max_slots: int, max_rank: int,
                  lora_backend: str | None = None, attention_backend: str | None = None,
                  ops_backend: str | None = None, kv_cache: PagedKVCache | None = None) -> None:
+        claim_model(model, self)
         self.model = model
         self.config = model.config
         self.device = model.embed_tokens.weight.device
