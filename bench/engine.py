@@ -360,6 +360,15 @@ def random_adapter(
     return LoadedAdapter(tuple(modules), digest, f"random:{seed}")
 
 
+def trace_config(args: argparse.Namespace, slots: int, max_len: int) -> EngineConfig:
+    """The random-weights trace's engine sizes (``slots`` = 0: LoRA disabled)."""
+    return EngineConfig(
+        max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_batched_tokens,
+        num_kv_blocks=args.kv_blocks, block_size=16, max_slots=slots, max_rank=16,
+        max_model_len=max_len, enable_piecewise_graphs=args.piecewise,
+    )
+
+
 def cuda_main(args: argparse.Namespace) -> list[dict]:
     """Random-weights mode (default: Llama-3-8B shape, bf16, on CUDA)."""
     dev, dtype = args.device, getattr(torch, args.dtype)
@@ -373,17 +382,7 @@ def cuda_main(args: argparse.Namespace) -> list[dict]:
         return ab_rounds(args, model, config, digest, max_len)
     for n in [] if args.only_hf else args.adapters:
         trace = make_trace(args, config.vocab_size, n)
-        engine_cfg = EngineConfig(
-            max_num_seqs=args.max_num_seqs,
-            max_num_batched_tokens=args.max_batched_tokens,
-            num_kv_blocks=args.kv_blocks,
-            block_size=16,
-            max_slots=n,
-            max_rank=16,
-            max_model_len=max_len,
-            enable_piecewise_graphs=args.piecewise,
-        )
-        engine = Engine(model, engine_cfg, digest)
+        engine = Engine(model, trace_config(args, n, max_len), digest)
         handles = [
             engine.register_loaded_adapter(random_adapter(config, 16, i, dev, dtype))
             for i in range(n)
@@ -399,8 +398,7 @@ def cuda_main(args: argparse.Namespace) -> list[dict]:
         if dev == "cuda":
             torch.cuda.empty_cache()
         if n == args.adapters[0]:
-            base_cfg = EngineConfig(**{**engine_cfg.__dict__, "max_slots": 0})
-            base = Engine(model, base_cfg, digest)
+            base = Engine(model, trace_config(args, 0, max_len), digest)
             res = run_engine("engine-base", base, trace, [], dev)
             results.append({**res, "adapters": 0})
             if args.profile:
@@ -431,11 +429,7 @@ def ab_rounds(args: argparse.Namespace, model: LlamaForCausalLM, config: ModelCo
     Prints each round's ratio and their median; every result row carries its round."""
     n = args.adapters[0]
     trace = make_trace(args, config.vocab_size, n)
-    cfg = EngineConfig(
-        max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_batched_tokens,
-        num_kv_blocks=args.kv_blocks, block_size=16, max_slots=n, max_rank=16,
-        max_model_len=max_len, enable_piecewise_graphs=args.piecewise,
-    )
+    cfg = trace_config(args, n, max_len)
     dev, dtype = args.device, getattr(torch, args.dtype)
     lora = Engine(model, cfg, digest)
     handles = [lora.register_loaded_adapter(random_adapter(config, 16, i, dev, dtype))
@@ -443,7 +437,7 @@ def ab_rounds(args: argparse.Namespace, model: LlamaForCausalLM, config: ModelCo
     # A model of its own (same seed, same weights): an engine attaches its LoRA tables to
     # the model's projections and a later engine on the same model detaches them.
     twin = init_random(LlamaForCausalLM(config, dtype, torch.device(dev)), seed=0)
-    base = Engine(twin, EngineConfig(**{**cfg.__dict__, "max_slots": 0}), digest)
+    base = Engine(twin, trace_config(args, 0, max_len), digest)
     arms = {"engine+lora": (lora, handles, n), "engine-base": (base, [], 0)}
     results, ratios = [], []
     for i in range(args.rounds):
