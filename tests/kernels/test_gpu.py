@@ -321,3 +321,80 @@ def test_blocked_metadata_is_cuda_graph_capturable(cuda_device: torch.device) ->
         assert meta.sorted_rows.tolist() == torch.sort(key, stable=True).indices.tolist()
         assert meta.slot_counts.tolist() == counts.tolist()
         assert meta.slot_starts.tolist() == (torch.cumsum(counts, 0) - counts).tolist()
+
+
+@pytest.mark.parametrize("fused", [True, False], ids=["fused", "two-kernel"])
+@pytest.mark.parametrize("successor", ["add-norm", "silu-mul", "rope-kv"])
+def test_pdl_chain_successors_wait_for_the_lora_launch(
+    cuda_device: torch.device, successor: str, fused: bool
+) -> None:
+    """`pdl_chain`: the LoRA launches signal their dependents at their start, so the kernel
+    after them (the fused add-norm after o / down, SiLU·mul after gate/up, RoPE + KV write
+    after q/k/v) is already resident while the LoRA kernel still writes ``y``; it must read
+    ``y`` only after its wait. The same layer runs chained (eagerly and in a CUDA graph)
+    and with a device sync between the LoRA launch and the successor; the outputs must be
+    identical bit for bit (a successor reading ``y`` early reads it without the delta)."""
+    from dataplane.kernels.triton.backend import TritonLoraBackend
+    from dataplane.ops import fused_add_rms_norm, rope_and_cache, silu_and_mul
+    from dataplane.triton_launch import pdl_chain_on
+
+    if not pdl_chain_on(cuda_device):
+        pytest.skip("programmatic dependent launch needs compute capability 9.0")
+    heads, kv_heads, dim = 32, 8, 128
+    outs = {"add-norm": (4096,), "silu-mul": (14336, 14336),
+            "rope-kv": (heads * dim, kv_heads * dim, kv_heads * dim)}[successor]
+    rows = 128
+    backend = TritonLoraBackend(fused=fused)
+    case = make_case(dtype=torch.bfloat16, in_features=4096, out_features=outs, ranks=[16],
+                     num_rows=rows, dist="distinct", none_share=0.1, seed=5,
+                     device=cuda_device)  # fmt: skip
+    gen = torch.Generator(device=cuda_device).manual_seed(7)
+    weight = (torch.randn(sum(outs), 4096, device=cuda_device, generator=gen) * 0.02).to(
+        torch.bfloat16)
+    norm_w = torch.randn(sum(outs[:1]), device=cuda_device, generator=gen).to(torch.bfloat16)
+    residual0 = torch.randn(rows, outs[0], device=cuda_device, generator=gen).to(torch.bfloat16)
+    angles = torch.rand(rows, dim // 2, device=cuda_device, generator=gen) * 100
+    cos, sin = angles.cos().to(torch.bfloat16), angles.sin().to(torch.bfloat16)
+    slots = torch.randperm(4 * rows, device=cuda_device, generator=gen)[:rows]
+    meta = backend.build_meta(torch.tensor(case.row_slot, dtype=torch.int32,
+                                           device=cuda_device),
+                              LoraMetaBuffers(rows, case.table.num_slots, cuda_device))
+    ws = LoraWorkspace(backend.workspace_numel(rows, len(outs), 16), cuda_device)
+    y = torch.empty(rows, sum(outs), device=cuda_device, dtype=torch.bfloat16)
+    residual = torch.empty_like(residual0)
+    k_cache = torch.zeros(4 * rows, kv_heads, dim, device=cuda_device, dtype=torch.bfloat16)
+    v_cache = torch.zeros_like(k_cache)
+
+    def layer(sync: bool) -> list[torch.Tensor]:
+        residual.copy_(residual0)
+        k_cache.zero_()
+        v_cache.zero_()
+        torch.mm(case.x, weight.t(), out=y)
+        backend.add_lora(y, case.x, meta, case.table.weights, ws)
+        if sync:
+            torch.cuda.synchronize()
+        if successor == "add-norm":
+            return list(fused_add_rms_norm(y, residual, norm_w, 1e-5, "triton"))
+        if successor == "silu-mul":
+            return [silu_and_mul(y, "triton")]
+        q = y[:, :heads * dim].view(rows, heads, dim)
+        k = y[:, heads * dim:(heads + kv_heads) * dim].view(rows, kv_heads, dim)
+        v = y[:, (heads + kv_heads) * dim:].view(rows, kv_heads, dim)
+        return [*rope_and_cache(q, k, v, cos, sin, k_cache, v_cache, slots, "triton"),
+                k_cache, v_cache]
+
+    want = [t.clone() for t in layer(sync=True)]
+    for _ in range(3):
+        got = layer(sync=False)
+        torch.cuda.synchronize()
+        for g, w in zip(got, want, strict=True):
+            assert torch.equal(g, w)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = layer(sync=False)
+    for _ in range(3):
+        graph.replay()
+        torch.cuda.synchronize()
+        for g, w in zip(captured, want, strict=True):
+            assert torch.equal(g, w)
+    assert int(ws.counters.abs().sum()) == 0
