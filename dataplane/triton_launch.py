@@ -88,29 +88,6 @@ class LaunchPlan:
                    runtime.launch_enter_hook, runtime.launch_exit_hook, *values)
 
 
-@functools.cache
-def pdl_chain(device_index: int) -> bool:
-    """Whether the LoRA kernels signal their dependents at their start
-    (``gdc_launch_dependents``) and the kernels that follow them in a layer (RMSNorm and
-    the fused add-norm, RoPE + KV write, SiLU·mul) launch as programmatic dependents that
-    wait (``gdc_wait``) before reading anything: the next kernel's launch then overlaps
-    the LoRA launch instead of following its end. CUDA devices of compute capability 9.0
-    and later, never under the interpreter; ``ADAPTERPLANE_PDL_CHAIN=0`` turns it off
-    (for A/B runs, `bench/engine.py`)."""
-    interp = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
-    wanted = os.environ.get("ADAPTERPLANE_PDL_CHAIN", "1") not in ("", "0")
-    if interp or not wanted or not torch.cuda.is_available():
-        return False
-    return torch.cuda.get_device_capability(device_index)[0] >= 9
-
-
-def pdl_chain_on(device: torch.device) -> bool:
-    """`pdl_chain` for a tensor's device (False off CUDA)."""
-    if device.type != "cuda":
-        return False
-    return pdl_chain(device.index if device.index is not None else torch.cuda.current_device())
-
-
 _PLANS: dict[tuple[Any, ...], LaunchPlan] = {}
 _MAX_PLANS = 4096
 

@@ -96,7 +96,6 @@ def lora_expand_kernel(
     Y_PREFETCH: tl.constexpr,
     ROW_SPLIT: tl.constexpr,
     PDL: tl.constexpr,
-    TRIGGER: tl.constexpr,
 ):
     """Each program: one (slot, row tile) × ``N_ITERS`` column tiles of one slice.
 
@@ -107,8 +106,6 @@ def lora_expand_kernel(
     one of the two is double-buffered, so the live registers stay at one
     ``y`` + one ``Bt`` + the accumulator above a single-buffered loop.
     """
-    if TRIGGER:  # the next kernel may launch now (it waits for this one's end: `pdl_chain`)
-        tl.extra.cuda.gdc_launch_dependents()
     if PDL:  # launched early: the shrink's z and the GEMM's y only after this
         tl.extra.cuda.gdc_wait()
     pid = tl.program_id(0)

@@ -64,11 +64,8 @@ def lora_expand_silu_kernel(
     SHRINK_BM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     N_ITERS: tl.constexpr, BLOCK_R: tl.constexpr, S_PAD: tl.constexpr, ALIGN: tl.constexpr,
     UPCAST: tl.constexpr, PREC: tl.constexpr, ROW_SPLIT: tl.constexpr, PDL: tl.constexpr,
-    TRIGGER: tl.constexpr,
 ):  # fmt: skip
     """One (row tile, column span) of ``out [T, INTER]`` (module docstring)."""
-    if TRIGGER:  # the next kernel may launch now (it waits for this one's end: `pdl_chain`)
-        tl.extra.cuda.gdc_launch_dependents()
     if PDL:  # launched early: the shrink's z and the GEMM's gate/up only after this
         tl.extra.cuda.gdc_wait()
     pid = tl.program_id(0)

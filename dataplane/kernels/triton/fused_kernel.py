@@ -112,15 +112,12 @@ def lora_fused_kernel(
     BLOCK_N: tl.constexpr, SPLIT_MAX: tl.constexpr, MIN_SPLIT: tl.constexpr,
     S_PAD: tl.constexpr, ALIGN: tl.constexpr, UPCAST: tl.constexpr, PREC: tl.constexpr,
     PIPE: tl.constexpr, PDL: tl.constexpr, WEIGHTED: tl.constexpr, WMIN: tl.constexpr,
-    TRIGGER: tl.constexpr,
 ):  # fmt: skip
     """``y[rows, slice] += scale * (x[rows] @ A^T) @ Bt`` for every live item of
     this program (one item when ``eff > 1``; every grid-size-th when 1).
 
     Needs every slot's rank ``<= BLOCK_R`` (the host checks ``max_rank``).
     """
-    if TRIGGER:  # the next kernel may launch now (it waits for this one's end: `pdl_chain`)
-        tl.extra.cuda.gdc_launch_dependents()
     cols = tl.arange(0, S_PAD)
     counts = tl.load(counts_ptr + cols, mask=cols < S, other=0)
     tiles = (counts + BLOCK_M - 1) // BLOCK_M

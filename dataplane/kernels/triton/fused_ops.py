@@ -25,7 +25,7 @@ from dataplane.kernels.triton.ops import (
     pdl_launch,
     pdl_options,
 )
-from dataplane.triton_launch import LaunchPlan, pdl_chain_on
+from dataplane.triton_launch import LaunchPlan
 
 # Most programs a fused launch may use (sizes the scratch it needs).
 FUSED_MAX_PROGRAMS = 2048
@@ -177,7 +177,6 @@ def _plan(cfg: FusedConfig, widths: tuple[int, ...], ints: tuple[int, ...], dtyp
         S_PAD=_s_pad(ints[0]), ALIGN=align,
         UPCAST=_interpreting(), PREC=_precision(dtype), PIPE=cfg.pipe, PDL=pdl,
         WEIGHTED=weighted(cfg), WMIN=min(w for w in widths if w),
-        TRIGGER=pdl_chain_on(device),
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         **pdl_options(pdl),
     ))  # fmt: skip

@@ -156,10 +156,7 @@ def lora_shrink_kernel(
     ROW_SPLIT: tl.constexpr,
     PDL: tl.constexpr,
     PACK: tl.constexpr,
-    TRIGGER: tl.constexpr,
 ):
-    if TRIGGER:  # the next kernel may launch now (it waits for this one's end: `pdl_chain`)
-        tl.extra.cuda.gdc_launch_dependents()
     if PDL:  # launched early: everything it reads may still be in flight before this
         tl.extra.cuda.gdc_wait()
     pid = tl.program_id(0)

@@ -27,7 +27,7 @@ from dataplane.kernels.triton.configs import (
 )
 from dataplane.kernels.triton.expand_kernel import lora_expand_kernel
 from dataplane.kernels.triton.lora_kernels import lora_shrink_kernel
-from dataplane.triton_launch import LaunchPlan, pdl_chain_on
+from dataplane.triton_launch import LaunchPlan
 
 MAX_SLICES = 4
 
@@ -107,7 +107,6 @@ def _shrink_plan(cfg: ShrinkConfig, s: int, k: int, ns: int, r_max: int, stride:
         SPLIT_MAX=cfg.split_k, TARGET=target,
         S_PAD=_s_pad(s), ALIGN=align, UPCAST=_interpreting(), PREC=_precision(dtype),
         EVICT_X=fit.evict_x, ROW_SPLIT=cfg.row_split, PDL=pdl, PACK=pack,
-        TRIGGER=pdl_chain_on(device),
         num_warps=fit.num_warps, num_stages=fit.num_stages, **pdl_options(pdl),
     ))  # fmt: skip
 
@@ -160,7 +159,6 @@ def _expand_plan(cfg: ExpandConfig, shrink_cfg: ShrinkConfig, split: int, s: int
         BLOCK_R=cfg.block_r,
         S_PAD=_s_pad(s), ALIGN=align, UPCAST=_interpreting(), PREC=_precision(dtype),
         Y_PREFETCH=cfg.y_prefetch, ROW_SPLIT=shrink_cfg.row_split, PDL=pdl,
-        TRIGGER=pdl_chain_on(device),
         num_warps=cfg.num_warps, num_stages=cfg.num_stages, **pdl_options(pdl),
     ))  # fmt: skip
 

@@ -15,16 +15,14 @@ import triton.language as tl
 
 from dataplane.intmath import next_pow2
 from dataplane.ops.errors import OpsError
-from dataplane.triton_launch import LaunchPlan, pdl_chain_on
+from dataplane.triton_launch import LaunchPlan
 
 MAX_BLOCK = 65536
 
 
 @triton.jit
 def _rms_norm_kernel(x_ptr, res_ptr, w_ptr, out_ptr, stride_x, stride_r, stride_o, n_cols,
-                     eps, BLOCK: tl.constexpr, ADD_RESIDUAL: tl.constexpr, PDL: tl.constexpr):
-    if PDL:  # a programmatic dependent launch: read nothing before the previous kernel ends
-        tl.extra.cuda.gdc_wait()
+                     eps, BLOCK: tl.constexpr, ADD_RESIDUAL: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     mask = cols < n_cols
@@ -60,12 +58,10 @@ def _check(x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor | None)
 
 
 @functools.lru_cache(maxsize=256)
-def _plan(block: int, add_residual: bool, ints: tuple[int, ...], pdl: bool) -> LaunchPlan:
-    """One plan per value of the specialized integer arguments (strides, width); ``pdl``:
-    launched as a programmatic dependent of the kernel before it (`pdl_chain`)."""
-    return LaunchPlan(_rms_norm_kernel, dict(BLOCK=block, ADD_RESIDUAL=add_residual, PDL=pdl,
-                                             num_warps=min(16, max(1, block // 256)),
-                                             **({"launch_pdl": True} if pdl else {})))
+def _plan(block: int, add_residual: bool, ints: tuple[int, ...]) -> LaunchPlan:
+    """One plan per value of the specialized integer arguments (strides, width)."""
+    return LaunchPlan(_rms_norm_kernel, dict(BLOCK=block, ADD_RESIDUAL=add_residual,
+                                             num_warps=min(16, max(1, block // 256))))
 
 
 def _launch(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor,
@@ -74,7 +70,7 @@ def _launch(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor
         return
     res = residual if residual is not None else x
     ints = (x.stride(0), res.stride(0), out.stride(0), x.shape[1])
-    _plan(block, residual is not None, ints, pdl_chain_on(x.device))(
+    _plan(block, residual is not None, ints)(
         (x.shape[0],), x, res, weight, out, *ints, float(eps))
 
 

@@ -18,7 +18,7 @@ import triton.language as tl
 from dataplane.attention.kv_cache import kv_strides
 from dataplane.intmath import next_pow2
 from dataplane.ops.errors import OpsError
-from dataplane.triton_launch import LaunchPlan, pdl_chain_on
+from dataplane.triton_launch import LaunchPlan
 
 
 @triton.jit
@@ -27,9 +27,7 @@ def _rope_kv_kernel(q_ptr, k_ptr, v_ptr, cos_ptr, sin_ptr, kc_ptr, vc_ptr, slot_
                     stride_ct, stride_st, stride_kcs, stride_kch, stride_vcs, stride_vch,
                     stride_kcb, stride_vcb,
                     NUM_Q_HEADS: tl.constexpr, HALF: tl.constexpr, HALF_PAD: tl.constexpr,
-                    BLOCKED: tl.constexpr, BLOCK_SIZE: tl.constexpr, PDL: tl.constexpr):
-    if PDL:  # a programmatic dependent launch: read nothing before the previous kernel ends
-        tl.extra.cuda.gdc_wait()
+                    BLOCKED: tl.constexpr, BLOCK_SIZE: tl.constexpr):
     t = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1)
     d = tl.arange(0, HALF_PAD)
@@ -102,17 +100,15 @@ def rope_and_cache_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     vb, vs, vh = kv_strides(v_cache, bs)
     ints = (q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
             cos.stride(0), sin.stride(0), ks, kh, vs, vh, kb, vb)
-    _plan(heads, half, blocked, bs, ints, pdl_chain_on(q.device))(
+    _plan(heads, half, blocked, bs, ints)(
         (t, heads + k.shape[1]), q, k, v, cos, sin, k_cache, v_cache, slot_mapping, *ints)
     return q, k
 
 
 @functools.lru_cache(maxsize=256)
 def _plan(heads: int, half: int, blocked: bool, block_size: int,
-          ints: tuple[int, ...], pdl: bool) -> LaunchPlan:
-    """One plan per value of the specialized integer arguments (the strides); ``pdl``:
-    launched as a programmatic dependent of the kernel before it (`pdl_chain`)."""
+          ints: tuple[int, ...]) -> LaunchPlan:
+    """One plan per value of the specialized integer arguments (the strides)."""
     return LaunchPlan(_rope_kv_kernel, dict(
         NUM_Q_HEADS=heads, HALF=half, HALF_PAD=next_pow2(half), BLOCKED=blocked,
-        BLOCK_SIZE=block_size, PDL=pdl, num_warps=1,
-        **({"launch_pdl": True} if pdl else {})))
+        BLOCK_SIZE=block_size, num_warps=1))

@@ -10,16 +10,13 @@ import triton.language as tl
 
 from dataplane.intmath import cdiv, next_pow2
 from dataplane.ops.errors import OpsError
-from dataplane.triton_launch import cached_plan, pdl_chain_on
+from dataplane.triton_launch import cached_plan
 
 BLOCK = 1024
 
 
 @triton.jit
-def _silu_mul_kernel(x_ptr, out_ptr, stride_x, stride_o, inter, BLOCK: tl.constexpr,
-                     PDL: tl.constexpr):
-    if PDL:  # a programmatic dependent launch: read nothing before the previous kernel ends
-        tl.extra.cuda.gdc_wait()
+def _silu_mul_kernel(x_ptr, out_ptr, stride_x, stride_o, inter, BLOCK: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = cols < inter
@@ -38,9 +35,6 @@ def silu_and_mul_triton(gate_up: torch.Tensor) -> torch.Tensor:
     if rows and inter:
         block = min(BLOCK, next_pow2(inter))
         ints = (gate_up.stride(0), out.stride(0), inter)
-        pdl = pdl_chain_on(gate_up.device)
-        opts = {"launch_pdl": True} if pdl else {}
-        cached_plan(_silu_mul_kernel, (*ints, block, pdl),
-                    dict(BLOCK=block, PDL=pdl, num_warps=4, **opts))(
+        cached_plan(_silu_mul_kernel, (*ints, block), dict(BLOCK=block, num_warps=4))(
             (rows, cdiv(inter, block)), gate_up, out, *ints)
     return out
