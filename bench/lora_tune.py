@@ -106,21 +106,6 @@ def _fused_depth_candidates(cur: configs.FusedConfig) -> list[configs.FusedConfi
             for st, nw, pdl, wt in FUSED_DEPTH_CANDIDATES]  # fmt: skip
 
 
-# (per_sm, num_stages, block_k) of `k_whole` candidates (every item shrinks all of K, no
-# split-K exchange), tried after each class's current entry: more programs per SM = more
-# column shares per row tile (more redundant `A` reads from L2, a shorter expand each);
-# block_k 0 = the entry's own.
-FUSED_WHOLE_CANDIDATES = (
-    (1, 3, 0), (2, 3, 0), (3, 3, 0), (4, 3, 0), (2, 4, 0), (4, 4, 0), (2, 3, 512), (4, 4, 512),
-)
-
-
-def _fused_whole_candidates(cur: configs.FusedConfig) -> list[configs.FusedConfig]:
-    return [cur, *(dataclasses.replace(cur, k_whole=1, min_split=1, per_sm=p, num_stages=st,
-                                       block_k=bk or cur.block_k)
-                   for p, st, bk in FUSED_WHOLE_CANDIDATES)]  # fmt: skip
-
-
 def _tune_fused(backend: TritonLoraBackend, log: Callable[[str], None], label: str,
                 candidates: Callable[[configs.FusedConfig], list[configs.FusedConfig]]
                 ) -> dict[str, object]:
@@ -221,7 +206,7 @@ def _tune_prefill_shrink(
 
 
 TUNE_SWEEPS = ("expand", "shrink", "fused")  # what `--tune` runs by default
-ALL_SWEEPS = (*TUNE_SWEEPS, "mixed", "fuseddepth", "fusedwhole", "prefillfused")
+ALL_SWEEPS = (*TUNE_SWEEPS, "mixed", "fuseddepth", "prefillfused")
 
 # Mixed-step (T class 1024) candidates: the committed entry first.
 MIXED_EXPAND_CANDIDATES = tuple(configs.ExpandConfig(*c) for c in (
@@ -411,9 +396,7 @@ def tune(
        class per module class (kept only where faster than the two kernels).
     5. ``fuseddepth`` (not in the default): each fused entry with other pipeline
        depths, warps and PDL (``_tune_fused``, depth).
-    6. ``fusedwhole`` (not in the default): each fused entry against ``k_whole``
-       variants (no split-K exchange; ``FUSED_WHOLE_CANDIDATES``).
-    7. ``prefillfused`` (not in the default): the square class at T class 4,096 as one
+    6. ``prefillfused`` (not in the default): the square class at T class 4,096 as one
        fused launch with tall row tiles, kept only where faster (``_tune_prefill_fused``).
     ``sweeps`` picks among them (``ALL_SWEEPS`` names).
     """
@@ -452,8 +435,6 @@ def tune(
         chosen.update(_tune_fused(backend, log, "grid", _fused_grid_candidates))
     if "fuseddepth" in sweeps:
         chosen.update(_tune_fused(backend, log, "depth", _fused_depth_candidates))
-    if "fusedwhole" in sweeps:
-        chosen.update(_tune_fused(backend, log, "whole", _fused_whole_candidates))
     if "mixed" in sweeps:
         chosen.update(_tune_mixed(two, log))
     if "prefillfused" in sweeps:

@@ -202,47 +202,6 @@ def test_weighted_item_map_matches_reference(
     assert plans and all(p.constexprs["WEIGHTED"] for p in plans)  # type: ignore[attr-defined]
 
 
-@pytest.mark.parametrize("out_features", [(520, 136, 136), (520,), (300, 300)])
-def test_k_whole_items_share_columns_and_match_reference(
-    monkeypatch: pytest.MonkeyPatch, out_features: tuple[int, ...]
-) -> None:
-    """``k_whole``: every item shrinks all of K and expands only its share of the slice's
-    column tiles, with no exchange (so the interpreter runs it with 4 items per row tile
-    too): uneven and empty shares (5 tiles of 128 columns over 4 items), several slices,
-    rows without an adapter, against the float64 reference."""
-    import os
-
-    import torch
-
-    from dataplane.kernels.triton import fused_ops
-    from dataplane.kernels.triton.backend import TritonLoraBackend
-
-    from .lora_cases import check_case, make_case
-
-    if os.environ.get("TRITON_INTERPRET") != "1" and not torch.cuda.is_available():
-        pytest.skip("needs CUDA or the Triton interpreter")
-    monkeypatch.setattr(configs, "FUSED_TABLE", {
-        k: dataclasses.replace(c, k_whole=1, min_split=4, split_k=4, n_elems=2048)
-        for k, c in configs.FUSED_TABLE.items()})
-    plans: list[object] = []
-    real = fused_ops._plan
-
-    def spy(cfg: configs.FusedConfig, *args: object) -> object:
-        plan = real(cfg, *args)  # type: ignore[arg-type]
-        plans.append(plan)
-        return plan
-
-    monkeypatch.setattr(fused_ops, "_plan", spy)
-    case = make_case(dtype=torch.float32, in_features=200, out_features=out_features,
-                     ranks=[4, 16, 9], num_rows=24, dist="uniform", none_share=0.2, seed=8,
-                     device="cuda" if torch.cuda.is_available() else "cpu")
-    check_case(case, TritonLoraBackend(fused=True))
-    assert plans
-    for plan in plans:
-        c = plan.constexprs  # type: ignore[attr-defined]
-        assert c["K_WHOLE"] and c["MIN_SPLIT"] == 4 and c["BLOCK_N"] == 128
-
-
 def test_tuned_file_installs_two_kernel_entries_and_round_trips(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

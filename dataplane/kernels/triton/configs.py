@@ -84,8 +84,6 @@ class FusedConfig:
     the end of the previous kernel; ``fused_kernel.py``). ``weighted``: 1 = a slice's
     K splits / column shares scale with its factor bytes (q/k/v: the q slice, four
     times as wide as k or v under GQA, gets more items) instead of the same for all.
-    ``k_whole``: 1 = every item shrinks all of K and splits only the expand's columns (no
-    split-K exchange; the ``eff`` items of a row tile re-read its ``A`` rows from L2).
     """
 
     block_m: int
@@ -99,7 +97,6 @@ class FusedConfig:
     pipe: int = 0
     pdl: int = 0
     weighted: int = 0
-    k_whole: int = 0
 
 
 def bucket(value: int, edges: tuple[int, ...]) -> int:
@@ -290,8 +287,6 @@ def fused_config(
     cfg = FUSED_TABLE.get(key)
     if cfg is None or max_rank > FUSED_MAX_RANK:
         return None
-    if cfg.k_whole:  # items split the columns, not K: no cap by K's tiles
-        return cfg
     k_tiles = max(1, -(-in_features // cfg.block_k))
     return replace(cfg, split_k=min(cfg.split_k, k_tiles))
 

@@ -37,12 +37,6 @@ Each item:
    hand (``PIPE = 0``) or through Triton's software pipeline ``PIPE`` stages
    deep.
 
-``K_WHOLE`` (the config's ``k_whole``): every item shrinks all of K for its row tile and
-slice and expands only its column share, so step 3 is skipped — no scratch, no counter,
-no wait — at the price of ``eff`` programs streaming the same ``A`` rows and ``x`` tile
-(all but the first from L2). Nothing waits on another program, so the interpreter runs
-it with splits too.
-
 Counters reset themselves: each program also bumps a departure counter after
 its wait, and the last to depart zeroes both once its expand is done (the ticket's
 round trip overlaps the expand), so every launch starts at zero
@@ -118,7 +112,6 @@ def lora_fused_kernel(
     BLOCK_N: tl.constexpr, SPLIT_MAX: tl.constexpr, MIN_SPLIT: tl.constexpr,
     S_PAD: tl.constexpr, ALIGN: tl.constexpr, UPCAST: tl.constexpr, PREC: tl.constexpr,
     PIPE: tl.constexpr, PDL: tl.constexpr, WEIGHTED: tl.constexpr, WMIN: tl.constexpr,
-    K_WHOLE: tl.constexpr,
 ):  # fmt: skip
     """``y[rows, slice] += scale * (x[rows] @ A^T) @ Bt`` for every live item of
     this program (one item when ``eff > 1``; every grid-size-th when 1).
@@ -158,7 +151,7 @@ def lora_fused_kernel(
             p, pid, sl, sp, e, tiles, cum, cols, x_ptr, y_ptr, storage_ptr, a_rows_ptr,
             b_rows_ptr, ranks_ptr, scales_ptr, ws_ptr, ctr_ptr, sorted_ptr, counts_ptr,
             starts_ptr, S, K, NS, R_MAX, stride_xm, stride_ym, DEPART_OFF, W0, W1, W2, W3,
-            BLOCK_M, BLOCK_R, BLOCK_K, BLOCK_N, ALIGN, UPCAST, PREC, PIPE, PDL, K_WHOLE,
+            BLOCK_M, BLOCK_R, BLOCK_K, BLOCK_N, ALIGN, UPCAST, PREC, PIPE, PDL,
         )  # fmt: skip
     if PDL:  # every program, items or not: this launch never ends before the previous one
         tl.extra.cuda.gdc_wait()
@@ -196,7 +189,7 @@ def _fused_item(
     W0: tl.constexpr, W1: tl.constexpr, W2: tl.constexpr, W3: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr,
     BLOCK_N: tl.constexpr, ALIGN: tl.constexpr, UPCAST: tl.constexpr, PREC: tl.constexpr,
-    PIPE: tl.constexpr, PDL: tl.constexpr, K_WHOLE: tl.constexpr,
+    PIPE: tl.constexpr, PDL: tl.constexpr,
 ):  # fmt: skip
     """Item ``p`` = split ``sp`` of ``eff`` of slice ``sl`` of live row tile ``pid``
     (its partials are ``p - sp .. p - sp + eff - 1``)."""
@@ -236,22 +229,17 @@ def _fused_item(
         yrow = y_ptr + rows[:, None] * stride_ym + col0
         if not PDL:  # else the previous kernel may still be writing y: after the wait
             yv = tl.load(yrow + n[None, :], mask=mmask[:, None] & nok[None, :], other=0.0)
-        # Shrink over this item's K range (all of K with K_WHOLE: no exchange).
-        if K_WHOLE:
-            k_lo = sp * 0
-            k_per = K
-        else:
-            k_per = tl.cdiv(tl.cdiv(K, BLOCK_K), eff) * BLOCK_K
-            k_lo = sp * k_per
+        # Shrink over this item's K range.
+        k_per = tl.cdiv(tl.cdiv(K, BLOCK_K), eff) * BLOCK_K
         acc = _shrink_chunk(
-            x_ptr, storage_ptr, rows, mmask, a_home, rmask, k_lo, K, k_per, stride_xm,
+            x_ptr, storage_ptr, rows, mmask, a_home, rmask, sp * k_per, K, k_per, stride_xm,
             BLOCK_M, BLOCK_R, BLOCK_K, UPCAST, PREC, False,
         )  # fmt: skip
         if PDL:  # y, the scratch and the counters only after the previous kernel is done
             tl.extra.cuda.gdc_wait()
             yv = tl.load(yrow + n[None, :], mask=mmask[:, None] & nok[None, :], other=0.0)
         left = eff * 0
-        if eff > 1 and not K_WHOLE:
+        if eff > 1:
             z, left = _wait_and_sum(ws_ptr, ctr_ptr, DEPART_OFF, p, q, p - sp, eff, acc,
                                     BLOCK_M, BLOCK_R)
         else:
@@ -278,7 +266,7 @@ def _fused_item(
                               mask=rmask[:, None] & ok[None, :], other=0.0)  # fmt: skip
                 yj = tl.load(yrow + nj[None, :], mask=mmask[:, None] & ok[None, :], other=0.0)
                 _expand_tile(z, btj, yj, yrow, nj, mmask, width, scale, UPCAST, PREC)
-        if eff > 1 and not K_WHOLE:
+        if eff > 1:
             _depart(ctr_ptr, DEPART_OFF, q, left, eff)
 
 

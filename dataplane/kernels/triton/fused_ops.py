@@ -40,11 +40,8 @@ def fused_target(device: torch.device, cfg: FusedConfig) -> int:
 
 
 def fused_min_split(cfg: FusedConfig) -> int:
-    """K splits the device never goes below (1 under the interpreter, unless the config
-    shrinks all of K in every item: then no program waits for another)."""
-    if _interpreting() and not cfg.k_whole:
-        return 1
-    return max(1, min(cfg.min_split, cfg.split_k))
+    """K splits the device never goes below (1 under the interpreter)."""
+    return 1 if _interpreting() else max(1, min(cfg.min_split, cfg.split_k))
 
 
 def weighted(cfg: FusedConfig) -> bool:
@@ -176,8 +173,7 @@ def _plan(cfg: FusedConfig, widths: tuple[int, ...], ints: tuple[int, ...], dtyp
         BLOCK_M=cfg.block_m, BLOCK_R=block_r, BLOCK_N=fused_block_n(block_r, cfg.n_elems),
         BLOCK_K=fused_block_k(cfg, block_r, elem),
         # the interpreter runs programs serially: no split may wait for another
-        SPLIT_MAX=1 if _interpreting() and not cfg.k_whole else cfg.split_k,
-        MIN_SPLIT=fused_min_split(cfg), K_WHOLE=bool(cfg.k_whole),
+        SPLIT_MAX=1 if _interpreting() else cfg.split_k, MIN_SPLIT=fused_min_split(cfg),
         S_PAD=_s_pad(ints[0]), ALIGN=align,
         UPCAST=_interpreting(), PREC=_precision(dtype), PIPE=cfg.pipe, PDL=pdl,
         WEIGHTED=weighted(cfg), WMIN=min(w for w in widths if w),
