@@ -15,7 +15,8 @@
 # the packed and row-split shrink tests on CUDA; `kprefill`: one fused launch with tall
 # row tiles for prefill (T class 4,096, square); `trace128w`: trace128 at 256 seqs / 8,192
 # tokens over 1,024 requests; `trace128r` / `trace128wr`: the two with both engines side by
-# side, alternating A/B rounds (`--rounds`), median ratio)
+# side, alternating A/B rounds (`--rounds`), median ratio; `mlpfold`: the MLP's LoRA in two
+# launches instead of three)
 # and on a 2-GPU host the tensor-parallel sections `tp tptests`.
 # (tests/ is a package, so tests/agent is `tests.agent` and never shadows the `agent`
 # package, with or without an editable install.)
@@ -132,6 +133,7 @@ for s in "$@"; do
     stests) section stests 240 env OMP_NUM_THREADS=1 python3 -m pytest -n 8 -q -p no:cacheprovider --import-mode=append \
               tests/kernels/test_shrink_pack.py tests/kernels/test_row_split.py ;;  # unmarked tests that run on CUDA when present
     concat) section concat 240 python3 bench/lora_concat_probe.py --out "$OUT/concat" ;;  # prefill LoRA in the GEMM?
+    mlpfold) section mlpfold 240 python3 bench/lora_mlp_fold_probe.py --out "$OUT/mlpfold" ;;  # gate/up + SiLU + down shrink in one launch?
     overlap) section overlap 300 python3 bench/lora_overlap.py --out "$OUT/overlap" ;;  # LoRA under the GEMM?
     tp) section tp 350 python3 bench/tp.py --shape 8b --device cuda --tp 1 2 \
           --adapters 0 16 128 --attention triton --graphs graphs --out "$OUT/tp" ;;  # 2 GPUs

@@ -5,7 +5,8 @@ runs, and only the rank-0 variant leaves `y` alone. `bench/lora_fold_probe.py`: 
 folded norm + row shrink and row expand match float64 torch (and the unfolded pass leaves
 `y` alone), for every tile it times. `bench/lora_concat_probe.py`: its concatenated-K way
 leaves a mixed step's prefill rows as the wide GEMM wrote them and updates every decode
-row.
+row. `bench/lora_mlp_fold_probe.py`: its gate/up + SiLU + down-shrink launch and down
+expand reproduce what today's path's LoRA changes in the activation and the down output.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ ROOT = Path(__file__).resolve().parents[2]
     ("lora_anatomy.py", ["q/k/v", "o", "gate/up", "down"]),
     ("lora_fold_probe.py", ["q/k/v", "down"]),
     ("lora_concat_probe.py", ["q/k/v"]),
+    ("lora_mlp_fold_probe.py", ["smoke"]),
 ])
 def test_bench_smoke(bench: str, modules: list[str]) -> None:
     env = {**os.environ, "TRITON_INTERPRET": "1"}
