@@ -16,13 +16,17 @@ exchange, expand). The fold measured here:
 3. ``down expand``: sums the partials in split order and adds ``scale · z @ B_downᵀ``.
 
 The SiLU·mul launch and the down launch's shrink and exchange go away; the gate/up launch
-also streams ``A_down``. Llama-8B MLP (4,096 → 2 × 14,336 → 4,096), T = 128 decode rows
-over 16 / 50 rank-16 slots, a ring of layers (base weights and factors stream from HBM),
-CUDA-graph replay, µs per layer:
+also streams ``A_down``. ``rowfold``: today's gate/up launch, then SiLU·mul whose (row,
+column block) programs also store the row's down-shrink partial over the block, the down
+GEMM, and launch 3 summing those partials. Llama-8B MLP (4,096 → 2 × 14,336 → 4,096),
+T = 128 decode rows over 16 / 50 rank-16 slots, a ring of layers (base weights and factors
+stream from HBM), CUDA-graph replay, µs per layer:
 
 - ``base``: gate/up GEMM + SiLU·mul + down GEMM (no LoRA);
 - ``today``: base + the two fused LoRA launches (`lora_fused`, the committed tables);
-- ``fold``: gate/up GEMM + launch 1 + down GEMM + launch 3, best of a few tiles.
+- ``fold``: gate/up GEMM + launch 1 + down GEMM + launch 3, best of a few tiles;
+- ``rowfold``: gate/up GEMM + today's gate/up launch + SiLU·mul with row partials + down
+  GEMM + launch 3, best of a few tiles.
 
 Rows of the probe all have an adapter (the engine would also need tiles for rows without
 one: SiLU·mul only). Every fold variant is checked against today's path first (``act``
@@ -182,9 +186,13 @@ def _down_expand_kernel(
     y_ptr, zd_ptr, st_d, b_d, ranks_d, scales_d, sorted_ptr, counts_ptr, starts_ptr, S, R_D, T,
     OUT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_N: tl.constexpr,
     SPLIT_MAX: tl.constexpr, TARGET: tl.constexpr, SHARES: tl.constexpr, S_PAD: tl.constexpr,
-    UPCAST: tl.constexpr,
+    UPCAST: tl.constexpr, NPART: tl.constexpr,
 ):  # fmt: skip
+    """``NPART`` > 0: that many partials per row (launch 1 of the row fold), else the
+    fold's split count."""
     tiles, cum, n_tiles, eff = _eff(counts_ptr, S, BLOCK_M, S_PAD, SPLIT_MAX, TARGET)
+    if NPART > 0:
+        eff = n_tiles * 0 + NPART
     r = tl.arange(0, BLOCK_R)
     for p in range(tl.program_id(0), n_tiles * SHARES, tl.num_programs(0)):
         pid = p // SHARES
@@ -220,6 +228,45 @@ def _down_expand_kernel(
                      (yv.to(tl.float32) + sd * d).to(yv.dtype), mask=ym)  # fmt: skip
 
 
+@triton.jit
+def _silu_shrink_kernel(
+    y_ptr, act_ptr, zd_ptr, slot_ptr, st_d, a_d, ranks_d, R_D, T,
+    INTER: tl.constexpr, BLOCK: tl.constexpr, BLOCK_R: tl.constexpr, UPCAST: tl.constexpr,
+):  # fmt: skip
+    """Row ``t``, column block ``b``: ``act = silu(g) * u`` (stored) and the down shrink's
+    partial ``zd[b, t] = act[t, block] @ A_down[slot(t), :, block]ᵀ`` (fp32, of the
+    rounded ``act``: what the down launch's shrink reads today)."""
+    row = tl.program_id(0).to(tl.int64)
+    blk = tl.program_id(1)
+    cols = blk * BLOCK + tl.arange(0, BLOCK)
+    m = cols < INTER
+    g = tl.load(y_ptr + row * (2 * INTER) + cols, mask=m, other=0.0).to(tl.float32)
+    u = tl.load(y_ptr + row * (2 * INTER) + INTER + cols, mask=m, other=0.0).to(tl.float32)
+    act = (g / (1.0 + tl.exp(-g)) * u).to(act_ptr.dtype.element_ty)
+    tl.store(act_ptr + row * INTER + cols, act, mask=m)
+    slot = tl.load(slot_ptr + row)
+    r = tl.arange(0, BLOCK_R)
+    safe = tl.maximum(slot, 0)
+    rank = tl.where(slot >= 0, tl.load(ranks_d + safe), 0)
+    homes = tl.load(a_d + safe * R_D + r, mask=r < R_D, other=0)
+    at = tl.load(st_d + homes[:, None] + cols[None, :], mask=(r < rank)[:, None] & m[None, :],
+                 other=0.0)  # fmt: skip  [BLOCK_R, BLOCK]
+    z = tl.sum(at.to(tl.float32) * act.to(tl.float32)[None, :], axis=1)
+    tl.store(zd_ptr + blk * (T * BLOCK_R) + row * BLOCK_R + r, z)
+
+
+@dataclass(frozen=True)
+class RowTile:
+    block: int  # SiLU·mul + row shrink column block
+    num_warps: int
+    down_n: int
+    down_shares: int
+
+
+ROW_TILES = (RowTile(512, 4, 256, 4), RowTile(1024, 4, 256, 4), RowTile(1024, 8, 256, 8),
+             RowTile(2048, 8, 256, 4), RowTile(256, 4, 256, 4))
+
+
 @dataclass(frozen=True)
 class Tile:
     block_k: int  # launch 1's shrink
@@ -253,7 +300,7 @@ class MlpLayer:
         self.ws = LoraWorkspace(backend.workspace_numel(rows, 2, 16), dev)
         self.act = torch.empty(rows, inter, device=dev, dtype=DT)
         self.y_d = torch.empty(rows, hidden, device=dev, dtype=DT)
-        self.zd = torch.zeros(64 * rows * 16, device=dev, dtype=torch.float32)
+        self.zd = torch.zeros(64 * rows * 16, device=dev, dtype=torch.float32)  # <= 64 parts
         self.scratch = torch.zeros(2 * 2048 * 16 * 16, device=dev, dtype=torch.float32)
         self.counters = torch.zeros(8192, device=dev, dtype=torch.int32)
 
@@ -291,11 +338,34 @@ class MlpLayer:
             meta.slot_counts, meta.slot_starts, s, dn.max_rank, self.rows,
             OUT=self.y_d.shape[1], BLOCK_M=16, BLOCK_R=16, BLOCK_N=tile.down_n,
             SPLIT_MAX=split_max, TARGET=target, SHARES=tile.down_shares, S_PAD=next_pow2(s),
-            UPCAST=INTERPRET, num_warps=4,
+            UPCAST=INTERPRET, NPART=0, num_warps=4,
+        )  # fmt: skip
+
+    def rowfold(self, backend: TritonLoraBackend, tile: RowTile) -> None:
+        """Today's gate/up launch; SiLU·mul with the down shrink's per-row partials over
+        its column block; the down GEMM; the expand summing the partials."""
+        y = self.gu.x @ self.w_gu.t()
+        backend.add_lora(y, self.gu.x, self.meta, self.gu.table.weights, self.ws)
+        dn, meta = self.dn.table, self.meta
+        blocks = triton.cdiv(self.inter, tile.block)
+        _silu_shrink_kernel[(self.rows, blocks)](
+            y, self.act, self.zd, meta.row_slot, dn.storage, dn.a_rows, dn.ranks, dn.max_rank,
+            self.rows, INTER=self.inter, BLOCK=tile.block, BLOCK_R=16, UPCAST=INTERPRET,
+            num_warps=tile.num_warps,
+        )  # fmt: skip
+        torch.mm(self.act, self.w_d.t(), out=self.y_d)
+        s = dn.num_slots
+        tiles_max = -(-self.rows // 16) + min(s, self.rows)
+        _down_expand_kernel[(tiles_max * tile.down_shares,)](
+            self.y_d, self.zd, dn.storage, dn.b_rows, dn.ranks, dn.scales, meta.sorted_rows,
+            meta.slot_counts, meta.slot_starts, s, dn.max_rank, self.rows,
+            OUT=self.y_d.shape[1], BLOCK_M=16, BLOCK_R=16, BLOCK_N=tile.down_n,
+            SPLIT_MAX=1, TARGET=1, SHARES=tile.down_shares, S_PAD=next_pow2(s),
+            UPCAST=INTERPRET, NPART=blocks, num_warps=4,
         )  # fmt: skip
 
 
-def check(layer: MlpLayer, backend: TritonLoraBackend, tile: Tile) -> None:
+def check(layer: MlpLayer, backend: TritonLoraBackend, tile: Tile | RowTile) -> None:
     """The fold's ``act`` and down output against today's path (same rounding points
     except the fp32 order of the down shrink's partial sums), each measured against what
     LoRA changes: the gate/up LoRA's change of ``act`` and the down LoRA's change of the
@@ -308,7 +378,10 @@ def check(layer: MlpLayer, backend: TritonLoraBackend, tile: Tile) -> None:
     want_act = silu_and_mul(y).double()
     layer.y_d.zero_()
     layer.act.zero_()
-    layer.fold(tile)
+    if isinstance(tile, RowTile):
+        layer.rowfold(backend, tile)
+    else:
+        layer.fold(tile)
     got_act = layer.act.double()
     act_err = float((got_act - want_act).norm() / (want_act - act_base).norm())
     down_base = want_act @ layer.w_d.double().t()
@@ -331,9 +404,17 @@ def probe(rows: int, n: int, backend: TritonLoraBackend, ring: int) -> dict[str,
         check(layers[0], backend, tile)
         calls: list[Callable[[], None]] = [partial(lay.fold, tile) for lay in layers]
         folds[str(tile)] = graph_time_us(in_order(calls)) / ring
+    rowfolds = {}
+    for row_tile in ROW_TILES:
+        check(layers[0], backend, row_tile)
+        row_calls: list[Callable[[], None]] = [partial(lay.rowfold, backend, row_tile)
+                                               for lay in layers]  # fmt: skip
+        rowfolds[str(row_tile)] = graph_time_us(in_order(row_calls)) / ring
     best = min(folds.values())
+    best_row = min(rowfolds.values())
     out.update(fold=best, folds=folds, today_lora=out["today"] - out["base"],  # type: ignore[operator]
-               fold_lora=best - out["base"])  # type: ignore[operator]
+               fold_lora=best - out["base"], rowfold=best_row, rowfolds=rowfolds,  # type: ignore[operator]
+               rowfold_lora=best_row - out["base"])  # type: ignore[operator]
     return out
 
 
@@ -347,6 +428,8 @@ def main() -> None:
         for tile in TILES[:2]:
             check(MlpLayer(24, 5, 64, 320, "cpu", backend), backend,
                   Tile(32, tile.block_n, 1, 1, 64, 2))  # fmt: skip
+        for block in (64, 128):  # 5 and 3 blocks of the 320 columns
+            check(MlpLayer(24, 5, 64, 320, "cpu", backend), backend, RowTile(block, 4, 64, 2))
         print("smoke: ok", flush=True)
         return
     os.makedirs(args.out, exist_ok=True)
@@ -355,7 +438,8 @@ def main() -> None:
         results[f"T=128 n={n}"] = r = probe(128, n, backend, ring=4)
         print(f"T=128 n={n}: base {r['base']:.1f} today {r['today']:.1f} "
               f"(LoRA {r['today_lora']:.1f}) fold {r['fold']:.1f} (LoRA {r['fold_lora']:.1f}) "
-              f"µs/layer; folds {r['folds']}", flush=True)  # fmt: skip
+              f"rowfold {r['rowfold']:.1f} (LoRA {r['rowfold_lora']:.1f}) µs/layer; "
+              f"folds {r['folds']}; rowfolds {r['rowfolds']}", flush=True)  # fmt: skip
     with open(os.path.join(args.out, "lora_mlp_fold_probe.json"), "w") as f:
         json.dump(results, f, indent=1)
 

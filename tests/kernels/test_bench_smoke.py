@@ -5,8 +5,9 @@ runs, and only the rank-0 variant leaves `y` alone. `bench/lora_fold_probe.py`: 
 folded norm + row shrink and row expand match float64 torch (and the unfolded pass leaves
 `y` alone), for every tile it times. `bench/lora_concat_probe.py`: its concatenated-K way
 leaves a mixed step's prefill rows as the wide GEMM wrote them and updates every decode
-row. `bench/lora_mlp_fold_probe.py`: its gate/up + SiLU + down-shrink launch and down
-expand reproduce what today's path's LoRA changes in the activation and the down output.
+row. `bench/lora_mlp_fold_probe.py`: its gate/up + SiLU + down-shrink launch, its SiLU·mul with
+row partials of the down shrink, and the down expand reproduce what today's path's LoRA
+changes in the activation and the down output.
 """
 
 from __future__ import annotations
