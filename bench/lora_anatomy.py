@@ -27,7 +27,6 @@ visible cost is the difference to ``gemm``.
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 from collections.abc import Callable, Iterator
@@ -39,7 +38,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from bench.lora_cases import DECODE_MODULES, DT, RING_WEIGHT_BYTES, Layer, Scenario, ring_size
-from bench.lora_timing import copy_bandwidth, graph_time_us, module_table
+from bench.lora_timing import copy_bandwidth, graph_time_us, module_table, probe_parser
 from dataplane.kernels import LoraMetaBuffers, LoraWorkspace
 from dataplane.kernels.triton import fused_ops
 from dataplane.kernels.triton.backend import TritonLoraBackend
@@ -174,10 +173,7 @@ def smoke(backend: TritonLoraBackend) -> None:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--out", default=".")
-    ap.add_argument("--smoke", action="store_true", help="CPU plumbing check (interpreter)")
-    args = ap.parse_args()
+    args = probe_parser(__doc__).parse_args()
     backend = TritonLoraBackend(fused=True)
     if args.smoke:
         smoke(backend)

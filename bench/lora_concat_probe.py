@@ -26,7 +26,6 @@ rows the engine folds that expand into SiLU·mul instead.
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import os
@@ -38,7 +37,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from bench.lora_cases import DT, MIXED_DECODE_ROWS, RING_WEIGHT_BYTES, Layer, Scenario, mixed_cases
-from bench.lora_timing import graph_time_us
+from bench.lora_timing import graph_time_us, probe_parser
 from dataplane.kernels import LoraMetaBuffers, LoraWorkspace
 from dataplane.kernels.triton.backend import TritonLoraBackend
 
@@ -128,10 +127,8 @@ def smoke() -> None:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--out", default=".")
+    ap = probe_parser(__doc__)
     ap.add_argument("--rows", type=int, nargs="+", default=[704, 2048])
-    ap.add_argument("--smoke", action="store_true", help="CPU plumbing check (interpreter)")
     args = ap.parse_args()
     if args.smoke:
         smoke()

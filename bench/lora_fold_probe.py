@@ -33,7 +33,6 @@ that, under ``TRITON_INTERPRET=1``).
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 from collections.abc import Callable
@@ -47,7 +46,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from bench.lora_anatomy import in_order, module_config, pinned_config, ring_launches
 from bench.lora_cases import DECODE_MODULES, Layer, Scenario, ring_size
-from bench.lora_timing import graph_time_us, module_table
+from bench.lora_timing import graph_time_us, module_table, probe_parser
 from dataplane.intmath import next_pow2
 from dataplane.kernels.triton.backend import TritonLoraBackend
 
@@ -279,10 +278,7 @@ SMOKE = {
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--out", default=".")
-    ap.add_argument("--smoke", action="store_true", help="CPU check only (interpreter)")
-    args = ap.parse_args()
+    args = probe_parser(__doc__).parse_args()
     if args.smoke:
         for name, sc in SMOKE.items():
             for shrink, expand in zip(SHRINK_TILES, EXPAND_TILES * 2, strict=False):

@@ -39,7 +39,6 @@ and the down output); ``--smoke`` on CPU runs that check only, under
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
@@ -55,7 +54,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from bench.lora_anatomy import in_order
 from bench.lora_cases import DT, Layer, Scenario
-from bench.lora_timing import graph_time_us
+from bench.lora_timing import graph_time_us, probe_parser
 from dataplane.intmath import next_pow2
 from dataplane.kernels import LoraMetaBuffers, LoraWorkspace
 from dataplane.kernels.triton.backend import TritonLoraBackend
@@ -419,10 +418,7 @@ def probe(rows: int, n: int, backend: TritonLoraBackend, ring: int) -> dict[str,
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--out", default=".")
-    ap.add_argument("--smoke", action="store_true", help="CPU check only (interpreter)")
-    args = ap.parse_args()
+    args = probe_parser(__doc__).parse_args()
     backend = TritonLoraBackend(fused=True)
     if args.smoke:
         for tile in TILES[:2]:

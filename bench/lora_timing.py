@@ -5,6 +5,7 @@ Every time is the median replay of a captured CUDA graph, in µs; ring times are
 
 from __future__ import annotations
 
+import argparse
 import json
 import math
 import statistics
@@ -150,3 +151,12 @@ def module_table(cols: tuple[str, ...], cases: Mapping[str, Any],
               + " |", flush=True)
     with open(path, "w") as f:
         json.dump(results, f, indent=1)
+
+
+def probe_parser(doc: str | None) -> argparse.ArgumentParser:
+    """The device probes' command line: ``--out DIR`` for results, ``--smoke`` for the CPU
+    check under ``TRITON_INTERPRET=1`` (``tests/kernels/test_bench_smoke.py``)."""
+    ap = argparse.ArgumentParser(description=(doc or "").split("\n")[0])
+    ap.add_argument("--out", default=".")
+    ap.add_argument("--smoke", action="store_true", help="CPU check only (interpreter)")
+    return ap
