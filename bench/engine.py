@@ -191,10 +191,12 @@ def run_engine(name: str, engine: Engine, trace: list[Request], handles: list, d
     warm_up(engine, trace, handles, device)
     compiled = compiled_kernels()
     plans: list[tuple[int, int]] = []  # (prefill tokens, decode rows) of each launched plan
+    marks: list[PlanMark] = []  # where each plan's device work starts in the stream
     launched = engine.on_plan_launched
 
     def observe(plan: BatchPlan) -> object:
         plans.append((plan.doff, plan.num_decodes))
+        marks.append(PlanMark.at(plan, device))
         return launched(plan)
 
     setattr(engine, "on_plan_launched", observe)  # noqa: B010 (bench-only observer)
@@ -228,7 +230,9 @@ def run_engine(name: str, engine: Engine, trace: list[Request], handles: list, d
             generated.setdefault(o.request_id, []).extend(o.new_token_ids)
             n_tokens += len(o.new_token_ids)
     sync(device)
+    end = PlanMark.at(None, device)
     result = summarize(name, list(timings.values()), time.perf_counter() - start, n_tokens)
+    result["plan_classes"] = plan_classes(marks, end)
     setattr(engine, "on_plan_launched", launched)  # noqa: B010
     # Greedy: the same engine on the same trace gives the same tokens, run after run.
     in_order = [generated.get(f"{name}-{i}", []) for i in range(len(trace))]
@@ -240,6 +244,62 @@ def run_engine(name: str, engine: Engine, trace: list[Request], handles: list, d
     print(f"# {name}: {result['output_tok_s']:.1f} tok/s, {len(new)} Triton compiles while "
           f"timed {[k for k, _ in new]}; steps {result['steps']}", file=sys.stderr, flush=True)
     return result
+
+
+@dataclass
+class PlanMark:
+    """A launched plan's shape and a clock reading taken in stream order just before its
+    forward is enqueued (a CUDA event on CUDA, the host clock on CPU): plan k's span is
+    mark k+1 - mark k, device idle time before the next plan included."""
+
+    doff: int
+    decodes: int
+    slots: int  # distinct adapter slots among the plan's rows
+    event: Any
+
+    @staticmethod
+    def at(plan: BatchPlan | None, device: str) -> PlanMark:
+        if device == "cuda":
+            event: Any = torch.cuda.Event(enable_timing=True)
+            event.record()
+        else:
+            event = time.perf_counter()
+        if plan is None:
+            return PlanMark(0, 0, 0, event)
+        slots = len({s for s in plan.row_slot if s >= 0})
+        return PlanMark(plan.doff, plan.num_decodes, slots, event)
+
+    def seconds_until(self, later: PlanMark) -> float:
+        if isinstance(self.event, float):
+            return float(later.event - self.event)
+        return float(self.event.elapsed_time(later.event)) / 1e3
+
+
+def plan_class(mark: PlanMark) -> str:
+    """``decode`` for decode-only plans, else ``mixed<=T`` by the plan's row count on the
+    LoRA kernels' T classes (1,024-2,048 split out: the 4,096 class's lower half)."""
+    if mark.doff == 0:
+        return "decode"
+    rows = mark.doff + mark.decodes
+    edge = next((e for e in (256, 1024, 2048, 4096) if rows <= e), 1 << 30)
+    return f"mixed<={edge}"
+
+
+def plan_classes(marks: list[PlanMark], end: PlanMark) -> dict[str, dict[str, float]]:
+    """Per plan class: plans, seconds (each plan's span in stream order, see `PlanMark`),
+    mean rows and mean distinct adapter slots. Two arms run on the same trace schedule the
+    same plans, so their classes compare one to one."""
+    out: dict[str, dict[str, float]] = {}
+    for mark, nxt in zip(marks, [*marks[1:], end], strict=True):
+        c = out.setdefault(plan_class(mark), {"plans": 0, "s": 0.0, "rows": 0.0, "slots": 0.0})
+        c["plans"] += 1
+        c["s"] += mark.seconds_until(nxt)
+        c["rows"] += mark.doff + mark.decodes
+        c["slots"] += mark.slots
+    for c in out.values():
+        c["rows"] /= c["plans"]
+        c["slots"] /= c["plans"]
+    return dict(sorted(out.items()))
 
 
 def step_breakdown(steps: list[tuple[float, bool]], plans: list[tuple[int, int]]) -> dict:
@@ -451,9 +511,21 @@ def ab_rounds(args: argparse.Namespace, model: LlamaForCausalLM, config: ModelCo
         ratios.append(got["engine+lora"]["output_tok_s"] / got["engine-base"]["output_tok_s"])
         print(f"# round {i} ({' then '.join(order)}): ratio {ratios[-1]:.3f}",
               file=sys.stderr, flush=True)
+        print_class_gaps(got["engine+lora"]["plan_classes"], got["engine-base"]["plan_classes"])
     print(f"# ratio per round {[round(r, 3) for r in ratios]}, median "
           f"{statistics.median(ratios):.3f}", file=sys.stderr, flush=True)
     return results
+
+
+def print_class_gaps(lora: dict[str, dict[str, float]], base: dict[str, dict[str, float]]) -> None:
+    """Per plan class: the LoRA arm's seconds against the no-LoRA arm's, and the gap."""
+    for name, c in lora.items():
+        b = base.get(name, {"plans": 0, "s": 0.0})
+        print(f"#   {name:>12}: {int(c['plans']):4d} plans ({int(b['plans'])}), rows "
+              f"{c['rows']:7.1f}, slots {c['slots']:5.1f}: LoRA {c['s']:.3f} s vs "
+              f"{b['s']:.3f} s, +{c['s'] - b['s']:.3f} s "
+              f"(+{1e3 * (c['s'] - b['s']) / max(1, c['plans']):.2f} ms/plan)",
+              file=sys.stderr, flush=True)
 
 
 def random_hf(

@@ -149,4 +149,6 @@ EXTRA = [
     # the engine's typical mixed step (128 Zipf adapters): 600 prefill rows of 3 requests
     # + 104 decode rows over 50 slots, each Llama-8B module
     *mixed_cases(704),
+    # the trace's 1,025-2,048-row mixed steps (T class 4,096's lower half): ~1,300 rows
+    *mixed_cases(1344),
 ]

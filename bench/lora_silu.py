@@ -49,6 +49,13 @@ CANDIDATES = [
     configs.ExpandConfig(64, 128, 64, 8, 3, 4),
     configs.ExpandConfig(32, 64, 64, 4, 3, 8),
     configs.ExpandConfig(32, 256, 64, 8, 2, 4),
+    # the next column tile's gate, up and factor tiles loaded ahead (`y_prefetch`)
+    configs.ExpandConfig(16, 128, 64, 4, 3, 8, y_prefetch=True),
+    configs.ExpandConfig(16, 128, 64, 4, 1, 8, y_prefetch=True),
+    configs.ExpandConfig(32, 128, 64, 4, 3, 8, y_prefetch=True),
+    configs.ExpandConfig(16, 256, 64, 4, 2, 4, y_prefetch=True),
+    configs.ExpandConfig(16, 64, 64, 4, 3, 16, y_prefetch=True),
+    configs.ExpandConfig(32, 128, 64, 8, 3, 8, y_prefetch=True),
 ]
 
 

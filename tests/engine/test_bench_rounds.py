@@ -42,3 +42,16 @@ def test_rounds_alternate_keep_adapters_live_and_never_reuse_a_prefix(tmp_path: 
     ratios = [float(x) for x in done.stderr.split("ratio per round [")[1].split("]")[0].split(",")]
     tok_s = [r["output_tok_s"] for r in results]
     assert ratios == [round(tok_s[2 * i] / tok_s[2 * i + 1], 3) for i in range(3)]
+    # Per plan class: every launched plan counted once, both arms schedule the same plans
+    # (so their classes compare one to one), and spans are real times.
+    for r in results:
+        classes = r["plan_classes"]
+        assert sum(int(c["plans"]) for c in classes.values()) == (
+            r["steps"]["mixed_steps"] + r["steps"]["decode_steps"])
+        assert all(c["s"] > 0 and c["rows"] >= 1 for c in classes.values())
+        assert "decode" in classes and any(k.startswith("mixed<=") for k in classes)
+    for i in range(3):
+        lora, base = (r["plan_classes"] for r in results[2 * i: 2 * i + 2])
+        assert {k: (c["plans"], c["rows"]) for k, c in lora.items()} == {
+            k: (c["plans"], c["rows"]) for k, c in base.items()}
+        assert lora["decode"]["slots"] > 0 and base["decode"]["slots"] == 0

@@ -133,17 +133,20 @@ def test_torch_backend_has_no_folded_path() -> None:
     assert backend.add_lora_silu_mul(case.y0, case.x, meta, case.table.weights) is None
 
 
+@pytest.mark.parametrize("prefetch", [False, True], ids=["in-turn", "prefetch"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_expand_silu_column_spans_and_rank_chunks(
-    monkeypatch: pytest.MonkeyPatch, dtype: torch.dtype
+    monkeypatch: pytest.MonkeyPatch, dtype: torch.dtype, prefetch: bool
 ) -> None:
     """Several column tiles per program and several column programs (I off the tile),
-    8-row tiles (slots spanning tiles, a long ``-1`` run) and ranks beyond one chunk."""
+    8-row tiles (slots spanning tiles, a long ``-1`` run) and ranks beyond one chunk;
+    each column tile's loads in turn, or the next tile's issued ahead (``y_prefetch``)."""
     from dataplane.kernels.triton import configs
 
     rows = 30
     t_key = configs.bucket(rows, configs.T_BUCKETS)
-    monkeypatch.setitem(configs.SILU_TABLE, t_key, configs.ExpandConfig(8, 16, 16, 4, 2, 3))
+    tile = configs.ExpandConfig(8, 16, 16, 4, 2, 3, y_prefetch=prefetch)
+    monkeypatch.setitem(configs.SILU_TABLE, t_key, tile)
     case = make_case(
         dtype=dtype, in_features=40, out_features=(100, 100), ranks=[33, 4, 16],
         num_rows=rows, dist="zipf1.5", none_share=0.4, seed=23, device=TRITON_DEVICE,

@@ -55,7 +55,9 @@ class ExpandConfig:
     """``y += s z @ Bt`` tiles: rows × output columns × rank chunk; each program
     covers ``n_iters`` consecutive column tiles. ``y_prefetch``: the column
     loop loads the next ``y`` tile ahead instead of the next ``Bt`` tile
-    (``lora_expand_kernel``'s ``Y_PREFETCH``)."""
+    (``lora_expand_kernel``'s ``Y_PREFETCH``); in the gate/up fold
+    (``expand_silu_kernel.py``'s ``PREFETCH``) the next gate, up and both ``Bt`` tiles,
+    where it otherwise loads each tile's in turn."""
 
     block_m: int
     block_n: int
@@ -297,9 +299,13 @@ def fused_config(
 # expand's tile (32 x 128) the fold took 299-327 µs per layer at T = 4,096 against 252
 # for add_lora + SiLU·mul; with 16-row tiles 216 vs 254 µs (32 adapters) and 239 vs 250
 # (4 adapters), so steps above 1,024 rows fold; at T = 1,024 (8 adapters, rank 16) the
-# best tile lost (99 vs 89 µs): no entry. tuned_configs.json (ADAPTERPLANE_LORA_TUNED)
-# overrides per class.
-_SILU_TILE = ExpandConfig(16, 128, 64, 4, 3, 8)
+# best tile lost (99 vs 89 µs): no entry (gate/up steps of that class now take the fused
+# launch). Session 12 (`--sweep` with `y_prefetch` candidates: each column tile's gate,
+# up and factor tiles loaded one tile ahead): 16 x 64 tiles, 16 per program, prefetched,
+# 194.6 µs geomean at T = 4,096 vs 223.7 for the tile above (LoRA's own cost 99.5 /
+# 116.3 µs over SiLU·mul alone at n = 32 / 4, was ≈ 128). tuned_configs.json
+# (ADAPTERPLANE_LORA_TUNED) overrides per class.
+_SILU_TILE = ExpandConfig(16, 64, 64, 4, 3, 16, y_prefetch=True)
 SILU_TABLE: dict[int, ExpandConfig | None] = {
     t: _SILU_TILE if t > 1024 else None for t in T_BUCKETS
 }

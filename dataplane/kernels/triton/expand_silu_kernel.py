@@ -43,12 +43,18 @@ def _load_gate_up(yrow, n, mmask, nmask, INTER: tl.constexpr):
 
 
 @triton.jit
-def _delta(z0, homes, storage_ptr, z_ptr, table, rows, mmask, sl, n, nmask, r, rank, T,
+def _bt_tile(storage_ptr, homes, r, rank, n, nmask):
+    """The first rank chunk of ``Bt[:, n]`` (zero beyond the rank and the columns)."""
+    return tl.load(storage_ptr + homes[:, None] + n[None, :],
+                   mask=(r < rank)[:, None] & nmask[None, :], other=0.0)  # fmt: skip
+
+
+@triton.jit
+def _delta(z0, bt, storage_ptr, z_ptr, table, rows, mmask, sl, n, nmask, rank, T,
            R_MAX, eff, BLOCK_M: tl.constexpr, BLOCK_R: tl.constexpr, ALIGN: tl.constexpr,
            UPCAST: tl.constexpr, PREC: tl.constexpr):  # fmt: skip
-    """fp32 ``z @ Bt[:, n]`` of slice ``sl`` (2 slices) for one column tile."""
-    bt = tl.load(storage_ptr + homes[:, None] + n[None, :],
-                 mask=(r < rank)[:, None] & nmask[None, :], other=0.0)  # fmt: skip
+    """fp32 ``z @ Bt[:, n]`` of slice ``sl`` (2 slices) for one column tile, its first
+    rank chunk ``bt`` given (``_bt_tile``)."""
     return _expand_acc(
         z0, bt, z_ptr, storage_ptr, table, rows, mmask, sl, n, nmask, rank, T, 2, R_MAX, eff,
         BLOCK_M, BLOCK_R, ALIGN, UPCAST, PREC,
@@ -64,8 +70,13 @@ def lora_expand_silu_kernel(
     SHRINK_BM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     N_ITERS: tl.constexpr, BLOCK_R: tl.constexpr, S_PAD: tl.constexpr, ALIGN: tl.constexpr,
     UPCAST: tl.constexpr, PREC: tl.constexpr, ROW_SPLIT: tl.constexpr, PDL: tl.constexpr,
+    PREFETCH: tl.constexpr,
 ):  # fmt: skip
-    """One (row tile, column span) of ``out [T, INTER]`` (module docstring)."""
+    """One (row tile, column span) of ``out [T, INTER]`` (module docstring).
+
+    ``PREFETCH``: the column loop of an adapter's rows loads the next tile's gate, up
+    and factor tiles before it computes this one (else each tile's loads wait in turn).
+    """
     if PDL:  # launched early: the shrink's z and the GEMM's gate/up only after this
         tl.extra.cuda.gdc_wait()
     pid = tl.program_id(0)
@@ -110,21 +121,47 @@ def lora_expand_silu_kernel(
             zg = zg.to(storage_ptr.dtype.element_ty)
             zu = zu.to(storage_ptr.dtype.element_ty)
         yrow = y_ptr + rows[:, None] * stride_ym
-        for ni in range(N_ITERS):
-            n = n0 + ni * BLOCK_N
-            nmask = n < INTER
-            g, u = _load_gate_up(yrow, n, mmask, nmask, INTER)
-            # No branch on the ranks in the loop (it would keep the dot out of the
-            # pipeline): a rank-0 slice loads no factor rows, its delta is exactly 0.
-            g += scale_g * _delta(
-                zg, homes_g, storage_ptr, z_ptr, table_g, rows, mmask, 0, n, nmask, r,
-                rank_g, T, R_MAX, eff, BLOCK_M, BLOCK_R, ALIGN, UPCAST, PREC,
-            )  # fmt: skip
-            u += scale_u * _delta(
-                zu, homes_u, storage_ptr, z_ptr, table_u, rows, mmask, 1, n, nmask, r,
-                rank_u, T, R_MAX, eff, BLOCK_M, BLOCK_R, ALIGN, UPCAST, PREC,
-            )  # fmt: skip
-            _silu_mul_store(g, u, out_ptr, rows, mmask, n, nmask, stride_om)
+        # No branch on the ranks in the loop (it would keep the dot out of the
+        # pipeline): a rank-0 slice loads no factor rows, its delta is exactly 0.
+        if PREFETCH:
+            n0ok = n0 < INTER
+            g_next, u_next = _load_gate_up(yrow, n0, mmask, n0ok, INTER)
+            bg_next = _bt_tile(storage_ptr, homes_g, r, rank_g, n0, n0ok)
+            bu_next = _bt_tile(storage_ptr, homes_u, r, rank_u, n0, n0ok)
+            for ni in range(N_ITERS):
+                n = n0 + ni * BLOCK_N
+                nmask = n < INTER
+                g, u, bg, bu = g_next, u_next, bg_next, bu_next
+                nn = n + BLOCK_N
+                nn_ok = (nn < INTER) & (ni + 1 < N_ITERS)
+                g_next, u_next = _load_gate_up(yrow, nn, mmask, nn_ok, INTER)
+                bg_next = _bt_tile(storage_ptr, homes_g, r, rank_g, nn, nn_ok)
+                bu_next = _bt_tile(storage_ptr, homes_u, r, rank_u, nn, nn_ok)
+                g += scale_g * _delta(
+                    zg, bg, storage_ptr, z_ptr, table_g, rows, mmask, 0, n, nmask, rank_g,
+                    T, R_MAX, eff, BLOCK_M, BLOCK_R, ALIGN, UPCAST, PREC,
+                )  # fmt: skip
+                u += scale_u * _delta(
+                    zu, bu, storage_ptr, z_ptr, table_u, rows, mmask, 1, n, nmask, rank_u,
+                    T, R_MAX, eff, BLOCK_M, BLOCK_R, ALIGN, UPCAST, PREC,
+                )  # fmt: skip
+                _silu_mul_store(g, u, out_ptr, rows, mmask, n, nmask, stride_om)
+        else:
+            for ni in range(N_ITERS):
+                n = n0 + ni * BLOCK_N
+                nmask = n < INTER
+                g, u = _load_gate_up(yrow, n, mmask, nmask, INTER)
+                g += scale_g * _delta(
+                    zg, _bt_tile(storage_ptr, homes_g, r, rank_g, n, nmask), storage_ptr,
+                    z_ptr, table_g, rows, mmask, 0, n, nmask, rank_g, T, R_MAX, eff,
+                    BLOCK_M, BLOCK_R, ALIGN, UPCAST, PREC,
+                )  # fmt: skip
+                u += scale_u * _delta(
+                    zu, _bt_tile(storage_ptr, homes_u, r, rank_u, n, nmask), storage_ptr,
+                    z_ptr, table_u, rows, mmask, 1, n, nmask, rank_u, T, R_MAX, eff,
+                    BLOCK_M, BLOCK_R, ALIGN, UPCAST, PREC,
+                )  # fmt: skip
+                _silu_mul_store(g, u, out_ptr, rows, mmask, n, nmask, stride_om)
 
 
 def grid_rows(num_rows: int, num_slots: int, block_m: int) -> int:

@@ -70,7 +70,8 @@ def _plan(cfg: ExpandConfig, shrink_cfg: ShrinkConfig, split: int, s: int, r_max
         SHRINK_BM=shrink_cfg.block_m, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
         N_ITERS=cfg.n_iters, BLOCK_R=cfg.block_r, S_PAD=_s_pad(s), ALIGN=align,
         UPCAST=_interpreting(), PREC=_precision(dtype), ROW_SPLIT=shrink_cfg.row_split,
-        PDL=pdl, num_warps=cfg.num_warps, num_stages=cfg.num_stages, **pdl_options(pdl),
+        PDL=pdl, PREFETCH=cfg.y_prefetch, num_warps=cfg.num_warps,
+        num_stages=cfg.num_stages, **pdl_options(pdl),
     ))  # fmt: skip
 
 
