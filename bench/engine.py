@@ -281,8 +281,8 @@ def plan_class(mark: PlanMark) -> str:
     if mark.doff == 0:
         return "decode"
     rows = mark.doff + mark.decodes
-    edge = next((e for e in (256, 1024, 2048, 4096) if rows <= e), 1 << 30)
-    return f"mixed<={edge}"
+    edge = next((e for e in (256, 1024, 2048, 4096) if rows <= e), None)
+    return "mixed>4096" if edge is None else f"mixed<={edge}"
 
 
 def plan_classes(marks: list[PlanMark], end: PlanMark) -> dict[str, dict[str, float]]:

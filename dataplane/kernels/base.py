@@ -205,17 +205,18 @@ class LoraWorkspace:
     ``splits`` (split-K partial sums, summed by expand). Size it with the
     backend's :meth:`LoraBackend.workspace_numel`.
 
-    ``counters``: int32 ``[2 * COUNTERS]``, zero between launches, used by the
-    Triton fused decode launch to join its split-K partials (each launch leaves
-    them at zero again). Launches sharing one workspace must not overlap in
-    time: use one workspace per stream.
+    ``counters``: int64 ``[COUNTERS]``, one per split-K group of the Triton fused
+    decode launch, which joins its partials through them; each launch adds a whole
+    number of epochs (``fused_kernel.EPOCH``) to a counter it uses, so they are never
+    reset. Launches sharing one workspace must not overlap in time: use one
+    workspace per stream.
     """
 
     COUNTERS = 4096
 
     def __init__(self, numel: int, device: torch.device | str) -> None:
         self.buffer = torch.empty(max(numel, 1), dtype=torch.float32, device=device)
-        self.counters = torch.zeros(2 * self.COUNTERS, dtype=torch.int32, device=device)
+        self.counters = torch.zeros(self.COUNTERS, dtype=torch.int64, device=device)
 
     def bottleneck(self, splits: int, num_rows: int, num_slices: int, rank: int) -> torch.Tensor:
         need = splits * num_rows * num_slices * rank

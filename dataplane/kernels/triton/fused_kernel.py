@@ -37,14 +37,13 @@ Each item:
    hand (``PIPE = 0``) or through Triton's software pipeline ``PIPE`` stages
    deep.
 
-Counters reset themselves: each program also bumps a departure counter after
-its wait, and the last to depart zeroes both once its expand is done (the ticket's
-round trip overlaps the expand), so every launch starts at zero
-without a memset (one workspace per stream: launches sharing counters must not
-overlap). Forward progress: the programs one counter waits on have consecutive
-ids and the hardware dispatches blocks in id order (the assumption behind
-CUTLASS's serial split-K semaphore and CUB's decoupled look-back), so the
-waiting group is always completed by programs that are already resident.
+Counters never need a reset: a group's arrivals add exactly ``EPOCH`` to its int64
+counter per launch (``_wait_and_sum``), so every launch finds them at multiples of
+``EPOCH`` without a memset or a departure ticket (one workspace per stream: launches
+sharing counters must not overlap). Forward progress: the programs one counter
+waits on have consecutive ids and the hardware dispatches blocks in id order (the
+assumption behind CUTLASS's serial split-K semaphore and CUB's decoupled look-back),
+so the waiting group is always completed by programs that are already resident.
 Under ``TRITON_INTERPRET`` (programs run one after another) the host passes
 ``SPLIT_MAX = 1``: no waiting.
 
@@ -64,21 +63,32 @@ import triton.language as tl
 from dataplane.intmath import next_pow2
 from dataplane.kernels.triton.lora_kernels import _pick, _shrink_chunk
 
+EPOCH_SIZE = 1 << 20
+EPOCH = tl.constexpr(EPOCH_SIZE)  # what one group's arrivals add to its counter in one launch
+
 
 @triton.jit
-def _wait_and_sum(ws_ptr, ctr_ptr, DEPART_OFF, p, q, base, eff, acc,
+def _wait_and_sum(ws_ptr, ctr_ptr, p, q, base, sp, eff, acc,
                   BLOCK_M: tl.constexpr, BLOCK_R: tl.constexpr):  # fmt: skip
-    """Publish ``acc`` as partial ``p``; return the sum of the ``eff`` partials of group
-    ``q`` (partials ``base .. base + eff - 1``) and this program's departure ticket
-    (``_depart``: the caller resets the counters at its end, off the critical path)."""
+    """Publish ``acc`` as partial ``p`` (split ``sp``); return the sum of the ``eff``
+    partials of group ``q`` (partials ``base .. base + eff - 1``).
+
+    Arrival adds this split's share of ``EPOCH`` to the group's int64 counter (the
+    shares of the ``eff`` splits sum to exactly ``EPOCH``; split 0 takes the remainder),
+    so a counter is a multiple of ``EPOCH`` between launches and, within one, the group
+    is complete once its counter reaches the next multiple above what any arrival saw:
+    no reset, no departure ticket."""
     loc = tl.arange(0, BLOCK_M)[:, None] * BLOCK_R + tl.arange(0, BLOCK_R)[None, :]
     tl.store(ws_ptr + p * (BLOCK_M * BLOCK_R) + loc, acc)
     tl.debug_barrier()  # every thread's partial is written before the release
-    cnt = tl.atomic_add(ctr_ptr + q, 1, sem="acq_rel", scope="gpu") + 1
-    while cnt < eff:
+    share = (EPOCH // eff).to(tl.int64)
+    share = tl.where(sp == 0, EPOCH - (eff - 1).to(tl.int64) * share, share)
+    old = tl.atomic_add(ctr_ptr + q, share, sem="acq_rel", scope="gpu")
+    done = old - old % EPOCH + EPOCH
+    cnt = old + share
+    while cnt < done:
         cnt = tl.atomic_add(ctr_ptr + q, 0, sem="acquire", scope="gpu")
     tl.debug_barrier()
-    left = tl.atomic_add(ctr_ptr + DEPART_OFF + q, 1, sem="relaxed", scope="gpu")
     z = tl.zeros([BLOCK_M, BLOCK_R], dtype=tl.float32)
     group = ws_ptr + base * (BLOCK_M * BLOCK_R) + loc
     for s0 in range(0, eff, 4):
@@ -90,23 +100,14 @@ def _wait_and_sum(ws_ptr, ctr_ptr, DEPART_OFF, p, q, base, eff, acc,
                 cache_modifier=".cg",  # L2, never a stale L1 line
             )
             z += part
-    return z, left
-
-
-@triton.jit
-def _depart(ctr_ptr, DEPART_OFF, q, left, eff):
-    """The last program of group ``q`` to leave (every one is past its wait) zeroes both
-    of its counters for the next launch."""
-    if left == eff - 1:
-        tl.atomic_xchg(ctr_ptr + q, 0, sem="relaxed", scope="gpu")
-        tl.atomic_xchg(ctr_ptr + DEPART_OFF + q, 0, sem="relaxed", scope="gpu")
+    return z
 
 
 @triton.jit(do_not_specialize=["TARGET"])
 def lora_fused_kernel(
     x_ptr, y_ptr, storage_ptr, a_rows_ptr, b_rows_ptr, ranks_ptr, scales_ptr,
     ws_ptr, ctr_ptr, sorted_ptr, counts_ptr, starts_ptr,
-    S, K, NS, R_MAX, stride_xm, stride_ym, DEPART_OFF, TARGET,
+    S, K, NS, R_MAX, stride_xm, stride_ym, TARGET,
     W0: tl.constexpr, W1: tl.constexpr, W2: tl.constexpr, W3: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr,
     BLOCK_N: tl.constexpr, SPLIT_MAX: tl.constexpr, MIN_SPLIT: tl.constexpr,
@@ -150,7 +151,7 @@ def lora_fused_kernel(
         _fused_item(
             p, pid, sl, sp, e, tiles, cum, cols, x_ptr, y_ptr, storage_ptr, a_rows_ptr,
             b_rows_ptr, ranks_ptr, scales_ptr, ws_ptr, ctr_ptr, sorted_ptr, counts_ptr,
-            starts_ptr, S, K, NS, R_MAX, stride_xm, stride_ym, DEPART_OFF, W0, W1, W2, W3,
+            starts_ptr, S, K, NS, R_MAX, stride_xm, stride_ym, W0, W1, W2, W3,
             BLOCK_M, BLOCK_R, BLOCK_K, BLOCK_N, ALIGN, UPCAST, PREC, PIPE, PDL,
         )  # fmt: skip
     if PDL:  # every program, items or not: this launch never ends before the previous one
@@ -185,7 +186,7 @@ def _per_tile(eff, K, NS, W0: tl.constexpr, W1: tl.constexpr, W2: tl.constexpr,
 def _fused_item(
     p, pid, sl, sp, eff, tiles, cum, cols, x_ptr, y_ptr, storage_ptr, a_rows_ptr, b_rows_ptr,
     ranks_ptr, scales_ptr, ws_ptr, ctr_ptr, sorted_ptr, counts_ptr, starts_ptr,
-    S, K, NS, R_MAX, stride_xm, stride_ym, DEPART_OFF,
+    S, K, NS, R_MAX, stride_xm, stride_ym,
     W0: tl.constexpr, W1: tl.constexpr, W2: tl.constexpr, W3: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr,
     BLOCK_N: tl.constexpr, ALIGN: tl.constexpr, UPCAST: tl.constexpr, PREC: tl.constexpr,
@@ -238,10 +239,8 @@ def _fused_item(
         if PDL:  # y, the scratch and the counters only after the previous kernel is done
             tl.extra.cuda.gdc_wait()
             yv = tl.load(yrow + n[None, :], mask=mmask[:, None] & nok[None, :], other=0.0)
-        left = eff * 0
         if eff > 1:
-            z, left = _wait_and_sum(ws_ptr, ctr_ptr, DEPART_OFF, p, q, p - sp, eff, acc,
-                                    BLOCK_M, BLOCK_R)
+            z = _wait_and_sum(ws_ptr, ctr_ptr, p, q, p - sp, sp, eff, acc, BLOCK_M, BLOCK_R)
         else:
             z = acc
         if not UPCAST:
@@ -266,8 +265,6 @@ def _fused_item(
                               mask=rmask[:, None] & ok[None, :], other=0.0)  # fmt: skip
                 yj = tl.load(yrow + nj[None, :], mask=mmask[:, None] & ok[None, :], other=0.0)
                 _expand_tile(z, btj, yj, yrow, nj, mmask, width, scale, UPCAST, PREC)
-        if eff > 1:
-            _depart(ctr_ptr, DEPART_OFF, q, left, eff)
 
 
 @triton.jit

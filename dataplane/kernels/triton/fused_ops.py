@@ -1,7 +1,7 @@
 """Launch wrapper and torch custom op for the fused decode kernel.
 
 ``adapterplane::lora_fused`` mutates ``y`` (the delta), ``scratch`` (split-K
-partials) and ``counters`` (left at zero after every launch); its fake
+partials) and ``counters`` (each launch adds whole epochs, see ``fused_kernel``); its fake
 implementation does nothing. The grid depends only on static shapes, so the
 launch is captured in a CUDA graph like the two-kernel path.
 """
@@ -152,11 +152,10 @@ def prepare_fused(x: torch.Tensor, y: torch.Tensor, a_rows: torch.Tensor,
     programs = fused_programs(tiles, cfg, x.device, k, tuple(out_features))
     if scratch.numel() < fused_scratch_numel(programs, r_max, cfg.block_m):
         raise LoraShapeError("fused scratch too small")
-    if tiles * ns > counters.numel() // 2:
+    if tiles * ns > counters.numel():
         raise LoraShapeError("too few fused counters")
     widths = (*out_features, 0, 0, 0)[:MAX_SLICES]
-    ints = (s, k, ns, r_max, x.stride(0), y.stride(0), counters.numel() // 2,
-            fused_target(x.device, cfg))
+    ints = (s, k, ns, r_max, x.stride(0), y.stride(0), fused_target(x.device, cfg))
     plan = _plan(cfg, widths, ints[:-1], x.dtype, x.element_size(), align, x.device)
     return plan, (programs,), ints
 
