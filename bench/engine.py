@@ -190,12 +190,10 @@ def run_engine(name: str, engine: Engine, trace: list[Request], handles: list, d
     The engine is warmed up first (`warm_up`, untimed)."""
     warm_up(engine, trace, handles, device)
     compiled = compiled_kernels()
-    plans: list[tuple[int, int]] = []  # (prefill tokens, decode rows) of each launched plan
-    marks: list[PlanMark] = []  # where each plan's device work starts in the stream
+    marks: list[PlanMark] = []  # each launched plan's shape and where its work starts
     launched = engine.on_plan_launched
 
     def observe(plan: BatchPlan) -> object:
-        plans.append((plan.doff, plan.num_decodes))
         marks.append(PlanMark.at(plan, device))
         return launched(plan)
 
@@ -221,10 +219,10 @@ def run_engine(name: str, engine: Engine, trace: list[Request], handles: list, d
         if not engine.has_unfinished():
             time.sleep(max(0.0, pending[0][1].arrival - now))
             continue
-        mark, before = len(plans), time.perf_counter()
+        mark, before = len(marks), time.perf_counter()
         outs = engine.step()  # returns once its tokens are on the host; a device sync
         stamp = time.perf_counter()  # here would stall an async engine's next step
-        steps.append((stamp - before, any(d > 0 for d, _ in plans[mark:])))
+        steps.append((stamp - before, any(m.doff > 0 for m in marks[mark:])))
         for o in outs:
             timings[o.request_id].tokens.append(stamp)
             generated.setdefault(o.request_id, []).extend(o.new_token_ids)
@@ -240,7 +238,7 @@ def run_engine(name: str, engine: Engine, trace: list[Request], handles: list, d
     new = sorted(compiled_kernels() - compiled)
     result["jit_compiles_timed"] = len(new)
     result["jit_compiled_while_timed"] = [f"{k}: {key[:300]}" for k, key in new]
-    result["steps"] = step_breakdown(steps, plans)
+    result["steps"] = step_breakdown(steps, marks)
     print(f"# {name}: {result['output_tok_s']:.1f} tok/s, {len(new)} Triton compiles while "
           f"timed {[k for k, _ in new]}; steps {result['steps']}", file=sys.stderr, flush=True)
     return result
@@ -302,7 +300,7 @@ def plan_classes(marks: list[PlanMark], end: PlanMark) -> dict[str, dict[str, fl
     return dict(sorted(out.items()))
 
 
-def step_breakdown(steps: list[tuple[float, bool]], plans: list[tuple[int, int]]) -> dict:
+def step_breakdown(steps: list[tuple[float, bool]], marks: list[PlanMark]) -> dict:
     """Wall time of the timed run split by step kind: `engine.step()` calls that launched
     a plan with prefill rows ("mixed") and those that launched only decode rows."""
     out: dict[str, float] = {}
@@ -311,8 +309,8 @@ def step_breakdown(steps: list[tuple[float, bool]], plans: list[tuple[int, int]]
         out[f"{kind}_steps"] = len(times)
         out[f"{kind}_s"] = sum(times)
         out[f"{kind}_p50_ms"] = 1e3 * percentile(times, 50) if times else float("nan")
-    out["prefill_tokens"] = sum(d for d, _ in plans)
-    out["decode_rows_mean"] = sum(n for _, n in plans) / max(1, len(plans))
+    out["prefill_tokens"] = sum(m.doff for m in marks)
+    out["decode_rows_mean"] = sum(m.decodes for m in marks) / max(1, len(marks))
     return out
 
 
