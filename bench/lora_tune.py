@@ -65,12 +65,15 @@ def _sweep(
     return best, math.exp(best_t / len(built))
 
 
-def _shape_cases(shape: str, rows: int, ns: tuple[int, ...]) -> list[Scenario]:
-    """Llama-8B decode module of ``shape`` class (rank 16), ``rows`` rows over each ``n``."""
+def _shape_cases(shape: str, rows: int, ns: tuple[int, ...], tp: int = 1) -> list[Scenario]:
+    """Llama-8B decode module of ``shape`` class (rank 16), ``rows`` rows over each ``n``;
+    ``tp`` > 1: that module's tensor-parallel shard (q/k/v and gate/up output-sharded, o
+    and down input-sharded), which ``configs.fused_shape`` puts in the same class."""
     outs, d_in = {
-        "qkv": ((4096, 1024, 1024), 4096), "square": ((4096,), 4096),
-        "wide": ((14336, 14336), 4096), "deep": ((4096,), 14336),
+        "qkv": ((4096 // tp, 1024 // tp, 1024 // tp), 4096), "square": ((4096,), 4096 // tp),
+        "wide": ((14336 // tp, 14336 // tp), 4096), "deep": ((4096,), 14336 // tp),
     }[shape]  # fmt: skip
+    assert configs.fused_shape(d_in, outs) == shape
     return [Scenario("decode", rows, n, (16,), outs, d_in) for n in ns]
 
 
@@ -85,7 +88,7 @@ FUSED_CANDIDATES = (
 )  # fmt: skip
 
 
-def _fused_grid_candidates(cur: configs.FusedConfig) -> list[configs.FusedConfig]:
+def _fused_grid_candidates(cur: configs.FusedConfig, t_key: int) -> list[configs.FusedConfig]:
     return [dataclasses.replace(cur, per_sm=p, min_split=m, pipe=pp, n_elems=ne,
                                 block_k=bk or cur.block_k)
             for p, m, pp, ne, bk in FUSED_CANDIDATES]  # fmt: skip
@@ -101,39 +104,51 @@ FUSED_DEPTH_CANDIDATES = (
 )  # fmt: skip
 
 
-def _fused_depth_candidates(cur: configs.FusedConfig) -> list[configs.FusedConfig]:
+def _fused_depth_candidates(cur: configs.FusedConfig, t_key: int) -> list[configs.FusedConfig]:
     return [dataclasses.replace(cur, num_stages=st, num_warps=nw, pdl=pdl, weighted=wt)
             for st, nw, pdl, wt in FUSED_DEPTH_CANDIDATES]  # fmt: skip
 
 
 def _tune_fused(backend: TritonLoraBackend, log: Callable[[str], None], label: str,
-                candidates: Callable[[configs.FusedConfig], list[configs.FusedConfig]]
-                ) -> dict[str, object]:
+                candidates: Callable[[configs.FusedConfig, int], list[configs.FusedConfig]],
+                tp_cases: bool = False) -> dict[str, object]:
     """Fused launch per (T class, shape class) over ``candidates(current entry)``:
     ``grid`` = ``per_sm``, ``min_split``, the expand loop (``pipe``), the column tile
     (``n_elems``) and ``block_k`` (``FUSED_CANDIDATES``); ``depth`` = pipeline stages,
-    warps and PDL (``FUSED_DEPTH_CANDIDATES``). Cases: the Llama-8B module of the class at
+    warps and PDL (``FUSED_DEPTH_CANDIDATES``); ``classes`` = the other classes' entries
+    (``_class_candidates``). Cases: the Llama-8B module of the class at
     T = 128 rows (T class 256) or 64 (T class 64, also installed for 16), over 16 and 50
     (64) slots — a step with 16 / 128 Zipf(1.0) adapters has about that many live — plus
-    1 slot for the square class."""
+    1 slot for the square class; ``tp_cases`` adds the module's TP=2 shard at T = 64 (the
+    TP bench's decode step)."""
     chosen: dict[str, object] = {}
     for t_key, rows, many in ((256, 128, 50), (64, 64, 64)):
         for shape in configs.FUSED_SHAPES:
             ns = (1, 16, many) if shape == "square" else (16, many)
-            built = [(sc, build_ring(sc, "scattered")) for sc in _shape_cases(shape, rows, ns)]
+            cases = _shape_cases(shape, rows, ns)
+            if tp_cases and t_key == 64:
+                cases += _shape_cases(shape, rows, (16, many), tp=2)
+            built = [(sc, build_ring(sc, "scattered")) for sc in cases]
             keys = [(t, shape) for t in ((16, 64) if t_key == 64 else (t_key,))]
 
             def put(c: object, keys: list[tuple[int, str]] = keys) -> None:
                 for k in keys:
                     configs.FUSED_TABLE[k] = c  # type: ignore[assignment]
 
-            cands = candidates(configs.FUSED_TABLE[keys[0]])
+            cands = candidates(configs.FUSED_TABLE[keys[0]], t_key)
             best, t = _sweep(put, cands, built, backend, "ours", log)
             log(f"tuned fused {label} T<={t_key} {shape}: {best} ({t:.2f} µs)")
             chosen[f"fused {t_key} {shape}"] = repr(best)
             del built
             torch.cuda.empty_cache()
     return chosen
+
+
+def _class_candidates(cur: configs.FusedConfig, t_key: int) -> list[configs.FusedConfig]:
+    """The class's entry and every other class's entry at T class ``t_key`` (is a TP
+    shard better served by another class's grid?)."""
+    others = [configs.FUSED_TABLE[(t_key, s)] for s in configs.FUSED_SHAPES]
+    return list(dict.fromkeys([cur, *others]))
 
 
 SHRINK_SWEEP_BUDGET_S = 65.0  # keeps `--tune --no-loop --no-stacked` under 3 minutes
@@ -206,7 +221,7 @@ def _tune_prefill_shrink(
 
 
 TUNE_SWEEPS = ("expand", "shrink", "fused")  # what `--tune` runs by default
-ALL_SWEEPS = (*TUNE_SWEEPS, "mixed", "fuseddepth", "prefillfused")
+ALL_SWEEPS = (*TUNE_SWEEPS, "mixed", "fuseddepth", "prefillfused", "fusedtp")
 
 # Mixed-step (T class 1024) candidates: the committed entry first.
 MIXED_EXPAND_CANDIDATES = tuple(configs.ExpandConfig(*c) for c in (
@@ -398,6 +413,9 @@ def tune(
        depths, warps and PDL (``_tune_fused``, depth).
     6. ``prefillfused`` (not in the default): the square class at T class 4,096 as one
        fused launch with tall row tiles, kept only where faster (``_tune_prefill_fused``).
+    7. ``fusedtp`` (not in the default): each decode fused entry against the other
+       classes' entries, on the TP=1 modules and (T class 64) their TP=2 shards
+       (``_tune_fused``, classes).
     ``sweeps`` picks among them (``ALL_SWEEPS`` names).
     """
     ec = configs.ExpandConfig
@@ -439,6 +457,8 @@ def tune(
         chosen.update(_tune_mixed(two, log))
     if "prefillfused" in sweeps:
         chosen.update(_tune_prefill_fused(two, log))
+    if "fusedtp" in sweeps:
+        chosen.update(_tune_fused(backend, log, "classes", _class_candidates, tp_cases=True))
     return chosen
 
 

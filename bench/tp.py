@@ -21,7 +21,12 @@ Targets (issue 6): the default layout adds no collective call, and TP=2 decode w
 adapters keeps >= 90% of TP=2 no-LoRA throughput (printed as "keep" lines at the end).
 
     python bench/tp.py --out $OUT --graphs both         # on nvidia-h200-x2 (both GPUs)
-    python bench/tp.py --shape tiny --device cpu --tp 1 2 --steps 2 --out /tmp/tp  # smoke
+    python bench/tp.py --shape tiny --device cpu --tp 1 2 --adapters 0 4 --steps 2 \
+        --batch 4 --context 16 --prefill-requests 2 --prefill-len 16 --kv-blocks 64 \
+        --out /tmp/tp                                    # smoke (tests/parallel runs it)
+
+`--layouts` limits the TP>1 rows to some layouts; `--profile N` profiles N more decode
+steps per row on rank 0 (CUDA): device µs per step by kernel kind, and the top kernels.
 """
 
 from __future__ import annotations
@@ -133,10 +138,11 @@ def run_phase(
         reqs, prompt_len = args.prefill_requests, args.prefill_len
     steps = args.steps if phase == "decode" else args.prefill_steps
     seqs = []
+    vocab = min(1003, runner.model.config.vocab_size)
     per_seq_blocks = -(-(prompt_len + steps + 1) // BLOCK)
     for i in range(reqs):
         slot = i % n_adapters if n_adapters else -1
-        prompt = tuple((7 * i + 13 * t) % 1000 + 3 for t in range(prompt_len))
+        prompt = tuple((7 * i + 13 * t) % (vocab - 3) + 3 for t in range(prompt_len))
         seq = Sequence(
             f"r{i}", prompt, adapter_slot=slot, adapter_digest=None if slot < 0 else "0" * 64
         )
@@ -195,6 +201,9 @@ def run_phase(
             for s in seqs:
                 s.num_computed_tokens = s.num_tokens
                 s.token_ids.append(5)
+    kernels = None
+    if phase == "decode" and args.profile and device.type == "cuda":  # every rank steps
+        kernels = profile_decode(runner, group, seqs, args.profile, steps + 1)
     med = statistics.median(times)
     tokens = reqs if phase == "decode" else reqs * prompt_len
     return {
@@ -204,7 +213,59 @@ def run_phase(
         "median_step_ms": 1e3 * med,
         "tokens_per_s": tokens / med,
         "collectives_per_step": ledgers[-1] if ledgers else None,
+        **({"kernels": kernels} if kernels is not None else {}),
     }
+
+
+KERNEL_KINDS = (("lora", ("lora",)), ("nccl", ("nccl",)),
+                ("gemm", ("gemm", "cutlass", "nvjet", "sm90_xmma", "cublas")),
+                ("attention", ("attn", "attention", "paged")))
+
+
+def kernel_kind(name: str) -> str:
+    low = name.lower()
+    return next((kind for kind, keys in KERNEL_KINDS if any(k in low for k in keys)), "other")
+
+
+def profile_decode(runner: ModelRunner, group: TPGroup | None, seqs: list[Sequence],
+                   steps: int, generation: int) -> dict[str, Any] | None:
+    """`steps` more decode steps; on rank 0 under torch.profiler: device µs per step of
+    each kernel kind (LoRA, NCCL, GEMM, attention, other), launches per step and the
+    busiest kernels. An NCCL kernel's time includes waiting for the other ranks (the
+    profiler's start on rank 0 alone can put one long wait into a row)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    record = group is None or group.rank == 0
+    prof = profile(activities=[ProfilerActivity.CUDA]) if record else None
+    sync(runner.device)
+    if prof is not None:
+        prof.__enter__()
+    for step in range(steps):
+        plan = build_batch_plan([], seqs, block_size=BLOCK, generation=generation + step,
+                                check=False)
+        runner.execute(plan)
+        for s in seqs:
+            s.num_computed_tokens = s.num_tokens
+            s.token_ids.append(5)
+    sync(runner.device)
+    if prof is None:
+        return None
+    prof.__exit__(None, None, None)
+    per_kind: dict[str, dict[str, float]] = {}
+    top = []
+    for ev in prof.key_averages():
+        us = ev.device_time_total
+        if us <= 0:
+            continue
+        kind = kernel_kind(ev.key)
+        agg = per_kind.setdefault(kind, {"us_per_step": 0.0, "launches_per_step": 0.0})
+        agg["us_per_step"] += us / steps
+        agg["launches_per_step"] += ev.count / steps
+        top.append((us / steps, ev.count / steps, ev.key[:90]))
+    top.sort(reverse=True)
+    return {"by_kind": per_kind,
+            "top": [{"us_per_step": round(u, 1), "launches_per_step": c, "name": n}
+                    for u, c, n in top[:15]]}
 
 
 def capture_graphs(runner: ModelRunner, group: TPGroup | None,
@@ -257,7 +318,7 @@ def bench_rank(
     contents: dict[int, dict[tuple[int, str], Any]] = {}
     max_rows = max(args.batch, args.context, args.prefill_requests * args.prefill_len)
     for n in args.adapters:
-        layouts = [LAYOUT_LOCAL, LAYOUT_PAPER] if (tp > 1 and n > 0) else [LAYOUT_LOCAL]
+        layouts = list(args.layouts) if (tp > 1 and n > 0) else [LAYOUT_LOCAL]
         for layout in layouts:
             slots = max(n, 1)
             if group is None:
@@ -380,6 +441,10 @@ def main() -> None:
         default="eager",
         help="decode steps eager, replayed from CUDA graphs, or both (prefill is eager)",
     )
+    p.add_argument("--profile", type=int, default=0,
+                   help="decode steps to profile after the timed ones (torch.profiler, rank 0)")
+    p.add_argument("--layouts", nargs="+", choices=(LAYOUT_LOCAL, LAYOUT_PAPER),
+                   default=[LAYOUT_LOCAL, LAYOUT_PAPER], help="LoRA layouts of the TP>1 rows")
     p.add_argument("--out", type=Path, default=Path("."))
     args = p.parse_args()
     if args.device == "cpu":

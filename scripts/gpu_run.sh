@@ -16,8 +16,10 @@
 # row tiles for prefill (T class 4,096, square); `trace128w`: trace128 at 256 seqs / 8,192
 # tokens over 1,024 requests; `trace128r` / `trace128wr`: the two with both engines side by
 # side, alternating A/B rounds (`--rounds`), median ratio; `mlpfold`: the MLP's LoRA in two
-# launches instead of three)
-# and on a 2-GPU host the tensor-parallel sections `tp tptests`.
+# launches instead of three; `ktp`: the decode fused entries against each other, on the
+# TP=1 modules and their TP=2 shards)
+# and on a 2-GPU host the tensor-parallel sections `tp tptests` (`tplocal`: `tp` with the
+# default layout only).
 # (tests/ is a package, so tests/agent is `tests.agent` and never shadows the `agent`
 # package, with or without an editable install.)
 # Results: $OUT/<section>.txt (logs), $OUT/<section>/ (JSON); $OUT/sections.txt has the
@@ -56,6 +58,9 @@ for s in "$@"; do
     kdepth) section kdepth 300 python3 bench/lora_kernels.py --tune --tune-sweeps fuseddepth \
               --no-loop --no-stacked --only "T=64 n=16,T=64 n=64,n=50" \
               --out "$OUT/kdepth" ;;  # fused entries x stages / warps / PDL
+    ktp) section ktp 300 python3 bench/lora_kernels.py --tune --tune-sweeps fusedtp \
+           --no-loop --no-stacked --only "T=64 n=16,T=64 n=64,n=50" \
+           --out "$OUT/ktp" ;;  # decode fused entries vs each other, TP=1 modules and TP=2 shards
     kmixed) section kmixed 420 python3 bench/lora_kernels.py --tune --tune-sweeps mixed \
               --no-loop --no-stacked --only mixed --out "$OUT/kmixed" ;;  # T classes 1024 and 4096 on mixed steps
     kprefill) section kprefill 300 python3 bench/lora_kernels.py --tune --tune-sweeps prefillfused \
@@ -137,6 +142,9 @@ for s in "$@"; do
     overlap) section overlap 300 python3 bench/lora_overlap.py --out "$OUT/overlap" ;;  # LoRA under the GEMM?
     tp) section tp 350 python3 bench/tp.py --shape 8b --device cuda --tp 1 2 \
           --adapters 0 16 128 --attention triton --graphs graphs --out "$OUT/tp" ;;  # 2 GPUs
+    tplocal) section tplocal 350 python3 bench/tp.py --shape 8b --device cuda --tp 1 2 \
+          --adapters 0 16 128 --layouts no_extra_collectives --attention triton \
+          --graphs graphs --profile 10 --out "$OUT/tplocal" ;;  # `tp` without the paper layout, kernel time per kind (2 GPUs)
     tptests) section tptests 540 python3 -m pytest -q -s -p no:cacheprovider --noconftest \
                tests/parallel/test_tp_graphs_gpu.py tests/agent/test_tp_ranks_gpu.py ;;  # 2 GPUs
     *) echo "unknown section $s" >&2; exit 2 ;;

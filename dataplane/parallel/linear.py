@@ -138,9 +138,19 @@ class ColumnParallelLinear(_ParallelLinear):
 
     def forward_silu_mul(self, x: torch.Tensor, lora: LoraStepContext | None,
                          ops_backend: str = "auto") -> torch.Tensor:
-        """The gate/up form the decoder layer calls (``LoRALinear.forward_silu_mul``):
-        here the sharded LoRA branch adds into the local output, then the activation."""
-        return silu_and_mul(self.forward(x, lora), ops_backend)
+        """The gate/up form the decoder layer calls (``LoRALinear.forward_silu_mul``): the
+        local gate/up shard, its LoRA branch and the activation — with the expand folded
+        into the activation where the backend has that path (default layout), as on one
+        GPU; else the branch adds into the local output, then the activation."""
+        branch = self._active_branch(lora)
+        if branch is None or lora is None or self.trace is not None:
+            return silu_and_mul(self.forward(x, lora), ops_backend)
+        y = F.linear(x, self.weight, self.bias)
+        act = branch.apply_silu_mul(y, x, lora)
+        if act is not None:
+            return act
+        branch.apply(y, x, lora)
+        return silu_and_mul(y, ops_backend)
 
 
 class RowParallelLinear(_ParallelLinear):

@@ -168,6 +168,18 @@ class ShardedLoraBranch:
                              device=z.device)
         ctx.backend.expand(y, z_full, ctx.meta, w)
 
+    def apply_silu_mul(self, gate_up: torch.Tensor, x: torch.Tensor, ctx: LoraStepContext
+                       ) -> torch.Tensor | None:
+        """``silu(gate + Δgate) * (up + Δup)`` of a column-parallel gate/up shard in one
+        pass (``LoraBackend.add_lora_silu_mul`` on this rank's table: in the default
+        layout every rank holds the whole ``A`` and its ``B`` columns, so the fold is the
+        one-GPU one), or None (`gate_up` untouched): the paper layout, whose expand follows
+        its all-gather, or a step the backend does not fold."""
+        if self.paper or self.style != COLUMN:
+            return None
+        return ctx.backend.add_lora_silu_mul(gate_up, x, ctx.meta, self.table.weights,
+                                             ctx.workspace)
+
     def apply(self, y: torch.Tensor, x: torch.Tensor, ctx: LoraStepContext,
               out_slice: tuple[int, int] | None = None,
               trace: dict[str, torch.Tensor] | None = None) -> None:

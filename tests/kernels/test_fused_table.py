@@ -18,6 +18,11 @@ def test_llama_modules_fall_in_their_shape_classes() -> None:
     assert configs.fused_shape(14336, (4096,)) == "deep"
     assert configs.fused_shape(576, (1536, 1536)) == "wide"  # SmolLM2 gate/up
     assert configs.fused_shape(1536, (576,)) == "deep"
+    # their TP=2 shards (column-parallel q/k/v and gate/up, row-parallel o and down)
+    assert configs.fused_shape(4096, (2048, 512, 512)) == "qkv"
+    assert configs.fused_shape(2048, (4096,)) == "square"
+    assert configs.fused_shape(4096, (7168, 7168)) == "wide"
+    assert configs.fused_shape(7168, (4096,)) == "deep"
 
 
 def test_tuned_file_installs_entries_and_round_trips(
@@ -242,3 +247,4 @@ def test_bad_two_kernel_entries_raise_and_change_nothing(
     with pytest.raises(ValueError):
         configs.load_tuned(str(path))
     assert before == (configs.SHRINK_TABLE, configs.EXPAND_TABLE, configs.FUSED_TABLE)
+

@@ -267,16 +267,22 @@ FUSED_TABLE.update({
 FUSED_T_CLASSES = (16, 64, 256, 1024, 4096)
 
 
+# TP=2 shards of gate/up (4,096 -> 2 x 7,168) and down (7,168 -> 4,096) used to fall in
+# the square class; in the wide / deep classes the TP=2 decode step with 128 adapters ran
+# 7.22 vs 7.36 ms (2 x H200, `bench/tp.py`, session 13; 16 adapters 6.50 vs 6.49).
 def fused_shape(in_features: int, out_features: tuple[int, ...]) -> str:
-    """Module shape class: ``qkv`` (3+ slices), ``wide`` (a slice over twice the
-    input width: gate/up), ``deep`` (input over twice the widest slice: down),
-    else ``square``."""
+    """Module shape class: ``qkv`` (3+ slices), ``wide`` (2 slices: gate/up, whole or
+    a tensor-parallel shard; or one slice over twice the input width), ``deep`` (input
+    at least 1.5x the widest slice: down, 14,336 -> 4,096, and its TP=2 shard 7,168 ->
+    4,096), else ``square`` (o, also its TP=2 shard 2,048 -> 4,096)."""
     if len(out_features) >= 3:
         return "qkv"
+    if len(out_features) == 2:
+        return "wide"
     widest = max(out_features, default=in_features)
     if widest > 2 * in_features:
         return "wide"
-    if in_features > 2 * widest:
+    if 2 * in_features >= 3 * widest:
         return "deep"
     return "square"
 
