@@ -17,7 +17,7 @@
 # tokens over 1,024 requests; `trace128r` / `trace128wr`: the two with both engines side by
 # side, alternating A/B rounds (`--rounds`), median ratio; `mlpfold`: the MLP's LoRA in two
 # launches instead of three; `ktp`: the decode fused entries against each other, on the
-# TP=1 modules and their TP=2 shards)
+# TP=1 modules and their TP=2 shards; `dattn`: decode attention per split-KV config)
 # and on a 2-GPU host the tensor-parallel sections `tp tptests` (`tplocal`: `tp` with the
 # default layout only).
 # (tests/ is a package, so tests/agent is `tests.agent` and never shadows the `agent`
@@ -129,6 +129,7 @@ for s in "$@"; do
     agent) section agent 200 python3 -m pytest -q -p no:cacheprovider -m gpu \
              tests/agent/test_agent_async.py ;;
     attention) section attention 40 python3 bench/attention.py ;;
+    dattn) section dattn 120 python3 bench/decode_attention.py --out "$OUT/dattn" ;;  # paged decode attention per split-KV config
     silu) section silu 200 python3 bench/lora_silu.py --sweep --out "$OUT/silu" ;;  # the folded gate/up expand, tuned
     etests) section etests 200 python3 -m pytest -q -p no:cacheprovider -m "gpu or not gpu" \
               --import-mode=append tests/engine/test_gpu.py tests/kernels/test_expand_silu.py \

@@ -5,9 +5,15 @@ Grid: (requests D, KV heads Hkv). A program loads the G = Hq / Hkv query heads t
 its KV head (padded to 16 rows for `tl.dot`) and walks the request's context in tiles of
 BLOCK_N tokens, translating token positions to cache slots through the block table and
 keeping an online softmax in fp32 (q·k and p·v in the K/V dtype with fp32 accumulation,
-exact fp32 products for fp32 caches). No K/V gather copy, no GQA repeat: K/V bytes are read
-once per step. The loop bound is read from `context_lens` on the device, so one launch
-shape serves every context length (CUDA-graph friendly: shapes depend on D only).
+exact fp32 products for fp32 caches). No K/V gather copy, no GQA repeat: K/V bytes are
+read once per step. The loop bound is read from `context_lens` on the device, so one
+launch shape serves every context length (CUDA-graph friendly: shapes depend on D only).
+
+Split-KV (flash-decoding): with ``splits`` > 1 the grid is (D, Hkv, splits); each program
+walks its run of the context's tiles and stores its unnormalised output with its running
+max and sum, and a second launch (grid (D, Hkv)) combines the partials in split order. A
+decode step has few (row, KV head) pairs at TP > 1 or small batches, and one program
+walking a 512-token context tile by tile is latency-bound.
 
 Contract:
     q            [D, Hq, Dh]        (RoPE applied; fp16/bf16/fp32)
@@ -22,6 +28,7 @@ Contract:
 
 from __future__ import annotations
 
+import functools
 import os
 
 import torch
@@ -38,14 +45,15 @@ def _paged_decode_kernel(
     q_ptr, k_ptr, v_ptr, bt_ptr, lens_ptr, pos_ptr, out_ptr,
     stride_qd, stride_qh, stride_ks, stride_kh, stride_vs, stride_vh,
     stride_btd, stride_od, stride_oh,
-    scale, window, stride_kb, stride_vb,
+    scale, window, stride_kb, stride_vb, part_ptr, ml_ptr,
     GROUP: tl.constexpr, G_PAD: tl.constexpr, HEAD_DIM: tl.constexpr,
     D_PAD: tl.constexpr, BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr,
     USE_WINDOW: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr,
-    BLOCKED: tl.constexpr,
+    BLOCKED: tl.constexpr, SPLITS: tl.constexpr,
 ):
     row = tl.program_id(0)
     kvh = tl.program_id(1)
+    sp = tl.program_id(2)
     g = tl.arange(0, G_PAD)
     d = tl.arange(0, D_PAD)
     g_ok = g < GROUP
@@ -65,7 +73,12 @@ def _paged_decode_kernel(
     l_i = tl.zeros([G_PAD], tl.float32)
     acc = tl.zeros([G_PAD, D_PAD], tl.float32)
     n_base = tl.arange(0, BLOCK_N)
-    for n0 in range(start, ctx, BLOCK_N):
+    stop = ctx
+    if SPLITS > 1:  # this program's run of whole tiles of [start, ctx)
+        per = tl.cdiv(tl.cdiv(ctx - start, BLOCK_N), SPLITS) * BLOCK_N
+        start = start + sp * per
+        stop = tl.minimum(ctx, start + per)
+    for n0 in range(start, stop, BLOCK_N):
         n = n0 + n_base
         valid = (n < ctx) & (n <= pos)
         if USE_WINDOW:
@@ -95,18 +108,85 @@ def _paged_decode_kernel(
             v = v.to(tl.float32)
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
         m_i = m_new
-    out = acc / l_i[:, None]
+    if SPLITS == 1:
+        out = acc / l_i[:, None]
+        tl.store(out_ptr + row * stride_od + q_heads[:, None] * stride_oh + d[None, :],
+                 out.to(out_ptr.dtype.element_ty), mask=g_ok[:, None] & d_ok[None, :])
+    else:  # unnormalised partial + its (max, sum) for `_combine_kernel`
+        item = (row * tl.num_programs(1) + kvh) * SPLITS + sp
+        tl.store(part_ptr + (item * G_PAD + g[:, None]) * D_PAD + d[None, :], acc)
+        tl.store(ml_ptr + (item * 2) * G_PAD + g, m_i)
+        tl.store(ml_ptr + (item * 2 + 1) * G_PAD + g, l_i)
+
+
+@triton.jit
+def _combine_kernel(
+    part_ptr, ml_ptr, out_ptr, stride_od, stride_oh,
+    GROUP: tl.constexpr, G_PAD: tl.constexpr, HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr,
+    SPLITS: tl.constexpr,
+):
+    """``out = sum_s acc_s e^(m_s - M) / sum_s l_s e^(m_s - M)``, ``M = max_s m_s``, over
+    the SPLITS partials of one (row, KV head), in split order (deterministic). A split
+    with no key has ``m = -inf``, ``l = 0`` and weighs 0; split 0 always has a key."""
+    row = tl.program_id(0)
+    kvh = tl.program_id(1)
+    g = tl.arange(0, G_PAD)
+    d = tl.arange(0, D_PAD)
+    base = (row * tl.num_programs(1) + kvh) * SPLITS
+    m_max = tl.full([G_PAD], float("-inf"), tl.float32)
+    for s in tl.static_range(SPLITS):
+        m_max = tl.maximum(m_max, tl.load(ml_ptr + ((base + s) * 2) * G_PAD + g))
+    den = tl.zeros([G_PAD], tl.float32)
+    acc = tl.zeros([G_PAD, D_PAD], tl.float32)
+    for s in tl.static_range(SPLITS):
+        w = tl.exp(tl.load(ml_ptr + ((base + s) * 2) * G_PAD + g) - m_max)
+        den += w * tl.load(ml_ptr + ((base + s) * 2 + 1) * G_PAD + g)
+        part = tl.load(part_ptr + ((base + s) * G_PAD + g[:, None]) * D_PAD + d[None, :])
+        acc += w[:, None] * part
+    out = acc / den[:, None]
+    q_heads = kvh * GROUP + g
     tl.store(out_ptr + row * stride_od + q_heads[:, None] * stride_oh + d[None, :],
-             out.to(out_ptr.dtype.element_ty), mask=g_ok[:, None] & d_ok[None, :])
+             out.to(out_ptr.dtype.element_ty),
+             mask=(g < GROUP)[:, None] & (d < HEAD_DIM)[None, :])
+
+
+@functools.lru_cache(maxsize=16)
+def _sm_count(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
+def decode_splits(rows: int, kv_heads: int, device: torch.device) -> int:
+    """Context splits per (row, KV head): the most (a power of two, at most
+    ``MAX_SPLITS``) that keeps ``rows * kv_heads * splits`` within ``SPLIT_TARGET``
+    programs per multiprocessor (1 off CUDA)."""
+    if device.type != "cuda":
+        return 1
+    sms = _sm_count(device.index if device.index is not None else torch.cuda.current_device())
+    splits = 1
+    while splits < MAX_SPLITS and rows * kv_heads * splits * 2 <= SPLIT_TARGET * sms:
+        splits *= 2
+    return splits
+
+
+# `bench/decode_attention.py` (H200, session 13; Llama-8B heads, bf16, µs per call): 64-key
+# tiles beat 32 in every case with one split (64 rows x 512 keys, 8 KV heads: 37.8 vs 40.8;
+# 256 x 2,048, 4 KV heads: 252 vs 300); splits pay where (row, KV head) pairs are few
+# (16 x 2,048, 4 KV heads: 26.2 with 8 splits vs 63.2 with 1; 64 x 512, 4 KV heads, the
+# TP=2 decode step: 25.7 with 2 vs 26.0) and cost where they are many (512 pairs: 45.4
+# with 2 vs 37.8). About 4 programs per multiprocessor is the boundary.
+MAX_SPLITS = 8
+SPLIT_TARGET = 4
 
 
 def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                            block_tables: torch.Tensor, context_lens: torch.Tensor,
                            positions: torch.Tensor, block_size: int, scale: float,
-                           window: int | None, out: torch.Tensor | None = None
-                           ) -> torch.Tensor:
+                           window: int | None, out: torch.Tensor | None = None,
+                           splits: int | None = None, block_n: int = 64) -> torch.Tensor:
     """See the module docstring. Every row must have context_lens >= 1. `out` (optional,
-    [D, Hq, Dh] in q's dtype, unit inner stride) receives the result in place."""
+    [D, Hq, Dh] in q's dtype, unit inner stride) receives the result in place. `splits`:
+    programs per (row, KV head), each over a run of the context's tiles, their partials
+    combined by a second launch (None: `decode_splits`); `block_n`: keys per tile."""
     rows, heads, head_dim = q.shape
     kv_heads, cache_dim = k_cache.shape[-2], k_cache.shape[-1]
     try:
@@ -129,16 +209,28 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
         return out
     ints = (q.stride(0), q.stride(1), ks, kh, vs, vh, block_tables.stride(0),
             out.stride(0), out.stride(1))
+    splits = decode_splits(rows, kv_heads, q.device) if splits is None else splits
+    if splits < 1 or splits & (splits - 1) or block_n < 16 or block_n & (block_n - 1):
+        raise ValueError("paged_decode_attention: splits and block_n must be powers of two")
+    g_pad, d_pad = max(16, next_pow2(group)), max(16, next_pow2(head_dim))
     consts = dict(
-        GROUP=group, G_PAD=max(16, next_pow2(group)), HEAD_DIM=head_dim,
-        D_PAD=max(16, next_pow2(head_dim)), BLOCK_SIZE=block_size,
-        BLOCK_N=32, USE_WINDOW=window is not None,
+        GROUP=group, G_PAD=g_pad, HEAD_DIM=head_dim, D_PAD=d_pad, BLOCK_SIZE=block_size,
+        BLOCK_N=block_n, USE_WINDOW=window is not None,
         PRECISION="ieee" if q.dtype == torch.float32 or interpreting else "tf32",
         UPCAST=interpreting and q.dtype == torch.bfloat16,
-        BLOCKED=is_blocked(k_cache),
+        BLOCKED=is_blocked(k_cache), SPLITS=splits,
     )
+    items = rows * kv_heads * splits if splits > 1 else 0
+    part = torch.empty(items * g_pad * d_pad, dtype=torch.float32, device=q.device)
+    ml = torch.empty(items * 2 * g_pad, dtype=torch.float32, device=q.device)
     tail = (window or 0, kb, vb)
     plan = cached_plan(_paged_decode_kernel, (*ints, *tail, *consts.values()), consts)
-    plan((rows, kv_heads), q, k_cache, v_cache, block_tables, context_lens, positions, out,
-         *ints, float(scale), *tail)
+    plan((rows, kv_heads, splits), q, k_cache, v_cache, block_tables, context_lens,
+         positions, out, *ints, float(scale), *tail, part, ml)
+    if splits > 1:
+        cconsts = dict(GROUP=group, G_PAD=g_pad, HEAD_DIM=head_dim, D_PAD=d_pad,
+                       SPLITS=splits)
+        combine = cached_plan(_combine_kernel, (out.stride(0), out.stride(1),
+                                                *cconsts.values()), cconsts)
+        combine((rows, kv_heads), part, ml, out, out.stride(0), out.stride(1))
     return out

@@ -31,8 +31,13 @@ def _reference(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
 @pytest.mark.parametrize(("dtype", "tol"), [(torch.float32, 1e-5), (torch.float16, 3e-3),
                                             (torch.bfloat16, 2e-2)])
 @pytest.mark.parametrize(("heads", "kv_heads", "window"), [(4, 4, None), (4, 2, 7), (8, 2, None)])
+@pytest.mark.parametrize(("splits", "block_n"), [(1, 32), (1, 64), (2, 16), (4, 16), (8, 32),
+                                                 (2, 64)])
 def test_paged_decode_matches_dense_reference(dtype: torch.dtype, tol: float, heads: int,
-                                              kv_heads: int, window: int | None) -> None:
+                                              kv_heads: int, window: int | None, splits: int,
+                                              block_n: int) -> None:
+    """Split-KV: 2-8 programs per (row, KV head) over runs of 16- to 64-key tiles, some
+    runs empty (the one-key row; 8 splits of the 37-key row), combined in a second launch."""
     gen = torch.Generator().manual_seed(heads * 10 + kv_heads)
     rows, dim, bs, blocks = 3, 16, 4, 24
     k_cache = torch.randn(blocks * bs + 1, kv_heads, dim, generator=gen).to(dtype)
@@ -42,6 +47,18 @@ def test_paged_decode_matches_dense_reference(dtype: torch.dtype, tol: float, he
     tables = torch.stack([torch.randperm(blocks, generator=gen)[:16] for _ in range(rows)])
     dev = [t.to(DEVICE) for t in (q, k_cache, v_cache, tables, lens)]
     got = paged_decode_attention(dev[0], dev[1], dev[2], dev[3], dev[4], dev[4] - 1, bs,
-                                 dim ** -0.5, window).cpu()
+                                 dim ** -0.5, window, splits=splits, block_n=block_n).cpu()
     want = _reference(q, k_cache, v_cache, tables, lens, bs, window)
     torch.testing.assert_close(got.double(), want, atol=tol, rtol=tol)
+
+
+def test_bad_split_or_tile_is_refused() -> None:
+    q = torch.zeros(1, 4, 16, device=DEVICE)
+    cache = torch.zeros(17, 4, 16, device=DEVICE)
+    table = torch.zeros(1, 4, dtype=torch.int32, device=DEVICE)
+    lens = torch.ones(1, dtype=torch.int32, device=DEVICE)
+    for kw in ({"splits": 3}, {"splits": 0}, {"block_n": 24}):
+        with pytest.raises(ValueError, match="powers of two"):
+            paged_decode_attention(q, cache, cache, table, lens, lens - 1, 4, 0.25, None,
+                                   **kw)  # type: ignore[arg-type]
+
