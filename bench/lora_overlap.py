@@ -18,6 +18,7 @@ y, factors; weights stream from HBM), graphs timed (µs per layer):
   refuses it).
 
     python3 bench/lora_overlap.py --out $OUT
+    python3 bench/lora_overlap.py --tp2 --carveouts "" --green "" --out $OUT  # TP=2 shards
 """
 
 from __future__ import annotations
@@ -37,6 +38,13 @@ from bench.lora_cases import DECODE_MODULES, DT, RING_WEIGHT_BYTES, Layer, Scena
 from bench.lora_timing import graph_time_us
 from dataplane.kernels import LoraMetaBuffers, LoraWorkspace
 from dataplane.kernels.triton.backend import TritonLoraBackend
+
+
+def tp2_decode_cases(n: int) -> list[Scenario]:
+    """One rank's Llama-8B modules at TP=2 (q/k/v and gate/up output-sharded, o and down
+    input-sharded), the bench's 64-row decode step over ``n`` rank-16 slots."""
+    return [Scenario("decode", 64, n, (16,), outs, d_in) for outs, d_in in (
+        ((2048, 512, 512), 4096), ((4096,), 2048), ((7168, 7168), 4096), ((4096,), 7168))]
 
 
 def ring_for(sc: Scenario) -> tuple[list[Layer], list[torch.Tensor], list[torch.Tensor]]:
@@ -142,16 +150,22 @@ def main() -> None:
     ap.add_argument("--carveouts", default="8,16,32")
     ap.add_argument("--green", default="16")
     ap.add_argument("--mixed-rows", type=int, default=2048)
+    ap.add_argument("--tp2", action="store_true",
+                    help="the TP=2 decode step's shards instead (T = 64, 16 and 64 slots)")
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
     carveouts = tuple(int(k) for k in args.carveouts.split(",") if k)
     green = tuple(int(k) for k in args.green.split(",") if k)
     backend = TritonLoraBackend(fused=True)
     print(f"device {torch.cuda.get_device_name()} torch {torch.__version__}", flush=True)
-    cases = [(f"{name} T=128", sc) for name, sc in DECODE_MODULES.items()]
     names = ("q/k/v", "o", "gate/up", "down")
-    cases += [(f"{name} T={args.mixed_rows}", sc)
-              for name, sc in zip(names, mixed_cases(args.mixed_rows), strict=True)]
+    if args.tp2:
+        cases = [(f"TP=2 {name} T=64 n={n}", sc) for n in (16, 64)
+                 for name, sc in zip(names, tp2_decode_cases(n), strict=True)]
+    else:
+        cases = [(f"{name} T=128", sc) for name, sc in DECODE_MODULES.items()]
+        cases += [(f"{name} T={args.mixed_rows}", sc)
+                  for name, sc in zip(names, mixed_cases(args.mixed_rows), strict=True)]
     results = {}
     for label, sc in cases:
         t = time_shape(sc, backend, carveouts, green)
