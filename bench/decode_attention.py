@@ -5,7 +5,8 @@ bf16, block size 16, scattered blocks): `requests` rows, each over `context` cac
 with 8 KV heads (one GPU) or 4 (a TP=2 rank). For each (splits, block_n) config: the
 median µs per call over CUDA-graph replays of 20 calls, against the floor of reading
 every row's K and V once at the copy bandwidth measured in the same run; every config's
-output is checked against splits = 1. The row marked `auto` is `decode_splits`' choice.
+output is checked against splits = 1. The row marked `auto` is the default launch:
+`decode_splits`' choice with `BLOCK_N`-key tiles.
 
     python3 bench/decode_attention.py --out $OUT     # ~1 min on an H200
 """
@@ -23,7 +24,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from dataplane.attention.triton_decode import decode_splits, paged_decode_attention
+from dataplane.attention.triton_decode import BLOCK_N, decode_splits, paged_decode_attention
 
 DIM, GROUP, BS = 128, 4, 16
 CASES = [  # requests, context, KV heads
@@ -96,7 +97,7 @@ def run_case(requests: int, context: int, kv_heads: int, bw: float) -> list[dict
         rows.append({"requests": requests, "context": context, "kv_heads": kv_heads,
                      "splits": splits, "block_n": block_n, "us": us, "floor_us": floor_us,
                      "max_abs_diff_vs_1_split": err,
-                     "auto": splits == auto and block_n == 32})
+                     "auto": splits == auto and block_n == BLOCK_N})
         print(f"| {requests} × {context}, {kv_heads} KV heads | {splits} | {block_n} | "
               f"{us:.1f} | {us / floor_us:.2f}× | {err:.1e} |"
               f"{' auto' if rows[-1]['auto'] else ''}", flush=True)

@@ -176,13 +176,15 @@ def decode_splits(rows: int, kv_heads: int, device: torch.device) -> int:
 # with 2 vs 37.8). About 4 programs per multiprocessor is the boundary.
 MAX_SPLITS = 8
 SPLIT_TARGET = 4
+BLOCK_N = 64
 
 
 def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                            block_tables: torch.Tensor, context_lens: torch.Tensor,
                            positions: torch.Tensor, block_size: int, scale: float,
                            window: int | None, out: torch.Tensor | None = None,
-                           splits: int | None = None, block_n: int = 64) -> torch.Tensor:
+                           splits: int | None = None, block_n: int = BLOCK_N
+                           ) -> torch.Tensor:
     """See the module docstring. Every row must have context_lens >= 1. `out` (optional,
     [D, Hq, Dh] in q's dtype, unit inner stride) receives the result in place. `splits`:
     programs per (row, KV head), each over a run of the context's tiles, their partials
@@ -220,9 +222,12 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
         UPCAST=interpreting and q.dtype == torch.bfloat16,
         BLOCKED=is_blocked(k_cache), SPLITS=splits,
     )
-    items = rows * kv_heads * splits if splits > 1 else 0
-    part = torch.empty(items * g_pad * d_pad, dtype=torch.float32, device=q.device)
-    ml = torch.empty(items * 2 * g_pad, dtype=torch.float32, device=q.device)
+    if splits > 1:
+        items = rows * kv_heads * splits
+        part = torch.empty(items * g_pad * d_pad, dtype=torch.float32, device=q.device)
+        ml = torch.empty(items * 2 * g_pad, dtype=torch.float32, device=q.device)
+    else:  # never touched (SPLITS == 1 compiles the partial stores out): no allocation
+        part = ml = out
     tail = (window or 0, kb, vb)
     plan = cached_plan(_paged_decode_kernel, (*ints, *tail, *consts.values()), consts)
     plan((rows, kv_heads, splits), q, k_cache, v_cache, block_tables, context_lens,
