@@ -34,7 +34,12 @@ from dataplane.parallel.shard import (
 
 SMALL_COLLECTIVE_S = 37.5e-6
 """One small NCCL collective on 2×H200 (NVLink, multicast off): 35–40 µs whatever its size,
-measured 2026-11-29 (docs: ../shared/BENCHMARKS.md, "Physical floors"); midpoint."""
+measured 2026-11-29 (docs: ../shared/BENCHMARKS.md, "Physical floors"); midpoint. Inside a
+replayed decode graph the all-reduce kernel itself takes 9.7 µs (docs/PERFORMANCE.md,
+Tensor parallel, session 13), but the paper layout's 128 extra calls per decode step cost
++4.5–5.1 ms over the default layout end to end (35–40 µs each, with the bottleneck's
+assembly around them; session 10): the constant stands for what a call adds, not for the
+kernel."""
 NVLINK_BYTES_PER_S = 450e9
 """H200 SXM NVLink 4: 900 GB/s bidirectional per GPU (NVIDIA H200 datasheet) -> 450 GB/s
 one direction, the rate a ring step moves bytes."""
