@@ -3,8 +3,9 @@
 One layer of Llama-3-8B decode attention (head_dim 128, GQA 4 query heads per KV head,
 bf16, block size 16, scattered blocks): `requests` rows, each over `context` cached keys,
 with 8 KV heads (one GPU) or 4 (a TP=2 rank). For each (splits, block_n) config: the
-median µs per call over CUDA-graph replays of 20 calls, against the floor of reading
-every row's K and V once at the copy bandwidth measured in the same run; every config's
+median µs per call over CUDA-graph replays of 20 calls (`lora_timing.graph_time_us`),
+against the floor of reading every row's K and V once at the copy bandwidth measured in
+the same run (`lora_timing.copy_bandwidth`); every config's
 output is checked against splits = 1. The row marked `auto` is the default launch:
 `decode_splits`' choice with `BLOCK_N`-key tiles.
 
@@ -16,7 +17,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import sys
 from typing import Any
 
@@ -24,6 +24,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from bench.lora_timing import copy_bandwidth, graph_time_us
 from dataplane.attention.triton_decode import BLOCK_N, decode_splits, paged_decode_attention
 
 DIM, GROUP, BS = 128, 4, 16
@@ -33,43 +34,6 @@ CASES = [  # requests, context, KV heads
 ]
 CONFIGS = [(s, bn) for bn in (32, 64) for s in (1, 2, 4, 8, 16)]
 CALLS = 20
-
-
-def copy_gbps() -> float:
-    a = torch.empty(1 << 30, dtype=torch.uint8, device="cuda")
-    b = torch.empty_like(a)
-    b.copy_(a)
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(5):
-        b.copy_(a)
-    end.record()
-    end.synchronize()
-    return 2 * 5 * a.numel() / (start.elapsed_time(end) * 1e-3) / 1e9
-
-
-def graph_us(fn: Any) -> float:
-    """Median µs per call over 7 replays of a graph of CALLS calls."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(3):
-            fn()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(CALLS):
-            fn()
-    times = []
-    for _ in range(7):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1e3 / CALLS)
-    return statistics.median(times)
 
 
 def run_case(requests: int, context: int, kv_heads: int, bw: float) -> list[dict[str, Any]]:
@@ -88,11 +52,12 @@ def run_case(requests: int, context: int, kv_heads: int, bw: float) -> list[dict
     auto = decode_splits(requests, kv_heads, dev)
     rows = []
     for splits, block_n in CONFIGS:
-        def call(s: int = splits, bn: int = block_n) -> None:
-            paged_decode_attention(q, k, v, tables, lens, lens - 1, BS, DIM ** -0.5, None,
-                                   out=out, splits=s, block_n=bn)
+        def calls(s: int = splits, bn: int = block_n) -> None:
+            for _ in range(CALLS):
+                paged_decode_attention(q, k, v, tables, lens, lens - 1, BS, DIM ** -0.5,
+                                       None, out=out, splits=s, block_n=bn)
 
-        us = graph_us(call)
+        us = graph_time_us(calls) / CALLS
         err = (out.float() - ref).abs().max().item()
         rows.append({"requests": requests, "context": context, "kv_heads": kv_heads,
                      "splits": splits, "block_n": block_n, "us": us, "floor_us": floor_us,
@@ -111,7 +76,7 @@ def main() -> None:
     if not torch.cuda.is_available():
         sys.exit("bench/decode_attention.py needs CUDA")
     torch.manual_seed(0)
-    bw = copy_gbps()
+    bw = max(copy_bandwidth().values())
     print(f"# {torch.cuda.get_device_name()} torch {torch.__version__}, copy {bw:.0f} GB/s")
     print("| case | splits | block_n | µs | / floor | max diff vs 1 split |")
     print("|---|---|---|---|---|---|")

@@ -103,3 +103,11 @@ def cached_plan(fn: Any, key: tuple[Any, ...], constexprs: dict[str, Any]) -> La
             _PLANS.clear()
         plan = _PLANS[full] = LaunchPlan(fn, constexprs)
     return plan
+
+
+@functools.cache
+def sm_count(device: torch.device) -> int:
+    """Multiprocessors of a CUDA device (``device.index`` None: the current one)."""
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    return int(torch.cuda.get_device_properties(index).multi_processor_count)
+

@@ -28,7 +28,6 @@ Contract:
 
 from __future__ import annotations
 
-import functools
 import os
 
 import torch
@@ -37,7 +36,7 @@ import triton.language as tl
 
 from dataplane.attention.kv_cache import KVCacheLayoutError, is_blocked, kv_strides
 from dataplane.intmath import next_pow2
-from dataplane.triton_launch import cached_plan
+from dataplane.triton_launch import cached_plan, sm_count
 
 
 @triton.jit
@@ -150,18 +149,13 @@ def _combine_kernel(
              mask=(g < GROUP)[:, None] & (d < HEAD_DIM)[None, :])
 
 
-@functools.lru_cache(maxsize=16)
-def _sm_count(index: int) -> int:
-    return torch.cuda.get_device_properties(index).multi_processor_count
-
-
 def decode_splits(rows: int, kv_heads: int, device: torch.device) -> int:
     """Context splits per (row, KV head): the most (a power of two, at most
     ``MAX_SPLITS``) that keeps ``rows * kv_heads * splits`` within ``SPLIT_TARGET``
     programs per multiprocessor (1 off CUDA)."""
     if device.type != "cuda":
         return 1
-    sms = _sm_count(device.index if device.index is not None else torch.cuda.current_device())
+    sms = sm_count(device)
     splits = 1
     while splits < MAX_SPLITS and rows * kv_heads * splits * 2 <= SPLIT_TARGET * sms:
         splits *= 2

@@ -20,12 +20,11 @@ from dataplane.kernels.triton.ops import (
     _interpreting,
     _precision,
     _s_pad,
-    _sm_count,
     max_tiles,
     pdl_launch,
     pdl_options,
 )
-from dataplane.triton_launch import LaunchPlan
+from dataplane.triton_launch import LaunchPlan, sm_count
 
 # Most programs a fused launch may use (sizes the scratch it needs).
 FUSED_MAX_PROGRAMS = 2048
@@ -35,7 +34,7 @@ def fused_target(device: torch.device, cfg: FusedConfig) -> int:
     """Live-program bound for the device's split choice (16 off CUDA)."""
     if device.type != "cuda":
         return 16
-    sms = _sm_count(device.index if device.index is not None else 0)
+    sms = sm_count(device)
     return min(FUSED_MAX_PROGRAMS, cfg.per_sm * sms)
 
 

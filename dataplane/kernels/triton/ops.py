@@ -27,7 +27,7 @@ from dataplane.kernels.triton.configs import (
 )
 from dataplane.kernels.triton.expand_kernel import lora_expand_kernel
 from dataplane.kernels.triton.lora_kernels import lora_shrink_kernel
-from dataplane.triton_launch import LaunchPlan
+from dataplane.triton_launch import LaunchPlan, sm_count
 
 MAX_SLICES = 4
 
@@ -53,7 +53,7 @@ def split_target(device: torch.device, per_sm: int = 2) -> int:
     (``8 * per_sm`` under the interpreter, so tests exercise several splits)."""
     if device.type != "cuda":
         return 8 * per_sm
-    return per_sm * _sm_count(device.index if device.index is not None else 0)
+    return per_sm * sm_count(device)
 
 
 def shrink_target(cfg: ShrinkConfig, device: torch.device) -> int:
@@ -75,11 +75,6 @@ def pdl_launch(flag: int, device: torch.device) -> bool:
 def pdl_options(on: bool) -> dict[str, bool]:
     """Launch options of a plan (``launch_pdl`` only when on)."""
     return {"launch_pdl": True} if on else {}
-
-
-@functools.cache
-def _sm_count(index: int) -> int:
-    return int(torch.cuda.get_device_properties(index).multi_processor_count)
 
 
 def max_tiles(num_rows: int, num_slots: int, block_m: int) -> int:
