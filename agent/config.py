@@ -53,8 +53,8 @@ class AgentSettings(BaseSettings):
     """Live requests (queued + running) above which new ones get 429."""
     tp_degree: int = Field(default=1, ge=1)
     piecewise_graphs: bool = True
-    """On CUDA with one rank: replay mixed (prefill + decode) steps as piecewise CUDA
-    graphs (`EngineConfig.enable_piecewise_graphs`)."""
+    """On CUDA: replay mixed (prefill + decode) steps as piecewise CUDA graphs
+    (`EngineConfig.enable_piecewise_graphs`; with tp_degree > 1 on every rank)."""
     adapter_targets: list[str] = Field(default_factory=list)
     """Target roles this agent serves (default: every projection the model adapts)."""
 

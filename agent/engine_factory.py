@@ -97,9 +97,11 @@ def _build_tp_engine(settings: AgentSettings, sizes: dict[str, int]) -> MeteredE
                          "(TP ranks hold sharded factor tables)")
     from agent.tp_ranks import TPLaunchSpec, launch_tp_ranks
 
+    engine_sizes: dict[str, object] = {
+        **sizes, "enable_piecewise_graphs": settings.piecewise_graphs}
     ranks = launch_tp_ranks(TPLaunchSpec(str(settings.model_dir), settings.tp_degree,
                                          device="cpu" if settings.device == "cpu" else "cuda",
-                                         dtype=settings.dtype, engine_sizes=sizes),
+                                         dtype=settings.dtype, engine_sizes=engine_sizes),
                             engine_cls=MeteredTPEngine)
     engine = ranks.engine
     assert isinstance(engine, MeteredEngine)
@@ -118,7 +120,7 @@ def build_engine(settings: AgentSettings, metrics: AgentMetrics,
                  max_num_seqs=settings.max_num_seqs,
                  max_num_batched_tokens=settings.max_num_batched_tokens)
     engine: MeteredEngine
-    if settings.tp_degree > 1:  # (the TP ranks' engines capture decode graphs only)
+    if settings.tp_degree > 1:
         engine = _build_tp_engine(settings, sizes)
     elif settings.residency_backend == "engine":
         single = MeteredEngine.from_model_dir(

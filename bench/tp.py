@@ -16,7 +16,12 @@ graphs (`--graphs eager|graphs|both`; TP=1 uses the engine's `CudaGraphRunner`, 
 `dataplane.parallel.tp_graphs.TPCudaGraphRunner`, which captures each rank's step with
 its NCCL collectives and counts the captured collectives on every replay). Only the
 `--batch` size is captured (one graph per rank), context width `--context + --steps`.
-Prefill: `--prefill-requests` requests of `--prefill-len` tokens in one step.
+Prefill: `--prefill-requests` requests of `--prefill-len` tokens in one step. Mixed: the
+decode requests' next tokens and `--mixed-prompts` prompts of `--mixed-prompt-len` tokens
+in one step (64 + 4 x 128 = 576 rows by default, a typical serving step). Both run
+eagerly, and with `--piecewise` also as piecewise CUDA graphs (the engine's
+`PiecewiseGraphRunner`; at TP=2 `dataplane.parallel.tp_piecewise.TPPiecewiseGraphRunner`,
+collectives inside the pieces), one bucket per row count.
 Targets (issue 6): the default layout adds no collective call, and TP=2 decode with
 adapters keeps >= 90% of TP=2 no-LoRA throughput (printed as "keep" lines at the end).
 
@@ -49,11 +54,13 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from dataplane.core import Sequence, build_batch_plan
 from dataplane.engine.cuda_graphs import CudaGraphRunner
 from dataplane.engine.model_runner import ModelRunner
+from dataplane.engine.piecewise_graphs import PiecewiseGraphRunner
 from dataplane.models import ModelConfig, init_random
 from dataplane.models.llama import LORA_GROUPS, LlamaForCausalLM
 from dataplane.parallel import LAYOUT_LOCAL, LAYOUT_PAPER, TPGroup, init_tp_group
 from dataplane.parallel.llama_tp import TPLlamaForCausalLM
 from dataplane.parallel.tp_graphs import TPCudaGraphRunner
+from dataplane.parallel.tp_piecewise import TPPiecewiseGraphRunner
 
 SHAPES: dict[str, dict[str, Any]] = {
     "8b": {
@@ -123,6 +130,20 @@ def sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
+def phase_shape(args: argparse.Namespace, phase: str) -> tuple[int, int, int, int]:
+    """(decode requests, their context, prompts prefilled per step, prompt length)."""
+    if phase == "decode":
+        return args.batch, args.context, 0, 0
+    if phase == "prefill":
+        return 0, 0, args.prefill_requests, args.prefill_len
+    return args.batch, args.context, args.mixed_prompts, args.mixed_prompt_len
+
+
+def phase_rows(args: argparse.Namespace, phase: str) -> int:
+    dec, _, pre, pre_len = phase_shape(args, phase)
+    return dec + pre * pre_len
+
+
 def run_phase(
     runner: ModelRunner,
     group: TPGroup | None,
@@ -130,53 +151,52 @@ def run_phase(
     n_adapters: int,
     phase: str,
 ) -> dict[str, Any]:
-    """Time one phase; returns step times and per-step collective ledgers (this rank)."""
+    """Time one phase; returns step times and per-step collective ledgers (this rank).
+
+    decode: the decode requests, one token each per step; prefill: the prompts, whole, per
+    step; mixed: both in one step (the prompts prefilled again every step)."""
     device = runner.device
-    if phase == "decode":
-        reqs, prompt_len = args.batch, args.context
-    else:
-        reqs, prompt_len = args.prefill_requests, args.prefill_len
+    dec_n, context, pre_n, pre_len = phase_shape(args, phase)
     steps = args.steps if phase == "decode" else args.prefill_steps
-    seqs = []
     vocab = min(1003, runner.model.config.vocab_size)
-    per_seq_blocks = -(-(prompt_len + steps + 1) // BLOCK)
-    for i in range(reqs):
+    per_seq_blocks = -(-(max(context, pre_len) + steps + 2) // BLOCK)
+
+    def make(i: int, prompt_len: int) -> Sequence:
         slot = i % n_adapters if n_adapters else -1
         prompt = tuple((7 * i + 13 * t) % (vocab - 3) + 3 for t in range(prompt_len))
         seq = Sequence(
             f"r{i}", prompt, adapter_slot=slot, adapter_digest=None if slot < 0 else "0" * 64
         )
         seq.block_table.extend(range(i * per_seq_blocks, (i + 1) * per_seq_blocks))
-        seqs.append(seq)
+        return seq
+
+    seqs = [make(i, context) for i in range(dec_n)]
+    prompts = [make(dec_n + i, pre_len) for i in range(pre_n)]
     times, ledgers = [], []
-    if phase == "decode":  # prefill once, untimed, as many requests per step as fit
-        per_step = max(1, runner.max_rows // prompt_len)
-        for lo in range(0, reqs, per_step):
-            runner.execute(
-                build_batch_plan(
-                    [(s, s.num_tokens) for s in seqs[lo : lo + per_step]],
-                    [],
-                    block_size=BLOCK,
-                    generation=0,
-                    check=False,
-                )
-            )
-        for s in seqs:
-            s.num_computed_tokens = s.num_tokens
-            s.token_ids.append(5)
-    for step in range(steps + 1):  # step 0 warms up
-        if phase == "decode":
-            plan = build_batch_plan([], seqs, block_size=BLOCK, generation=step + 1, check=False)
-        else:
-            for s in seqs:
-                s.num_computed_tokens = 0
-            plan = build_batch_plan(
-                [(s, s.num_tokens) for s in seqs],
+    per_step = max(1, runner.max_rows // max(context, 1))
+    for lo in range(0, dec_n, per_step):  # prefill once, untimed, as many as fit a step
+        runner.execute(
+            build_batch_plan(
+                [(s, s.num_tokens) for s in seqs[lo : lo + per_step]],
                 [],
                 block_size=BLOCK,
-                generation=step + 1,
+                generation=0,
                 check=False,
             )
+        )
+    for s in seqs:
+        s.num_computed_tokens = s.num_tokens
+        s.token_ids.append(5)
+    for step in range(steps + 1):  # step 0 warms up
+        for s in prompts:
+            s.num_computed_tokens = 0
+        plan = build_batch_plan(
+            [(s, s.num_tokens) for s in prompts],
+            seqs,
+            block_size=BLOCK,
+            generation=step + 1,
+            check=False,
+        )
         if group is not None:
             group.counter.reset()
         sync(device)
@@ -197,21 +217,20 @@ def run_phase(
                     for p in ("base", "lora")
                 }
             )
-        if phase == "decode":
-            for s in seqs:
-                s.num_computed_tokens = s.num_tokens
-                s.token_ids.append(5)
+        for s in seqs:
+            s.num_computed_tokens = s.num_tokens
+            s.token_ids.append(5)
     kernels = None
     if phase == "decode" and args.profile and device.type == "cuda":  # every rank steps
         kernels = profile_decode(runner, group, seqs, args.profile, steps + 1)
     med = statistics.median(times)
-    tokens = reqs if phase == "decode" else reqs * prompt_len
     return {
         "phase": phase,
-        "requests": reqs,
-        "prompt_len": prompt_len,
+        "requests": dec_n + pre_n,
+        "prompt_len": pre_len or context,
+        "rows_per_step": dec_n + pre_n * pre_len,
         "median_step_ms": 1e3 * med,
-        "tokens_per_s": tokens / med,
+        "tokens_per_s": (dec_n + pre_n * pre_len) / med,
         "collectives_per_step": ledgers[-1] if ledgers else None,
         **({"kernels": kernels} if kernels is not None else {}),
     }
@@ -229,24 +248,29 @@ def kernel_kind(name: str) -> str:
 
 def profile_decode(runner: ModelRunner, group: TPGroup | None, seqs: list[Sequence],
                    steps: int, generation: int) -> dict[str, Any] | None:
-    """`steps` more decode steps; on rank 0 under torch.profiler: device µs per step of
-    each kernel kind (LoRA, NCCL, GEMM, attention, other), launches per step and the
-    busiest kernels. An NCCL kernel's time includes waiting for the other ranks (the
-    profiler's start on rank 0 alone can put one long wait into a row)."""
-    from torch.profiler import ProfilerActivity, profile
+    """`steps` more decode steps, after one untimed; on rank 0 under torch.profiler: device
+    µs per step of each kernel kind (LoRA, NCCL, GEMM, attention, other), launches per step
+    and the busiest kernels. An NCCL kernel's time includes waiting for the other ranks
+    (the untimed first step absorbs the profiler's start on rank 0 alone)."""
+    from torch.profiler import ProfilerActivity, profile, schedule
 
     record = group is None or group.rank == 0
-    prof = profile(activities=[ProfilerActivity.CUDA]) if record else None
+    # one warm-up step first: the profiler's start on rank 0 alone is not in the record
+    prof = (profile(activities=[ProfilerActivity.CUDA],
+                    schedule=schedule(wait=0, warmup=1, active=steps)) if record else None)
     sync(runner.device)
     if prof is not None:
         prof.__enter__()
-    for step in range(steps):
+    for step in range(steps + 1):
         plan = build_batch_plan([], seqs, block_size=BLOCK, generation=generation + step,
                                 check=False)
         runner.execute(plan)
         for s in seqs:
             s.num_computed_tokens = s.num_tokens
             s.token_ids.append(5)
+        if prof is not None:
+            sync(runner.device)
+            prof.step()
     sync(runner.device)
     if prof is None:
         return None
@@ -293,6 +317,26 @@ def capture_graphs(runner: ModelRunner, group: TPGroup | None,
     return None
 
 
+def capture_pieces(runner: ModelRunner, group: TPGroup | None,
+                   args: argparse.Namespace) -> str | None:
+    """Capture the piecewise graphs of the prefill and mixed steps' row counts (CUDA only,
+    one bucket each, the same on every rank); None or the error text."""
+    if runner.device.type != "cuda" or not runner.graph_safe:
+        return "CUDA graphs need a CUDA device and a graph-safe LoRA backend"
+    buckets = tuple(sorted({phase_rows(args, "prefill"), phase_rows(args, "mixed")}))
+    try:
+        if group is None:
+            pieces: PiecewiseGraphRunner = PiecewiseGraphRunner(
+                runner, buckets[-1], buckets=buckets)
+        else:
+            pieces = TPPiecewiseGraphRunner(runner, group, buckets[-1], buckets=buckets)
+        pieces.capture_all()
+    except Exception as exc:  # reported in the row, eager rows still stand
+        return f"{type(exc).__name__}: {exc}"[:500]
+    runner.piecewise = pieces
+    return None
+
+
 def build_global(
     config: ModelConfig, args: argparse.Namespace, device: torch.device
 ) -> LlamaForCausalLM:
@@ -316,7 +360,8 @@ def bench_rank(
     rows = []
     modes = ["eager", "graphs"] if args.graphs == "both" else [args.graphs]
     contents: dict[int, dict[tuple[int, str], Any]] = {}
-    max_rows = max(args.batch, args.context, args.prefill_requests * args.prefill_len)
+    max_rows = max(args.batch, args.context, phase_rows(args, "prefill"),
+                   phase_rows(args, "mixed"))
     for n in args.adapters:
         layouts = list(args.layouts) if (tp > 1 and n > 0) else [LAYOUT_LOCAL]
         for layout in layouts:
@@ -351,13 +396,22 @@ def bench_rank(
                     for key, slices in factors.items():
                         runner.tables[key].set_slot(slot, slices)
                         runner.linears[key].has_factors = True
-            runs = [("decode", mode) for mode in modes] + [("prefill", "eager")]
+            runs = [("decode", mode) for mode in modes] + [("prefill", "eager"),
+                                                           ("mixed", "eager")]
+            if args.piecewise:
+                runs += [("prefill", "piecewise"), ("mixed", "piecewise")]
+            pieces_error: str | None = None
             for phase, mode in runs:
                 extra: dict[str, Any] = {}
                 if mode == "graphs":
                     error = capture_graphs(runner, group, args)
                     if error is not None:  # keep the eager rows of this run
                         extra["graphs_error"] = error
+                if mode == "piecewise":
+                    if runner.piecewise is None and pieces_error is None:
+                        pieces_error = capture_pieces(runner, group, args)
+                    if pieces_error is not None:
+                        extra["graphs_error"] = pieces_error
                 row: dict[str, Any] = (
                     {"phase": phase}
                     if "graphs_error" in extra
@@ -379,11 +433,16 @@ def bench_rank(
                 )
                 if mode == "graphs":
                     row["graph_replays"] = replays
+                if mode == "piecewise" and runner.piecewise is not None:
+                    row["piecewise_runs"] = runner.piecewise.runs  # type: ignore[attr-defined]
                 rows.append(row)
                 if rank == 0:
                     print(json.dumps(row), flush=True)
                     with (args.out / "tp_rows.jsonl").open("a") as f:  # survives a timeout
                         f.write(json.dumps(row) + "\n")
+            if runner.piecewise is not None:  # holds the NCCL communicator at TP > 1
+                runner.piecewise.release()  # type: ignore[attr-defined]
+                runner.piecewise = None
             del runner, model
             if device.type == "cuda":
                 torch.cuda.empty_cache()
@@ -396,21 +455,20 @@ def bench_rank(
 
 
 def keep_ratios(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Decode tok/s of each LoRA row over the same TP degree and mode without LoRA
-    (issue 6 target: >= 0.90 for TP=2, default layout)."""
-    base = {
-        (r["tp"], r["mode"]): r["tokens_per_s"]
-        for r in rows
-        if r["phase"] == "decode" and r["adapters"] == 0 and "tokens_per_s" in r
-    }
+    """Decode (and mixed-step) tok/s of each LoRA row over the same TP degree, phase and
+    mode without LoRA (issue 6 target: decode >= 0.90 for TP=2, default layout)."""
+    timed = [r for r in rows if r["phase"] in ("decode", "mixed") and "tokens_per_s" in r]
+    base = {(r["tp"], r["phase"], r["mode"]): r["tokens_per_s"]
+            for r in timed if r["adapters"] == 0}
     out = []
-    for r in rows:
-        key = (r["tp"], r["mode"])
-        if r["phase"] == "decode" and r["adapters"] and key in base and "tokens_per_s" in r:
+    for r in timed:
+        key = (r["tp"], r["phase"], r["mode"])
+        if r["adapters"] and key in base:
             out.append(
                 {
                     "keep": round(r["tokens_per_s"] / base[key], 3),
                     "tp": r["tp"],
+                    "phase": r["phase"],
                     "mode": r["mode"],
                     "layout": r["layout"],
                     "adapters": r["adapters"],
@@ -433,13 +491,18 @@ def main() -> None:
     p.add_argument("--prefill-requests", type=int, default=8)
     p.add_argument("--prefill-len", type=int, default=512)
     p.add_argument("--prefill-steps", type=int, default=3)
+    p.add_argument("--mixed-prompts", type=int, default=4,
+                   help="prompts prefilled next to the --batch decode rows in a mixed step")
+    p.add_argument("--mixed-prompt-len", type=int, default=128)
+    p.add_argument("--piecewise", action="store_true",
+                   help="also run the prefill and mixed steps as piecewise CUDA graphs")
     p.add_argument("--kv-blocks", type=int, default=4096)
     p.add_argument("--attention", choices=("torch", "triton"), default=None)
     p.add_argument(
         "--graphs",
         choices=("eager", "graphs", "both"),
         default="eager",
-        help="decode steps eager, replayed from CUDA graphs, or both (prefill is eager)",
+        help="decode steps eager, replayed from CUDA graphs, or both",
     )
     p.add_argument("--profile", type=int, default=0,
                    help="decode steps to profile after the timed ones (torch.profiler, rank 0)")

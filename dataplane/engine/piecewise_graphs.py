@@ -147,14 +147,41 @@ class PiecewiseGraphRunner:
                 for k in range(self.num_pieces):
                     self._piece(rows, k, warm)
         torch.cuda.current_stream(self.device).wait_stream(stream)
+        self._before_capture(rows)
         bucket = _Bucket()
         for k in range(self.num_pieces):
             graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=self.pool):
+            with torch.cuda.graph(graph, pool=self.pool, **self._capture_options()):
                 self._piece(rows, k, bucket.io)
             self.pool = graph.pool()
             bucket.graphs.append(graph)
         self.captured[rows] = bucket
+        self._after_capture(rows)
+
+    # Hooks for a tensor-parallel rank (dataplane/parallel/tp_piecewise.py).
+    def _before_capture(self, rows: int) -> None:
+        """Called after a bucket's warm-ups, before its first piece is captured."""
+
+    def _capture_options(self) -> dict[str, Any]:
+        """Extra keyword arguments of `torch.cuda.graph` for every piece."""
+        return {}
+
+    def _after_capture(self, rows: int) -> None:
+        """Called once a bucket's pieces are all captured."""
+
+    def _replayed(self, rows: int) -> None:
+        """Called after a captured bucket's pieces were replayed for a step."""
+
+    def release(self) -> None:
+        """Drop every captured piece (later mixed steps run eagerly). A TP rank calls this
+        before leaving its NCCL group (pieces capture its collectives, see
+        `CudaGraphRunner.release`)."""
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        for bucket in self.captured.values():
+            for graph in bucket.graphs:
+                graph.reset()
+        self.captured.clear()
 
     def run(self, plan: BatchPlan, deferred: DeferredTokens | None) -> torch.Tensor | None:
         """Float32 logits [N, vocab] for `plan.sample_rows`, or None when no bucket fits
@@ -189,6 +216,8 @@ class PiecewiseGraphRunner:
                     paged_attention(self.q_buf[:rows], self.k_buf[:rows], self.v_buf[:rows],
                                     layer.index, r.cache, attn, layer.window, layer.scale,
                                     write_kv=False, out=self.attn_out[:rows])
+            if bucket is not None:
+                self._replayed(bucket_rows)
             if not plan.sample_rows:
                 return torch.empty(0, r.config.vocab_size, dtype=torch.float32,
                                    device=self.device)

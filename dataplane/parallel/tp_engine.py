@@ -17,8 +17,9 @@ Messages (leader -> followers): ("plan", BatchPlan), ("load", slot, generation, 
 None), ("stop",). A plan the runner rejects (`EngineError`) is rejected identically, before
 any collective, on every rank; followers skip it.
 
-CUDA graphs: decode graphs are captured by `tp_graphs.TPCudaGraphRunner` (collectives
-counted per replay) when the engine config enables them on CUDA.
+CUDA graphs: decode graphs are captured by `tp_graphs.TPCudaGraphRunner`, and with
+`enable_piecewise_graphs` mixed steps by `tp_piecewise.TPPiecewiseGraphRunner` (both count
+their collectives per replay), when the engine config enables graphs on CUDA.
 """
 
 from __future__ import annotations
@@ -160,6 +161,10 @@ class TPEngine(Engine):
             attach_tp_graphs(self.runner, self.group, config.max_num_seqs,
                              min(self.max_model_len, config.max_graph_context))
             self.runner.warm_up_lora()  # local kernels only: eager steps never wait on JIT
+            if config.enable_piecewise_graphs:
+                from dataplane.parallel.tp_piecewise import attach_tp_piecewise
+
+                attach_tp_piecewise(self.runner, self.group, config.max_num_batched_tokens)
 
     @classmethod
     def from_global_model_dir(cls, path: str | Path, group: TPGroup, *,
@@ -244,9 +249,11 @@ class TPEngine(Engine):
                 self.release_graphs()
 
     def release_graphs(self) -> None:
-        """Drop this rank's captured decode graphs (they hold the NCCL communicator: every
-        rank releases them before the group is destroyed; steps after this run eagerly)."""
-        graphs = self.runner.graphs
-        if graphs is not None:
-            graphs.release()  # type: ignore[attr-defined]
-            self.runner.graphs = None
+        """Drop this rank's captured decode graphs and mixed-step pieces (they hold the NCCL
+        communicator: every rank releases them before the group is destroyed; steps after
+        this run eagerly)."""
+        for name in ("graphs", "piecewise"):
+            graphs = getattr(self.runner, name)
+            if graphs is not None:
+                graphs.release()
+                setattr(self.runner, name, None)

@@ -1,0 +1,97 @@
+"""Rank-side half of test_tp_piecewise*.py: a TP rank's mixed step, piecewise vs eager.
+
+`run(group, payload)`: the TP=2 shard of the scenarios_model tiny Llama with two adapters
+(default or paper layout). Requests 0-1 are prefilled eagerly; then every mixed step (the
+other requests' prompts, in two chunks, next to decode rows of the first ones) runs twice
+on the same plan: through the pieces (`TPPiecewiseGraphRunner`: replayed on CUDA, the
+same pieces called eagerly on CPU) and through the plain eager forward. Both write the
+same K/V, so the second run sees the cache the first left. Returns both logits and each
+path's collective ledger per step.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from dataplane.core import Sequence, build_batch_plan
+from dataplane.engine.model_runner import ModelRunner
+from dataplane.models import ModelConfig, init_random
+from dataplane.models.llama import LlamaForCausalLM
+from dataplane.parallel import TPGroup
+from dataplane.parallel.llama_tp import TPLlamaForCausalLM
+from dataplane.parallel.tp_piecewise import TPPiecewiseGraphRunner, attach_tp_piecewise
+
+from .scenarios_graphs import _ledger
+from .scenarios_model import BLOCK, CONFIG, LAYOUT_SETS, MAX_RANK, REQUESTS, adapters
+
+BUCKETS = (8, 16)
+FIRST = 2  # requests prefilled before the mixed steps
+
+
+def _sequences() -> list[Sequence]:
+    seqs = []
+    for i, (prompt, slot) in enumerate(REQUESTS):
+        seq = Sequence(f"r{i}", tuple(prompt), adapter_slot=slot,
+                       adapter_digest=None if slot < 0 else "0" * 64)
+        seq.block_table.extend(range(i * 8, i * 8 + 8))
+        seqs.append(seq)
+    return seqs
+
+
+def run(group: TPGroup, payload: dict[str, Any]) -> dict[str, Any]:
+    dev = group.device
+    config = ModelConfig.from_dict(dict(CONFIG))
+    model = init_random(LlamaForCausalLM(config, torch.float32, torch.device("cpu")), seed=5)
+    tp = TPLlamaForCausalLM(model, group, lora_layouts=LAYOUT_SETS[payload["layouts"]],
+                            max_slots=2, max_rank=MAX_RANK)
+    attention = "triton" if dev.type == "cuda" else "torch"
+    runner = ModelRunner(tp, num_kv_blocks=64, block_size=BLOCK, max_rows=64, max_slots=2,
+                         max_rank=MAX_RANK, attention_backend=attention)
+    for slot, per in adapters(config).items():
+        tp.load_adapter(slot, {k: {i: (a.to(dev), b.to(dev), s) for i, (a, b, s) in v.items()}
+                               for k, v in per.items()})
+    pieces: TPPiecewiseGraphRunner
+    if dev.type == "cuda":  # CUDA-only: capture (collective) on every rank, same buckets
+        runner.warm_up_lora()
+        pieces = attach_tp_piecewise(runner, group, BUCKETS[-1], buckets=BUCKETS)
+        runner.piecewise = None
+    else:
+        pieces = TPPiecewiseGraphRunner(runner, group, BUCKETS[-1], buckets=BUCKETS,
+                                        run_eagerly=True)
+    seqs = _sequences()
+    first = runner.execute(build_batch_plan([(s, s.num_tokens) for s in seqs[:FIRST]], [],
+                                            block_size=BLOCK, generation=0))
+    for s, tok in zip(seqs[:FIRST], first.argmax(-1).tolist(), strict=True):
+        s.num_computed_tokens = s.num_tokens
+        s.token_ids.append(tok)
+    steps = []
+    waiting = seqs[FIRST:]
+    for step in range(3):
+        decoding = [s for s in seqs if s not in waiting]
+        # prompts in chunks of at most 4 tokens next to the decode rows
+        chunks = [(s, min(4, s.num_tokens - s.num_computed_tokens)) for s in waiting]
+        plan = build_batch_plan(chunks, decoding, block_size=BLOCK, generation=step + 1)
+        group.counter.reset()
+        ran = pieces.run(plan, None)
+        if ran is None:
+            raise RuntimeError(f"mixed plan of {plan.num_rows} rows fit no bucket")
+        ran = ran.clone()
+        piece_ledger = _ledger(group)
+        group.counter.reset()
+        eager = runner.execute(plan)  # runner.piecewise is None: the eager path
+        steps.append({"pieces": ran.cpu(), "eager": eager.cpu(), "rows": plan.num_rows,
+                      "prefill_rows": plan.num_rows - len(decoding),
+                      "piece_ledger": piece_ledger, "eager_ledger": _ledger(group)})
+        by_id = dict(zip(plan.sample_request_ids, eager.argmax(-1).tolist(), strict=True))
+        for s, n in chunks:
+            s.num_computed_tokens += n
+        for s in decoding:
+            s.num_computed_tokens = s.num_tokens
+        for s in seqs:
+            if s.request_id in by_id and s.num_computed_tokens == s.num_tokens:
+                s.token_ids.append(by_id[s.request_id])
+        waiting = [s for s in waiting if s.request_id not in by_id]  # prompt not done
+    return {"steps": steps, "runs": pieces.runs, "num_layers": config.num_layers,
+            "captured": sorted(pieces.captured), "ledgers": sorted(pieces.ledgers)}
