@@ -95,3 +95,22 @@ def run(group: TPGroup, payload: dict[str, Any]) -> dict[str, Any]:
         waiting = [s for s in waiting if s.request_id not in by_id]  # prompt not done
     return {"steps": steps, "runs": pieces.runs, "num_layers": config.num_layers,
             "captured": sorted(pieces.captured), "ledgers": sorted(pieces.ledgers)}
+
+
+def check_steps(ranks: list[dict[str, Any]], tol: float) -> None:
+    """Pieces vs eager: same logits within `tol` (padded rows may pick other GEMM tiles on
+    CUDA), same argmax, the same gathered logits on both ranks; the same collective calls
+    (base: o + down per layer, embedding, LM head; LoRA: none in the default layout, one
+    per projection in the paper one), and more base bytes (rows padded to the bucket)."""
+    layers = ranks[0]["num_layers"]
+    for rank in ranks:
+        assert rank["runs"] == 3
+        for step in rank["steps"]:
+            torch.testing.assert_close(step["pieces"], step["eager"], rtol=tol, atol=tol)
+            assert torch.equal(step["pieces"].argmax(-1), step["eager"].argmax(-1))
+            p, e = step["piece_ledger"], step["eager_ledger"]
+            assert p["base_calls"] == e["base_calls"] == 2 * layers + 2
+            assert p["lora_calls"] == e["lora_calls"] in (0, 4 * layers)
+            assert p["base_bytes"] > e["base_bytes"]
+    for a, b in zip(ranks[0]["steps"], ranks[1]["steps"], strict=True):
+        torch.testing.assert_close(a["pieces"], b["pieces"], rtol=0, atol=0)
