@@ -268,9 +268,15 @@ def profile_decode(runner: ModelRunner, group: TPGroup | None, seqs: list[Sequen
         for s in seqs:
             s.num_computed_tokens = s.num_tokens
             s.token_ids.append(5)
-        if prof is not None:
+        if step == 0:  # warm-up done on every rank before the record starts
             sync(runner.device)
-            prof.step()
+            if group is not None:
+                import torch.distributed as dist
+
+                dist.barrier()
+                sync(runner.device)
+            if prof is not None:
+                prof.step()
     sync(runner.device)
     if prof is None:
         return None
