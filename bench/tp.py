@@ -252,6 +252,7 @@ def profile_decode(runner: ModelRunner, group: TPGroup | None, seqs: list[Sequen
     µs per step of each kernel kind (LoRA, NCCL, GEMM, attention, other), launches per step
     and the busiest kernels. An NCCL kernel's time includes waiting for the other ranks
     (the untimed first step absorbs the profiler's start on rank 0 alone)."""
+    from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile, schedule
 
     record = group is None or group.rank == 0
@@ -293,6 +294,16 @@ def profile_decode(runner: ModelRunner, group: TPGroup | None, seqs: list[Sequen
         agg["launches_per_step"] += ev.count / steps
         top.append((us / steps, ev.count / steps, ev.key[:90]))
     top.sort(reverse=True)
+    # Median launch per kind: one NCCL kernel that waited long for the other rank (e.g. on
+    # a host hiccup there) inflates its kind's total; median x launches does not.
+    durations: dict[str, list[float]] = {}
+    for ev in prof.events():
+        if ev.device_type == DeviceType.CUDA:
+            durations.setdefault(kernel_kind(ev.name), []).append(ev.time_range.elapsed_us())
+    for kind, agg in per_kind.items():
+        if durations.get(kind):
+            agg["median_launch_us"] = statistics.median(durations[kind])
+            agg["median_x_launches_us"] = agg["median_launch_us"] * agg["launches_per_step"]
     return {"by_kind": per_kind,
             "top": [{"us_per_step": round(u, 1), "launches_per_step": c, "name": n}
                     for u, c, n in top[:15]]}

@@ -96,10 +96,12 @@ def test_agent_build_engine_launches_tp_ranks(assets: tuple[Path, dict[str, Path
     reference = greedy(Engine.from_model_dir(base, dtype="float32", device="cpu", **small),
                        adapters)
     settings = AgentSettings(model_dir=base, device="cpu", dtype="float32",
-                             residency_backend="engine", tp_degree=2, **small)
+                             residency_backend="engine", tp_degree=2, piecewise_graphs=False,
+                             **small)
     engine = build_engine(settings, AgentMetrics())
     try:
         assert isinstance(engine, MeteredTPEngine) and engine.group.size == 2
+        assert engine.config.enable_piecewise_graphs is False  # the agent's setting reaches it
         assert greedy(engine, adapters) == reference
     finally:
         engine.tp_ranks.shutdown(timeout_s=60.0)  # type: ignore[attr-defined]

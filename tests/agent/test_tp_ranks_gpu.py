@@ -1,5 +1,6 @@
 """Two GPUs: the agent's TP ranks with CUDA graphs give the eager TP=2 and the TP=1 greedy
-tokens, and decode steps are replayed. Skipped without two CUDA devices."""
+tokens; decode steps are replayed from graphs and prefill steps from piecewise graphs.
+Skipped without two CUDA devices."""
 
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ GPU_SIZES = {**SIZES, "attention_backend": "triton"}
 
 
 def tp2_tokens(base: Path, adapters: dict[str, Path], graphs: bool
-               ) -> tuple[list[tuple[int, ...]], int]:
+               ) -> tuple[list[tuple[int, ...]], int, int]:
     sizes = {**GPU_SIZES, "enable_cuda_graphs": graphs}
     start = time.perf_counter()
 
@@ -34,12 +35,14 @@ def tp2_tokens(base: Path, adapters: dict[str, Path], graphs: bool
     try:
         tokens = greedy(ranks.engine, adapters)
         replays = getattr(ranks.engine.runner.graphs, "replays", 0)
+        piece_runs = getattr(ranks.engine.runner.piecewise, "runs", 0)
         stage("generated")
     finally:
         ranks.shutdown(timeout_s=120.0)
         stage("shut down")
-    assert ranks.engine.runner.graphs is None  # released before the NCCL group was left
-    return tokens, replays
+    # released before the NCCL group was left
+    assert ranks.engine.runner.graphs is None and ranks.engine.runner.piecewise is None
+    return tokens, replays, piece_runs
 
 
 def test_tp2_graphs_equal_eager_and_tp1(assets: tuple[Path, dict[str, Path]],  # noqa: F811
@@ -48,7 +51,7 @@ def test_tp2_graphs_equal_eager_and_tp1(assets: tuple[Path, dict[str, Path]],  #
     reference = greedy(Engine.from_model_dir(base, dtype="float32", device="cuda",
                                              **{**GPU_SIZES, "enable_cuda_graphs": False}),
                        adapters)
-    eager, eager_replays = tp2_tokens(base, adapters, graphs=False)
-    graphed, replays = tp2_tokens(base, adapters, graphs=True)
-    assert eager_replays == 0 and replays > 0
+    eager, eager_replays, eager_pieces = tp2_tokens(base, adapters, graphs=False)
+    graphed, replays, pieces = tp2_tokens(base, adapters, graphs=True)
+    assert eager_replays == eager_pieces == 0 and replays > 0 and pieces > 0
     assert graphed == eager == reference
