@@ -563,6 +563,22 @@ def start_decoding(engine: Engine, args: argparse.Namespace, vocab: int, batch: 
         engine.step()
 
 
+def step_intervals(engine: Engine, steps: int, device: str, warm_up: int = 3) -> list[float]:
+    """Seconds between consecutive `engine.step()` returns over `steps` steps, after
+    `warm_up` untimed ones and a device sync (an async engine keeps a step in flight)."""
+    for _ in range(warm_up):
+        engine.step()
+    times = []
+    sync(device)
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        engine.step()
+        t1 = time.perf_counter()
+        times.append(t1 - t0)
+        t0 = t1
+    return times
+
+
 def decode_step_main(args: argparse.Namespace) -> list[dict]:
     """Median wall time of one decode step (engine.step(), host work included) with
     `--max-num-seqs` requests all decoding at context ≈ `--prompt-max`, against the HBM
@@ -598,16 +614,7 @@ def decode_step_main(args: argparse.Namespace) -> list[dict]:
         handles = [engine.register_loaded_adapter(random_adapter(config, 16, i, dev, dtype))
                    for i in range(n)]
         start_decoding(engine, args, config.vocab_size, batch, ctx, handles)
-        for _ in range(3):
-            engine.step()
-        times = []
-        sync(dev)
-        t0 = time.perf_counter()
-        for _ in range(args.steps):
-            engine.step()
-            t1 = time.perf_counter()
-            times.append(t1 - t0)
-            t0 = t1
+        times = step_intervals(engine, args.steps, dev)
         if args.profile:
             profile_steps(engine, dev,
                           Path(args.out or ".") / f"profile_n{n}_{scheduling}.txt")

@@ -43,6 +43,7 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -471,6 +472,21 @@ def bench_rank(
         dist.destroy_process_group()
 
 
+def run_ranks(fn: Callable[..., None], tp: int, args: argparse.Namespace
+              ) -> list[dict[str, Any]]:
+    """`fn(rank, tp, rendezvous file, args, results dir)` on `tp` ranks (this process for
+    TP=1, spawned processes otherwise); returns the rows rank 0 wrote to
+    `<results dir>/tp<tp>.json`."""
+    with tempfile.TemporaryDirectory() as tmp:
+        if tp == 1:
+            fn(0, 1, str(Path(tmp) / "rdv"), args, tmp)
+        else:
+            mp.start_processes(fn, args=(tp, str(Path(tmp) / "rdv"), args, tmp), nprocs=tp,
+                               join=True, start_method="spawn")
+        rows: list[dict[str, Any]] = json.loads((Path(tmp) / f"tp{tp}.json").read_text())
+    return rows
+
+
 def keep_ratios(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Decode (and mixed-step) tok/s of each LoRA row over the same TP degree, phase and
     mode without LoRA (issue 6 target: decode >= 0.90 for TP=2, default layout)."""
@@ -494,13 +510,18 @@ def keep_ratios(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+def model_args(p: argparse.ArgumentParser, adapters: list[int]) -> None:
+    """--shape, --device, --dtype, --tp and --adapters (TP benchmarks share them)."""
     p.add_argument("--shape", choices=sorted(SHAPES), default="8b")
     p.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
     p.add_argument("--dtype", choices=sorted(DTYPES), default="bfloat16")
     p.add_argument("--tp", type=int, nargs="+", default=[1, 2])
-    p.add_argument("--adapters", type=int, nargs="+", default=[0, 16, 128])
+    p.add_argument("--adapters", type=int, nargs="+", default=adapters)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    model_args(p, [0, 16, 128])
     p.add_argument("--rank", type=int, default=16)
     p.add_argument("--batch", type=int, default=64, help="decode requests")
     p.add_argument("--context", type=int, default=512, help="decode prompt tokens")
@@ -532,18 +553,7 @@ def main() -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     rows: list[dict[str, Any]] = []
     for tp in args.tp:
-        with tempfile.TemporaryDirectory() as tmp:
-            if tp == 1:
-                bench_rank(0, 1, str(Path(tmp) / "rdv"), args, tmp)
-            else:
-                mp.start_processes(
-                    bench_rank,
-                    args=(tp, str(Path(tmp) / "rdv"), args, tmp),
-                    nprocs=tp,
-                    join=True,
-                    start_method="spawn",
-                )
-            rows += json.loads((Path(tmp) / f"tp{tp}.json").read_text())
+        rows += run_ranks(bench_rank, tp, args)
     (args.out / "tp_bench.json").write_text(json.dumps(rows, indent=1))
     for line in keep_ratios(rows):
         print(json.dumps(line))

@@ -149,6 +149,8 @@ for s in "$@"; do
     tptests) section tptests 540 python3 -m pytest -q -s -p no:cacheprovider --noconftest \
                tests/parallel/test_tp_graphs_gpu.py tests/parallel/test_tp_piecewise_gpu.py \
                tests/agent/test_tp_ranks_gpu.py ;;  # 2 GPUs
+    tpengine) section tpengine 400 python3 bench/tp_engine.py --tp 1 2 --adapters 0 16 \
+          --out "$OUT/tpengine" ;;  # engine.step() decode at TP=1/2, sync vs async (2 GPUs)
     tpmixed) section tpmixed 560 python3 bench/tp.py --shape 8b --device cuda --tp 1 2 \
           --adapters 0 16 128 --layouts no_extra_collectives --attention triton \
           --graphs graphs --piecewise --out "$OUT/tpmixed" ;;  # + mixed steps, eager vs piecewise (2 GPUs)

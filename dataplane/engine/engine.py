@@ -119,9 +119,10 @@ class Engine(StepLoop):
         self.num_preemptions = 0
         """Requests preempted (by recompute) so far: a counter for tests and metrics."""
         # Plans built for a continuation carry placeholder input ids, so a subclass that
-        # ships plans (build_plan overridden: the TP leader) keeps the synchronous loop.
-        # Observers and launch fences use on_plan_launched / on_plan_retired instead,
-        # which both loops call (agent metering).
+        # overrides build_plan (e.g. to ship plans) keeps the synchronous loop; the TP
+        # leader ships them from `execute_plan`, with the deferred tokens. Observers and
+        # launch fences use on_plan_launched / on_plan_retired instead, which both loops
+        # call (agent metering).
         plain = type(self).build_plan is Engine.build_plan
         if config.async_scheduling and not plain:
             raise InvalidRequest("async_scheduling is not supported by "

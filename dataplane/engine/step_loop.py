@@ -13,8 +13,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+import torch
+
 from dataplane.core import BatchPlan, InvalidRequest, Sequence
 from dataplane.engine.async_steps import Launched, deferred_inputs, has_live_rows, retire
+from dataplane.engine.deferred import DeferredTokens
 from dataplane.engine.model_runner import ModelRunner
 from dataplane.engine.request_output import RequestOutput
 from dataplane.engine.scheduler import ScheduleOutput, Scheduler
@@ -72,6 +75,11 @@ class StepLoop:
         if step is not None:
             self._retire(step)
 
+    def execute_plan(self, plan: BatchPlan, deferred: DeferredTokens | None) -> torch.Tensor:
+        """The step's forward: logits of `plan.sample_rows` (the TP leader also hands the
+        plan, and the deferred tokens, to its followers here)."""
+        return self.runner.execute(plan, deferred)
+
     # ----- stepping -------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
         """Run one scheduled step; outputs for every request that got a token.
@@ -108,7 +116,7 @@ class StepLoop:
         token = self.on_plan_launched(plan)
         try:
             deferred = None if prev is None else deferred_inputs(plan, out, prev)
-            logits = self.runner.execute(plan, deferred)
+            logits = self.execute_plan(plan, deferred)
             pending = self.sampler.launch(logits, out.sampled)
         except BaseException:
             if prev is None:

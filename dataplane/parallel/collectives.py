@@ -4,8 +4,9 @@ Why: the benchmark and the tests must *count* what a forward sends (seed §0x06F
 and bytes are separate ledgers; one small NCCL call costs 35–40 µs on our 2×H200 whatever
 its size, BENCHMARKS.md). `TPGroup` owns the process group of one TP group and a
 `CollectiveCounter`; each call names its purpose ("base" for the base projection's own
-collectives, "lora" for anything the adapter branch adds) so "the default layout adds no
-call" is a checked count, not a claim.
+collectives, "lora" for anything the adapter branch adds, "control" for the leader's
+messages, "tokens" for the sampled tokens the leader hands the followers under async
+scheduling) so "the default layout adds no call" is a checked count, not a claim.
 
 Ledgers per (purpose, kind):
     calls          number of collective calls
@@ -27,9 +28,10 @@ import torch.distributed as dist
 
 from dataplane.parallel.errors import ProcessGroupError
 
-PURPOSES = ("base", "lora", "control")
+PURPOSES = ("base", "lora", "control", "tokens")
 ALL_REDUCE = "all_reduce"
 ALL_GATHER = "all_gather"
+BROADCAST = "broadcast"
 
 
 @dataclass
@@ -141,3 +143,14 @@ class TPGroup:
         gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
         gather(out, tensor, group=self.group)
         return out.view(self.size, *tensor.shape)
+
+    def broadcast(self, tensor: torch.Tensor, *, src: int, purpose: str) -> torch.Tensor:
+        """Rank `src`'s `tensor` into every rank's `tensor` (in place); returns it."""
+        self._check(tensor, purpose)
+        if self.size == 1:
+            return tensor
+        nbytes = tensor.numel() * tensor.element_size()
+        self.counter.record(purpose, BROADCAST, nbytes,
+                            Fraction((self.size - 1) * nbytes, self.size))
+        dist.broadcast(tensor, src=src, group=self.group)
+        return tensor

@@ -13,9 +13,16 @@ generation, every rank shards them into its own tables and the slot is published
 when all ranks have validated their shard (`publication.publish_when_all_valid`);
 otherwise every rank rolls back and the leader raises `AdapterError`.
 
-Messages (leader -> followers): ("plan", BatchPlan), ("load", slot, generation, adapter or
-None), ("stop",). A plan the runner rejects (`EngineError`) is rejected identically, before
-any collective, on every rank; followers skip it.
+Messages (leader -> followers): ("plan", BatchPlan, deferred spec or None), ("load", slot,
+generation, adapter or None), ("stop",). A plan the runner rejects (`EngineError`) is
+rejected identically, before any collective of its forward, on every rank; followers skip
+it.
+
+Async scheduling (on with CUDA graphs, as for one GPU): the leader launches step N+1
+before N's sampled tokens reach its host. N+1's decode rows then carry placeholder ids;
+the plan message names where N's tokens go (`DeferredTokens` src/dst), and the tokens
+themselves follow as one device broadcast from the leader (the only rank that samples),
+enqueued between N's sampling and N+1's forward on every rank (`execute_plan`).
 
 CUDA graphs: decode graphs are captured by `tp_graphs.TPCudaGraphRunner`, and with
 `enable_piecewise_graphs` mixed steps by `tp_piecewise.TPPiecewiseGraphRunner` (both count
@@ -40,8 +47,8 @@ from dataplane.engine.adapters import (
     AdapterRegistry,
     LoadedAdapter,
 )
+from dataplane.engine.deferred import DeferredTokens
 from dataplane.engine.engine import Engine, EngineConfig, RequestOutput
-from dataplane.engine.scheduler import ScheduleOutput
 from dataplane.kvcache.page_pool import PagePool
 from dataplane.models.llama import LORA_GROUPS
 from dataplane.parallel.collectives import TPGroup
@@ -165,6 +172,8 @@ class TPEngine(Engine):
                 from dataplane.parallel.tp_piecewise import attach_tp_piecewise
 
                 attach_tp_piecewise(self.runner, self.group, config.max_num_batched_tokens)
+            if config.async_scheduling is None:  # as `Engine`: on with graphs
+                self.async_scheduling = True
 
     @classmethod
     def from_global_model_dir(cls, path: str | Path, group: TPGroup, *,
@@ -190,15 +199,35 @@ class TPEngine(Engine):
     def is_leader(self) -> bool:
         return self.group.rank == 0
 
-    def build_plan(self, out: ScheduleOutput) -> BatchPlan:
-        """Leader: the step's plan, sent to every follower before it is executed."""
-        if not self.is_leader:
-            raise ProcessGroupError("followers do not schedule; call serve()")
-        plan = super().build_plan(out)
-        self.channel.send((PLAN, plan))
-        return plan
+    def execute_plan(self, plan: BatchPlan, deferred: DeferredTokens | None) -> torch.Tensor:
+        """Leader: send the plan to every follower, then execute it. Under async scheduling
+        a continuation plan's decode rows read the previous step's sampled tokens, which
+        only the leader's device holds: with the plan goes where they land (`src`, `dst`),
+        and the tokens follow as one broadcast on the device (purpose "tokens"), enqueued
+        after the sampling that produced them and before the forward that reads them, on
+        every rank — no host round trip."""
+        spec = None if deferred is None else (len(deferred.tokens), deferred.src, deferred.dst)
+        self.channel.send((PLAN, plan, spec))
+        if deferred is not None:
+            tokens = deferred.tokens.contiguous()
+            self.group.broadcast(tokens, src=0, purpose="tokens")
+            deferred = dataclasses.replace(deferred, tokens=tokens)
+        return self.runner.execute(plan, deferred)
+
+    def _follow_plan(self, plan: BatchPlan, spec: tuple[int, tuple[int, ...], tuple[int, ...]]
+                     | None) -> None:
+        """Follower: the leader's `execute_plan`, same collectives in the same order."""
+        deferred = None
+        if spec is not None:
+            n, src, dst = spec
+            tokens = torch.empty(n, dtype=torch.int64, device=self.group.device)
+            self.group.broadcast(tokens, src=0, purpose="tokens")
+            deferred = DeferredTokens(tokens, src, dst)
+        self.runner.execute(plan, deferred)
 
     def step(self) -> list[RequestOutput]:
+        if not self.is_leader:
+            raise ProcessGroupError("followers do not schedule; call serve()")
         with self._lock:
             return super().step()
 
@@ -227,7 +256,7 @@ class TPEngine(Engine):
                 return plans
             if message[0] == PLAN:
                 try:
-                    self.runner.execute(message[1])
+                    self._follow_plan(message[1], message[2])
                 except EngineError:
                     continue  # rejected identically by the leader, before any collective
                 plans += 1

@@ -82,6 +82,46 @@ def test_two_gloo_ranks_match_tp1_greedy(assets: tuple[Path, dict[str, Path]],
         ranks.shutdown(timeout_s=60.0)
 
 
+MIXED_PARAMS = [SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True),
+                SamplingParams(temperature=0.9, top_p=0.9, seed=7, max_tokens=8,
+                               ignore_eos=True),
+                SamplingParams(temperature=0.0, max_tokens=5, ignore_eos=True),
+                SamplingParams(temperature=1.1, seed=11, max_tokens=8, ignore_eos=True)]
+
+
+def sampled(engine: Engine, adapters: dict[str, Path]) -> list[tuple[int, ...]]:
+    handles = {name: engine.register_adapter(path) for name, path in adapters.items()}
+    outs = engine.generate(PROMPTS, MIXED_PARAMS,
+                           [None if w is None else handles[w] for w in WHICH])
+    return [o.token_ids for o in outs]
+
+
+def test_async_tp2_matches_sync_tp1(assets: tuple[Path, dict[str, Path]],
+                                    one_thread: None) -> None:
+    """Async scheduling on the TP leader: decode steps are launched before the previous
+    step's tokens reach the host, the follower gets them by one device broadcast per
+    continuation step, and the tokens (greedy and seeded sampling) equal the synchronous
+    single-device engine's."""
+    base, adapters = assets
+    reference = sampled(Engine.from_model_dir(base, dtype="float32", device="cpu",
+                                              **{**SIZES, "async_scheduling": False}),
+                        adapters)
+    ranks = launch_tp_ranks(TPLaunchSpec(str(base), 2, device="cpu", dtype="float32",
+                                         engine_sizes={**SIZES, "async_scheduling": True},
+                                         torch_threads=1, timeout_s=120.0))
+    try:
+        engine = ranks.engine
+        assert engine.async_scheduling
+        engine.group.counter.reset()
+        assert sampled(engine, adapters) == reference
+        assert engine.num_overlapped_steps > 0
+        # one token broadcast per overlapped step, nothing else new; no LoRA collective
+        assert engine.group.counter.calls("tokens") == engine.num_overlapped_steps
+        assert engine.group.counter.calls("lora") == 0
+    finally:
+        ranks.shutdown(timeout_s=60.0)
+
+
 def test_agent_build_engine_launches_tp_ranks(assets: tuple[Path, dict[str, Path]],
                                               one_thread: None) -> None:
     """`tp_degree=2` in the agent's settings: build_engine spawns the follower and returns

@@ -1,0 +1,150 @@
+"""Engine-level decode step at TP=1 and TP=2, synchronous vs async scheduling.
+
+`bench/tp.py` times `ModelRunner.execute` (the device's part of a step). A served step
+also has the host's part: schedule, build the plan, send it to the followers (TP), sample,
+apply the tokens. This times what a user gets: the interval between consecutive
+`Engine.step()` returns with `--batch` requests all decoding at context ≈ `--context`
+(request i on adapter i % N), decode steps replayed from CUDA graphs, for the engine
+(TP=1) and the TP leader (`TPEngine`, followers in `serve()`), each with the synchronous
+loop and with async scheduling (the next step launched before this one's tokens reach
+the host; at TP the tokens reach the followers by one device broadcast per step).
+
+    python3 bench/tp_engine.py --tp 1 2 --adapters 0 16 --out $OUT     # 2 GPUs
+    python3 bench/tp_engine.py --shape tiny --device cpu --tp 1 2 --adapters 0 2 \
+        --batch 4 --context 16 --steps 4 --out /tmp/tpe                # smoke (CPU, gloo)
+
+Adapters: random rank-16 all-linear factors on the CPU (TP loads travel to the followers
+over the control channel), 16 distinct contents under distinct digests.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import statistics
+import sys
+from pathlib import Path
+from typing import Any
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from bench.engine import random_adapter, start_decoding, step_intervals
+from bench.tp import DTYPES, SHAPES, model_args, run_ranks
+from dataplane.engine.adapters import LoadedAdapter
+from dataplane.engine.engine import Engine, EngineConfig
+from dataplane.models import LlamaForCausalLM, ModelConfig, init_random
+from dataplane.parallel import init_tp_group
+from dataplane.parallel.llama_tp import TPLlamaForCausalLM
+from dataplane.parallel.tp_engine import TPEngine
+
+DIGEST = hashlib.sha256(b"bench-tp-engine-random-base").hexdigest()
+
+
+def adapters_for(config: ModelConfig, n: int, dtype: torch.dtype) -> list[LoadedAdapter]:
+    """`n` adapters: 16 distinct random contents, each under its own digest."""
+    contents = [random_adapter(config, 16, i, "cpu", dtype) for i in range(min(n, 16))]
+    return [LoadedAdapter(contents[i % 16].modules,
+                          hashlib.sha256(f"bench-tp-engine-{i}".encode()).hexdigest(),
+                          f"random:{i}") for i in range(n)]
+
+
+def engine_config(args: argparse.Namespace, n: int, mode: str) -> EngineConfig:
+    return EngineConfig(max_num_seqs=args.batch, max_num_batched_tokens=max(args.batch, 2048),
+                        num_kv_blocks=args.kv_blocks, block_size=16, max_slots=n, max_rank=16,
+                        max_model_len=args.context + args.steps + 32,
+                        enable_cuda_graphs=args.device == "cuda",
+                        enable_piecewise_graphs=False,  # decode steps only: skip their capture
+                        async_scheduling=mode == "async",
+                        attention_backend="triton" if args.device == "cuda" else "torch")
+
+
+def time_steps(engine: Engine, args: argparse.Namespace, handles: list[Any]) -> list[float]:
+    start_decoding(engine, args, engine.model.config.vocab_size, args.batch, args.context,
+                   handles)
+    return step_intervals(engine, args.steps, args.device)
+
+
+def bench_rank(rank: int, tp: int, init_file: str, args: argparse.Namespace,
+               results_dir: str) -> None:
+    torch.set_num_threads(max(1, (os.cpu_count() or 2) // max(tp, 1)))
+    device = torch.device(args.device if args.device == "cpu" else f"cuda:{rank}")
+    config = ModelConfig.from_dict(dict(SHAPES[args.shape]))
+    dtype = DTYPES[args.dtype]
+    group = (init_tp_group(rank, tp, init_method=f"file://{init_file}", device=device)
+             if tp > 1 else None)
+    global_model = init_random(LlamaForCausalLM(config, dtype, device), seed=0)
+    rows = []
+    for n in args.adapters:
+        for mode in args.scheduling:
+            cfg = engine_config(args, n, mode)
+            engine: Engine
+            if group is None:
+                engine = Engine(global_model, cfg, DIGEST)
+            else:
+                model = TPLlamaForCausalLM(global_model, group, max_slots=n, max_rank=16)
+                engine = TPEngine(model, cfg, DIGEST)
+                if rank > 0:  # follower: execute the leader's loads and plans until stop
+                    engine.serve()
+                    del engine, model
+                    continue
+            handles = [engine.register_loaded_adapter(a) for a in adapters_for(config, n, dtype)]
+            if group is not None:
+                group.counter.reset()  # this engine's token broadcasts only
+            times = time_steps(engine, args, handles)
+            row = {"tp": tp, "adapters": n, "scheduling": mode,
+                   "async_on": engine.async_scheduling,
+                   "overlapped_steps": engine.num_overlapped_steps,
+                   "step_ms_p50": 1e3 * statistics.median(times),
+                   "step_ms_mean": 1e3 * statistics.fmean(times),
+                   "tokens_per_s": args.batch / statistics.median(times)}
+            if isinstance(engine, TPEngine):
+                row["token_broadcasts"] = engine.group.counter.calls("tokens")
+                engine.shutdown()
+            print(json.dumps(row), flush=True)
+            rows.append(row)
+            del engine, handles
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+                torch.cuda.empty_cache()
+    if rank == 0:
+        (Path(results_dir) / f"tp{tp}.json").write_text(json.dumps(rows))
+    if group is not None:
+        import torch.distributed as dist
+
+        dist.destroy_process_group()
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    model_args(p, [0, 16])
+    p.add_argument("--scheduling", nargs="+", choices=("sync", "async"),
+                   default=["sync", "async"])
+    p.add_argument("--batch", type=int, default=64)
+    p.add_argument("--context", type=int, default=512)
+    p.add_argument("--steps", type=int, default=30)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--kv-blocks", type=int, default=4096)
+    p.add_argument("--out", type=Path, default=Path("."))
+    args = p.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    rows: list[dict[str, Any]] = []
+    for tp in args.tp:
+        rows += run_ranks(bench_rank, tp, args)
+    sync = {(r["tp"], r["adapters"]): r["step_ms_p50"] for r in rows
+            if r["scheduling"] == "sync"}
+    for r in rows:
+        base = sync.get((r["tp"], r["adapters"]))
+        if r["scheduling"] == "async" and base:
+            r["speedup_vs_sync"] = base / r["step_ms_p50"]
+    (args.out / "tp_engine.json").write_text(json.dumps(rows, indent=1))
+    for r in rows:
+        print(json.dumps({k: (round(v, 3) if isinstance(v, float) else v)
+                          for k, v in r.items()}))
+
+
+if __name__ == "__main__":
+    main()
