@@ -13,8 +13,10 @@ the host; at TP the tokens reach the followers by one device broadcast per step)
     python3 bench/tp_engine.py --shape tiny --device cpu --tp 1 2 --adapters 0 2 \
         --batch 4 --context 16 --steps 4 --out /tmp/tpe                # smoke (CPU, gloo)
 
-Adapters: random rank-16 all-linear factors on the CPU (TP loads travel to the followers
-over the control channel), 16 distinct contents under distinct digests.
+`build_s`: the engine's construction, graph captures included (`--piecewise` adds the
+mixed-step pieces, as a serving agent captures them). Adapters: random rank-16 all-linear
+factors on the CPU (TP loads travel to the followers over the control channel), 16
+distinct contents under distinct digests.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ import json
 import os
 import statistics
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -57,7 +60,7 @@ def engine_config(args: argparse.Namespace, n: int, mode: str) -> EngineConfig:
                         num_kv_blocks=args.kv_blocks, block_size=16, max_slots=n, max_rank=16,
                         max_model_len=args.context + args.steps + 32,
                         enable_cuda_graphs=args.device == "cuda",
-                        enable_piecewise_graphs=False,  # decode steps only: skip their capture
+                        enable_piecewise_graphs=args.piecewise,
                         async_scheduling=mode == "async",
                         attention_backend="triton" if args.device == "cuda" else "torch")
 
@@ -82,6 +85,7 @@ def bench_rank(rank: int, tp: int, init_file: str, args: argparse.Namespace,
         for mode in args.scheduling:
             cfg = engine_config(args, n, mode)
             engine: Engine
+            built = time.perf_counter()
             if group is None:
                 engine = Engine(global_model, cfg, DIGEST)
             else:
@@ -91,6 +95,7 @@ def bench_rank(rank: int, tp: int, init_file: str, args: argparse.Namespace,
                     engine.serve()
                     del engine, model
                     continue
+            built = time.perf_counter() - built
             handles = [engine.register_loaded_adapter(a) for a in adapters_for(config, n, dtype)]
             if group is not None:
                 group.counter.reset()  # this engine's token broadcasts only
@@ -98,6 +103,7 @@ def bench_rank(rank: int, tp: int, init_file: str, args: argparse.Namespace,
             row = {"tp": tp, "adapters": n, "scheduling": mode,
                    "async_on": engine.async_scheduling,
                    "overlapped_steps": engine.num_overlapped_steps,
+                   "build_s": built, "piecewise": args.piecewise,
                    "step_ms_p50": 1e3 * statistics.median(times),
                    "step_ms_mean": 1e3 * statistics.fmean(times),
                    "tokens_per_s": args.batch / statistics.median(times)}
@@ -128,6 +134,9 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=30)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--kv-blocks", type=int, default=4096)
+    p.add_argument("--piecewise", action="store_true",
+                   help="also capture mixed-step pieces (up to 2,048 rows) at build: its "
+                        "time is in build_s; decode steps are timed either way")
     p.add_argument("--out", type=Path, default=Path("."))
     args = p.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
