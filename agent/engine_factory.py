@@ -100,7 +100,7 @@ def _build_tp_engine(settings: AgentSettings, sizes: dict[str, int]) -> MeteredE
     engine_sizes: dict[str, object] = {
         **sizes, "enable_piecewise_graphs": settings.piecewise_graphs}
     ranks = launch_tp_ranks(TPLaunchSpec(str(settings.model_dir), settings.tp_degree,
-                                         device="cpu" if settings.device == "cpu" else "cuda",
+                                         device=settings.device,
                                          dtype=settings.dtype, engine_sizes=engine_sizes),
                             engine_cls=MeteredTPEngine)
     engine = ranks.engine

@@ -8,7 +8,9 @@ rank 0 schedules, broadcasts the `BatchPlan`, all ranks execute it (same collect
 CUDA graph), and only rank 0 samples and returns tokens. Adapter (un)loads follow the same
 path and publish only when all ranks validated their shard (dataplane.parallel.tp_engine).
 
-Devices: rank r uses ``cuda:r`` (``device="cuda"``) or the CPU (``"cpu"``: gloo, tests).
+Devices: rank r uses ``cuda:(N + r)`` (``device="cuda:N"``; ``"cuda"`` is ``cuda:0``), so
+several TP agents share a node by their first GPU (an 8-GPU node: four TP=2 agents on
+cuda:0, cuda:2, cuda:4, cuda:6), or the CPU (``"cpu"``: gloo, tests).
 Rendezvous: a file:// store in a private temporary directory (single node).
 `TPRanks.shutdown()` stops the followers and joins them; a follower that dies makes the
 next collective fail on rank 0 (NCCL/gloo timeout), which the agent treats as an engine
@@ -50,12 +52,20 @@ class TPLaunchSpec:
     timeout_s: float = 600.0
 
 
+def first_cuda_index(device: str) -> int | None:
+    """None for "cpu"; N for "cuda:N" (0 for "cuda"): rank r runs on GPU N + r.
+    Anything else raises `ProcessGroupError`."""
+    if device == "cpu":
+        return None
+    kind, colon, index = device.partition(":")
+    if kind != "cuda" or (colon and not index.isdigit()):
+        raise ProcessGroupError(f"unknown TP device {device!r} (cpu, cuda or cuda:N)")
+    return int(index or 0)
+
+
 def _rank_device(spec: TPLaunchSpec, rank: int) -> torch.device:
-    if spec.device == "cpu":
-        return torch.device("cpu")
-    if spec.device != "cuda":
-        raise ProcessGroupError(f"unknown TP device {spec.device!r}")
-    return torch.device("cuda", rank)
+    first = first_cuda_index(spec.device)
+    return torch.device("cpu") if first is None else torch.device("cuda", first + rank)
 
 
 def _build(spec: TPLaunchSpec, rank: int, init_method: str,
@@ -127,8 +137,10 @@ def launch_tp_ranks(spec: TPLaunchSpec, engine_cls: type[TPEngine] = TPEngine) -
     """
     if spec.tp_size < 1:
         raise ProcessGroupError("tp_size must be >= 1")
-    if spec.device == "cuda" and torch.cuda.device_count() < spec.tp_size:
-        raise ProcessGroupError(f"tp_size {spec.tp_size} needs as many GPUs "
+    first = first_cuda_index(spec.device)
+    if first is not None and torch.cuda.device_count() < first + spec.tp_size:
+        raise ProcessGroupError(f"tp_size {spec.tp_size} from {spec.device} needs GPUs "
+                                f"{first}..{first + spec.tp_size - 1} "
                                 f"({torch.cuda.device_count()} visible)")
     if not Path(spec.model_dir, "config.json").is_file():
         raise ProcessGroupError(f"no model at {spec.model_dir!r}")

@@ -181,3 +181,22 @@ def test_adapter_a_rank_cannot_shard_is_refused_on_every_rank(
         assert engine.generate([PROMPTS[2]], PARAMS, [handle])[0].token_ids != before
     finally:
         ranks.shutdown(timeout_s=60.0)
+
+
+def test_tp_devices_start_at_the_agents_gpu(assets: tuple[Path, dict[str, Path]]) -> None:
+    """`cuda:N` puts rank r on GPU N + r (several TP agents per node); a device the ranks
+    cannot have is refused before any process starts, with a typed error."""
+    from agent.tp_ranks import first_cuda_index
+    from dataplane.parallel.errors import ProcessGroupError
+
+    assert first_cuda_index("cpu") is None
+    assert first_cuda_index("cuda") == 0
+    assert first_cuda_index("cuda:6") == 6
+    for bad in ("cuda:", "cuda:x", "mps", "cuda:1:2"):
+        with pytest.raises(ProcessGroupError, match="unknown TP device"):
+            first_cuda_index(bad)
+    visible = torch.cuda.device_count()
+    spec = TPLaunchSpec(str(assets[0]), 2, device=f"cuda:{visible}", dtype="float32",
+                        engine_sizes=SIZES)
+    with pytest.raises(ProcessGroupError, match=f"needs GPUs {visible}..{visible + 1}"):
+        launch_tp_ranks(spec)
