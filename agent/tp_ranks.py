@@ -116,7 +116,10 @@ class TPRanks:
                                     name="tp-leave", daemon=True)
             left.start()
             deadline = time.monotonic() + timeout_s
-            joined = self._context is None or self._context.join(timeout=timeout_s)
+            joined = self._context is None
+            while not joined and time.monotonic() < deadline:
+                # one call returns when *a* follower exits: False while others remain
+                joined = self._context.join(timeout=max(0.0, deadline - time.monotonic()))
             left.join(timeout=max(0.0, deadline - time.monotonic()))
             if not joined or left.is_alive():
                 if self._context is not None:

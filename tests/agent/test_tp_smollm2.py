@@ -1,0 +1,56 @@
+"""A real model across three TP ranks: SmolLM2-135M (9 heads / 3 KV heads, MLP 1,536,
+vocab 49,152 with tied embeddings: every sharded dimension splits over 3) on three gloo
+ranks, launched as the agent launches them, async scheduling on. Each request of a mixed
+batch (base, q/v rank 8, all-linear rank 4 rsLoRA) gives HF transformers + PEFT's greedy
+tokens for that request run alone."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from agent.tp_ranks import TPLaunchSpec, launch_tp_ranks
+from dataplane.assets import make_peft_adapter
+from dataplane.core import SamplingParams
+from tests.engine.helpers import HFReference
+from tests.engine.test_smollm2_parity import smollm2  # noqa: F401 - fixture
+
+from .test_tp_ranks import one_thread  # noqa: F401 - fixture
+
+SIZES = dict(max_num_seqs=4, max_num_batched_tokens=32, num_kv_blocks=32, block_size=8,
+             max_slots=2, max_rank=8, attention_backend="torch", enable_cuda_graphs=False,
+             async_scheduling=True)
+
+
+def test_smollm2_on_three_tp_ranks_matches_hf(smollm2: Path, tmp_path: Path,  # noqa: F811
+                                              one_thread: None) -> None:  # noqa: F811
+    adapters = {
+        "qv8": make_peft_adapter(smollm2, tmp_path / "qv8", seed=1, rank=8, alpha=16,
+                                 target_modules=["q_proj", "v_proj"]),
+        "all4": make_peft_adapter(smollm2, tmp_path / "all4", seed=2, rank=4, alpha=4,
+                                  target_modules=["q_proj", "k_proj", "v_proj", "o_proj",
+                                                  "gate_proj", "up_proj", "down_proj"],
+                                  use_rslora=True),
+    }
+    requests = [([1, 504, 3458, 314, 260, 1167, 30], "qv8"), ([1, 19556, 28, 1431], None),
+                ([2683, 253, 2777, 16945, 282, 4196, 30, 1431, 2683, 253], "all4")]
+    new_tokens = 5
+    ranks = launch_tp_ranks(TPLaunchSpec(str(smollm2), 3, device="cpu", dtype="float32",
+                                         engine_sizes=SIZES, torch_threads=1,
+                                         timeout_s=300.0))
+    try:
+        engine = ranks.engine
+        assert engine.group.size == 3 and engine.async_scheduling
+        assert engine.runner.config.num_heads == 3 and engine.runner.config.num_kv_heads == 1
+        handles = {n: engine.register_adapter(p) for n, p in adapters.items()}
+        engine.group.counter.reset()
+        params = SamplingParams(temperature=0.0, max_tokens=new_tokens, ignore_eos=True)
+        outs = engine.generate([p for p, _ in requests], params,
+                               [handles[a] if a else None for _, a in requests])
+        assert engine.num_overlapped_steps > 0
+        assert engine.group.counter.calls("lora") == 0
+    finally:
+        ranks.shutdown(timeout_s=120.0)
+    hf = HFReference(smollm2, adapters)
+    for (prompt, name), out in zip(requests, outs, strict=True):
+        ref, _ = hf.greedy(prompt, new_tokens, name)
+        assert list(out.token_ids) == ref, name
