@@ -9,10 +9,13 @@ from __future__ import annotations
 from pathlib import Path
 
 from agent.tp_ranks import TPLaunchSpec, launch_tp_ranks
-from dataplane.assets import make_peft_adapter
 from dataplane.core import SamplingParams
 from tests.engine.helpers import HFReference
-from tests.engine.test_smollm2_parity import smollm2  # noqa: F401 - fixture
+from tests.engine.test_smollm2_parity import (  # noqa: F401 - smollm2 is a fixture
+    REQUESTS,
+    smollm2,
+    smollm2_adapters,
+)
 
 from .test_tp_ranks import one_thread  # noqa: F401 - fixture
 
@@ -23,16 +26,8 @@ SIZES = dict(max_num_seqs=4, max_num_batched_tokens=32, num_kv_blocks=32, block_
 
 def test_smollm2_on_three_tp_ranks_matches_hf(smollm2: Path, tmp_path: Path,  # noqa: F811
                                               one_thread: None) -> None:  # noqa: F811
-    adapters = {
-        "qv8": make_peft_adapter(smollm2, tmp_path / "qv8", seed=1, rank=8, alpha=16,
-                                 target_modules=["q_proj", "v_proj"]),
-        "all4": make_peft_adapter(smollm2, tmp_path / "all4", seed=2, rank=4, alpha=4,
-                                  target_modules=["q_proj", "k_proj", "v_proj", "o_proj",
-                                                  "gate_proj", "up_proj", "down_proj"],
-                                  use_rslora=True),
-    }
-    requests = [([1, 504, 3458, 314, 260, 1167, 30], "qv8"), ([1, 19556, 28, 1431], None),
-                ([2683, 253, 2777, 16945, 282, 4196, 30, 1431, 2683, 253], "all4")]
+    adapters = smollm2_adapters(smollm2, tmp_path)
+    requests = REQUESTS
     new_tokens = 5
     ranks = launch_tp_ranks(TPLaunchSpec(str(smollm2), 3, device="cpu", dtype="float32",
                                          engine_sizes=SIZES, torch_threads=1,
