@@ -12,6 +12,10 @@ Start-up: load the base model into the engine, start the engine loop, serve HTTP
   A 409 STALE_EPOCH (a newer process took over this agent name) stops this process
   from serving: it turns not-ready and exits.
 
+With `tp_degree > 1` the agent is rank 0 of its node's TP group; if a follower rank dies
+the agent exits with status 70 at once (`EXIT_TP_RANK_LOST`) instead of hanging in its
+next collective, and its supervisor restarts the group.
+
 Nothing about adapters survives a restart except verified cache files: the new process
 re-derives its state from the control plane and re-checks every digest it reads.
 """
@@ -19,6 +23,7 @@ re-derives its state from the control plane and re-checks every digest it reads.
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 from collections.abc import Sequence
@@ -37,6 +42,9 @@ from dataplane.models.llama import LORA_GROUPS
 from dataplane.pool.faults import FaultInjector
 
 log = logging.getLogger("adapterplane.agent")
+
+EXIT_TP_RANK_LOST = 70
+"""Exit status when a tensor-parallel follower rank died (EX_SOFTWARE)."""
 
 
 class AgentDaemon:
@@ -71,6 +79,10 @@ class AgentDaemon:
             state={"ready": False, "agent_id": None, "worker_epoch": None, "name": settings.name})
         self.app = create_agent_app(self.ctx)
         self._stop = threading.Event()
+        ranks = getattr(self.engine, "tp_ranks", None)
+        if ranks is not None:  # this agent is rank 0 of a TP group
+            self.ctx.state["tp_follower_pids"] = ranks.follower_pids()
+            ranks.watch(self._tp_rank_lost)
         self._full_due = 0.0
         """monotonic time by which the next poll asks for a full desired state"""
 
@@ -162,6 +174,20 @@ class AgentDaemon:
                   self.settings.name)
         self.ctx.state["ready"] = False
         self._stop.set()
+
+    def _tp_rank_lost(self, reason: str) -> None:
+        """A TP follower died: the group is broken (rank 0's next collective would wait for
+        the process group's timeout), so stop serving now and exit non-zero; the
+        supervisor restarts the agent, which starts a fresh group. Requests in flight
+        fail with the connection; none is answered by a partial model."""
+        log.error("%s: the TP group is broken; this agent stops serving and exits (%d)",
+                  reason, EXIT_TP_RANK_LOST)
+        self.ctx.state["ready"] = False
+        ranks = getattr(self.engine, "tp_ranks", None)
+        if ranks is not None:
+            ranks.kill_followers()
+        logging.shutdown()
+        os._exit(EXIT_TP_RANK_LOST)
 
     # ---- process ---------------------------------------------------------------------
     def start_background(self) -> None:

@@ -12,9 +12,10 @@ Devices: rank r uses ``cuda:(N + r)`` (``device="cuda:N"``; ``"cuda"`` is ``cuda
 several TP agents share a node by their first GPU (an 8-GPU node: four TP=2 agents on
 cuda:0, cuda:2, cuda:4, cuda:6), or the CPU (``"cpu"``: gloo, tests).
 Rendezvous: a file:// store in a private temporary directory (single node).
-`TPRanks.shutdown()` stops the followers and joins them; a follower that dies makes the
-next collective fail on rank 0 (NCCL/gloo timeout), which the agent treats as an engine
-failure.
+`TPRanks.shutdown()` stops the followers and joins them. A follower that dies would leave
+rank 0's next collective waiting for the process group's timeout; `TPRanks.watch` notices
+the exit at once, and the agent then stops serving and exits (agent/daemon.py) for its
+supervisor to restart the whole group.
 """
 
 from __future__ import annotations
@@ -23,7 +24,9 @@ import os
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from multiprocessing import connection as mp_connection
 from pathlib import Path
 from typing import Any
 
@@ -101,6 +104,37 @@ class TPRanks:
     @property
     def tp_size(self) -> int:
         return self.engine.group.size
+
+    def follower_pids(self) -> list[int]:
+        """Process ids of ranks 1..N-1, in rank order."""
+        return [] if self._context is None else [int(p.pid) for p in self._context.processes]
+
+    def watch(self, on_lost: Callable[[str], None]) -> None:
+        """Call `on_lost(reason)` (from a daemon thread, at most once) when a follower
+        exits while the group is up. The group cannot outlive a rank: its next
+        collective would block rank 0 until the process group's timeout, so the owner
+        stops serving instead (the agent exits for its supervisor to restart the node's
+        TP group). Exits after `shutdown()` began are not losses."""
+        if self._context is None:
+            return
+        procs = list(self._context.processes)
+
+        def run() -> None:
+            ready = mp_connection.wait([p.sentinel for p in procs])
+            if self._closed:
+                return
+            rank, proc = next((i + 1, p) for i, p in enumerate(procs) if p.sentinel in ready)
+            proc.join(timeout=1.0)
+            on_lost(f"TP rank {rank} (pid {proc.pid}) exited with code {proc.exitcode}")
+
+        threading.Thread(target=run, name="tp-rank-watch", daemon=True).start()
+
+    def kill_followers(self) -> None:
+        """SIGKILL every follower still alive (no collective: for a broken group)."""
+        if self._context is not None:
+            for proc in self._context.processes:
+                if proc.is_alive():
+                    proc.kill()
 
     def shutdown(self, timeout_s: float = 60.0) -> None:
         """Stop followers (they return from `serve()`), leave the group, join them."""

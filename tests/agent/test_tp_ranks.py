@@ -200,3 +200,18 @@ def test_tp_devices_start_at_the_agents_gpu(assets: tuple[Path, dict[str, Path]]
                         engine_sizes=SIZES)
     with pytest.raises(ProcessGroupError, match=f"needs GPUs {visible}..{visible + 1}"):
         launch_tp_ranks(spec)
+
+
+def test_watch_is_silent_through_a_normal_shutdown(assets: tuple[Path, dict[str, Path]],
+                                                    one_thread: None) -> None:
+    """`TPRanks.watch` reports follower exits while the group is up (the agent then exits,
+    tests/agent/test_tp_agent_process.py); the exits `shutdown()` causes are not losses."""
+    import threading
+
+    ranks = launch_tp_ranks(TPLaunchSpec(str(assets[0]), 2, device="cpu", dtype="float32",
+                                         engine_sizes=SIZES, torch_threads=1))
+    lost = threading.Event()
+    assert len(ranks.follower_pids()) == 1
+    ranks.watch(lambda _reason: lost.set())
+    ranks.shutdown(timeout_s=60.0)
+    assert not lost.wait(1.0)

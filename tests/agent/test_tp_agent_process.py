@@ -1,0 +1,44 @@
+"""A TP=2 agent as a real process (CPU, gloo): it serves the HF + PEFT reference tokens
+through its two ranks, and when its follower rank dies it stops serving and exits with
+status 70 at once, instead of hanging in its next collective until the group's timeout."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import openai
+import pytest
+
+from agent.daemon import EXIT_TP_RANK_LOST
+
+from .assets import GreedyReference
+from .conftest import Deployment, extra_agent
+from .test_inference_api import MAX_TOKENS, prompts
+
+
+def test_tp_agent_serves_then_exits_when_a_rank_dies(
+        deployment: Deployment, reference: GreedyReference,
+        tmp_path_factory: pytest.TempPathFactory) -> None:
+    env = {"ADAPTERPLANE_AGENT_TP_DEGREE": "2", "ADAPTERPLANE_AGENT_RESIDENCY_BACKEND": "engine",
+           "ADAPTERPLANE_AGENT_DEVICE": "cpu"}
+    with extra_agent(deployment, tmp_path_factory, "agent-tp", env) as agent:
+        state = agent.state()
+        [follower] = state["tp_follower_pids"]
+        api = openai.OpenAI(base_url=f"{agent.url}/v1", api_key=deployment.reader_token,
+                            max_retries=0, timeout=60.0)
+        for name in ("a", None):
+            [prompt] = prompts(1, seed=41)
+            model = f"{deployment.namespace}/{name}" if name else state["served_model_name"]
+            res = api.completions.create(model=model, prompt=prompt, max_tokens=MAX_TOKENS,
+                                         temperature=0, extra_body={"ignore_eos": True})
+            assert res.choices[0].model_extra["token_ids"] == \
+                reference.greedy(prompt, MAX_TOKENS, name)
+        assert agent.proc is not None
+        killed = time.monotonic()
+        os.kill(follower, signal.SIGKILL)
+        code = agent.proc.wait(timeout=30)
+        assert code == EXIT_TP_RANK_LOST, agent.tail()
+        assert time.monotonic() - killed < 30
+        assert f"TP rank 1 (pid {follower}) exited with code -9" in agent.tail(80)
