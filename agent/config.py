@@ -52,6 +52,12 @@ class AgentSettings(BaseSettings):
     max_queued_requests: int = Field(default=256, ge=1)
     """Live requests (queued + running) above which new ones get 429."""
     tp_degree: int = Field(default=1, ge=1)
+    tp_lora_layout: Literal["auto", "no_extra_collectives", "paper"] = "auto"
+    """LoRA layout of every projection under TP; `auto`: per projection by the cost model
+    (`dataplane.parallel.cost_model`: an extra collective vs replicated factor reads)."""
+    tp_lora_extra_resident_bytes: int | None = Field(default=None, ge=0)
+    """`auto` only: per-rank byte budget for the factors the no-extra-collectives layout
+    replicates (over all `max_slots` adapters); a projection over it takes the paper layout."""
     piecewise_graphs: bool = True
     """On CUDA: replay mixed (prefill + decode) steps as piecewise CUDA graphs
     (`EngineConfig.enable_piecewise_graphs`; with tp_degree > 1 on every rank)."""

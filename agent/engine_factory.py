@@ -9,6 +9,7 @@ graphs are captured (CUDA), synchronous on CPU.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -22,10 +23,14 @@ from dataplane.artifacts import read_base_abi
 from dataplane.core import BatchPlan
 from dataplane.engine.engine import Engine, EngineConfig
 from dataplane.models import load_model
+from dataplane.models.llama import LORA_GROUPS
+from dataplane.parallel.cost_model import LayoutDecision
 from dataplane.parallel.tp_engine import TPEngine
 from dataplane.pool.errors import StaleGeneration
 from dataplane.pool.faults import FaultInjector
 from dataplane.tokenizer import Tokenizer
+
+log = logging.getLogger("adapterplane.agent")
 
 
 @dataclass(frozen=True)
@@ -90,6 +95,30 @@ class MeteredTPEngine(MeteredEngine, TPEngine):
     """Rank 0 of this node's tensor-parallel group, metered like the single-GPU engine."""
 
 
+def tp_lora_layouts(settings: AgentSettings) -> dict[str, LayoutDecision | str]:
+    """Each fused projection's LoRA layout for the agent's TP group: the setting, or with
+    `auto` the cost model's decision for this agent's sizes (rank `max_rank`, `max_num_seqs`
+    rows, up to `min(max_slots, max_num_seqs)` distinct adapters per step, `max_slots`
+    resident)."""
+    if settings.tp_lora_layout != "auto":
+        return dict.fromkeys(LORA_GROUPS, settings.tp_lora_layout)
+    from dataplane.models.config import ModelConfig
+    from dataplane.parallel.llama_tp import auto_lora_layouts
+
+    decisions = auto_lora_layouts(
+        ModelConfig.from_model_dir(settings.model_dir), settings.tp_degree,
+        rank=settings.max_rank, tokens=settings.max_num_seqs,
+        active_adapters=min(settings.max_slots, settings.max_num_seqs),
+        resident_adapters=settings.max_slots,
+        dtype_bytes=torch.finfo(getattr(torch, settings.dtype)).bits // 8,
+        extra_resident_budget_bytes=settings.tp_lora_extra_resident_bytes)
+    return dict(decisions)
+
+
+def _layout(choice: LayoutDecision | str) -> str:
+    return choice if isinstance(choice, str) else choice.layout
+
+
 def _build_tp_engine(settings: AgentSettings, sizes: dict[str, int]) -> MeteredEngine:
     """Spawn ranks 1..N-1 (agent/tp_ranks.py); this process is rank 0."""
     if settings.residency_backend != "engine":
@@ -97,11 +126,16 @@ def _build_tp_engine(settings: AgentSettings, sizes: dict[str, int]) -> MeteredE
                          "(TP ranks hold sharded factor tables)")
     from agent.tp_ranks import TPLaunchSpec, launch_tp_ranks
 
+    choices = tp_lora_layouts(settings)
+    for attr, choice in choices.items():
+        log.info("TP LoRA layout of %s: %s%s", attr, _layout(choice),
+                 "" if isinstance(choice, str) else f" ({choice.reason})")
     engine_sizes: dict[str, object] = {
         **sizes, "enable_piecewise_graphs": settings.piecewise_graphs}
     ranks = launch_tp_ranks(TPLaunchSpec(str(settings.model_dir), settings.tp_degree,
-                                         device=settings.device,
-                                         dtype=settings.dtype, engine_sizes=engine_sizes),
+                                         device=settings.device, dtype=settings.dtype,
+                                         lora_layouts={a: _layout(c) for a, c in choices.items()},
+                                         engine_sizes=engine_sizes),
                             engine_cls=MeteredTPEngine)
     engine = ranks.engine
     assert isinstance(engine, MeteredEngine)

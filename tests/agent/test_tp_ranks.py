@@ -147,6 +147,46 @@ def test_agent_build_engine_launches_tp_ranks(assets: tuple[Path, dict[str, Path
         engine.tp_ranks.shutdown(timeout_s=60.0)  # type: ignore[attr-defined]
 
 
+def test_agent_picks_tp_lora_layouts_by_cost_model(assets: tuple[Path, dict[str, Path]],
+                                                   one_thread: None) -> None:
+    """`tp_lora_layout=auto` asks the cost model per projection: with no byte budget the
+    replicated reads win (no extra collective); with a zero budget for replicated factors
+    every projection takes the paper layout, and the agent's TP engine then serves the
+    same greedy tokens with one LoRA collective per projection."""
+    from agent.config import AgentSettings
+    from agent.engine_factory import MeteredTPEngine, build_engine, tp_lora_layouts
+    from agent.metrics import AgentMetrics
+    from dataplane.models.llama import LORA_GROUPS
+    from dataplane.parallel import LAYOUT_LOCAL, LAYOUT_PAPER
+
+    base, adapters = assets
+    small = {k: SIZES[k] for k in ("max_num_seqs", "max_num_batched_tokens", "num_kv_blocks",
+                                   "block_size", "max_slots", "max_rank")}
+    common = dict(model_dir=base, device="cpu", dtype="float32", residency_backend="engine",
+                  tp_degree=2, **small)
+    auto = tp_lora_layouts(AgentSettings(**common))  # type: ignore[arg-type]
+    assert {getattr(d, "layout", d) for d in auto.values()} == {LAYOUT_LOCAL}
+    assert set(auto) == set(LORA_GROUPS)
+    assert tp_lora_layouts(AgentSettings(**common, tp_lora_layout="paper")  # type: ignore[arg-type]
+                           ) == dict.fromkeys(LORA_GROUPS, LAYOUT_PAPER)
+    settings = AgentSettings(**common, tp_lora_extra_resident_bytes=0)  # type: ignore[arg-type]
+    budgeted = tp_lora_layouts(settings)
+    assert {getattr(d, "layout", d) for d in budgeted.values()} == {LAYOUT_PAPER}
+    assert all("budget" in getattr(d, "reason", "") for d in budgeted.values())
+
+    reference = greedy(Engine.from_model_dir(base, dtype="float32", device="cpu", **small),
+                       adapters)
+    engine = build_engine(settings, AgentMetrics())
+    try:
+        assert isinstance(engine, MeteredTPEngine)
+        assert engine.tp_model.lora_layouts == dict.fromkeys(LORA_GROUPS, LAYOUT_PAPER)
+        engine.group.counter.reset()
+        assert greedy(engine, adapters) == reference
+        assert engine.group.counter.calls("lora") > 0
+    finally:
+        engine.tp_ranks.shutdown(timeout_s=60.0)  # type: ignore[attr-defined]
+
+
 def test_agent_tp_needs_engine_residency(assets: tuple[Path, dict[str, Path]]) -> None:
     from agent.config import AgentSettings
     from agent.engine_factory import build_engine
