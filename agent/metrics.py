@@ -13,12 +13,15 @@ admission, service at iteration completion.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import CounterMetricFamily, Metric
 
 if TYPE_CHECKING:
     from agent.residents import ResidentSet
+    from dataplane.parallel.collectives import CollectiveCounter
 
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
                    10.0, 30.0)
@@ -114,6 +117,12 @@ class AgentMetrics:
                                             "Catalog version of the last applied desired state.",
                                             registry=r)
 
+    def watch_collectives(self, counter: CollectiveCounter) -> None:
+        """Export a TP rank's collective ledger (read at scrape time):
+        `adapter_tp_collective_calls_total` and `adapter_tp_collective_bytes_total` (this
+        rank's payload bytes) by `purpose` (base|lora|control|tokens) and `kind`."""
+        self.registry.register(_CollectiveCollector(counter))
+
     def observe_loop(self, residents: ResidentSet, pool: dict[str, dict[str, int]],
                      kv_free: int, kv_total: int, live: int, downloaded: int,
                      downloaded_seen: int) -> int:
@@ -141,3 +150,23 @@ class AgentMetrics:
         self.unfinished.labels("loading").set(
             sum(len(r.waiting) for r in residents.by_digest.values()))
         return max(downloaded, downloaded_seen)
+
+
+class _CollectiveCollector:
+    """Prometheus collector over a `CollectiveCounter` (bounded labels: purpose, kind)."""
+
+    def __init__(self, counter: CollectiveCounter) -> None:
+        self.counter = counter
+
+    def collect(self) -> Iterator[Metric]:
+        calls = CounterMetricFamily("adapter_tp_collective_calls",
+                                    "Tensor-parallel collective calls of this rank.",
+                                    labels=["purpose", "kind"])
+        nbytes = CounterMetricFamily("adapter_tp_collective_bytes",
+                                     "Payload bytes this rank handed to collectives.",
+                                     labels=["purpose", "kind"])
+        for (purpose, kind), tally in sorted(self.counter.tallies().items()):
+            calls.add_metric([purpose, kind], tally.calls)
+            nbytes.add_metric([purpose, kind], tally.payload_bytes)
+        yield calls
+        yield nbytes

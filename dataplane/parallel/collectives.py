@@ -19,6 +19,7 @@ With size 1 nothing is sent and nothing is counted.
 
 from __future__ import annotations
 
+import threading
 from collections import defaultdict
 from dataclasses import dataclass, field
 from fractions import Fraction
@@ -42,51 +43,58 @@ class CollectiveTally:
 
 
 class CollectiveCounter:
-    """Per-(purpose, kind) tallies since the last `reset()`."""
+    """Per-(purpose, kind) tallies since the last `reset()`. Thread-safe: the engine's
+    thread records while a metrics scrape reads (agent/metrics.py)."""
 
     def __init__(self) -> None:
         self._tallies: dict[tuple[str, str], CollectiveTally] = defaultdict(CollectiveTally)
+        self._lock = threading.Lock()
 
     def reset(self) -> None:
-        self._tallies.clear()
+        with self._lock:
+            self._tallies.clear()
 
     def record(self, purpose: str, kind: str, payload_bytes: int, ring_bytes: Fraction) -> None:
-        tally = self._tallies[(purpose, kind)]
-        tally.calls += 1
-        tally.payload_bytes += payload_bytes
-        tally.ring_bytes += ring_bytes
+        with self._lock:
+            tally = self._tallies[(purpose, kind)]
+            tally.calls += 1
+            tally.payload_bytes += payload_bytes
+            tally.ring_bytes += ring_bytes
 
     def tallies(self) -> dict[tuple[str, str], CollectiveTally]:
         """A copy of the ledgers (e.g. what one captured CUDA graph issues per replay)."""
-        return {key: CollectiveTally(t.calls, t.payload_bytes, t.ring_bytes)
-                for key, t in self._tallies.items()}
+        with self._lock:
+            return {key: CollectiveTally(t.calls, t.payload_bytes, t.ring_bytes)
+                    for key, t in self._tallies.items()}
 
     def add(self, tallies: dict[tuple[str, str], CollectiveTally]) -> None:
         """Add ledgers recorded elsewhere: a graph replay issues its captured collectives
         without running the Python wrappers, so the replayer adds the capture's tally."""
-        for key, t in tallies.items():
-            mine = self._tallies[key]
-            mine.calls += t.calls
-            mine.payload_bytes += t.payload_bytes
-            mine.ring_bytes += t.ring_bytes
+        with self._lock:
+            for key, t in tallies.items():
+                mine = self._tallies[key]
+                mine.calls += t.calls
+                mine.payload_bytes += t.payload_bytes
+                mine.ring_bytes += t.ring_bytes
+
+    def _matching(self, purpose: str | None, kind: str | None) -> list[CollectiveTally]:
+        return [t for (p, k), t in self.tallies().items()
+                if purpose in (None, p) and kind in (None, k)]
 
     def calls(self, purpose: str | None = None, kind: str | None = None) -> int:
-        return sum(t.calls for (p, k), t in self._tallies.items()
-                   if purpose in (None, p) and kind in (None, k))
+        return sum(t.calls for t in self._matching(purpose, kind))
 
     def payload_bytes(self, purpose: str | None = None, kind: str | None = None) -> int:
-        return sum(t.payload_bytes for (p, k), t in self._tallies.items()
-                   if purpose in (None, p) and kind in (None, k))
+        return sum(t.payload_bytes for t in self._matching(purpose, kind))
 
     def ring_bytes(self, purpose: str | None = None, kind: str | None = None) -> Fraction:
-        return sum((t.ring_bytes for (p, k), t in self._tallies.items()
-                    if purpose in (None, p) and kind in (None, k)), Fraction(0))
+        return sum((t.ring_bytes for t in self._matching(purpose, kind)), Fraction(0))
 
     def snapshot(self) -> dict[str, dict[str, int | str]]:
         """JSON-friendly view: "purpose/kind" -> calls, payload and ring bytes."""
         return {f"{p}/{k}": {"calls": t.calls, "payload_bytes": t.payload_bytes,
                              "ring_bytes": str(t.ring_bytes)}
-                for (p, k), t in sorted(self._tallies.items())}
+                for (p, k), t in sorted(self.tallies().items())}
 
 
 @dataclass

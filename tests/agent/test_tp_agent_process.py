@@ -8,6 +8,7 @@ import os
 import signal
 import time
 
+import httpx
 import openai
 import pytest
 
@@ -37,6 +38,12 @@ def test_tp_agent_serves_then_exits_when_a_rank_dies(
                                          temperature=0, extra_body={"ignore_eos": True})
             assert res.choices[0].model_extra["token_ids"] == \
                 reference.greedy(prompt, MAX_TOKENS, name)
+        # the ledger on /metrics: base all-reduces, the plans' broadcasts, no LoRA call
+        metrics = httpx.get(f"{agent.url}/metrics", timeout=10).text
+        base = [line for line in metrics.splitlines() if line.startswith(
+            'adapter_tp_collective_calls_total{kind="all_reduce",purpose="base"}')]
+        assert base and float(base[0].split()[-1]) > 0, metrics
+        assert 'purpose="control"' in metrics and 'purpose="lora"' not in metrics
         assert agent.proc is not None
         killed = time.monotonic()
         os.kill(follower, signal.SIGKILL)
