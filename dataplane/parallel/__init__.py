@@ -7,8 +7,10 @@ recorded in H_kernel_local (`layout_identity`). Collectives are counted (`collec
 
 Serving (imported explicitly, not re-exported): `tp_engine.TPEngine` runs the real Engine
 on every rank in lockstep (rank 0 schedules, samples and broadcasts each plan over
-`control.ControlChannel`), `tp_graphs.TPCudaGraphRunner` captures each rank's decode step
-with its NCCL collectives and counts them per replay. agent/tp_ranks.py launches the ranks.
+`control.ControlChannel`; under async scheduling the sampled tokens follow as one device
+broadcast), `tp_graphs.TPCudaGraphRunner` captures each rank's decode step and
+`tp_piecewise.TPPiecewiseGraphRunner` its mixed steps' pieces, with their NCCL collectives,
+counted per replay. agent/tp_ranks.py launches the ranks.
 """
 
 from __future__ import annotations
