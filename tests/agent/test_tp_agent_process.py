@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import signal
 import time
+from pathlib import Path
 
 import httpx
 import openai
@@ -51,3 +52,28 @@ def test_tp_agent_serves_then_exits_when_a_rank_dies(
         assert code == EXIT_TP_RANK_LOST, agent.tail()
         assert time.monotonic() - killed < 30
         assert f"TP rank 1 (pid {follower}) exited with code -9" in agent.tail(80)
+
+
+def test_tp_followers_do_not_outlive_a_killed_agent(
+        deployment: Deployment, tmp_path_factory: pytest.TempPathFactory) -> None:
+    """SIGKILL of the agent (rank 0): its follower ranks end too, not orphaned holding a
+    GPU and its memory until a collective times out."""
+    env = {"ADAPTERPLANE_AGENT_TP_DEGREE": "2", "ADAPTERPLANE_AGENT_RESIDENCY_BACKEND": "engine",
+           "ADAPTERPLANE_AGENT_DEVICE": "cpu"}
+    with extra_agent(deployment, tmp_path_factory, "agent-tp-orphan", env) as agent:
+        [follower] = agent.state()["tp_follower_pids"]
+        assert agent.proc is not None
+        agent.proc.kill()
+        agent.proc.wait(timeout=10)
+        deadline = time.monotonic() + 20
+        while _alive(follower) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not _alive(follower), "the follower outlived its agent"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().split()[2]
+    except OSError:
+        return False
+    return state != "Z"  # a zombie has exited (its parent is gone, init reaps it)
