@@ -52,6 +52,7 @@ import torch.multiprocessing as mp
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from bench.tp_profile import BLOCK, profile_decode, sync
 from dataplane.core import Sequence, build_batch_plan
 from dataplane.engine.cuda_graphs import CudaGraphRunner
 from dataplane.engine.model_runner import ModelRunner
@@ -95,7 +96,6 @@ SHAPES: dict[str, dict[str, Any]] = {
         "eos_token_id": 2,
     },
 }
-BLOCK = 16
 DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
 
 
@@ -124,11 +124,6 @@ def random_adapter(
                 for k, w in enumerate(widths)
             }
     return out
-
-
-def sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 def phase_shape(args: argparse.Namespace, phase: str) -> tuple[int, int, int, int]:
@@ -235,79 +230,6 @@ def run_phase(
         "collectives_per_step": ledgers[-1] if ledgers else None,
         **({"kernels": kernels} if kernels is not None else {}),
     }
-
-
-KERNEL_KINDS = (("lora", ("lora",)), ("nccl", ("nccl",)),
-                ("gemm", ("gemm", "cutlass", "nvjet", "sm90_xmma", "cublas")),
-                ("attention", ("attn", "attention", "paged")))
-
-
-def kernel_kind(name: str) -> str:
-    low = name.lower()
-    return next((kind for kind, keys in KERNEL_KINDS if any(k in low for k in keys)), "other")
-
-
-def profile_decode(runner: ModelRunner, group: TPGroup | None, seqs: list[Sequence],
-                   steps: int, generation: int) -> dict[str, Any] | None:
-    """`steps` more decode steps, after one untimed; on rank 0 under torch.profiler: device
-    µs per step of each kernel kind (LoRA, NCCL, GEMM, attention, other), launches per step
-    and the busiest kernels. An NCCL kernel's time includes waiting for the other ranks
-    (the untimed first step absorbs the profiler's start on rank 0 alone)."""
-    from torch.autograd import DeviceType
-    from torch.profiler import ProfilerActivity, profile, schedule
-
-    record = group is None or group.rank == 0
-    # one warm-up step first: the profiler's start on rank 0 alone is not in the record
-    prof = (profile(activities=[ProfilerActivity.CUDA],
-                    schedule=schedule(wait=0, warmup=1, active=steps)) if record else None)
-    sync(runner.device)
-    if prof is not None:
-        prof.__enter__()
-    for step in range(steps + 1):
-        plan = build_batch_plan([], seqs, block_size=BLOCK, generation=generation + step,
-                                check=False)
-        runner.execute(plan)
-        for s in seqs:
-            s.num_computed_tokens = s.num_tokens
-            s.token_ids.append(5)
-        if step == 0:  # warm-up done on every rank before the record starts
-            sync(runner.device)
-            if group is not None:
-                import torch.distributed as dist
-
-                dist.barrier()
-                sync(runner.device)
-            if prof is not None:
-                prof.step()
-    sync(runner.device)
-    if prof is None:
-        return None
-    prof.__exit__(None, None, None)
-    per_kind: dict[str, dict[str, float]] = {}
-    top = []
-    for ev in prof.key_averages():
-        us = ev.device_time_total
-        if us <= 0:
-            continue
-        kind = kernel_kind(ev.key)
-        agg = per_kind.setdefault(kind, {"us_per_step": 0.0, "launches_per_step": 0.0})
-        agg["us_per_step"] += us / steps
-        agg["launches_per_step"] += ev.count / steps
-        top.append((us / steps, ev.count / steps, ev.key[:90]))
-    top.sort(reverse=True)
-    # Median launch per kind: one NCCL kernel that waited long for the other rank (e.g. on
-    # a host hiccup there) inflates its kind's total; median x launches does not.
-    durations: dict[str, list[float]] = {}
-    for ev in prof.events():
-        if ev.device_type == DeviceType.CUDA:
-            durations.setdefault(kernel_kind(ev.name), []).append(ev.time_range.elapsed_us())
-    for kind, agg in per_kind.items():
-        if durations.get(kind):
-            agg["median_launch_us"] = statistics.median(durations[kind])
-            agg["median_x_launches_us"] = agg["median_launch_us"] * agg["launches_per_step"]
-    return {"by_kind": per_kind,
-            "top": [{"us_per_step": round(u, 1), "launches_per_step": c, "name": n}
-                    for u, c, n in top[:15]]}
 
 
 def capture_graphs(runner: ModelRunner, group: TPGroup | None,
