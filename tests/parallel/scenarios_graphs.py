@@ -36,11 +36,14 @@ def _ledger(group: TPGroup) -> dict[str, int]:
             "base_bytes": c.payload_bytes("base"), "lora_bytes": c.payload_bytes("lora")}
 
 
-def run(group: TPGroup, payload: dict[str, Any]) -> dict[str, Any]:
+def tp_runner(group: TPGroup, layouts: str
+              ) -> tuple[ModelConfig, TPLlamaForCausalLM, ModelRunner]:
+    """This rank's TP=2 shard of the scenarios_model tiny Llama (layout set `layouts`)
+    with its two adapters loaded, and a runner over it (Triton attention on CUDA)."""
     dev = group.device
     config = ModelConfig.from_dict(dict(CONFIG))
     model = init_random(LlamaForCausalLM(config, torch.float32, torch.device("cpu")), seed=5)
-    tp = TPLlamaForCausalLM(model, group, lora_layouts=LAYOUT_SETS[payload["layouts"]],
+    tp = TPLlamaForCausalLM(model, group, lora_layouts=LAYOUT_SETS[layouts],
                             max_slots=2, max_rank=MAX_RANK)
     attention = "triton" if dev.type == "cuda" else "torch"
     runner = ModelRunner(tp, num_kv_blocks=64, block_size=BLOCK, max_rows=64, max_slots=2,
@@ -48,6 +51,12 @@ def run(group: TPGroup, payload: dict[str, Any]) -> dict[str, Any]:
     for slot, per in adapters(config).items():
         tp.load_adapter(slot, {k: {i: (a.to(dev), b.to(dev), s) for i, (a, b, s) in v.items()}
                                for k, v in per.items()})
+    return config, tp, runner
+
+
+def run(group: TPGroup, payload: dict[str, Any]) -> dict[str, Any]:
+    dev = group.device
+    config, tp, runner = tp_runner(group, payload["layouts"])
     # every sharded branch warms up locally (no collective: the ledger stays empty)
     group.counter.reset()
     warm_calls = runner.warm_up_lora()

@@ -16,15 +16,11 @@ from typing import Any
 import torch
 
 from dataplane.core import Sequence, build_batch_plan
-from dataplane.engine.model_runner import ModelRunner
-from dataplane.models import ModelConfig, init_random
-from dataplane.models.llama import LlamaForCausalLM
 from dataplane.parallel import TPGroup
-from dataplane.parallel.llama_tp import TPLlamaForCausalLM
 from dataplane.parallel.tp_piecewise import TPPiecewiseGraphRunner, attach_tp_piecewise
 
-from .scenarios_graphs import _ledger
-from .scenarios_model import BLOCK, CONFIG, LAYOUT_SETS, MAX_RANK, REQUESTS, adapters
+from .scenarios_graphs import _ledger, tp_runner
+from .scenarios_model import BLOCK, REQUESTS
 
 BUCKETS = (8, 16)
 FIRST = 2  # requests prefilled before the mixed steps
@@ -42,16 +38,7 @@ def _sequences() -> list[Sequence]:
 
 def run(group: TPGroup, payload: dict[str, Any]) -> dict[str, Any]:
     dev = group.device
-    config = ModelConfig.from_dict(dict(CONFIG))
-    model = init_random(LlamaForCausalLM(config, torch.float32, torch.device("cpu")), seed=5)
-    tp = TPLlamaForCausalLM(model, group, lora_layouts=LAYOUT_SETS[payload["layouts"]],
-                            max_slots=2, max_rank=MAX_RANK)
-    attention = "triton" if dev.type == "cuda" else "torch"
-    runner = ModelRunner(tp, num_kv_blocks=64, block_size=BLOCK, max_rows=64, max_slots=2,
-                         max_rank=MAX_RANK, attention_backend=attention)
-    for slot, per in adapters(config).items():
-        tp.load_adapter(slot, {k: {i: (a.to(dev), b.to(dev), s) for i, (a, b, s) in v.items()}
-                               for k, v in per.items()})
+    config, _tp, runner = tp_runner(group, payload["layouts"])
     pieces: TPPiecewiseGraphRunner
     if dev.type == "cuda":  # CUDA-only: capture (collective) on every rank, same buckets
         runner.warm_up_lora()
