@@ -304,7 +304,10 @@ def bench_rank(
                    phase_rows(args, "mixed"))
     for n in args.adapters:
         layouts = list(args.layouts) if (tp > 1 and n > 0) else [LAYOUT_LOCAL]
-        for layout in layouts:
+        cases = [(layout, fold) for layout in layouts
+                 for fold in ((False, True) if args.fold and tp > 1 and n > 0
+                              and layout == LAYOUT_LOCAL else (False,))]
+        for layout, fold in cases:
             slots = max(n, 1)
             if group is None:
                 model: LlamaForCausalLM = global_model
@@ -336,6 +339,8 @@ def bench_rank(
                     for key, slices in factors.items():
                         runner.tables[key].set_slot(slot, slices)
                         runner.linears[key].has_factors = True
+            if fold and isinstance(model, TPLlamaForCausalLM):  # decode steps only
+                model.enable_lora_fold(args.batch)
             runs = [("decode", mode) for mode in modes] + [("prefill", "eager"),
                                                            ("mixed", "eager")]
             if args.piecewise:
@@ -364,6 +369,7 @@ def bench_rank(
                         "mode": mode,
                         "tp": tp,
                         "layout": layout if (n and tp > 1) else "-",
+                        "fold": fold,
                         "adapters": n,
                         "rank": args.rank,
                         "shape": args.shape,
@@ -426,6 +432,7 @@ def keep_ratios(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
                     "phase": r["phase"],
                     "mode": r["mode"],
                     "layout": r["layout"],
+                    "fold": r.get("fold", False),
                     "adapters": r["adapters"],
                 }
             )
@@ -457,6 +464,9 @@ def main() -> None:
     p.add_argument("--piecewise", action="store_true",
                    help="also run the prefill and mixed steps as piecewise CUDA graphs")
     p.add_argument("--kv-blocks", type=int, default=4096)
+    p.add_argument("--fold", action="store_true",
+                   help="TP > 1, default layout: each adapter case again with every slot "
+                        "folded into the base GEMMs and their consumer ops for decode steps")
     p.add_argument("--attention", choices=("torch", "triton"), default=None)
     p.add_argument(
         "--graphs",

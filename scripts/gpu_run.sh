@@ -19,7 +19,8 @@
 # launches instead of three; `ktp`: the decode fused entries against each other, on the
 # TP=1 modules and their TP=2 shards; `dattn`: decode attention per split-KV config)
 # and on a 2-GPU host the tensor-parallel sections `tp tptests` (`tplocal`: `tp` with the
-# default layout only).
+# default layout only; `tpfold`: TP=2 with the LoRA folded into the base GEMMs and their
+# consumer ops, against the launch path).
 # (tests/ is a package, so tests/agent is `tests.agent` and never shadows the `agent`
 # package, with or without an editable install.)
 # Results: $OUT/<section>.txt (logs), $OUT/<section>/ (JSON); $OUT/sections.txt has the
@@ -146,6 +147,9 @@ for s in "$@"; do
     tplocal) section tplocal 350 python3 bench/tp.py --shape 8b --device cuda --tp 1 2 \
           --adapters 0 16 128 --layouts no_extra_collectives --attention triton \
           --graphs graphs --profile 10 --out "$OUT/tplocal" ;;  # `tp` without the paper layout, kernel time per kind (2 GPUs)
+    tpfold) section tpfold 400 python3 bench/tp.py --shape 8b --device cuda --tp 2 \
+          --adapters 0 16 128 --layouts no_extra_collectives --attention triton \
+          --graphs graphs --fold --profile 5 --out "$OUT/tpfold" ;;  # TP=2 decode, LoRA launched vs folded into the GEMMs (2 GPUs)
     tptests) section tptests 540 python3 -m pytest -q -s -p no:cacheprovider --noconftest \
                tests/parallel/test_tp_graphs_gpu.py tests/parallel/test_tp_piecewise_gpu.py \
                tests/agent/test_tp_ranks_gpu.py ;;  # 2 GPUs

@@ -117,7 +117,8 @@ class CudaGraphRunner:
         lora = None
         if self.lora_buffers is not None:
             meta = r.backend.build_meta(self.row_slot[:batch], self.lora_buffers)
-            lora = LoraStepContext(r.backend, meta, r.workspace, skip_empty=False)
+            lora = LoraStepContext(r.backend, meta, r.workspace, skip_empty=False,
+                                   fold=batch <= r.model.lora_fold_rows)
         hidden = r.model(self.input_ids[:batch], attn, r.cache, lora)
         return r.model.compute_logits(hidden)
 

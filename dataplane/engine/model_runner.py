@@ -178,7 +178,8 @@ class ModelRunner:
         if self.max_slots == 0:
             return None
         meta = self.backend.build_meta(row_slot, self.meta_buffers)
-        return LoraStepContext(self.backend, meta, self.workspace)
+        return LoraStepContext(self.backend, meta, self.workspace,
+                               fold=row_slot.shape[0] <= self.model.lora_fold_rows)
 
     def check_plan(self, plan: BatchPlan) -> None:
         if not 0 < plan.num_rows <= self.max_rows:

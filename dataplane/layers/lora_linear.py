@@ -10,7 +10,7 @@ of different ranks and target sets share one call (rank/scale tables per slot).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 import torch
@@ -20,6 +20,7 @@ from torch import nn
 from dataplane.kernels.base import LoraBackend, LoraBatchMeta, LoraModuleWeights, LoraWorkspace
 from dataplane.kernels.factor_table import LoraFactorTable
 from dataplane.ops import silu_and_mul
+from dataplane.ops.lora_fold import FoldedExpand
 
 
 class FactorSource(Protocol):
@@ -43,6 +44,16 @@ class LoraStepContext:
     skip_empty: bool = True
     """Skip projections no loaded adapter targets (host-side check). False inside CUDA-graph
     capture, so that an adapter registered after capture still reaches every projection."""
+    fold: bool = False
+    """Projections that hold a hot-slot fold (dataplane/parallel/lora_fold_store.py) run
+    their shrink inside the base GEMM and leave the expand to their consumer op; the runner
+    sets it for steps of at most the model's `lora_fold_rows` rows."""
+    pending: list[tuple[torch.Tensor, FoldedExpand]] = field(default_factory=list)
+    """A folded down projection's (z tail, expand), waiting for the next layer's add-norm
+    (or the end of the model): the one fold that crosses a layer boundary."""
+
+    def take_pending(self) -> tuple[torch.Tensor, FoldedExpand] | None:
+        return self.pending.pop() if self.pending else None
 
 
 class LoRALinear(nn.Module):

@@ -10,6 +10,7 @@ import torch
 from torch import nn
 
 from dataplane.ops import fused_add_rms_norm, rms_norm
+from dataplane.ops.lora_fold import FoldedExpand
 
 
 class RMSNorm(nn.Module):
@@ -27,8 +28,12 @@ class RMSNorm(nn.Module):
         """x [T, N] -> RMSNorm(x) [T, N] (x is not modified)."""
         return rms_norm(x, self.weight, self.eps, self.ops_backend)
 
-    def forward_add(self, x: torch.Tensor, residual: torch.Tensor
+    def forward_add(self, x: torch.Tensor, residual: torch.Tensor,
+                    folded: tuple[torch.Tensor, FoldedExpand] | None = None
                     ) -> tuple[torch.Tensor, torch.Tensor]:
         """(RMSNorm(x + residual), x + residual). May reuse the buffers of x and residual:
-        callers must not read either input afterwards."""
-        return fused_add_rms_norm(x, residual, self.weight, self.eps, self.ops_backend)
+        callers must not read either input afterwards. `folded` = (z tail, expand) of the
+        projection that produced x: its LoRA expand is added to x first."""
+        fold, tail = (folded[1], folded[0]) if folded is not None else (None, None)
+        return fused_add_rms_norm(x, residual, self.weight, self.eps, self.ops_backend,
+                                  fold=fold, tail=tail)

@@ -26,8 +26,21 @@ from dataplane.layers.norm import RMSNorm
 from dataplane.layers.rotary import RotaryEmbedding
 from dataplane.models.config import ModelConfig
 from dataplane.ops import check_ops_backend, rope_and_cache
+from dataplane.ops.lora_fold import FoldedExpand, add_folded
 
 QKV_SLICES = ("q_proj", "k_proj", "v_proj")
+Folded = tuple[torch.Tensor, FoldedExpand]
+
+
+def project(proj: nn.Module, x: torch.Tensor, lora: LoraStepContext | None
+            ) -> tuple[torch.Tensor, Folded | None]:
+    """``proj(x, lora)``, or for a projection with a hot-slot fold on a folding step its
+    ``forward_fold``: (y, (z tail, expand)) for the consumer op to finish the LoRA."""
+    fold_fn = getattr(proj, "forward_fold", None)
+    if lora is not None and lora.fold and fold_fn is not None:
+        out: tuple[torch.Tensor, Folded | None] = fold_fn(x, lora)
+        return out
+    return proj(x, lora), None
 GATE_UP_SLICES = ("gate_proj", "up_proj")
 LORA_GROUPS = {"qkv_proj": QKV_SLICES, "o_proj": ("o_proj",),
                "gate_up_proj": GATE_UP_SLICES, "down_proj": ("down_proj",)}
@@ -81,15 +94,19 @@ class DecoderLayer(nn.Module):
         if residual is None:
             residual, x = h, self.input_layernorm(h)
         else:
-            x, residual = self.input_layernorm.forward_add(h, residual)
-        qkv = self.qkv_proj(x, lora)
+            pending = lora.take_pending() if lora is not None else None
+            x, residual = self.input_layernorm.forward_add(h, residual, pending)
+        qkv, folded = project(self.qkv_proj, x, lora)
         q_size, kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
         q = qkv[:, :q_size].view(t, self.num_heads, self.head_dim)
         k = qkv[:, q_size:q_size + kv_size].view(t, self.num_kv_heads, self.head_dim)
-        v = qkv[:, q_size + kv_size:].view(t, self.num_kv_heads, self.head_dim)
+        v = qkv[:, q_size + kv_size:q_size + 2 * kv_size].view(t, self.num_kv_heads,
+                                                               self.head_dim)
         cos, sin = cos_sin
         q, k = rope_and_cache(q, k, v, cos, sin, cache.k[self.index], cache.v[self.index],
-                              slot_mapping, self.ops_backend)
+                              slot_mapping, self.ops_backend,
+                              fold=folded[1] if folded else None,
+                              tail=folded[0] if folded else None)
         return q, k, v, residual
 
     def post_attention(self, o: torch.Tensor, residual: torch.Tensor,
@@ -97,10 +114,13 @@ class DecoderLayer(nn.Module):
         """The layer after attention (`o` [T, Hq, D]): o (+ LoRA), add-norm, gate/up
         (+ LoRA) with SiLU·mul, down (+ LoRA). Returns (MLP output, residual)."""
         t = o.shape[0]
-        x, residual = self.post_attention_layernorm.forward_add(
-            self.o_proj(o.reshape(t, self.num_heads * self.head_dim), lora), residual)
+        y, folded = project(self.o_proj, o.reshape(t, self.num_heads * self.head_dim), lora)
+        x, residual = self.post_attention_layernorm.forward_add(y, residual, folded)
         act = self.gate_up_proj.forward_silu_mul(x, lora, self.ops_backend)
-        return self.down_proj(act, lora), residual
+        out, folded = project(self.down_proj, act, lora)
+        if folded is not None and lora is not None:  # the next add-norm finishes it
+            lora.pending.append(folded)
+        return out, residual
 
 
 class LlamaForCausalLM(nn.Module):
@@ -128,6 +148,10 @@ class LlamaForCausalLM(nn.Module):
             self.lm_head_weight = self.lm_head
         self.ops_backend = "auto"
 
+    lora_fold_rows = 0
+    """Steps of at most this many rows fold the LoRA into the base GEMMs and their
+    consumer ops (`project`); 0 = never (the TP model's `enable_lora_fold` sets it)."""
+
     def set_ops_backend(self, name: str) -> None:
         """Fused elementwise ops path for every layer: "auto" | "torch" | "triton"."""
         self.ops_backend = check_ops_backend(name)
@@ -143,6 +167,9 @@ class LlamaForCausalLM(nn.Module):
         residual: torch.Tensor | None = None
         for layer in self.layers:
             h, residual = layer(h, residual, cos_sin, attn, cache, lora)
+        pending = lora.take_pending() if lora is not None else None
+        if pending is not None:  # the last layer's folded down projection
+            h = add_folded(h, pending[0], pending[1], 0)
         return h if residual is None else h + residual
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import torch
 
 from dataplane.ops.backend import use_triton
+from dataplane.ops.lora_fold import FoldedExpand, add_folded
 
 
 def rms_norm_torch(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -39,12 +40,18 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float,
 
 
 def fused_add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
-                       eps: float, backend: str = "auto"
+                       eps: float, backend: str = "auto", fold: FoldedExpand | None = None,
+                       tail: torch.Tensor | None = None
                        ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(RMSNorm(x + residual), x + residual); Triton: in place (see module docstring)."""
+    """(RMSNorm(x + residual), x + residual); Triton: in place (see module docstring).
+    With `fold` and `tail` (the projection's z columns, dataplane/ops/lora_fold.py) x
+    first gets each row's LoRA expand, rounded to the dtype."""
     if not use_triton(x, backend):
+        if fold is not None and tail is not None:
+            fold.check(tail, (x.shape[1],))
+            x = add_folded(x, tail, fold, 0)
         summed = x + residual
         return rms_norm_torch(summed, weight, eps), summed
     from dataplane.ops.triton.rms_norm import fused_add_rms_norm_triton
 
-    return fused_add_rms_norm_triton(x, residual, weight, eps)
+    return fused_add_rms_norm_triton(x, residual, weight, eps, fold, tail)

@@ -27,6 +27,7 @@ import torch
 
 from dataplane.attention.kv_cache import write_slots
 from dataplane.ops.backend import use_triton
+from dataplane.ops.lora_fold import FoldedExpand, add_folded
 
 
 def apply_rotary_torch(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -42,14 +43,24 @@ def apply_rotary_torch(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) ->
 
 def rope_and_cache(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: torch.Tensor,
                    sin: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                   slot_mapping: torch.Tensor, backend: str = "auto"
+                   slot_mapping: torch.Tensor, backend: str = "auto",
+                   fold: FoldedExpand | None = None, tail: torch.Tensor | None = None
                    ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Rotated (q, k); k and v stored at their KV slots (module docstring)."""
+    """Rotated (q, k); k and v stored at their KV slots (module docstring). With `fold`
+    and `tail` (the q/k/v GEMM's z columns, dataplane/ops/lora_fold.py) q, k and v first
+    get each row's LoRA expand; v is updated in place."""
     if not use_triton(q, backend):
+        if fold is not None and tail is not None:
+            t, (hq, dim), hkv = q.shape[0], q.shape[1:], k.shape[1]
+            fold.check(tail, (hq * dim, hkv * dim, hkv * dim))
+            q = add_folded(q.reshape(t, -1), tail, fold, 0).view(t, hq, dim)
+            k = add_folded(k.reshape(t, -1), tail, fold, 1).view(t, hkv, dim)
+            v.copy_(add_folded(v.reshape(t, -1), tail, fold, 2).view(t, hkv, dim))
         q, k = apply_rotary_torch(q, cos, sin), apply_rotary_torch(k, cos, sin)
         write_slots(k_cache, slot_mapping, k)
         write_slots(v_cache, slot_mapping, v)
         return q, k
     from dataplane.ops.triton.rotary_kv import rope_and_cache_triton
 
-    return rope_and_cache_triton(q, k, v, cos, sin, k_cache, v_cache, slot_mapping)
+    return rope_and_cache_triton(q, k, v, cos, sin, k_cache, v_cache, slot_mapping, fold,
+                                 tail)

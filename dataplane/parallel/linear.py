@@ -7,6 +7,11 @@ ColumnParallelLinear: x ``[T, d_in]`` replicated -> y ``[T, sum(w_k/N)]`` (this 
     part of every fused slice, in slice order); no collective on the base path.
 RowParallelLinear: x ``[T, d_in/N]`` (this rank's input columns) -> y ``[T, d_out]``
     replicated, after one base all-reduce (bias added once, after it).
+
+`enable_fold(hot_slots)` (default LoRA layout): the weight gains the hot slots' ``A`` rows
+(dataplane/parallel/lora_fold_store.py) and `forward_fold` returns ``(y, (z, expand))``
+for the consumer op to add the expand (dataplane/ops/lora_fold.py): no LoRA launch. The
+row-parallel ``z`` rides in the base all-reduce with ``y``.
 """
 
 from __future__ import annotations
@@ -17,11 +22,14 @@ from torch import nn
 
 from dataplane.layers.lora_linear import LoraStepContext
 from dataplane.ops import silu_and_mul
+from dataplane.ops.lora_fold import FoldedExpand
 from dataplane.parallel.collectives import TPGroup
 from dataplane.parallel.errors import ShardShapeError
+from dataplane.parallel.lora_fold_store import FoldStore
 from dataplane.parallel.lora_tp import GlobalSliceFactors, ShardedLoraBranch
 from dataplane.parallel.shard import (
     COLUMN,
+    LAYOUT_LOCAL,
     ROW,
     shard_column_weight,
     shard_interval,
@@ -49,6 +57,7 @@ class _ParallelLinear(nn.Module):
         self.bias = (nn.Parameter(torch.zeros(total, dtype=dtype, device=group.device),
                                   requires_grad=False) if bias else None)
         self.branch: ShardedLoraBranch | None = None
+        self.fold: FoldStore | None = None
         self.trace: dict[str, torch.Tensor] | None = None
 
     def _copy_weight(self, local: torch.Tensor, bias: torch.Tensor | None) -> None:
@@ -73,6 +82,42 @@ class _ParallelLinear(nn.Module):
             max_rank=max_rank, dtype=self.weight.dtype, out_units=self._out_units(),
             bottleneck_dtype=bottleneck_dtype)
         return self.branch
+
+    def enable_fold(self, hot_slots: int) -> FoldStore:
+        """Fold slots ``[0, hot_slots)`` into the base GEMM (module docstring); the base
+        weight becomes a view of the augmented one. Default layout only."""
+        if self.branch is None or self.branch.layout != LAYOUT_LOCAL:
+            raise ShardShapeError("a LoRA fold needs LoRA in the no_extra_collectives layout")
+        store = FoldStore(self.weight.detach(), self.branch.table.out_features, hot_slots,
+                          self.branch.table.max_rank)
+        self.weight = nn.Parameter(store.weight_aug[:store.base_rows], requires_grad=False)
+        for slot, local in self.branch.local.items():
+            store.write(slot, local)
+        self.fold = self.branch.fold = store
+        return store
+
+    def _gemm_aug(self, x: torch.Tensor, lora: LoraStepContext, reduce: bool
+                  ) -> tuple[torch.Tensor, tuple[torch.Tensor, FoldedExpand]]:
+        """``x [W; A_hot]^T`` (all-reduced when `reduce`: y and the ranks' partial z in the
+        one base call), split into (y + bias, (z tail, this step's expand))."""
+        assert self.fold is not None
+        y_aug = F.linear(x, self.fold.weight_aug)
+        if reduce:
+            self.group.all_reduce(y_aug, purpose="base")
+        n = self.fold.base_rows
+        y = y_aug[:, :n]
+        if self.bias is not None:
+            y += self.bias
+        return y, (y_aug[:, n:], self.fold.expand(lora.meta.row_slot))
+
+    def forward_fold(self, x: torch.Tensor, lora: LoraStepContext
+                     ) -> tuple[torch.Tensor, tuple[torch.Tensor, FoldedExpand] | None]:
+        """(y, (z tail, expand)): the base GEMM over the hot slots' ``A`` too, no launch;
+        the caller's consumer op adds each row's expand. Row-parallel: after the base
+        all-reduce, which completes ``z`` with ``y``. Plain `forward` without a fold."""
+        if self.fold is None or self.trace is not None:
+            return self(x, lora), None
+        return self._gemm_aug(x, lora, reduce=self.style != COLUMN)
 
     def load_adapter(self, slot: int, factors: GlobalSliceFactors) -> None:
         """Shard one adapter's *global* factors into this rank's slot."""
@@ -145,6 +190,9 @@ class ColumnParallelLinear(_ParallelLinear):
         branch = self._active_branch(lora)
         if branch is None or lora is None or self.trace is not None:
             return silu_and_mul(self.forward(x, lora), ops_backend)
+        if lora.fold and self.fold is not None:
+            y, (tail, fold) = self._gemm_aug(x, lora, reduce=False)
+            return silu_and_mul(y, ops_backend, fold=fold, tail=tail)
         y = F.linear(x, self.weight, self.bias)
         act = branch.apply_silu_mul(y, x, lora)
         if act is not None:

@@ -143,6 +143,7 @@ class TPLlamaForCausalLM(LlamaForCausalLM):
         gc = global_model.config
         super().__init__(local_config(gc, group.size), global_model.dtype, group.device)
         self.group, self.global_config = group, gc
+        self.max_slots = max_slots
         dt, dev = global_model.dtype, group.device
         layouts = dict(lora_layouts or {})
         self.lora_layouts = {attr: layouts.get(attr, LAYOUT_LOCAL) for attr in LORA_GROUPS}
@@ -182,6 +183,17 @@ class TPLlamaForCausalLM(LlamaForCausalLM):
                                     max_rank=max_rank, bottleneck_dtype=bottleneck_dtype)
                 setattr(layer, attr, mod)
         self.eval()
+
+    def enable_lora_fold(self, max_rows: int) -> None:
+        """Fold every slot's LoRA into the base GEMMs and their consumer ops for steps of
+        at most `max_rows` rows (decode steps: dataplane/parallel/lora_fold_store.py).
+        Every projection must hold LoRA in the default layout."""
+        if self.max_slots <= 0 or max_rows <= 0:
+            raise ShardShapeError("a LoRA fold needs LoRA slots and a row limit")
+        for layer in range(len(self.layers)):
+            for attr in LORA_GROUPS:
+                self.parallel_linear(layer, attr).enable_fold(self.max_slots)
+        self.lora_fold_rows = max_rows
 
     def parallel_linear(self, layer: int, attr: str) -> ColumnParallelLinear | RowParallelLinear:
         if attr not in LORA_GROUPS:

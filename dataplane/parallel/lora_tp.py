@@ -31,6 +31,7 @@ from dataplane.kernels.factor_table import LoraFactorTable
 from dataplane.layers.lora_linear import LoraStepContext
 from dataplane.parallel.collectives import TPGroup
 from dataplane.parallel.errors import IndivisibleShardError, ShardShapeError
+from dataplane.parallel.lora_fold_store import FoldStore
 from dataplane.parallel.shard import (
     COLUMN,
     LAYOUT_PAPER,
@@ -101,6 +102,8 @@ class ShardedLoraBranch:
             self.shrink_weights = dataclasses.replace(self.table.weights,
                                                       ranks=self.shrink_ranks)
         self.local: dict[int, dict[int, LocalFactors]] = {}
+        self.fold: FoldStore | None = None
+        """The projection's hot-slot fold, kept in step with the table (enable_fold)."""
 
     @property
     def paper(self) -> bool:
@@ -135,12 +138,16 @@ class ShardedLoraBranch:
             self.shrink_ranks[:, slot] = 0
             for k, f in local.items():
                 self.shrink_ranks[k, slot] = f.a.shape[0]
+        if self.fold is not None:
+            self.fold.write(slot, local)
         self.local[slot] = local
 
     def clear_slot(self, slot: int) -> None:
         self.table.clear_slot(slot)
         if self.shrink_ranks is not None:
             self.shrink_ranks[:, slot] = 0
+        if self.fold is not None:
+            self.fold.clear(slot)
         self.local.pop(slot, None)
 
     def resident_scalars(self) -> int:

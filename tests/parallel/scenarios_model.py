@@ -28,6 +28,7 @@ LAYOUT_SETS = {"default": {},
 REQUESTS = [([5, 17, 33, 8, 61], -1), ([5, 17, 33, 8, 61], 0), ([70, 3, 44], 1),
             ([9, 9, 12, 80, 2, 40, 7], 0), ([70, 3, 44], -1)]
 NEW_TOKENS = 6
+FOLD_ROWS = 8  # the fold serves the 5-row decode steps, not the 27-row prefill
 
 
 def adapters(config: ModelConfig) -> dict[int, dict[tuple[int, str], Any]]:
@@ -105,4 +106,23 @@ def run(group: TPGroup, _payload: Any) -> dict[str, Any]:
                      "lora_calls": group.counter.calls("lora"),
                      "kv_heads_local": runner.cache.num_kv_heads
                      if hasattr(runner.cache, "num_kv_heads") else None}
+    out["fold"] = run_fold(model, group, factors)
     return out
+
+
+def run_fold(model: LlamaForCausalLM, group: TPGroup,
+             factors: dict[int, dict[tuple[int, str], Any]]) -> dict[str, Any]:
+    """Default layout with every slot folded into the base GEMMs for decode steps: slot 0
+    loaded before the fold is enabled, slot 1 after (both write paths)."""
+    tp = TPLlamaForCausalLM(model, group, max_slots=2, max_rank=MAX_RANK)
+    runner = runner_for(tp)
+    tp.load_adapter(0, factors[0])
+    tp.enable_lora_fold(FOLD_ROWS)
+    tp.load_adapter(1, factors[1])
+    group.counter.reset()
+    tokens, logits = greedy(runner)
+    stores = [tp.parallel_linear(i, attr).fold for i in range(len(tp.layers))
+              for attr in LORA_GROUPS]
+    return {"tokens": tokens, "logits": logits, "base_calls": group.counter.calls("base"),
+            "lora_calls": group.counter.calls("lora"),
+            "fold_uses": [s.uses if s is not None else None for s in stores]}

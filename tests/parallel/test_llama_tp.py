@@ -48,3 +48,18 @@ def test_collectives_per_step(ranks: list[dict[str, Any]]) -> None:
         assert ranks[j]["default"]["lora_calls"] == 0
         assert ranks[j]["mixed"]["lora_calls"] == NEW_TOKENS * 2 * LAYERS
         assert ranks[j]["paper"]["lora_calls"] == NEW_TOKENS * 4 * LAYERS
+
+
+def test_folded_lora_equals_tp1(ranks: list[dict[str, Any]]) -> None:
+    """Every slot folded into the base GEMMs and their consumer ops (decode steps; the
+    prefill step takes the launch path): same greedy tokens and logits as TP=1, no LoRA
+    collective, the base all-reduces unchanged in number, and every projection folded on
+    every decode step."""
+    for j in range(2):
+        fold = ranks[j]["fold"]
+        assert fold["tokens"] == ranks[0]["tp1_tokens"]
+        for got, want in zip(fold["logits"], ranks[0]["tp1_logits"], strict=True):
+            torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+        assert fold["lora_calls"] == 0
+        assert fold["base_calls"] == NEW_TOKENS * (2 * LAYERS + 2)
+        assert fold["fold_uses"] == [NEW_TOKENS - 1] * (4 * LAYERS)

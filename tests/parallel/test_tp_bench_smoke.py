@@ -16,16 +16,19 @@ def test_tp_bench_tiny_cpu_rows_and_collectives(tmp_path: Path) -> None:
            "--tp", "1", "2", "--adapters", "0", "4", "--steps", "2", "--batch", "4",
            "--prefill-requests", "2", "--prefill-len", "16", "--context", "16",
            "--mixed-prompts", "2", "--mixed-prompt-len", "8", "--kv-blocks", "64",
-           "--profile", "1", "--out", str(tmp_path)]
+           "--profile", "1", "--fold", "--out", str(tmp_path)]
     done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=240)
     assert done.returncode == 0, done.stderr[-2000:]
     rows = json.loads((tmp_path / "tp_bench.json").read_text())
-    # TP=1: 0 and 4 adapters; TP=2: 0 adapters, 4 adapters in each layout; decode, prefill
-    # and mixed (4 decode rows + 2 prompts of 8 tokens)
-    assert len(rows) == 15
+    # TP=1: 0 and 4 adapters; TP=2: 0 adapters, 4 adapters in each layout and folded;
+    # decode, prefill and mixed (4 decode rows + 2 prompts of 8 tokens)
+    assert len(rows) == 18
     assert {r["rows_per_step"] for r in rows if r["phase"] == "mixed"} == {20}
     lora_calls = {(r["layout"], r["phase"]): r["collectives_per_step"]["lora"]["calls"]
-                  for r in rows if r["tp"] == 2 and r["adapters"]}
+                  for r in rows if r["tp"] == 2 and r["adapters"] and not r["fold"]}
+    folded = [r for r in rows if r["fold"]]
+    assert {r["phase"] for r in folded} == {"decode", "prefill", "mixed"}
+    assert all(r["collectives_per_step"]["lora"]["calls"] == 0 for r in folded)
     assert lora_calls[("no_extra_collectives", "decode")] == 0
     assert lora_calls[("no_extra_collectives", "prefill")] == 0
     assert lora_calls[("no_extra_collectives", "mixed")] == 0
@@ -34,6 +37,7 @@ def test_tp_bench_tiny_cpu_rows_and_collectives(tmp_path: Path) -> None:
     base = [r["collectives_per_step"]["base"]["calls"] for r in rows if r["tp"] == 2]
     assert len(set(base)) == 1 and base[0] > 0  # LoRA never changes the base path's calls
     keeps = [json.loads(line) for line in done.stdout.splitlines() if '"keep"' in line]
-    assert {(k["tp"], k["phase"], k["layout"]) for k in keeps} == {
-        (tp, phase, layout) for phase in ("decode", "mixed")
-        for tp, layout in ((1, "-"), (2, "no_extra_collectives"), (2, "paper"))}
+    assert {(k["tp"], k["phase"], k["layout"], k["fold"]) for k in keeps} == {
+        (tp, phase, layout, fold) for phase in ("decode", "mixed")
+        for tp, layout, fold in ((1, "-", False), (2, "no_extra_collectives", False),
+                                 (2, "paper", False), (2, "no_extra_collectives", True))}

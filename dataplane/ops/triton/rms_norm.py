@@ -3,6 +3,8 @@
 
 One program per row; the row must fit one block (hidden <= MAX_BLOCK). fp32 statistics;
 the normalised row is rounded to the activation dtype before the weight multiply (HF).
+``FOLD``: the row first gets its folded LoRA expand (dataplane/ops/lora_fold.py: the o or
+down projection's output, after its all-reduce), rounded to the dtype.
 """
 
 from __future__ import annotations
@@ -15,19 +17,27 @@ import triton.language as tl
 
 from dataplane.intmath import next_pow2
 from dataplane.ops.errors import OpsError
+from dataplane.ops.lora_fold import FoldedExpand
+from dataplane.ops.triton.fold_delta import fold_delta
 from dataplane.triton_launch import LaunchPlan
 
 MAX_BLOCK = 65536
 
 
 @triton.jit
-def _rms_norm_kernel(x_ptr, res_ptr, w_ptr, out_ptr, stride_x, stride_r, stride_o, n_cols,
-                     eps, BLOCK: tl.constexpr, ADD_RESIDUAL: tl.constexpr):
+def _rms_norm_kernel(x_ptr, res_ptr, w_ptr, out_ptr, z_ptr, slot_ptr, b_ptr, scale_ptr,
+                     stride_x, stride_r, stride_o, stride_z, n_cols, eps, BLOCK: tl.constexpr,
+                     ADD_RESIDUAL: tl.constexpr, FOLD: tl.constexpr, R: tl.constexpr,
+                     RC: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     mask = cols < n_cols
     x = tl.load(x_ptr + row * stride_x + cols, mask=mask, other=0.0)
     dtype = out_ptr.dtype.element_ty
+    if FOLD:
+        slot = tl.load(slot_ptr + row)
+        x = (x.to(tl.float32) + fold_delta(z_ptr, b_ptr, scale_ptr, slot, 0, cols, mask,
+                                           stride_z, row, n_cols, 1, R, RC)).to(dtype)
     if ADD_RESIDUAL:
         r = tl.load(res_ptr + row * stride_r + cols, mask=mask, other=0.0)
         s = (x.to(tl.float32) + r.to(tl.float32)).to(dtype)  # the dtype add of HF
@@ -58,20 +68,28 @@ def _check(x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor | None)
 
 
 @functools.lru_cache(maxsize=256)
-def _plan(block: int, add_residual: bool, ints: tuple[int, ...]) -> LaunchPlan:
+def _plan(block: int, add_residual: bool, rank: int, ints: tuple[int, ...]) -> LaunchPlan:
     """One plan per value of the specialized integer arguments (strides, width)."""
+    r = max(rank, 1)
     return LaunchPlan(_rms_norm_kernel, dict(BLOCK=block, ADD_RESIDUAL=add_residual,
+                                             FOLD=rank > 0, R=r, RC=min(r, 4),
                                              num_warps=min(16, max(1, block // 256))))
 
 
 def _launch(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor,
-            out: torch.Tensor, eps: float, block: int) -> None:
+            out: torch.Tensor, eps: float, block: int, fold: FoldedExpand | None = None,
+            tail: torch.Tensor | None = None) -> None:
     if x.shape[0] == 0:
         return
     res = residual if residual is not None else x
-    ints = (x.stride(0), res.stride(0), out.stride(0), x.shape[1])
-    _plan(block, residual is not None, ints)(
-        (x.shape[0],), x, res, weight, out, *ints, float(eps))
+    if fold is None or tail is None:
+        z, slot, b, scale, rank = x, x, x, x, 0
+    else:
+        fold.check(tail, (x.shape[1],))
+        z, slot, b, scale, rank = tail, fold.row_slot, fold.b[0], fold.scale, fold.rank
+    ints = (x.stride(0), res.stride(0), out.stride(0), z.stride(0), x.shape[1])
+    _plan(block, residual is not None, rank, ints)(
+        (x.shape[0],), x, res, weight, out, z, slot, b, scale, *ints, float(eps))
 
 
 def rms_norm_triton(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -82,8 +100,11 @@ def rms_norm_triton(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.
 
 
 def fused_add_rms_norm_triton(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
-                              eps: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """In place: residual <- x + residual, x <- RMSNorm(residual); returns (x, residual)."""
+                              eps: float, fold: FoldedExpand | None = None,
+                              tail: torch.Tensor | None = None
+                              ) -> tuple[torch.Tensor, torch.Tensor]:
+    """In place: residual <- x (+ folded LoRA) + residual, x <- RMSNorm(residual); returns
+    (x, residual)."""
     block = _check(x, weight, residual)
-    _launch(x, residual, weight, x, eps, block)
+    _launch(x, residual, weight, x, eps, block, fold, tail)
     return x, residual

@@ -5,6 +5,8 @@ The cache is flat ``[S, Hkv, D]`` or blocked ``[B, block_size, Hkv, D]`` with an
 stride (page-major views into the agent's unified pool; ``dataplane.attention.kv_cache``).
 
 One program per (row, head) of q and k: grid (T, Hq + Hkv); fp32 math, one rounding.
+``FOLD``: q, k and v first get their row's folded LoRA expand (dataplane/ops/lora_fold.py,
+the q/k/v GEMM's z columns), rounded to the dtype; v is written back too.
 """
 
 from __future__ import annotations
@@ -18,26 +20,38 @@ import triton.language as tl
 from dataplane.attention.kv_cache import kv_strides
 from dataplane.intmath import next_pow2
 from dataplane.ops.errors import OpsError
+from dataplane.ops.lora_fold import FoldedExpand
+from dataplane.ops.triton.fold_delta import fold_delta
 from dataplane.triton_launch import LaunchPlan
 
 
 @triton.jit
 def _rope_kv_kernel(q_ptr, k_ptr, v_ptr, cos_ptr, sin_ptr, kc_ptr, vc_ptr, slot_ptr,
+                    z_ptr, fslot_ptr, bq_ptr, bk_ptr, bv_ptr, scale_ptr,
                     stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh,
                     stride_ct, stride_st, stride_kcs, stride_kch, stride_vcs, stride_vch,
-                    stride_kcb, stride_vcb,
+                    stride_kcb, stride_vcb, stride_zt, width_q, width_kv,
                     NUM_Q_HEADS: tl.constexpr, HALF: tl.constexpr, HALF_PAD: tl.constexpr,
-                    BLOCKED: tl.constexpr, BLOCK_SIZE: tl.constexpr):
+                    BLOCKED: tl.constexpr, BLOCK_SIZE: tl.constexpr, FOLD: tl.constexpr,
+                    R: tl.constexpr, RC: tl.constexpr):
     t = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1)
     d = tl.arange(0, HALF_PAD)
     m = d < HALF
     c = tl.load(cos_ptr + t * stride_ct + d, mask=m, other=0.0).to(tl.float32)
     s = tl.load(sin_ptr + t * stride_st + d, mask=m, other=0.0).to(tl.float32)
+    fslot = tl.load(fslot_ptr + t) if FOLD else -1
     if h < NUM_Q_HEADS:
         base = q_ptr + t * stride_qt + h * stride_qh
         x1 = tl.load(base + d, mask=m, other=0.0).to(tl.float32)
         x2 = tl.load(base + HALF + d, mask=m, other=0.0).to(tl.float32)
+        if FOLD:
+            col = h * (2 * HALF) + d
+            x1 = (x1 + fold_delta(z_ptr, bq_ptr, scale_ptr, fslot, 0, col, m, stride_zt, t,
+                                  width_q, 3, R, RC)).to(q_ptr.dtype.element_ty).to(tl.float32)
+            x2 = (x2 + fold_delta(z_ptr, bq_ptr, scale_ptr, fslot, 0, col + HALF, m,
+                                  stride_zt, t, width_q, 3, R, RC)
+                  ).to(q_ptr.dtype.element_ty).to(tl.float32)
         tl.store(base + d, (x1 * c - x2 * s).to(q_ptr.dtype.element_ty), mask=m)
         tl.store(base + HALF + d, (x2 * c + x1 * s).to(q_ptr.dtype.element_ty), mask=m)
     else:
@@ -45,6 +59,23 @@ def _rope_kv_kernel(q_ptr, k_ptr, v_ptr, cos_ptr, sin_ptr, kc_ptr, vc_ptr, slot_
         base = k_ptr + t * stride_kt + j * stride_kh
         x1 = tl.load(base + d, mask=m, other=0.0).to(tl.float32)
         x2 = tl.load(base + HALF + d, mask=m, other=0.0).to(tl.float32)
+        vb = v_ptr + t * stride_vt + j * stride_vh
+        v1 = tl.load(vb + d, mask=m, other=0.0)
+        v2 = tl.load(vb + HALF + d, mask=m, other=0.0)
+        if FOLD:
+            col = j * (2 * HALF) + d
+            dt = k_ptr.dtype.element_ty
+            x1 = (x1 + fold_delta(z_ptr, bk_ptr, scale_ptr, fslot, 1, col, m, stride_zt, t,
+                                  width_kv, 3, R, RC)).to(dt).to(tl.float32)
+            x2 = (x2 + fold_delta(z_ptr, bk_ptr, scale_ptr, fslot, 1, col + HALF, m,
+                                  stride_zt, t, width_kv, 3, R, RC)).to(dt).to(tl.float32)
+            v1 = (v1.to(tl.float32) + fold_delta(z_ptr, bv_ptr, scale_ptr, fslot, 2, col, m,
+                                                 stride_zt, t, width_kv, 3, R, RC)).to(dt)
+            v2 = (v2.to(tl.float32) + fold_delta(z_ptr, bv_ptr, scale_ptr, fslot, 2,
+                                                 col + HALF, m, stride_zt, t, width_kv, 3, R, RC)
+                  ).to(dt)
+            tl.store(vb + d, v1, mask=m)
+            tl.store(vb + HALF + d, v2, mask=m)
         y1 = (x1 * c - x2 * s).to(k_ptr.dtype.element_ty)
         y2 = (x2 * c + x1 * s).to(k_ptr.dtype.element_ty)
         tl.store(base + d, y1, mask=m)
@@ -60,9 +91,6 @@ def _rope_kv_kernel(q_ptr, k_ptr, v_ptr, cos_ptr, sin_ptr, kc_ptr, vc_ptr, slot_
             vc = vc_ptr + slot * stride_vcs + j * stride_vch
         tl.store(kc + d, y1.to(kc_ptr.dtype.element_ty), mask=m)
         tl.store(kc + HALF + d, y2.to(kc_ptr.dtype.element_ty), mask=m)
-        vb = v_ptr + t * stride_vt + j * stride_vh
-        v1 = tl.load(vb + d, mask=m, other=0.0)
-        v2 = tl.load(vb + HALF + d, mask=m, other=0.0)
         tl.store(vc + d, v1.to(vc_ptr.dtype.element_ty), mask=m)
         tl.store(vc + HALF + d, v2.to(vc_ptr.dtype.element_ty), mask=m)
 
@@ -87,7 +115,8 @@ def _check(q, k, v, cos, sin, k_cache, v_cache, slot_mapping) -> None:
 
 def rope_and_cache_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                           cos: torch.Tensor, sin: torch.Tensor, k_cache: torch.Tensor,
-                          v_cache: torch.Tensor, slot_mapping: torch.Tensor
+                          v_cache: torch.Tensor, slot_mapping: torch.Tensor,
+                          fold: FoldedExpand | None = None, tail: torch.Tensor | None = None
                           ) -> tuple[torch.Tensor, torch.Tensor]:
     _check(q, k, v, cos, sin, k_cache, v_cache, slot_mapping)
     t, heads, dim = q.shape
@@ -98,17 +127,29 @@ def rope_and_cache_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     bs = k_cache.shape[1] if blocked else 1
     kb, ks, kh = kv_strides(k_cache, bs)
     vb, vs, vh = kv_strides(v_cache, bs)
+    wq, wkv = heads * dim, k.shape[1] * dim
+    if fold is None or tail is None:
+        z, fslot, bq, bk, bv, scale, rank, sz = q, q, q, q, q, q, 0, 0
+    else:
+        fold.check(tail, (wq, wkv, wkv))
+        z, fslot, (bq, bk, bv), scale = tail, fold.row_slot, fold.b, fold.scale
+        rank, sz = fold.rank, tail.stride(0)
     ints = (q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
-            cos.stride(0), sin.stride(0), ks, kh, vs, vh, kb, vb)
-    _plan(heads, half, blocked, bs, ints)(
-        (t, heads + k.shape[1]), q, k, v, cos, sin, k_cache, v_cache, slot_mapping, *ints)
+            cos.stride(0), sin.stride(0), ks, kh, vs, vh, kb, vb, sz, wq, wkv)
+    _plan(heads, half, blocked, bs, rank, ints)(
+        (t, heads + k.shape[1]), q, k, v, cos, sin, k_cache, v_cache, slot_mapping,
+        z, fslot, bq, bk, bv, scale, *ints)
     return q, k
 
 
+FOLD_NUM_WARPS = 1  # warps per (row, head) program when the LoRA expand is folded in
+
+
 @functools.lru_cache(maxsize=256)
-def _plan(heads: int, half: int, blocked: bool, block_size: int,
+def _plan(heads: int, half: int, blocked: bool, block_size: int, rank: int,
           ints: tuple[int, ...]) -> LaunchPlan:
     """One plan per value of the specialized integer arguments (the strides)."""
     return LaunchPlan(_rope_kv_kernel, dict(
         NUM_Q_HEADS=heads, HALF=half, HALF_PAD=next_pow2(half), BLOCKED=blocked,
-        BLOCK_SIZE=block_size, num_warps=1))
+        BLOCK_SIZE=block_size, FOLD=rank > 0, R=max(rank, 1), RC=max(rank, 1),
+        num_warps=FOLD_NUM_WARPS if rank else 1))
