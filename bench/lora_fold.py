@@ -11,7 +11,8 @@ ring of layers whose weights stream from HBM, captured in a CUDA graph (µs per 
   unfolded: what the fold costs in the GEMMs alone;
 - ``fold``: ``aug`` with the expand folded into RoPE, add-RMSNorm and SiLU·mul
   (dataplane/ops/lora_fold.py): no LoRA launch at all; ``aug+rope`` / ``aug+norm`` /
-  ``aug+silu``: one consumer folded (the fold's cost per consumer).
+  ``aug+silu``: one consumer folded (the fold's cost per consumer); ``--sweep``: the fold
+  under other kernel settings; ``--gemms``: each module's GEMM alone, base vs augmented.
 
     python3 bench/lora_fold.py --out $OUT
 """
@@ -33,7 +34,7 @@ from dataplane.kernels import LoraFactorTable, LoraMetaBuffers, LoraWorkspace
 from dataplane.kernels.triton.backend import TritonLoraBackend
 from dataplane.ops import fused_add_rms_norm, rope_and_cache, silu_and_mul
 from dataplane.ops.lora_fold import FoldedExpand
-from dataplane.ops.triton import rotary_kv, silu_mul
+from dataplane.ops.triton import rms_norm, rotary_kv, silu_mul
 
 DT = torch.bfloat16
 ROWS, RANK, HEAD = 64, 16, 128
@@ -121,15 +122,62 @@ def step(ring: list[Layer], way: str, lora: Callable[[Module, torch.Tensor], Non
     return run
 
 
-def fold_variant(rope_warps: int, silu_block: int, silu_warps: int) -> None:
-    """The fold kernels' launch shape (module settings; the RoPE plan cache is cleared)."""
-    rotary_kv.FOLD_NUM_WARPS = rope_warps
+FOLD_MODULES = {"rope": rotary_kv, "norm": rms_norm, "silu": silu_mul}
+SWEEP: list[dict[str, int]] = [
+    {}, {"rope.FOLD_RC": 4}, {"rope.FOLD_RC": 8}, {"rope.FOLD_NUM_WARPS": 2, "rope.FOLD_RC": 8},
+    {"norm.FOLD_RC": 2}, {"norm.FOLD_RC": 8}, {"norm.FOLD_NUM_WARPS": 8},
+    {"norm.FOLD_NUM_WARPS": 32}, {"silu.FOLD_RC": 2}, {"silu.FOLD_RC": 8},
+    {"silu.FOLD_RC": 16}, {"silu.FOLD_BLOCK": 2048, "silu.FOLD_NUM_WARPS": 8,
+                           "silu.FOLD_RC": 2}]
+
+
+def fold_variant(settings: dict[str, int]) -> dict[str, int]:
+    """Set the fold kernels' launch settings (``"rope.FOLD_RC": 8``...; plan caches
+    cleared); returns the previous values."""
+    old = {}
+    for key, value in settings.items():
+        name, attr = key.split(".")
+        mod = FOLD_MODULES[name]
+        old[key] = getattr(mod, attr)
+        setattr(mod, attr, value)
     rotary_kv._plan.cache_clear()
-    silu_mul.FOLD_BLOCK, silu_mul.FOLD_NUM_WARPS = silu_block, silu_warps
+    rms_norm._plan.cache_clear()
+    return old
 
 
-SWEEP = [(1, 1024, 4), (2, 1024, 4), (4, 1024, 4), (2, 512, 4), (2, 256, 2), (2, 2048, 8),
-         (2, 512, 2)]
+def gemm_loop(pairs: list[tuple[torch.Tensor, torch.Tensor]]) -> Callable[[], None]:
+    def run() -> None:
+        for x, w in pairs:
+            torch.mm(x, w.t())
+
+    return run
+
+
+def time_gemms(ring: list[Layer], n: int) -> dict[str, float]:
+    """Each module's GEMM alone over the ring (µs per GEMM): base, augmented, augmented
+    with its tail padded by 128 / 256 zero rows, augmented under cuBLASLt, and the base
+    plus a second GEMM for the tail."""
+    out: dict[str, float] = {}
+    for name in MODULES:
+        mods = [layer.m[name] for layer in ring]
+        xs = [torch.randn(ROWS, m.w.shape[1], device="cuda", dtype=DT) for m in mods]
+        pads = {p: [torch.cat((m.w_aug, torch.zeros(p, m.w.shape[1], device="cuda",
+                                                     dtype=DT))) for m in mods]
+                for p in (128, 256)}
+        ways = {"base": gemm_loop([(x, m.w) for m, x in zip(mods, xs, strict=True)]),
+                "aug": gemm_loop([(x, m.w_aug) for m, x in zip(mods, xs, strict=True)]),
+                "two": gemm_loop([pair for m, x in zip(mods, xs, strict=True)
+                                  for pair in ((x, m.w), (x, m.w_aug[m.d_out:]))])}
+        for p, ws in pads.items():
+            ways[f"pad{p}"] = gemm_loop(list(zip(xs, ws, strict=True)))
+        for way, fn in ways.items():
+            out[f"{name} {way}"] = graph_time_us(fn) / len(ring)
+        torch.backends.cuda.preferred_blas_library("cublaslt")
+        out[f"{name} aug/lt"] = graph_time_us(ways["aug"]) / len(ring)
+        torch.backends.cuda.preferred_blas_library("cublas")
+        del pads
+    print(f"GEMMs n={n}: " + ", ".join(f"{k} {v:.1f}" for k, v in out.items()), flush=True)
+    return out
 
 
 def main() -> None:
@@ -138,7 +186,9 @@ def main() -> None:
     ap.add_argument("--slots", default="16,64")
     ap.add_argument("--ring", type=int, default=4)
     ap.add_argument("--sweep", action="store_true",
-                    help="also time the fold with each (RoPE warps, SiLU block, warps)")
+                    help="also time the fold under each of SWEEP's kernel settings")
+    ap.add_argument("--gemms", action="store_true",
+                    help="also time each module's GEMM: base, augmented and variants")
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
     backend = TritonLoraBackend(fused=True)
@@ -168,11 +218,14 @@ def main() -> None:
                           ("aug+norm", none), ("aug+silu", none), ("fold", none)):
             row[way] = graph_time_us(step(ring, way, lora, cos, sin, kv_slots, h0, res)) \
                 / len(ring)
-        for rope_warps, silu_block, silu_warps in SWEEP if args.sweep else []:
-            fold_variant(rope_warps, silu_block, silu_warps)
-            row[f"fold/r{rope_warps}/s{silu_block}x{silu_warps}"] = graph_time_us(
+        for settings in SWEEP if args.sweep else []:
+            old = fold_variant(settings)
+            label = ",".join(f"{k}={v}" for k, v in settings.items()) or "defaults"
+            row[f"fold {label}"] = graph_time_us(
                 step(ring, "fold", none, cos, sin, kv_slots, h0, res)) / len(ring)
-        fold_variant(*SWEEP[0])
+            fold_variant(old)
+        if args.gemms:
+            row.update(time_gemms(ring, n))
         row["LoRA fused"] = row["fused"] - row["base"]
         row["LoRA fold"] = row["fold"] - row["base"]
         results[f"n={n}"] = row

@@ -25,8 +25,8 @@ from dataplane.layers.lora_linear import LoRALinear, LoraStepContext
 from dataplane.layers.norm import RMSNorm
 from dataplane.layers.rotary import RotaryEmbedding
 from dataplane.models.config import ModelConfig
-from dataplane.ops import check_ops_backend, rope_and_cache
-from dataplane.ops.lora_fold import FoldedExpand, add_folded
+from dataplane.ops import check_ops_backend, fused_add_rms_norm, rope_and_cache
+from dataplane.ops.lora_fold import FoldedExpand
 
 QKV_SLICES = ("q_proj", "k_proj", "v_proj")
 Folded = tuple[torch.Tensor, FoldedExpand]
@@ -168,8 +168,12 @@ class LlamaForCausalLM(nn.Module):
         for layer in self.layers:
             h, residual = layer(h, residual, cos_sin, attn, cache, lora)
         pending = lora.take_pending() if lora is not None else None
-        if pending is not None:  # the last layer's folded down projection
-            h = add_folded(h, pending[0], pending[1], 0)
+        if pending is not None and residual is not None:
+            # the last layer's folded down projection: its expand, added by the add-norm
+            # kernel (one launch); the normalised rows are not used
+            _, summed = fused_add_rms_norm(h, residual, self.norm.weight, self.norm.eps,
+                                           self.ops_backend, fold=pending[1], tail=pending[0])
+            return summed
         return h if residual is None else h + residual
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:

@@ -1,7 +1,9 @@
 """Rank-side half of test_tp_graphs*.py: a TP rank's decode step, graphed vs eager.
 
 `run(group, payload)`: the TP=2 shard of the scenarios_model tiny Llama with two adapters
-(default layout, or the paper layout with payload["layouts"] == "paper"); requests are
+(default layout, or the paper layout with payload["layouts"] == "paper"; "fold": default
+layout with both slots folded into the base GEMMs for decode steps, and each step run a
+third time eagerly with the fold off, "unfolded"); requests are
 prefilled eagerly, then every decode step runs twice on the same plan: through the graph
 runner (`TPCudaGraphRunner`: replayed on CUDA, `run_padded` on CPU) and eagerly
 (`ModelRunner.execute` with no graphs). Both write the same K/V (same tokens, same slots),
@@ -56,7 +58,10 @@ def tp_runner(group: TPGroup, layouts: str
 
 def run(group: TPGroup, payload: dict[str, Any]) -> dict[str, Any]:
     dev = group.device
-    config, tp, runner = tp_runner(group, payload["layouts"])
+    fold = payload["layouts"] == "fold"
+    config, tp, runner = tp_runner(group, "default" if fold else payload["layouts"])
+    if fold:
+        tp.enable_lora_fold(MAX_BATCH)
     # every sharded branch warms up locally (no collective: the ledger stays empty)
     group.counter.reset()
     warm_calls = runner.warm_up_lora()
@@ -98,7 +103,12 @@ def run(group: TPGroup, payload: dict[str, Any]) -> dict[str, Any]:
         eager = runner.execute(plan)  # runner.graphs is None: the eager path
         steps.append({"graphed": graphed.cpu(), "eager": eager.cpu(),
                       "graph_ledger": graph_ledger, "eager_ledger": _ledger(group)})
+        if fold:  # the same step through the launch path
+            tp.lora_fold_rows = 0
+            steps[-1]["unfolded"] = runner.execute(plan).cpu()
+            tp.lora_fold_rows = MAX_BATCH
         next_ids = eager.argmax(-1).tolist()
     return {"steps": steps, "replays": graphs.replays, "num_layers": config.num_layers,
+            "layouts": payload["layouts"],
             "warm_calls": warm_calls, "warm_ledger": warm_ledger,
             "branch_shapes": len(branch_shapes)}

@@ -20,7 +20,7 @@ from .dist_harness import run_world
 from .scenarios_graphs import DECODE_STEPS
 
 
-@pytest.fixture(scope="module", params=["default", "paper"])
+@pytest.fixture(scope="module", params=["default", "paper", "fold"])
 def ranks(request: pytest.FixtureRequest) -> list[dict[str, Any]]:
     return run_world("tests.parallel.scenarios_graphs:run", {"layouts": request.param})
 
@@ -71,3 +71,14 @@ def test_counter_add_replays_a_captured_ledger() -> None:
         counter.add(ledger)
     assert (counter.calls("base"), counter.payload_bytes("base")) == (3, 300)
     assert (counter.calls("lora"), counter.ring_bytes("lora")) == (3, 12)
+
+
+def test_folded_lora_step_equals_the_launch_path(ranks: list[dict[str, Any]]) -> None:
+    """With the LoRA folded into the base GEMMs and their consumer ops (graphed and eager),
+    each decode step's logits equal the same step through the LoRA launches."""
+    folded = [step for rank in ranks for step in rank["steps"] if "unfolded" in step]
+    assert len(folded) == (2 * DECODE_STEPS if ranks[0]["layouts"] == "fold" else 0)
+    for step in folded:
+        torch.testing.assert_close(step["eager"], step["unfolded"], rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(step["graphed"], step["unfolded"], rtol=1e-5, atol=1e-5)
+        assert torch.equal(step["eager"].argmax(-1), step["unfolded"].argmax(-1))

@@ -15,7 +15,7 @@ pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 CUDA devices")]
 
 
-@pytest.fixture(scope="module", params=["default", "paper"])
+@pytest.fixture(scope="module", params=["default", "paper", "fold"])
 def ranks(request: pytest.FixtureRequest) -> list[dict[str, Any]]:
     return run_world("tests.parallel.scenarios_graphs:run", {"layouts": request.param},
                      timeout_s=300.0, device="cuda")
@@ -39,3 +39,14 @@ def test_replay_counts_the_captured_collectives(ranks: list[dict[str, Any]]) -> 
             g, e = step["graph_ledger"], step["eager_ledger"]
             assert g["base_calls"] == e["base_calls"] == 2 * layers + 2
             assert g["lora_calls"] == e["lora_calls"] in (0, 4 * layers)
+
+
+def test_folded_lora_step_equals_the_launch_path(ranks: list[dict[str, Any]]) -> None:
+    """With the LoRA folded into the base GEMMs and their consumer ops (graphed and eager),
+    each decode step's logits equal the same step through the LoRA launches."""
+    folded = [step for rank in ranks for step in rank["steps"] if "unfolded" in step]
+    assert len(folded) == (2 * DECODE_STEPS if ranks[0]["layouts"] == "fold" else 0)
+    for step in folded:
+        torch.testing.assert_close(step["eager"], step["unfolded"], rtol=1e-3, atol=1e-3)
+        torch.testing.assert_close(step["graphed"], step["unfolded"], rtol=1e-3, atol=1e-3)
+        assert torch.equal(step["eager"].argmax(-1), step["unfolded"].argmax(-1))

@@ -67,13 +67,18 @@ def _check(x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor | None)
     return block
 
 
+FOLD_RC = 8  # rank rows of B per load when the LoRA expand is folded in
+FOLD_NUM_WARPS = 16
+
+
 @functools.lru_cache(maxsize=256)
 def _plan(block: int, add_residual: bool, rank: int, ints: tuple[int, ...]) -> LaunchPlan:
     """One plan per value of the specialized integer arguments (strides, width)."""
     r = max(rank, 1)
+    warps = min(16, max(1, block // 256))
     return LaunchPlan(_rms_norm_kernel, dict(BLOCK=block, ADD_RESIDUAL=add_residual,
-                                             FOLD=rank > 0, R=r, RC=min(r, 4),
-                                             num_warps=min(16, max(1, block // 256))))
+                                             FOLD=rank > 0, R=r, RC=min(r, FOLD_RC),
+                                             num_warps=FOLD_NUM_WARPS if rank else warps))
 
 
 def _launch(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor,

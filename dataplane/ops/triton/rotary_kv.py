@@ -143,6 +143,7 @@ def rope_and_cache_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
 
 
 FOLD_NUM_WARPS = 1  # warps per (row, head) program when the LoRA expand is folded in
+FOLD_RC = 64  # rank rows of B per load (capped at the rank)
 
 
 @functools.lru_cache(maxsize=256)
@@ -151,5 +152,6 @@ def _plan(heads: int, half: int, blocked: bool, block_size: int, rank: int,
     """One plan per value of the specialized integer arguments (the strides)."""
     return LaunchPlan(_rope_kv_kernel, dict(
         NUM_Q_HEADS=heads, HALF=half, HALF_PAD=next_pow2(half), BLOCKED=blocked,
-        BLOCK_SIZE=block_size, FOLD=rank > 0, R=max(rank, 1), RC=max(rank, 1),
+        BLOCK_SIZE=block_size, FOLD=rank > 0, R=max(rank, 1),
+        RC=min(max(rank, 1), FOLD_RC),
         num_warps=FOLD_NUM_WARPS if rank else 1))

@@ -18,6 +18,7 @@ from dataplane.triton_launch import cached_plan
 BLOCK = 1024
 FOLD_BLOCK = 1024  # columns per program when the LoRA expand is folded in
 FOLD_NUM_WARPS = 4
+FOLD_RC = 16  # rank rows of B per load
 
 
 @triton.jit
@@ -56,8 +57,8 @@ def silu_and_mul_triton(gate_up: torch.Tensor, fold: FoldedExpand | None = None,
             z, slot, (bg, bu), scale = tail, fold.row_slot, fold.b, fold.scale
             r, sz = fold.rank, tail.stride(0)
         ints = (gate_up.stride(0), out.stride(0), sz, inter)
-        cached_plan(_silu_mul_kernel, (*ints, block, r, FOLD_NUM_WARPS),
-                    dict(BLOCK=block, FOLD=r > 0, R=max(r, 1), RC=min(max(r, 1), 4),
+        cached_plan(_silu_mul_kernel, (*ints, block, r, FOLD_NUM_WARPS, FOLD_RC),
+                    dict(BLOCK=block, FOLD=r > 0, R=max(r, 1), RC=min(max(r, 1), FOLD_RC),
                          num_warps=FOLD_NUM_WARPS if r else 4))(
             (rows, cdiv(inter, block)), gate_up, out, z, slot, bg, bu, scale, *ints)
     return out
