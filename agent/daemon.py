@@ -83,6 +83,7 @@ class AgentDaemon:
         if ranks is not None:  # this agent is rank 0 of a TP group
             self.ctx.state["tp_follower_pids"] = ranks.follower_pids()
             self.ctx.state["tp_lora_layouts"] = dict(ranks.engine.tp_model.lora_layouts)
+            self.ctx.state["tp_lora_fold_rows"] = ranks.engine.tp_model.lora_fold_rows
             self.metrics.watch_collectives(ranks.engine.group.counter)
             ranks.watch(self._tp_rank_lost)
         self._full_due = 0.0

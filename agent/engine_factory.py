@@ -135,6 +135,7 @@ def _build_tp_engine(settings: AgentSettings, sizes: dict[str, int]) -> MeteredE
     ranks = launch_tp_ranks(TPLaunchSpec(str(settings.model_dir), settings.tp_degree,
                                          device=settings.device, dtype=settings.dtype,
                                          lora_layouts={a: _layout(c) for a, c in choices.items()},
+                                         lora_fold=settings.tp_lora_fold,
                                          engine_sizes=engine_sizes),
                             engine_cls=MeteredTPEngine)
     engine = ranks.engine

@@ -42,7 +42,8 @@ from dataplane.parallel.tp_engine import TPEngine
 class TPLaunchSpec:
     """What every rank builds. `engine_sizes` are `EngineConfig` fields (same on all ranks).
 
-    `lora_layouts`: fused projection -> LoRA layout (default no_extra_collectives).
+    `lora_layouts`: fused projection -> LoRA layout (default no_extra_collectives);
+    `lora_fold`: decode steps fold the default-layout LoRA into the base GEMMs.
     """
 
     model_dir: str
@@ -50,6 +51,7 @@ class TPLaunchSpec:
     device: str = "cuda"
     dtype: str = "bfloat16"
     lora_layouts: dict[str, str] | None = None
+    lora_fold: bool = False
     engine_sizes: dict[str, Any] = field(default_factory=dict)
     torch_threads: int | None = None
     timeout_s: float = 600.0
@@ -77,6 +79,7 @@ def _build(spec: TPLaunchSpec, rank: int, init_method: str,
                                    device=_rank_device(spec, rank), timeout_s=spec.timeout_s)
     return engine_cls.from_global_model_dir(spec.model_dir, group, dtype=spec.dtype,
                                             lora_layouts=spec.lora_layouts,
+                                            lora_fold=spec.lora_fold,
                                             **spec.engine_sizes)
 
 

@@ -184,16 +184,21 @@ class TPLlamaForCausalLM(LlamaForCausalLM):
                 setattr(layer, attr, mod)
         self.eval()
 
-    def enable_lora_fold(self, max_rows: int) -> None:
+    def enable_lora_fold(self, max_rows: int) -> int:
         """Fold every slot's LoRA into the base GEMMs and their consumer ops for steps of
-        at most `max_rows` rows (decode steps: dataplane/parallel/lora_fold_store.py).
-        Every projection must hold LoRA in the default layout."""
+        at most `max_rows` rows (decode steps: dataplane/parallel/lora_fold_store.py), in
+        each projection of the default layout (paper-layout ones keep their launches).
+        Returns how many projections fold."""
         if self.max_slots <= 0 or max_rows <= 0:
             raise ShardShapeError("a LoRA fold needs LoRA slots and a row limit")
+        folded = 0
         for layer in range(len(self.layers)):
             for attr in LORA_GROUPS:
-                self.parallel_linear(layer, attr).enable_fold(self.max_slots)
-        self.lora_fold_rows = max_rows
+                if self.lora_layouts[attr] == LAYOUT_LOCAL:
+                    self.parallel_linear(layer, attr).enable_fold(self.max_slots)
+                    folded += 1
+        self.lora_fold_rows = max_rows if folded else 0
+        return folded
 
     def parallel_linear(self, layer: int, attr: str) -> ColumnParallelLinear | RowParallelLinear:
         if attr not in LORA_GROUPS:

@@ -179,8 +179,10 @@ class TPEngine(Engine):
     def from_global_model_dir(cls, path: str | Path, group: TPGroup, *,
                               dtype: str = "float32",
                               lora_layouts: dict[str, str] | None = None,
-                              **sizes: object) -> TPEngine:
-        """Load the global checkpoint on CPU, keep this rank's shard on `group.device`."""
+                              lora_fold: bool = False, **sizes: object) -> TPEngine:
+        """Load the global checkpoint on CPU, keep this rank's shard on `group.device`.
+        `lora_fold`: decode steps (up to `max_num_seqs` rows) fold the LoRA of every
+        default-layout projection into its base GEMM and consumer op (`enable_lora_fold`)."""
         from dataplane.artifacts import read_base_abi
         from dataplane.engine.engine import _DTYPES
         from dataplane.models import load_model
@@ -190,6 +192,8 @@ class TPEngine(Engine):
         model = TPLlamaForCausalLM(global_model, group, lora_layouts=lora_layouts,
                                    max_slots=config.max_slots, max_rank=config.max_rank)
         del global_model
+        if lora_fold and config.max_slots > 0:
+            model.enable_lora_fold(config.max_num_seqs)
         abi = read_base_abi(Path(path))
         tokenizer = (Tokenizer.from_dir(path) if (Path(path) / "tokenizer.json").is_file()
                      else None)

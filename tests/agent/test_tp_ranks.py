@@ -96,22 +96,26 @@ def sampled(engine: Engine, adapters: dict[str, Path]) -> list[tuple[int, ...]]:
     return [o.token_ids for o in outs]
 
 
+@pytest.mark.parametrize("lora_fold", [False, True])
 def test_async_tp2_matches_sync_tp1(assets: tuple[Path, dict[str, Path]],
-                                    one_thread: None) -> None:
+                                    one_thread: None, lora_fold: bool) -> None:
     """Async scheduling on the TP leader: decode steps are launched before the previous
     step's tokens reach the host, the follower gets them by one device broadcast per
     continuation step, and the tokens (greedy and seeded sampling) equal the synchronous
-    single-device engine's."""
+    single-device engine's — also with the LoRA folded into the base GEMMs (`lora_fold`:
+    every decode step folds on both ranks)."""
     base, adapters = assets
     reference = sampled(Engine.from_model_dir(base, dtype="float32", device="cpu",
                                               **{**SIZES, "async_scheduling": False}),
                         adapters)
     ranks = launch_tp_ranks(TPLaunchSpec(str(base), 2, device="cpu", dtype="float32",
                                          engine_sizes={**SIZES, "async_scheduling": True},
-                                         torch_threads=1, timeout_s=120.0))
+                                         lora_fold=lora_fold, torch_threads=1,
+                                         timeout_s=120.0))
     try:
         engine = ranks.engine
         assert engine.async_scheduling
+        assert engine.tp_model.lora_fold_rows == (SIZES["max_num_seqs"] if lora_fold else 0)
         engine.group.counter.reset()
         assert sampled(engine, adapters) == reference
         assert engine.num_overlapped_steps > 0
