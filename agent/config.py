@@ -58,10 +58,12 @@ class AgentSettings(BaseSettings):
     tp_lora_extra_resident_bytes: int | None = Field(default=None, ge=0)
     """`auto` only: per-rank byte budget for the factors the no-extra-collectives layout
     replicates (over all `max_slots` adapters); a projection over it takes the paper layout."""
-    tp_lora_fold: bool = False
+    tp_lora_fold: Literal["auto", "on", "off"] = "auto"
     """TP decode steps fold the LoRA of every no_extra_collectives projection into its base
-    GEMM (the slots' `A` under the weight) and its consumer op (RoPE, add-RMSNorm,
-    SiLU·mul): no LoRA launch. Costs one more copy of every slot's factors per rank."""
+    GEMM (every slot's `A` under the weight) and its consumer op (RoPE, add-RMSNorm,
+    SiLU·mul): no LoRA launch, one more copy of every slot's factors per rank. `auto`:
+    unless reading idle slots' `A` costs more than the launches saved
+    (`dataplane.parallel.fold_cost`)."""
     piecewise_graphs: bool = True
     """On CUDA: replay mixed (prefill + decode) steps as piecewise CUDA graphs
     (`EngineConfig.enable_piecewise_graphs`; with tp_degree > 1 on every rank)."""

@@ -115,6 +115,21 @@ def tp_lora_layouts(settings: AgentSettings) -> dict[str, LayoutDecision | str]:
     return dict(decisions)
 
 
+def tp_lora_fold(settings: AgentSettings) -> bool:
+    """The `tp_lora_fold` setting, or with `auto` the fold cost model's decision."""
+    if settings.tp_lora_fold != "auto":
+        return settings.tp_lora_fold == "on"
+    from dataplane.models.config import ModelConfig
+    from dataplane.parallel.fold_cost import decide_fold
+
+    decision = decide_fold(ModelConfig.from_model_dir(settings.model_dir), settings.tp_degree,
+                           rank=settings.max_rank, max_slots=settings.max_slots,
+                           max_num_seqs=settings.max_num_seqs,
+                           dtype_bytes=torch.finfo(getattr(torch, settings.dtype)).bits // 8)
+    log.info("TP LoRA fold: %s (%s)", "on" if decision.fold else "off", decision.reason)
+    return decision.fold
+
+
 def _layout(choice: LayoutDecision | str) -> str:
     return choice if isinstance(choice, str) else choice.layout
 
@@ -135,7 +150,7 @@ def _build_tp_engine(settings: AgentSettings, sizes: dict[str, int]) -> MeteredE
     ranks = launch_tp_ranks(TPLaunchSpec(str(settings.model_dir), settings.tp_degree,
                                          device=settings.device, dtype=settings.dtype,
                                          lora_layouts={a: _layout(c) for a, c in choices.items()},
-                                         lora_fold=settings.tp_lora_fold,
+                                         lora_fold=tp_lora_fold(settings),
                                          engine_sizes=engine_sizes),
                             engine_cls=MeteredTPEngine)
     engine = ranks.engine

@@ -24,7 +24,7 @@ def test_tp_agent_serves_then_exits_when_a_rank_dies(
         deployment: Deployment, reference: GreedyReference,
         tmp_path_factory: pytest.TempPathFactory) -> None:
     env = {"ADAPTERPLANE_AGENT_TP_DEGREE": "2", "ADAPTERPLANE_AGENT_RESIDENCY_BACKEND": "engine",
-           "ADAPTERPLANE_AGENT_DEVICE": "cpu", "ADAPTERPLANE_AGENT_TP_LORA_FOLD": "1"}
+           "ADAPTERPLANE_AGENT_DEVICE": "cpu", "ADAPTERPLANE_AGENT_TP_LORA_FOLD": "on"}
     with extra_agent(deployment, tmp_path_factory, "agent-tp", env) as agent:
         state = agent.state()
         [follower] = state["tp_follower_pids"]

@@ -1,0 +1,62 @@
+"""Whether a TP rank should fold its LoRA into the base GEMMs for decode steps.
+
+The fold (dataplane/parallel/lora_fold_store.py) replaces a decode step's four LoRA
+launches per layer with work inside the base GEMMs and their consumer ops, but its GEMMs
+read the ``A`` of *every* resident slot, active or not. With `active` =
+``min(max_slots, max_num_seqs)`` adapters per step (as `cost_model`), per decode step:
+
+    saved = layers * (4 * LAUNCH_S - FOLD_CONSUMER_S)
+    extra = (max_slots - active) * A bytes per slot / HBM_BYTES_PER_S
+
+and the fold pays when ``extra < saved``. With 8B-shaped TP=2 rank-16 adapters that is up
+to ~100 idle resident slots.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from dataplane.intmath import next_pow2
+from dataplane.models.config import ModelConfig
+from dataplane.parallel.cost_model import HBM_BYTES_PER_S
+
+LAUNCH_S = 9.4e-6
+"""Median fused LoRA launch of a TP=2 decode step (docs/PERFORMANCE.md, Tensor parallel,
+sessions 13-14: 128 per step, 16 live slots)."""
+FOLD_CONSUMER_S = 13.3e-6
+"""What the fold adds per layer beyond the factor bytes: RoPE, the two add-RMSNorms and
+SiLU·mul with the expand folded in (same doc, session 15: +426 µs of "other" kernels per
+32-layer TP=2 decode step)."""
+
+
+@dataclass(frozen=True)
+class FoldDecision:
+    fold: bool
+    reason: str
+    saved_s: float
+    extra_s: float
+
+
+def fold_a_bytes_per_slot(config: ModelConfig, tp_size: int, rank: int,
+                          dtype_bytes: int = 2) -> int:
+    """One slot's ``A`` rows under every layer's weights on one rank (default layout:
+    q/k/v and gate/up replicate ``A``, o and down shard its input), rank padded to a power
+    of two as the fold stores it."""
+    c, r = config, next_pow2(rank)
+    per_layer = r * (3 * c.hidden_size + 2 * c.hidden_size + c.q_size // tp_size
+                     + c.intermediate_size // tp_size)
+    return per_layer * c.num_layers * dtype_bytes
+
+
+def decide_fold(config: ModelConfig, tp_size: int, *, rank: int, max_slots: int,
+                max_num_seqs: int, dtype_bytes: int = 2) -> FoldDecision:
+    """The module docstring's rule."""
+    active = min(max_slots, max_num_seqs)
+    saved = config.num_layers * (4 * LAUNCH_S - FOLD_CONSUMER_S)
+    extra = ((max_slots - active) * fold_a_bytes_per_slot(config, tp_size, rank, dtype_bytes)
+             / HBM_BYTES_PER_S)
+    if extra < saved:
+        return FoldDecision(True, f"idle slots' A reads {extra * 1e6:.0f} µs < "
+                                  f"{saved * 1e6:.0f} µs of launches saved", saved, extra)
+    return FoldDecision(False, f"idle slots' A reads {extra * 1e6:.0f} µs >= "
+                               f"{saved * 1e6:.0f} µs of launches saved", saved, extra)

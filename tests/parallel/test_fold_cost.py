@@ -1,0 +1,40 @@
+"""When a TP rank folds its LoRA into the base GEMMs (dataplane/parallel/fold_cost.py):
+the idle resident slots' A reads against the decode launches the fold saves."""
+
+from __future__ import annotations
+
+from fractions import Fraction
+
+import pytest
+
+from dataplane.models.config import ModelConfig
+from dataplane.parallel.fold_cost import decide_fold, fold_a_bytes_per_slot
+
+LLAMA_8B = ModelConfig.from_dict({
+    "model_type": "llama", "vocab_size": 128256, "hidden_size": 4096,
+    "intermediate_size": 14336, "num_hidden_layers": 32, "num_attention_heads": 32,
+    "num_key_value_heads": 8, "max_position_embeddings": 8192, "rms_norm_eps": 1e-5,
+    "rope_theta": 500000.0, "tie_word_embeddings": False})
+
+
+def test_a_bytes_per_slot_on_a_tp2_rank() -> None:
+    # rank 16, bf16, per layer: q/k/v and gate/up A replicated (5 x 16 x 4,096), o's A
+    # sharded (16 x 2,048), down's A sharded (16 x 7,168)
+    per_layer = 16 * (5 * 4096 + 2048 + 7168) * 2
+    assert fold_a_bytes_per_slot(LLAMA_8B, 2, 16) == 32 * per_layer == 30_408_704
+    assert fold_a_bytes_per_slot(LLAMA_8B, 2, 12) == 32 * per_layer  # padded to 16
+
+
+@pytest.mark.parametrize(("max_slots", "folds"), [(16, True), (64, True), (128, True),
+                                                  (160, True), (176, False), (256, False)])
+def test_fold_pays_until_idle_slot_reads_exceed_the_launches(max_slots: int,
+                                                             folds: bool) -> None:
+    """64 rows per step: 128 slots leave 64 idle (30.4 MB of A each per step, 4,073 GB/s:
+    478 µs) against 32 x (4 x 9.4 - 13.3) = 777.6 µs saved; the break-even is 104 idle."""
+    d = decide_fold(LLAMA_8B, 2, rank=16, max_slots=max_slots, max_num_seqs=64)
+    idle = max_slots - min(max_slots, 64)
+    extra = Fraction(idle * 30_408_704) / Fraction(4073 * 10**9)
+    assert d.extra_s == pytest.approx(float(extra))
+    assert d.saved_s == pytest.approx(777.6e-6)
+    assert d.fold is folds
+    assert ("<" in d.reason) is folds
