@@ -32,6 +32,8 @@ adapters keeps >= 90% of TP=2 no-LoRA throughput (printed as "keep" lines at the
 
 `--layouts` limits the TP>1 rows to some layouts; `--profile N` profiles N more decode
 steps per row on rank 0 (CUDA): device µs per step by kernel kind, and the top kernels.
+`--fold` repeats each TP>1 default-layout adapter case with the LoRA folded into the base
+GEMMs and their consumer ops for decode steps (`enable_lora_fold`; rows "fold": true).
 """
 
 from __future__ import annotations
