@@ -57,7 +57,8 @@ class AgentSettings(BaseSettings):
     (`dataplane.parallel.cost_model`: an extra collective vs replicated factor reads)."""
     tp_lora_extra_resident_bytes: int | None = Field(default=None, ge=0)
     """`auto` only: per-rank byte budget for the factors the no-extra-collectives layout
-    replicates (over all `max_slots` adapters); a projection over it takes the paper layout."""
+    replicates (over all `max_slots` adapters); a projection over it takes the paper layout.
+    With `tp_lora_fold=auto` the fold's copies of the factors must fit it too."""
     tp_lora_fold: Literal["auto", "on", "off"] = "auto"
     """TP decode steps fold the LoRA of every no_extra_collectives projection into its base
     GEMM (every slot's `A` under the weight) and its consumer op (RoPE, add-RMSNorm,

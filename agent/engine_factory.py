@@ -125,7 +125,8 @@ def tp_lora_fold(settings: AgentSettings) -> bool:
     decision = decide_fold(ModelConfig.from_model_dir(settings.model_dir), settings.tp_degree,
                            rank=settings.max_rank, max_slots=settings.max_slots,
                            max_num_seqs=settings.max_num_seqs,
-                           dtype_bytes=torch.finfo(getattr(torch, settings.dtype)).bits // 8)
+                           dtype_bytes=torch.finfo(getattr(torch, settings.dtype)).bits // 8,
+                           extra_resident_budget_bytes=settings.tp_lora_extra_resident_bytes)
     log.info("TP LoRA fold: %s (%s)", "on" if decision.fold else "off", decision.reason)
     return decision.fold
 

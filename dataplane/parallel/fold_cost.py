@@ -9,7 +9,8 @@ read the ``A`` of *every* resident slot, active or not. With `active` =
     extra = (max_slots - active) * A bytes per slot / HBM_BYTES_PER_S
 
 and the fold pays when ``extra < saved``. With 8B-shaped TP=2 rank-16 adapters that is up
-to ~100 idle resident slots.
+to ~100 idle resident slots. Its copies of every slot's factors (`fold_resident_bytes`)
+must also fit the agent's per-rank budget for extra resident factor bytes, when one is set.
 """
 
 from __future__ import annotations
@@ -48,9 +49,26 @@ def fold_a_bytes_per_slot(config: ModelConfig, tp_size: int, rank: int,
     return per_layer * c.num_layers * dtype_bytes
 
 
+def fold_resident_bytes(config: ModelConfig, tp_size: int, rank: int, max_slots: int,
+                        dtype_bytes: int = 2) -> int:
+    """What the fold allocates on one rank: every slot's padded ``A`` rows and ``B``
+    (q/k/v and gate/up ``B`` output-sharded, o and down ``B`` replicated) in every layer."""
+    c, r = config, next_pow2(rank)
+    b_per_layer = r * ((c.q_size + 2 * c.kv_size) // tp_size + c.hidden_size
+                       + 2 * c.intermediate_size // tp_size + c.hidden_size)
+    b_bytes = b_per_layer * c.num_layers * dtype_bytes
+    return max_slots * (fold_a_bytes_per_slot(config, tp_size, rank, dtype_bytes) + b_bytes)
+
+
 def decide_fold(config: ModelConfig, tp_size: int, *, rank: int, max_slots: int,
-                max_num_seqs: int, dtype_bytes: int = 2) -> FoldDecision:
+                max_num_seqs: int, dtype_bytes: int = 2,
+                extra_resident_budget_bytes: int | None = None) -> FoldDecision:
     """The module docstring's rule."""
+    if extra_resident_budget_bytes is not None:
+        resident = fold_resident_bytes(config, tp_size, rank, max_slots, dtype_bytes)
+        if resident > extra_resident_budget_bytes:
+            return FoldDecision(False, f"fold copies ({resident} bytes) exceed the "
+                                       "resident-bytes budget", 0.0, 0.0)
     active = min(max_slots, max_num_seqs)
     saved = config.num_layers * (4 * LAUNCH_S - FOLD_CONSUMER_S)
     extra = ((max_slots - active) * fold_a_bytes_per_slot(config, tp_size, rank, dtype_bytes)

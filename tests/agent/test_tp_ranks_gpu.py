@@ -1,6 +1,6 @@
 """Two GPUs: the agent's TP ranks with CUDA graphs give the eager TP=2 and the TP=1 greedy
-tokens; decode steps are replayed from graphs and prefill steps from piecewise graphs.
-Skipped without two CUDA devices."""
+tokens; decode steps are replayed from graphs and prefill steps from piecewise graphs; also
+with the LoRA folded into the base GEMMs (`lora_fold`). Skipped without two CUDA devices."""
 
 from __future__ import annotations
 
@@ -21,17 +21,20 @@ pytestmark = [pytest.mark.gpu,
 GPU_SIZES = {**SIZES, "attention_backend": "triton"}
 
 
-def tp2_tokens(base: Path, adapters: dict[str, Path], graphs: bool
+def tp2_tokens(base: Path, adapters: dict[str, Path], graphs: bool, fold: bool = False
                ) -> tuple[list[tuple[int, ...]], int, int]:
     sizes = {**GPU_SIZES, "enable_cuda_graphs": graphs}
     start = time.perf_counter()
 
     def stage(name: str) -> None:  # shown with -s: where a slow or stuck run spent its time
-        print(f"tp2 graphs={graphs}: {name} at {time.perf_counter() - start:.1f} s", flush=True)
+        print(f"tp2 graphs={graphs} fold={fold}: {name} at "
+              f"{time.perf_counter() - start:.1f} s", flush=True)
 
     ranks = launch_tp_ranks(TPLaunchSpec(str(base), 2, device="cuda", dtype="float32",
-                                         engine_sizes=sizes, timeout_s=300.0))
+                                         engine_sizes=sizes, lora_fold=fold,
+                                         timeout_s=300.0))
     stage("ranks up")
+    assert ranks.engine.tp_model.lora_fold_rows == (GPU_SIZES["max_num_seqs"] if fold else 0)
     try:
         tokens = greedy(ranks.engine, adapters)
         replays = getattr(ranks.engine.runner.graphs, "replays", 0)
@@ -53,5 +56,8 @@ def test_tp2_graphs_equal_eager_and_tp1(assets: tuple[Path, dict[str, Path]],  #
                        adapters)
     eager, eager_replays, eager_pieces = tp2_tokens(base, adapters, graphs=False)
     graphed, replays, pieces = tp2_tokens(base, adapters, graphs=True)
+    folded, fold_replays, _ = tp2_tokens(base, adapters, graphs=True, fold=True)
     assert eager_replays == eager_pieces == 0 and replays > 0 and pieces > 0
+    assert fold_replays > 0
     assert graphed == eager == reference
+    assert folded == reference

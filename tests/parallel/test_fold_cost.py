@@ -38,3 +38,15 @@ def test_fold_pays_until_idle_slot_reads_exceed_the_launches(max_slots: int,
     assert d.saved_s == pytest.approx(777.6e-6)
     assert d.fold is folds
     assert ("<" in d.reason) is folds
+
+
+def test_fold_copies_must_fit_the_resident_budget() -> None:
+    # per slot: A 30,408,704 bytes; B per layer 16 x (3,072 + 4,096 + 14,336 + 4,096) x 2
+    b = 32 * 16 * (3072 + 4096 + 14336 + 4096) * 2
+    assert b == 26_214_400
+    per_slot = 30_408_704 + b
+    fits = decide_fold(LLAMA_8B, 2, rank=16, max_slots=8, max_num_seqs=64,
+                       extra_resident_budget_bytes=8 * per_slot)
+    over = decide_fold(LLAMA_8B, 2, rank=16, max_slots=8, max_num_seqs=64,
+                       extra_resident_budget_bytes=8 * per_slot - 1)
+    assert fits.fold and not over.fold and "budget" in over.reason
