@@ -10,6 +10,10 @@ RMSNorm statistics and RoPE angles in fp32, logits returned in fp32.
 Layers pass (hidden, residual) along as vLLM does, so the elementwise work between GEMMs
 is one fused op each (dataplane.ops): residual-add + RMSNorm, RoPE + KV cache write,
 SiLU * up. `ops_backend` ("auto": Triton on CUDA tensors, torch otherwise) picks the path.
+On steps whose LoRA context says `fold`, a projection that holds a LoRA fold (the TP ones,
+dataplane/parallel/linear.py) returns its bottleneck columns with `y` (`project`), and the
+op that consumes `y` adds each row's expand (dataplane/ops/lora_fold.py); a down
+projection's fold waits in `lora.pending` for the next layer's add-norm.
 """
 
 from __future__ import annotations
@@ -29,6 +33,11 @@ from dataplane.ops import check_ops_backend, fused_add_rms_norm, rope_and_cache
 from dataplane.ops.lora_fold import FoldedExpand
 
 QKV_SLICES = ("q_proj", "k_proj", "v_proj")
+GATE_UP_SLICES = ("gate_proj", "up_proj")
+LORA_GROUPS = {"qkv_proj": QKV_SLICES, "o_proj": ("o_proj",),
+               "gate_up_proj": GATE_UP_SLICES, "down_proj": ("down_proj",)}
+"""Fused LoRALinear attribute -> PEFT module names of its slices (output order)."""
+
 Folded = tuple[torch.Tensor, FoldedExpand]
 
 
@@ -41,10 +50,6 @@ def project(proj: nn.Module, x: torch.Tensor, lora: LoraStepContext | None
         out: tuple[torch.Tensor, Folded | None] = fold_fn(x, lora)
         return out
     return proj(x, lora), None
-GATE_UP_SLICES = ("gate_proj", "up_proj")
-LORA_GROUPS = {"qkv_proj": QKV_SLICES, "o_proj": ("o_proj",),
-               "gate_up_proj": GATE_UP_SLICES, "down_proj": ("down_proj",)}
-"""Fused LoRALinear attribute -> PEFT module names of its slices (output order)."""
 
 
 class DecoderLayer(nn.Module):
