@@ -22,6 +22,7 @@ distinct contents under distinct digests.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import hashlib
 import json
 import os
@@ -83,15 +84,13 @@ def bench_rank(rank: int, tp: int, init_file: str, args: argparse.Namespace,
     rows = []
     for n in args.adapters:
         for mode in args.scheduling:
-            cfg = engine_config(args, n, mode)
+            cfg = dataclasses.replace(engine_config(args, n, mode), lora_fold=args.fold and n > 0)
             engine: Engine
             built = time.perf_counter()
             if group is None:
                 engine = Engine(global_model, cfg, DIGEST)
             else:
                 model = TPLlamaForCausalLM(global_model, group, max_slots=n, max_rank=16)
-                if args.fold and n:
-                    model.enable_lora_fold(args.batch)
                 engine = TPEngine(model, cfg, DIGEST)
                 if rank > 0:  # follower: execute the leader's loads and plans until stop
                     engine.serve()
@@ -103,7 +102,7 @@ def bench_rank(rank: int, tp: int, init_file: str, args: argparse.Namespace,
                 group.counter.reset()  # this engine's token broadcasts only
             times = time_steps(engine, args, handles)
             row = {"tp": tp, "adapters": n, "scheduling": mode,
-                   "fold": bool(args.fold and n and group is not None),
+                   "fold": bool(args.fold and n),
                    "async_on": engine.async_scheduling,
                    "overlapped_steps": engine.num_overlapped_steps,
                    "build_s": built, "piecewise": args.piecewise,
@@ -141,7 +140,7 @@ def main() -> None:
                    help="also capture mixed-step pieces (up to 2,048 rows) at build: its "
                         "time is in build_s; decode steps are timed either way")
     p.add_argument("--fold", action="store_true",
-                   help="TP > 1: LoRA folded into the base GEMMs for decode steps")
+                   help="LoRA folded into the base GEMMs for decode steps (TP=1 and TP>1)")
     p.add_argument("--out", type=Path, default=Path("."))
     args = p.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)

@@ -31,6 +31,10 @@ class EngineConfig:
     """Also capture mixed (prefill + decode) steps as piecewise CUDA graphs around attention
     (engine/piecewise_graphs.py; rows padded to buckets of 64, 256 above 1,024). Only where
     decode graphs are captured (CUDA, `enable_cuda_graphs`, one rank)."""
+    lora_fold: bool = False
+    """Decode steps (up to `max_num_seqs` rows) fold the LoRA into the base GEMMs and their
+    consumer ops (`ModelRunner.enable_lora_fold`): no LoRA launch, one more copy of every
+    slot's factors. Needs the engine's own factor tables (not the unified pool's)."""
     sampler_seed: int | None = 0
     async_scheduling: bool | None = None
     """Launch the next decode-only step before syncing on this one's tokens (None: on

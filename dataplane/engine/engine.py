@@ -94,6 +94,8 @@ class Engine(StepLoop):
                                   lora_backend=config.lora_backend,
                                   attention_backend=config.attention_backend,
                                   ops_backend=config.ops_backend, kv_cache=kv_cache)
+        if config.lora_fold and config.max_slots > 0:
+            self.runner.enable_lora_fold(config.max_num_seqs)
         self.adapters = AdapterRegistry(self.runner)
         kv_dtype = str(model.dtype).removeprefix("torch.")
         self.block_manager = BlockManager(

@@ -118,8 +118,11 @@ class ModelRunner:
             model.set_ops_backend(ops_backend)
         own = [(layer, attr, linear) for layer, attr, linear in model.lora_linears()
                if not getattr(linear, "owns_lora_tables", False)]
-        for _layer, _attr, linear in own:  # detach a previous runner's tables
+        if any(linear.fold is not None for _l, _a, linear in own):
+            model.lora_fold_rows = 0  # a previous runner's fold, kept in step with its tables
+        for _layer, _attr, linear in own:  # detach a previous runner's tables (and fold)
             linear.factors, linear.has_factors = None, False
+            linear.fold = None
         if max_slots > 0:
             self.backend = get_lora_backend(self.device, prefer=lora_backend)
             self.meta_buffers = LoraMetaBuffers(max_rows, max_slots, self.device)
@@ -131,6 +134,27 @@ class ModelRunner:
                 linear.factors = table
                 self.tables[(layer, attr)] = table
                 self.linears[(layer, attr)] = linear
+
+    def enable_lora_fold(self, max_rows: int) -> None:
+        """Steps of at most `max_rows` rows (decode steps) fold the LoRA into the base GEMMs
+        and their consumer ops (dataplane/ops/lora_fold.py): the model's own fold under
+        tensor parallelism, else a fold per projection kept in step with this runner's
+        factor tables. Before any adapter is loaded; refused where the factors live
+        elsewhere (the unified pool's pages)."""
+        tp_fold = getattr(self.model, "enable_lora_fold", None)
+        if tp_fold is not None:
+            tp_fold(max_rows)
+            return
+        if self.max_slots == 0 or max_rows <= 0:
+            raise InvalidRequest("a LoRA fold needs LoRA slots and a row limit")
+        if any(linear.factors is not self.tables.get(key)
+               for key, linear in self.linears.items()) or not self.tables:
+            raise InvalidRequest("a LoRA fold needs the runner's own factor tables")
+        if any(bool((t.ranks > 0).any()) for t in self.tables.values()):
+            raise InvalidRequest("enable the LoRA fold before loading adapters")
+        for key, table in self.tables.items():
+            table.mirror = self.linears[key].enable_fold(self.max_slots, self.max_rank)
+        self.model.lora_fold_rows = max_rows
 
     @property
     def graph_safe(self) -> bool:

@@ -16,11 +16,22 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
+from typing import Protocol
 
 import torch
 
 from dataplane.kernels.base import LoraModuleWeights
 from dataplane.kernels.errors import LoraRankError, LoraShapeError, LoraSlotError
+
+
+class SlotMirror(Protocol):
+    """A second copy of the table's slots kept in step (e.g. a projection's LoRA fold,
+    dataplane/layers/lora_fold_store.py): told of every write and clear."""
+
+    def write(self, slot: int,
+              factors: Mapping[int, tuple[torch.Tensor, torch.Tensor, float]]) -> None: ...
+
+    def clear(self, slot: int) -> None: ...
 
 
 class LoraFactorTable:
@@ -75,6 +86,7 @@ class LoraFactorTable:
         self.b_rows = b_rows.to(self.device)
         self.ranks = torch.zeros(ns, s, dtype=torch.int32, device=self.device)
         self.scales = torch.zeros(ns, s, dtype=torch.float32, device=self.device)
+        self.mirror: SlotMirror | None = None
         self._a_rows_host, self._b_rows_host = a_rows, b_rows
         stacked = None
         if layout == "stacked":
@@ -135,6 +147,8 @@ class LoraFactorTable:
             self._write_rows(self._b_rows_host[k, slot, :r], b.t(), width)
             self.ranks[k, slot] = r
             self.scales[k, slot] = float(scale)
+        if self.mirror is not None:
+            self.mirror.write(slot, factors)
 
     def clear_slot(self, slot: int) -> None:
         """Rank 0 for every slice and zeroed rows (seed §0x06A: no stale tails)."""
@@ -145,6 +159,8 @@ class LoraFactorTable:
             self.storage[self._row_index(self._b_rows_host[k, slot], width)] = 0
         self.ranks[:, slot] = 0
         self.scales[:, slot] = 0.0
+        if self.mirror is not None:
+            self.mirror.clear(slot)
 
     def _row_index(self, homes: torch.Tensor, width: int) -> torch.Tensor:
         """Flat storage indices of rows starting at ``homes``, built on the device."""

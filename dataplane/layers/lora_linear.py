@@ -19,6 +19,7 @@ from torch import nn
 
 from dataplane.kernels.base import LoraBackend, LoraBatchMeta, LoraModuleWeights, LoraWorkspace
 from dataplane.kernels.factor_table import LoraFactorTable
+from dataplane.layers.lora_fold_store import FoldStore
 from dataplane.ops import silu_and_mul
 from dataplane.ops.lora_fold import FoldedExpand
 
@@ -45,7 +46,7 @@ class LoraStepContext:
     """Skip projections no loaded adapter targets (host-side check). False inside CUDA-graph
     capture, so that an adapter registered after capture still reaches every projection."""
     fold: bool = False
-    """Projections that hold a hot-slot fold (dataplane/parallel/lora_fold_store.py) run
+    """Projections that hold a hot-slot fold (dataplane/layers/lora_fold_store.py) run
     their shrink inside the base GEMM and leave the expand to their consumer op; the runner
     sets it for steps of at most the model's `lora_fold_rows` rows."""
     pending: list[tuple[torch.Tensor, FoldedExpand]] = field(default_factory=list)
@@ -79,11 +80,31 @@ class LoRALinear(nn.Module):
         self.factors: LoraFactorTable | FactorSource | None = None
         self.has_factors = False
         """Host-side: some slot has rank > 0 in `factors` (kept by the adapter loader)."""
+        self.fold: FoldStore | None = None
+        """The LoRA fold of this projection (`enable_fold`), or None."""
 
     def attach_factors(self, source: FactorSource | None) -> None:
         """Read factors from `source` from now on (None: base only); clears `has_factors`
         until the owner of `source` calls :meth:`set_adapted`."""
         self.factors, self.has_factors = source, False
+
+    def enable_fold(self, num_slots: int, max_rank: int) -> FoldStore:
+        """Fold slots ``[0, num_slots)`` into the base GEMM (dataplane/layers/
+        lora_fold_store.py): the base weight becomes a view of the augmented one. The
+        caller keeps the store in step with the factor table (`LoraFactorTable.mirror`)."""
+        store = FoldStore(self.weight.detach(), self.out_features, num_slots, max_rank)
+        self.weight = nn.Parameter(store.weight_aug[:store.base_rows], requires_grad=False)
+        self.fold = store
+        return store
+
+    def forward_fold(self, x: torch.Tensor, lora: LoraStepContext
+                     ) -> tuple[torch.Tensor, tuple[torch.Tensor, FoldedExpand] | None]:
+        """(y, (z tail, expand)): the shrink of every slot inside the base GEMM, no launch;
+        the caller's consumer op adds each row's expand. Plain `forward` without a fold."""
+        if self.fold is None:
+            return self(x, lora), None
+        return self.fold.split(F.linear(x, self.fold.weight_aug), self.bias,
+                               lora.meta.row_slot)
 
     def set_adapted(self, adapted: bool) -> None:
         """Public form of the host-side `has_factors` flag: True iff some slot of the
@@ -117,6 +138,10 @@ class LoRALinear(nn.Module):
         """``silu_and_mul(self(x, lora))`` for a gate/up projection, with the LoRA expand
         folded into the activation where the backend has that path (the same math, one
         rounding fewer: ``gate + Δgate`` is not rounded to the dtype first)."""
+        if lora is not None and lora.fold and self.fold is not None:
+            y, (tail, fold) = self.fold.split(F.linear(x, self.fold.weight_aug), self.bias,
+                                              lora.meta.row_slot)
+            return silu_and_mul(y, ops_backend, fold=fold, tail=tail)
         y = F.linear(x, self.weight, self.bias)
         w = self._active(lora)
         if w is not None and lora is not None:

@@ -1,6 +1,6 @@
 """Whether a TP rank should fold its LoRA into the base GEMMs for decode steps.
 
-The fold (dataplane/parallel/lora_fold_store.py) replaces a decode step's four LoRA
+The fold (dataplane/layers/lora_fold_store.py) replaces a decode step's four LoRA
 launches per layer with work inside the base GEMMs and their consumer ops, but its GEMMs
 read the ``A`` of *every* resident slot, active or not. With `active` =
 ``min(max_slots, max_num_seqs)`` adapters per step (as `cost_model`), per decode step:

@@ -9,7 +9,7 @@ RowParallelLinear: x ``[T, d_in/N]`` (this rank's input columns) -> y ``[T, d_ou
     replicated, after one base all-reduce (bias added once, after it).
 
 `enable_fold(hot_slots)` (default LoRA layout): the weight gains the hot slots' ``A`` rows
-(dataplane/parallel/lora_fold_store.py) and `forward_fold` returns ``(y, (z, expand))``
+(dataplane/layers/lora_fold_store.py) and `forward_fold` returns ``(y, (z, expand))``
 for the consumer op to add the expand (dataplane/ops/lora_fold.py): no LoRA launch. The
 row-parallel ``z`` rides in the base all-reduce with ``y``.
 """
@@ -23,12 +23,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from dataplane.layers.lora_fold_store import FoldStore
 from dataplane.layers.lora_linear import LoraStepContext
 from dataplane.ops import silu_and_mul
 from dataplane.ops.lora_fold import FoldedExpand
 from dataplane.parallel.collectives import TPGroup
 from dataplane.parallel.errors import ShardShapeError
-from dataplane.parallel.lora_fold_store import FoldStore
 from dataplane.parallel.lora_tp import GlobalSliceFactors, ShardedLoraBranch
 from dataplane.parallel.shard import (
     COLUMN,
@@ -111,7 +111,7 @@ class _ParallelLinear(nn.Module):
                           self.branch.table.max_rank)
         self.weight = nn.Parameter(store.weight_aug[:store.base_rows], requires_grad=False)
         for slot, local in self.branch.local.items():
-            store.write(slot, local)
+            store.write(slot, {k: (f.a, f.b, f.scale) for k, f in local.items()})
         self.fold = self.branch.fold = store
         return store
 
@@ -127,11 +127,7 @@ class _ParallelLinear(nn.Module):
             y_aug = F.linear(x, self.fold.weight_aug)
         if reduce:
             self.group.all_reduce(y_aug, purpose="base")
-        n = self.fold.base_rows
-        y = y_aug[:, :n]
-        if self.bias is not None:
-            y += self.bias
-        return y, (y_aug[:, n:], self.fold.expand(lora.meta.row_slot))
+        return self.fold.split(y_aug, self.bias, lora.meta.row_slot)
 
     def forward_fold(self, x: torch.Tensor, lora: LoraStepContext
                      ) -> tuple[torch.Tensor, tuple[torch.Tensor, FoldedExpand] | None]:

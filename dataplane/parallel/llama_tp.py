@@ -186,7 +186,7 @@ class TPLlamaForCausalLM(LlamaForCausalLM):
 
     def enable_lora_fold(self, max_rows: int) -> int:
         """Fold every slot's LoRA into the base GEMMs and their consumer ops for steps of
-        at most `max_rows` rows (decode steps: dataplane/parallel/lora_fold_store.py), in
+        at most `max_rows` rows (decode steps: dataplane/layers/lora_fold_store.py), in
         each projection of the default layout (paper-layout ones keep their launches).
         Returns how many projections fold."""
         if self.max_slots <= 0 or max_rows <= 0:

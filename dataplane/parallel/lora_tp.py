@@ -28,10 +28,10 @@ from collections.abc import Mapping
 import torch
 
 from dataplane.kernels.factor_table import LoraFactorTable
+from dataplane.layers.lora_fold_store import FoldStore
 from dataplane.layers.lora_linear import LoraStepContext
 from dataplane.parallel.collectives import TPGroup
 from dataplane.parallel.errors import IndivisibleShardError, ShardShapeError
-from dataplane.parallel.lora_fold_store import FoldStore
 from dataplane.parallel.shard import (
     COLUMN,
     LAYOUT_PAPER,
@@ -139,7 +139,7 @@ class ShardedLoraBranch:
             for k, f in local.items():
                 self.shrink_ranks[k, slot] = f.a.shape[0]
         if self.fold is not None:
-            self.fold.write(slot, local)
+            self.fold.write(slot, {k: (f.a, f.b, f.scale) for k, f in local.items()})
         self.local[slot] = local
 
     def clear_slot(self, slot: int) -> None:

@@ -188,12 +188,12 @@ class TPEngine(Engine):
         from dataplane.models import load_model
 
         config = EngineConfig(**sizes)  # type: ignore[arg-type]
+        if lora_fold:
+            config = dataclasses.replace(config, lora_fold=True)
         global_model = load_model(Path(path), _DTYPES[dtype], torch.device("cpu"))
         model = TPLlamaForCausalLM(global_model, group, lora_layouts=lora_layouts,
                                    max_slots=config.max_slots, max_rank=config.max_rank)
         del global_model
-        if lora_fold and config.max_slots > 0:
-            model.enable_lora_fold(config.max_num_seqs)
         abi = read_base_abi(Path(path))
         tokenizer = (Tokenizer.from_dir(path) if (Path(path) / "tokenizer.json").is_file()
                      else None)

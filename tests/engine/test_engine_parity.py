@@ -4,13 +4,16 @@ One mixed batch: base rows and three adapters (ranks 2/4/8 with rank/alpha patte
 rsLoRA, different target sets), prompt lengths 1..21, requests arriving at different
 steps, chunked prefill (token budget 16) and preemption (a KV pool too small for all of
 them). Greedy tokens must equal HF's; each step's logprobs (log-softmax of the logits)
-must match HF's within fp32 tolerance.
+must match HF's within fp32 tolerance. Again with the LoRA folded into the base GEMMs and
+their consumer ops (`lora_fold`: steps of at most 6 rows, the decode steps and the
+smallest chunks).
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 import torch
 
 from dataplane.core import SamplingParams
@@ -33,11 +36,12 @@ REQUESTS = [
 LOGPROB_TOL = dict(atol=5e-5, rtol=1e-4)
 
 
-def test_mixed_batch_matches_hf_peft_alone(tiny_llama: Path,
-                                           tiny_adapters: dict[str, Path]) -> None:
+@pytest.mark.parametrize("lora_fold", [False, True])
+def test_mixed_batch_matches_hf_peft_alone(tiny_llama: Path, tiny_adapters: dict[str, Path],
+                                           lora_fold: bool) -> None:
     engine = Engine.from_model_dir(tiny_llama, dtype="float32", device="cpu", max_num_seqs=6,
                                    max_num_batched_tokens=16, num_kv_blocks=14, block_size=4,
-                                   max_slots=4, max_rank=8)
+                                   max_slots=4, max_rank=8, lora_fold=lora_fold)
     handles = {name: engine.register_adapter(path) for name, path in tiny_adapters.items()}
     assert len({h.slot for h in handles.values()}) == 3
     outputs = {}
@@ -53,6 +57,10 @@ def test_mixed_batch_matches_hf_peft_alone(tiny_llama: Path,
                 outputs[out.request_id] = out
         step += 1
     assert engine.num_preemptions > 0, "the KV pool was meant to force preemption"
+    folds = [linear.fold.uses for linear in engine.runner.linears.values()
+             if linear.fold is not None]
+    assert len(folds) == (len(engine.runner.linears) if lora_fold else 0)
+    assert all(uses > 0 for uses in folds)  # every projection folded some steps
     hf = HFReference(tiny_llama, tiny_adapters)
     for i, (prompt, adapter, max_tokens, _arrival) in enumerate(REQUESTS):
         out = outputs[f"r{i}"]

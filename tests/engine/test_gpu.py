@@ -25,11 +25,12 @@ REQUESTS = [([5, 17, 33, 9, 100, 7, 250, 3, 64], "all_r8"), ([1, 2, 3], None),
 MAX_TOKENS = 8
 
 
-def _generate(model_dir: Path, adapters: dict[str, Path], dtype: str, graphs: bool
-              ) -> tuple[Engine, list]:
+def _generate(model_dir: Path, adapters: dict[str, Path], dtype: str, graphs: bool,
+              lora_fold: bool = False) -> tuple[Engine, list]:
     engine = Engine.from_model_dir(model_dir, dtype=dtype, device="cuda", max_num_seqs=8,
                                    max_num_batched_tokens=64, num_kv_blocks=64, block_size=4,
-                                   max_slots=4, max_rank=8, enable_cuda_graphs=graphs)
+                                   max_slots=4, max_rank=8, enable_cuda_graphs=graphs,
+                                   lora_fold=lora_fold)
     handles = {n: engine.register_adapter(p) for n, p in adapters.items()}
     params = SamplingParams(temperature=0, max_tokens=MAX_TOKENS, ignore_eos=True, logprobs=0)
     outs = engine.generate([p for p, _ in REQUESTS], params,
@@ -37,18 +38,25 @@ def _generate(model_dir: Path, adapters: dict[str, Path], dtype: str, graphs: bo
     return engine, outs
 
 
-@pytest.mark.parametrize("fused", ["1", "0"], ids=["fused-decode", "two-kernel-folded-silu"])
+@pytest.mark.parametrize("fused", ["1", "0", "lora-fold"],
+                         ids=["fused-decode", "two-kernel-folded-silu", "lora-fold"])
 def test_fp32_cuda_graphs_match_hf(cuda_device: torch.device, tiny_llama: Path,
                                    tiny_adapters: dict[str, Path], fused: str,
                                    monkeypatch: pytest.MonkeyPatch) -> None:
-    """Both LoRA paths: the fused decode launch, and two kernels everywhere (gate/up's
-    expand folded into SiLU·mul)."""
-    monkeypatch.setenv("ADAPTERPLANE_LORA_FUSED", fused)
+    """Every LoRA path: the fused decode launch, two kernels everywhere (gate/up's expand
+    folded into SiLU·mul), and the LoRA folded into the base GEMMs and their consumer
+    ops for decode steps (`lora_fold`, captured in the decode graphs)."""
+    fold = fused == "lora-fold"
+    monkeypatch.setenv("ADAPTERPLANE_LORA_FUSED", "1" if fold else fused)
     if fused == "0":
         enable_folded_silu(monkeypatch)
-    engine, outs = _generate(tiny_llama, tiny_adapters, "float32", graphs=True)
+    engine, outs = _generate(tiny_llama, tiny_adapters, "float32", graphs=True,
+                             lora_fold=fold)
     graphs = engine.runner.graphs
     assert graphs is not None and graphs.replays > 0  # type: ignore[attr-defined]
+    stores = [linear.fold for linear in engine.runner.linears.values()]
+    assert all((store is not None and store.uses > 0) if fold else store is None
+               for store in stores)
     hf = HFReference(tiny_llama, tiny_adapters)
     for (prompt, name), out in zip(REQUESTS, outs, strict=True):
         ref_tokens, ref_logits = hf.greedy(prompt, MAX_TOKENS, name)

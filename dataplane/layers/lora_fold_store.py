@@ -1,4 +1,5 @@
-"""One parallel projection's hot-slot LoRA fold (dataplane/ops/lora_fold.py) on one rank.
+"""One projection's LoRA fold (dataplane/ops/lora_fold.py): its slots' factors laid out
+for the base GEMM and the consumer op.
 
 The projection's base weight becomes the top rows of ``weight_aug`` ``[N + H*C, d_in]``;
 below it, slot ``s < H`` holds each slice's local ``A`` (zero-padded to R rows, the power
@@ -7,26 +8,32 @@ the GEMM ``H*C`` more output columns instead of a launch. ``b[k]`` ``[H, R, w_k]
 slice k's local ``B`` (transposed) and ``scale`` ``[H, slices]`` the scales: what the
 projection's consumer needs to add each row's expand.
 
-The default layout (no_extra_collectives) only: column-parallel ``A`` replicated and ``B``
-output-sharded; row-parallel ``A`` input-sharded and ``B`` replicated, ``z`` a partial sum
-that the base all-reduce completes with ``y``.
+Factors are written in PEFT orientation (``A [r, d_in]``, ``B [w_k, r]``), the ones the
+projection itself holds: one GPU's whole factors (`LoRALinear`), or under tensor
+parallelism (default layout) a rank's shard — column-parallel ``A`` replicated and ``B``
+output-sharded; row-parallel ``A`` input-sharded and ``B`` replicated, ``z`` a partial
+sum that the base all-reduce completes with ``y``.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import torch
 
 from dataplane.intmath import next_pow2
+from dataplane.kernels.errors import LoraShapeError, LoraSlotError
 from dataplane.ops.lora_fold import FoldedExpand
-from dataplane.parallel.errors import ShardShapeError
-from dataplane.parallel.shard import LocalFactors
+
+SliceFactors = Mapping[int, tuple[torch.Tensor, torch.Tensor, float]]
+"""slice k -> (A [r, d_in], B [w_k, r], scale), as `LoraFactorTable.set_slot` takes."""
 
 
 class FoldStore:
     def __init__(self, weight: torch.Tensor, widths: tuple[int, ...], hot_slots: int,
                  max_rank: int) -> None:
         if hot_slots <= 0 or max_rank <= 0:
-            raise ShardShapeError("a LoRA fold needs hot slots and a rank")
+            raise LoraShapeError("a LoRA fold needs slots and a rank")
         self.widths, self.hot_slots = widths, hot_slots
         self.rank = next_pow2(max_rank)
         self.cols = hot_slots * len(widths) * self.rank
@@ -46,30 +53,40 @@ class FoldStore:
         start = self.base_rows + (slot * len(self.widths) + k) * self.rank
         return self.weight_aug[start:start + self.rank]
 
-    def write(self, slot: int, local: dict[int, LocalFactors]) -> None:
-        """Slot `slot`'s local factors (absent slices: rank 0)."""
-        if not 0 <= slot < self.hot_slots:
-            raise ShardShapeError(f"slot {slot} outside the fold's {self.hot_slots} slots")
-        for k, f in local.items():
-            r = f.a.shape[0]
-            if r > self.rank or f.b.shape != (self.widths[k], r):
-                raise ShardShapeError(f"slot {slot} slice {k}: factors do not fit the fold")
+    def write(self, slot: int, factors: SliceFactors) -> None:
+        """Slot `slot`'s factors (absent slices: rank 0); all checked before writing."""
+        self._check_slot(slot)
+        for k, (a, b, _scale) in factors.items():
+            r = a.shape[0]
+            if not 0 <= k < len(self.widths) or r > self.rank or b.shape != (self.widths[k], r):
+                raise LoraShapeError(f"slot {slot} slice {k}: factors do not fit the fold")
         self.clear(slot)
         with torch.no_grad():
-            for k, f in local.items():
-                r = f.a.shape[0]
-                self._tail(slot, k)[:r].copy_(f.a)
-                self.b[k][slot, :r].copy_(f.b.t())
-                self.scale[slot, k] = f.scale
+            for k, (a, b, scale) in factors.items():
+                r = a.shape[0]
+                self._tail(slot, k)[:r].copy_(a)
+                self.b[k][slot, :r].copy_(b.t())
+                self.scale[slot, k] = float(scale)
+
+    def _check_slot(self, slot: int) -> None:
+        if not 0 <= slot < self.hot_slots:
+            raise LoraSlotError(f"slot {slot} outside the fold's {self.hot_slots} slots")
 
     def clear(self, slot: int) -> None:
-        if not 0 <= slot < self.hot_slots:
-            raise ShardShapeError(f"slot {slot} outside the fold's {self.hot_slots} slots")
+        self._check_slot(slot)
         with torch.no_grad():
             for k in range(len(self.widths)):
                 self._tail(slot, k).zero_()
                 self.b[k][slot].zero_()
             self.scale[slot].zero_()
+
+    def split(self, y_aug: torch.Tensor, bias: torch.Tensor | None, row_slot: torch.Tensor
+              ) -> tuple[torch.Tensor, tuple[torch.Tensor, FoldedExpand]]:
+        """``x W_aug^T`` -> (y + bias, (z tail, the step's expand)) for the consumer op."""
+        y = y_aug[:, :self.base_rows]
+        if bias is not None:
+            y += bias
+        return y, (y_aug[:, self.base_rows:], self.expand(row_slot))
 
     def expand(self, row_slot: torch.Tensor) -> FoldedExpand:
         """The consumer's view for one step (`row_slot`: int32 [T], every slot < H)."""

@@ -1,4 +1,4 @@
-"""A projection's hot-slot fold store (dataplane/parallel/lora_fold_store.py): the base
+"""A projection's hot-slot fold store (dataplane/layers/lora_fold_store.py): the base
 weight stays on top, each slot's A rows and B sit where the fold kernels read them, and
 rewriting or clearing a slot leaves nothing of the previous adapter."""
 
@@ -7,18 +7,16 @@ from __future__ import annotations
 import pytest
 import torch
 
-from dataplane.parallel.errors import ShardShapeError
-from dataplane.parallel.lora_fold_store import FoldStore
-from dataplane.parallel.shard import LocalFactors
+from dataplane.kernels.errors import LoraShapeError, LoraSlotError
+from dataplane.layers.lora_fold_store import FoldStore
 
 WIDTHS, D_IN = (6, 4), 5
 
 
-def factors(rank: int, seed: int) -> dict[int, LocalFactors]:
+def factors(rank: int, seed: int) -> dict[int, tuple[torch.Tensor, torch.Tensor, float]]:
     gen = torch.Generator().manual_seed(seed)
-    return {k: LocalFactors(torch.randn(rank, D_IN, generator=gen),
-                            torch.randn(w, rank, generator=gen), rank, 0.5 + k)
-            for k, w in enumerate(WIDTHS)}
+    return {k: (torch.randn(rank, D_IN, generator=gen), torch.randn(w, rank, generator=gen),
+                0.5 + k) for k, w in enumerate(WIDTHS)}
 
 
 def test_slots_land_under_the_weight_and_in_b() -> None:
@@ -32,10 +30,11 @@ def test_slots_land_under_the_weight_and_in_b() -> None:
     z = x @ store.weight_aug.t()
     for k in range(2):
         start = 10 + (2 * 2 + k) * 8
-        torch.testing.assert_close(z[:, start:start + 6], x @ f[k].a.t())
+        a, b, scale = f[k]
+        torch.testing.assert_close(z[:, start:start + 6], x @ a.t())
         assert not z[:, start + 6:start + 8].any()  # padded rows
-        torch.testing.assert_close(store.b[k][2, :6], f[k].b.t())
-        assert store.scale[2, k] == f[k].scale
+        torch.testing.assert_close(store.b[k][2, :6], b.t())
+        assert store.scale[2, k] == scale
     assert not store.weight_aug[10:10 + 2 * 2 * 8].any()  # slots 0 and 1 untouched
 
 
@@ -54,10 +53,10 @@ def test_rewrite_with_a_lower_rank_and_clear_leave_nothing_behind() -> None:
 
 def test_bad_slots_and_shapes_are_refused() -> None:
     store = FoldStore(torch.randn(sum(WIDTHS), D_IN), WIDTHS, hot_slots=2, max_rank=4)
-    with pytest.raises(ShardShapeError):
+    with pytest.raises(LoraSlotError):
         store.write(2, factors(4, 4))
-    with pytest.raises(ShardShapeError):
+    with pytest.raises(LoraShapeError):
         store.write(0, factors(8, 5))  # rank 8 > R 4
-    with pytest.raises(ShardShapeError):
+    with pytest.raises(LoraSlotError):
         store.clear(-1)
     assert not store.weight_aug[10:].any()
