@@ -58,13 +58,14 @@ class AgentSettings(BaseSettings):
     tp_lora_extra_resident_bytes: int | None = Field(default=None, ge=0)
     """`auto` only: per-rank byte budget for the factors the no-extra-collectives layout
     replicates (over all `max_slots` adapters); a projection over it takes the paper layout.
-    With `tp_lora_fold=auto` the fold's copies of the factors must fit it too."""
-    tp_lora_fold: Literal["auto", "on", "off"] = "auto"
-    """TP decode steps fold the LoRA of every no_extra_collectives projection into its base
-    GEMM (every slot's `A` under the weight) and its consumer op (RoPE, add-RMSNorm,
-    SiLU·mul): no LoRA launch, one more copy of every slot's factors per rank. `auto`:
+    With `lora_fold=auto` the fold's copies of the factors must fit it too."""
+    lora_fold: Literal["auto", "on", "off"] = "auto"
+    """Decode steps fold the LoRA into each projection's base GEMM (every slot's `A` under
+    the weight) and its consumer op (RoPE, add-RMSNorm, SiLU·mul): no LoRA launch, one more
+    copy of every slot's factors (per rank). TP: every no_extra_collectives projection; one
+    GPU: `residency_backend=engine` only (`on` with the pool backend is refused). `auto`:
     unless reading idle slots' `A` costs more than the launches saved
-    (`dataplane.parallel.fold_cost`)."""
+    (`dataplane.parallel.fold_cost`); off with the pool backend on one GPU."""
     piecewise_graphs: bool = True
     """On CUDA: replay mixed (prefill + decode) steps as piecewise CUDA graphs
     (`EngineConfig.enable_piecewise_graphs`; with tp_degree > 1 on every rank)."""

@@ -79,11 +79,11 @@ class AgentDaemon:
             state={"ready": False, "agent_id": None, "worker_epoch": None, "name": settings.name})
         self.app = create_agent_app(self.ctx)
         self._stop = threading.Event()
+        self.ctx.state["lora_fold_rows"] = self.engine.model.lora_fold_rows
         ranks = getattr(self.engine, "tp_ranks", None)
         if ranks is not None:  # this agent is rank 0 of a TP group
             self.ctx.state["tp_follower_pids"] = ranks.follower_pids()
             self.ctx.state["tp_lora_layouts"] = dict(ranks.engine.tp_model.lora_layouts)
-            self.ctx.state["tp_lora_fold_rows"] = ranks.engine.tp_model.lora_fold_rows
             self.metrics.watch_collectives(ranks.engine.group.counter)
             ranks.watch(self._tp_rank_lost)
         self._full_due = 0.0

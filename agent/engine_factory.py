@@ -115,10 +115,16 @@ def tp_lora_layouts(settings: AgentSettings) -> dict[str, LayoutDecision | str]:
     return dict(decisions)
 
 
-def tp_lora_fold(settings: AgentSettings) -> bool:
-    """The `tp_lora_fold` setting, or with `auto` the fold cost model's decision."""
-    if settings.tp_lora_fold != "auto":
-        return settings.tp_lora_fold == "on"
+def lora_fold(settings: AgentSettings) -> bool:
+    """The `lora_fold` setting, or with `auto` the fold cost model's decision. One GPU with
+    the pool backend: the pool's factors have no fold copy (`on` raises, `auto` is off)."""
+    if settings.tp_degree == 1 and settings.residency_backend != "engine":
+        if settings.lora_fold == "on":
+            raise ValueError("lora_fold=on needs residency_backend='engine' on one GPU "
+                             "(the unified pool's factors are not folded)")
+        return False
+    if settings.lora_fold != "auto":
+        return settings.lora_fold == "on"
     from dataplane.models.config import ModelConfig
     from dataplane.parallel.fold_cost import decide_fold
 
@@ -127,7 +133,7 @@ def tp_lora_fold(settings: AgentSettings) -> bool:
                            max_num_seqs=settings.max_num_seqs,
                            dtype_bytes=torch.finfo(getattr(torch, settings.dtype)).bits // 8,
                            extra_resident_budget_bytes=settings.tp_lora_extra_resident_bytes)
-    log.info("TP LoRA fold: %s (%s)", "on" if decision.fold else "off", decision.reason)
+    log.info("LoRA fold: %s (%s)", "on" if decision.fold else "off", decision.reason)
     return decision.fold
 
 
@@ -151,7 +157,7 @@ def _build_tp_engine(settings: AgentSettings, sizes: dict[str, int]) -> MeteredE
     ranks = launch_tp_ranks(TPLaunchSpec(str(settings.model_dir), settings.tp_degree,
                                          device=settings.device, dtype=settings.dtype,
                                          lora_layouts={a: _layout(c) for a, c in choices.items()},
-                                         lora_fold=tp_lora_fold(settings),
+                                         lora_fold=lora_fold(settings),
                                          engine_sizes=engine_sizes),
                             engine_cls=MeteredTPEngine)
     engine = ranks.engine
@@ -176,11 +182,13 @@ def build_engine(settings: AgentSettings, metrics: AgentMetrics,
     elif settings.residency_backend == "engine":
         single = MeteredEngine.from_model_dir(
             settings.model_dir, dtype=settings.dtype, device=settings.device,
-            enable_piecewise_graphs=settings.piecewise_graphs, **sizes)
+            enable_piecewise_graphs=settings.piecewise_graphs,
+            lora_fold=lora_fold(settings), **sizes)
         assert isinstance(single, MeteredEngine)
         engine = single
         engine.slots = EngineSlots(engine)
     else:
+        lora_fold(settings)  # `on` is refused here
         path = Path(settings.model_dir)
         model = load_model(path, getattr(torch, settings.dtype), torch.device(settings.device))
         abi = read_base_abi(path)

@@ -24,11 +24,11 @@ def test_tp_agent_serves_then_exits_when_a_rank_dies(
         deployment: Deployment, reference: GreedyReference,
         tmp_path_factory: pytest.TempPathFactory) -> None:
     env = {"ADAPTERPLANE_AGENT_TP_DEGREE": "2", "ADAPTERPLANE_AGENT_RESIDENCY_BACKEND": "engine",
-           "ADAPTERPLANE_AGENT_DEVICE": "cpu", "ADAPTERPLANE_AGENT_TP_LORA_FOLD": "on"}
+           "ADAPTERPLANE_AGENT_DEVICE": "cpu", "ADAPTERPLANE_AGENT_LORA_FOLD": "on"}
     with extra_agent(deployment, tmp_path_factory, "agent-tp", env) as agent:
         state = agent.state()
         [follower] = state["tp_follower_pids"]
-        assert state["tp_lora_fold_rows"] > 0  # decode steps fold the LoRA on both ranks
+        assert state["lora_fold_rows"] > 0  # decode steps fold the LoRA on both ranks
         # the cost model's choice with no byte budget: no extra collective anywhere
         assert set(state["tp_lora_layouts"].values()) == {"no_extra_collectives"}
         api = openai.OpenAI(base_url=f"{agent.url}/v1", api_key=deployment.reader_token,

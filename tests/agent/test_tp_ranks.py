@@ -158,7 +158,7 @@ def test_agent_picks_tp_lora_layouts_by_cost_model(assets: tuple[Path, dict[str,
     every projection takes the paper layout, and the agent's TP engine then serves the
     same greedy tokens with one LoRA collective per projection."""
     from agent.config import AgentSettings
-    from agent.engine_factory import MeteredTPEngine, build_engine, tp_lora_fold, tp_lora_layouts
+    from agent.engine_factory import MeteredTPEngine, build_engine, lora_fold, tp_lora_layouts
     from agent.metrics import AgentMetrics
     from dataplane.models.llama import LORA_GROUPS
     from dataplane.parallel import LAYOUT_LOCAL, LAYOUT_PAPER
@@ -178,8 +178,8 @@ def test_agent_picks_tp_lora_layouts_by_cost_model(assets: tuple[Path, dict[str,
     assert {getattr(d, "layout", d) for d in budgeted.values()} == {LAYOUT_PAPER}
     assert all("budget" in getattr(d, "reason", "") for d in budgeted.values())
     # the fold: on by the fold cost model (no idle slot here), or as set
-    assert tp_lora_fold(AgentSettings(**common))  # type: ignore[arg-type]
-    assert not tp_lora_fold(AgentSettings(**common, tp_lora_fold="off"))  # type: ignore[arg-type]
+    assert lora_fold(AgentSettings(**common))  # type: ignore[arg-type]
+    assert not lora_fold(AgentSettings(**common, lora_fold="off"))  # type: ignore[arg-type]
 
     reference = greedy(Engine.from_model_dir(base, dtype="float32", device="cpu", **small),
                        adapters)
