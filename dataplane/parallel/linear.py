@@ -112,7 +112,7 @@ class _ParallelLinear(nn.Module):
         self.weight = nn.Parameter(store.weight_aug[:store.base_rows], requires_grad=False)
         for slot, local in self.branch.local.items():
             store.write(slot, {k: (f.a, f.b, f.scale) for k, f in local.items()})
-        self.fold = self.branch.fold = store
+        self.fold = self.branch.table.mirror = store  # every slot write and clear reaches it
         return store
 
     def _gemm_aug(self, x: torch.Tensor, lora: LoraStepContext, reduce: bool

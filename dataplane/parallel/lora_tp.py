@@ -28,7 +28,6 @@ from collections.abc import Mapping
 import torch
 
 from dataplane.kernels.factor_table import LoraFactorTable
-from dataplane.layers.lora_fold_store import FoldStore
 from dataplane.layers.lora_linear import LoraStepContext
 from dataplane.parallel.collectives import TPGroup
 from dataplane.parallel.errors import IndivisibleShardError, ShardShapeError
@@ -102,8 +101,6 @@ class ShardedLoraBranch:
             self.shrink_weights = dataclasses.replace(self.table.weights,
                                                       ranks=self.shrink_ranks)
         self.local: dict[int, dict[int, LocalFactors]] = {}
-        self.fold: FoldStore | None = None
-        """The projection's hot-slot fold, kept in step with the table (enable_fold)."""
 
     @property
     def paper(self) -> bool:
@@ -138,16 +135,12 @@ class ShardedLoraBranch:
             self.shrink_ranks[:, slot] = 0
             for k, f in local.items():
                 self.shrink_ranks[k, slot] = f.a.shape[0]
-        if self.fold is not None:
-            self.fold.write(slot, {k: (f.a, f.b, f.scale) for k, f in local.items()})
         self.local[slot] = local
 
     def clear_slot(self, slot: int) -> None:
         self.table.clear_slot(slot)
         if self.shrink_ranks is not None:
             self.shrink_ranks[:, slot] = 0
-        if self.fold is not None:
-            self.fold.clear(slot)
         self.local.pop(slot, None)
 
     def resident_scalars(self) -> int:

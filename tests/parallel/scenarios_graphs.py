@@ -38,6 +38,28 @@ def _ledger(group: TPGroup) -> dict[str, int]:
             "base_bytes": c.payload_bytes("base"), "lora_bytes": c.payload_bytes("lora")}
 
 
+def sequences() -> list[Sequence]:
+    """The scenarios_model requests, 8 KV blocks each (request i: blocks 8i..8i+7)."""
+    seqs = []
+    for i, (prompt, slot) in enumerate(REQUESTS):
+        seq = Sequence(f"r{i}", tuple(prompt), adapter_slot=slot,
+                       adapter_digest=None if slot < 0 else "0" * 64)
+        seq.block_table.extend(range(i * 8, i * 8 + 8))
+        seqs.append(seq)
+    return seqs
+
+
+def check_folded_steps(ranks: list[dict[str, Any]], tol: float) -> None:
+    """test_tp_graphs*.py: in the "fold" case every decode step, graphed and eager, equals
+    the same step through the LoRA launches (`tol`: rtol = atol); no other case folds."""
+    folded = [step for rank in ranks for step in rank["steps"] if "unfolded" in step]
+    assert len(folded) == (2 * DECODE_STEPS if ranks[0]["layouts"] == "fold" else 0)
+    for step in folded:
+        torch.testing.assert_close(step["eager"], step["unfolded"], rtol=tol, atol=tol)
+        torch.testing.assert_close(step["graphed"], step["unfolded"], rtol=tol, atol=tol)
+        assert torch.equal(step["eager"].argmax(-1), step["unfolded"].argmax(-1))
+
+
 def tp_runner(group: TPGroup, layouts: str
               ) -> tuple[ModelConfig, TPLlamaForCausalLM, ModelRunner]:
     """This rank's TP=2 shard of the scenarios_model tiny Llama (layout set `layouts`)
@@ -75,12 +97,7 @@ def run(group: TPGroup, payload: dict[str, Any]) -> dict[str, Any]:
         runner.graphs = None
     else:
         graphs = TPCudaGraphRunner(runner, group, MAX_BATCH, MAX_CONTEXT)
-    seqs = []
-    for i, (prompt, slot) in enumerate(REQUESTS):
-        seq = Sequence(f"r{i}", tuple(prompt), adapter_slot=slot,
-                       adapter_digest=None if slot < 0 else "0" * 64)
-        seq.block_table.extend(range(i * 8, i * 8 + 8))
-        seqs.append(seq)
+    seqs = sequences()
     first = runner.execute(build_batch_plan([(s, s.num_tokens) for s in seqs], [],
                                             block_size=BLOCK, generation=0))
     next_ids = first.argmax(-1).tolist()

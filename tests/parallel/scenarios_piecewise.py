@@ -15,25 +15,15 @@ from typing import Any
 
 import torch
 
-from dataplane.core import Sequence, build_batch_plan
+from dataplane.core import build_batch_plan
 from dataplane.parallel import TPGroup
 from dataplane.parallel.tp_piecewise import TPPiecewiseGraphRunner, attach_tp_piecewise
 
-from .scenarios_graphs import _ledger, tp_runner
-from .scenarios_model import BLOCK, REQUESTS
+from .scenarios_graphs import _ledger, sequences, tp_runner
+from .scenarios_model import BLOCK
 
 BUCKETS = (8, 16)
 FIRST = 2  # requests prefilled before the mixed steps
-
-
-def _sequences() -> list[Sequence]:
-    seqs = []
-    for i, (prompt, slot) in enumerate(REQUESTS):
-        seq = Sequence(f"r{i}", tuple(prompt), adapter_slot=slot,
-                       adapter_digest=None if slot < 0 else "0" * 64)
-        seq.block_table.extend(range(i * 8, i * 8 + 8))
-        seqs.append(seq)
-    return seqs
 
 
 def run(group: TPGroup, payload: dict[str, Any]) -> dict[str, Any]:
@@ -47,7 +37,7 @@ def run(group: TPGroup, payload: dict[str, Any]) -> dict[str, Any]:
     else:
         pieces = TPPiecewiseGraphRunner(runner, group, BUCKETS[-1], buckets=BUCKETS,
                                         run_eagerly=True)
-    seqs = _sequences()
+    seqs = sequences()
     first = runner.execute(build_batch_plan([(s, s.num_tokens) for s in seqs[:FIRST]], [],
                                             block_size=BLOCK, generation=0))
     for s, tok in zip(seqs[:FIRST], first.argmax(-1).tolist(), strict=True):

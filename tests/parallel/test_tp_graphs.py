@@ -17,7 +17,7 @@ import torch
 from dataplane.parallel.collectives import CollectiveCounter
 
 from .dist_harness import run_world
-from .scenarios_graphs import DECODE_STEPS
+from .scenarios_graphs import DECODE_STEPS, check_folded_steps
 
 
 @pytest.fixture(scope="module", params=["default", "paper", "fold"])
@@ -76,9 +76,4 @@ def test_counter_add_replays_a_captured_ledger() -> None:
 def test_folded_lora_step_equals_the_launch_path(ranks: list[dict[str, Any]]) -> None:
     """With the LoRA folded into the base GEMMs and their consumer ops (graphed and eager),
     each decode step's logits equal the same step through the LoRA launches."""
-    folded = [step for rank in ranks for step in rank["steps"] if "unfolded" in step]
-    assert len(folded) == (2 * DECODE_STEPS if ranks[0]["layouts"] == "fold" else 0)
-    for step in folded:
-        torch.testing.assert_close(step["eager"], step["unfolded"], rtol=1e-5, atol=1e-5)
-        torch.testing.assert_close(step["graphed"], step["unfolded"], rtol=1e-5, atol=1e-5)
-        assert torch.equal(step["eager"].argmax(-1), step["unfolded"].argmax(-1))
+    check_folded_steps(ranks, 1e-5)

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from .dist_harness import run_world
-from .scenarios_graphs import DECODE_STEPS
+from .scenarios_graphs import DECODE_STEPS, check_folded_steps
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 CUDA devices")]
@@ -44,9 +44,4 @@ def test_replay_counts_the_captured_collectives(ranks: list[dict[str, Any]]) -> 
 def test_folded_lora_step_equals_the_launch_path(ranks: list[dict[str, Any]]) -> None:
     """With the LoRA folded into the base GEMMs and their consumer ops (graphed and eager),
     each decode step's logits equal the same step through the LoRA launches."""
-    folded = [step for rank in ranks for step in rank["steps"] if "unfolded" in step]
-    assert len(folded) == (2 * DECODE_STEPS if ranks[0]["layouts"] == "fold" else 0)
-    for step in folded:
-        torch.testing.assert_close(step["eager"], step["unfolded"], rtol=1e-3, atol=1e-3)
-        torch.testing.assert_close(step["graphed"], step["unfolded"], rtol=1e-3, atol=1e-3)
-        assert torch.equal(step["eager"].argmax(-1), step["unfolded"].argmax(-1))
+    check_folded_steps(ranks, 1e-3)
