@@ -1,8 +1,9 @@
 """CUDA graphs for decode-only steps at common (padded) batch sizes and context buckets.
 
 A graph is captured per (batch size B, context width L): it reads static buffers —
-input ids, positions, KV write slots, row slots, block tables, context lengths — computes
-the decode attention metadata and the LoRA row grouping on the device (the kernels
+input ids, positions, KV write slots, row slots (and fold slots, when decode steps fold the
+LoRA), block tables, context lengths — computes the decode attention metadata and the
+LoRA row grouping on the device (the kernels
 backend builds its metadata into static `LoraMetaBuffers` without a host sync) and writes
 logits [B, vocab] into a static output. A decode step with D <= B rows and contexts <= L
 copies its plan into the buffers, pads rows D..B-1 (token 0, KV write to the trash slot,
@@ -73,19 +74,21 @@ class CudaGraphRunner:
         #   [input_ids B | positions B | slot_mapping B | context_lens B | block_tables B x M]
         m = self.max_blocks
         self._staged = Staging(4 * b + b * m, torch.int64, dev)
-        self._staged_slots = Staging(b, torch.int32, dev)
+        self._staged_slots = Staging(2 * b, torch.int32, dev)  # [row slots B | fold slots B]
         flat = self._staged.device
         self.input_ids = flat[0:b]
         self.positions = flat[b:2 * b]
         self.slot_mapping = flat[2 * b:3 * b]
         self.context_lens = flat[3 * b:4 * b]
         self.block_tables = flat[4 * b:].view(b, m)
-        self.row_slot = self._staged_slots.device
+        self.row_slot = self._staged_slots.device[:b]
+        self.fold_slot = self._staged_slots.device[b:]
         host = self._staged.array
         self._host_ids, self._host_pos = host[0:b], host[b:2 * b]
         self._host_slots, self._host_ctx = host[2 * b:3 * b], host[3 * b:4 * b]
         self._host_tables = host[4 * b:].reshape(b, m)
-        self._host_row_slot = self._staged_slots.array
+        self._host_row_slot = self._staged_slots.array[:b]
+        self._host_fold_slot = self._staged_slots.array[b:]
         self._table_rows: list[tuple[int, ...] | None] = [None] * b
         """The block table last staged in each row (rows are re-staged only on change)."""
         self._identity = {n: tuple(range(n)) for n in range(b + 1)}
@@ -103,9 +106,9 @@ class CudaGraphRunner:
         self._host_slots[:] = trash
         self._host_ctx[:] = 1
         self._host_tables[:, 0] = self._pad_block
-        self._host_row_slot[:] = -1
+        self._staged_slots.array[:] = -1
         self._staged.upload(len(host))
-        self._staged_slots.upload(b)
+        self._staged_slots.upload(2 * b)
 
     def _forward(self, batch: int, width: int) -> torch.Tensor:
         r = self.runner
@@ -117,8 +120,9 @@ class CudaGraphRunner:
         lora = None
         if self.lora_buffers is not None:
             meta = r.backend.build_meta(self.row_slot[:batch], self.lora_buffers)
+            folds = r.model.lora_fold_slots is not None and batch <= r.model.lora_fold_rows
             lora = LoraStepContext(r.backend, meta, r.workspace, skip_empty=False,
-                                   fold=batch <= r.model.lora_fold_rows)
+                                   fold_slot=self.fold_slot[:batch] if folds else None)
         hidden = r.model(self.input_ids[:batch], attn, r.cache, lora)
         return r.model.compute_logits(hidden)
 
@@ -238,4 +242,10 @@ class CudaGraphRunner:
                 host_tables[i, :n] = table[:n]
                 staged[i] = table
         self._staged.upload(len(self._staged.array))
-        self._staged_slots.upload(batch)
+        slots = self.runner.model.lora_fold_slots
+        if slots is None or batch > self.runner.model.lora_fold_rows:
+            self._staged_slots.upload(batch)
+            return
+        self._host_fold_slot[:d] = slots.rows(plan.row_slot)  # may copy adapters in first
+        self._host_fold_slot[d:batch] = -1
+        self._staged_slots.upload(self.max_batch + batch)

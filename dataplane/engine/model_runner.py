@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import gc
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from functools import partial
 
 import torch
@@ -28,6 +28,7 @@ from dataplane.kernels import (
     LoraWorkspace,
     get_lora_backend,
 )
+from dataplane.layers.lora_fold_slots import FoldSlots
 from dataplane.layers.lora_linear import LoRALinear, LoraStepContext
 from dataplane.models.llama import LlamaForCausalLM
 
@@ -120,6 +121,7 @@ class ModelRunner:
                if not getattr(linear, "owns_lora_tables", False)]
         if any(linear.fold is not None for _l, _a, linear in own):
             model.lora_fold_rows = 0  # a previous runner's fold, kept in step with its tables
+            model.lora_fold_slots = None
         for _layer, _attr, linear in own:  # detach a previous runner's tables (and fold)
             linear.factors, linear.has_factors = None, False
             linear.fold = None
@@ -152,9 +154,11 @@ class ModelRunner:
             raise InvalidRequest("a LoRA fold needs the runner's own factor tables")
         if any(bool((t.ranks > 0).any()) for t in self.tables.values()):
             raise InvalidRequest("enable the LoRA fold before loading adapters")
+        slots = FoldSlots(self.max_slots, min(self.max_slots, max_rows))
         for key, table in self.tables.items():
-            table.mirror = self.linears[key].enable_fold(self.max_slots, self.max_rank)
+            slots.attach(table, self.linears[key].enable_fold(slots.fold_slots, self.max_rank))
         self.model.lora_fold_rows = max_rows
+        self.model.lora_fold_slots = slots
 
     @property
     def graph_safe(self) -> bool:
@@ -197,13 +201,18 @@ class ModelRunner:
                 calls += 1
         return calls
 
-    def lora_context(self, row_slot: torch.Tensor) -> LoraStepContext | None:
-        """Per-step row grouping; None when LoRA is disabled or no row has an adapter."""
+    def lora_context(self, rows: Sequence[int]) -> LoraStepContext | None:
+        """Per-step row grouping of `rows` (each row's slot); None when LoRA is disabled.
+        Steps of at most the model's `lora_fold_rows` rows also get their fold slots."""
         if self.max_slots == 0:
             return None
-        meta = self.backend.build_meta(row_slot, self.meta_buffers)
-        return LoraStepContext(self.backend, meta, self.workspace,
-                               fold=row_slot.shape[0] <= self.model.lora_fold_rows)
+        meta = self.backend.build_meta(to_device(rows, torch.int32, self.device),
+                                       self.meta_buffers)
+        fold_slot = None
+        slots = self.model.lora_fold_slots
+        if slots is not None and len(rows) <= self.model.lora_fold_rows:
+            fold_slot = to_device(slots.rows(rows), torch.int32, self.device)
+        return LoraStepContext(self.backend, meta, self.workspace, fold_slot=fold_slot)
 
     def check_plan(self, plan: BatchPlan) -> None:
         if not 0 < plan.num_rows <= self.max_rows:
@@ -245,8 +254,7 @@ class ModelRunner:
                                         self.cache.trash_slot, self.decode_kernel)
         lora = None
         if self.max_slots > 0 and any(s >= 0 for s in plan.row_slot):
-            row_slot = to_device(plan.row_slot, torch.int32, device)
-            lora = self.lora_context(row_slot)
+            lora = self.lora_context(plan.row_slot)
         hidden = self.model(input_ids, attn, self.cache, lora)
         if not plan.sample_rows:
             return torch.empty(0, self.config.vocab_size, dtype=torch.float32, device=device)

@@ -8,6 +8,9 @@ the GEMM ``H*C`` more output columns instead of a launch. ``b[k]`` ``[H, R, w_k]
 slice k's local ``B`` (transposed) and ``scale`` ``[H, slices]`` the scales: what the
 projection's consumer needs to add each row's expand.
 
+A model whose tables hold more slots than a folded step can use keeps fewer fold slots
+and maps table slots onto them (dataplane/layers/lora_fold_slots.py, `copy_in`).
+
 Factors are written in PEFT orientation (``A [r, d_in]``, ``B [w_k, r]``), the ones the
 projection itself holds: one GPU's whole factors (`LoRALinear`), or under tensor
 parallelism (default layout) a rank's shard — column-parallel ``A`` replicated and ``B``
@@ -23,6 +26,7 @@ import torch
 
 from dataplane.intmath import next_pow2
 from dataplane.kernels.errors import LoraShapeError, LoraSlotError
+from dataplane.kernels.factor_table import LoraFactorTable
 from dataplane.ops.lora_fold import FoldedExpand
 
 SliceFactors = Mapping[int, tuple[torch.Tensor, torch.Tensor, float]]
@@ -80,6 +84,26 @@ class FoldStore:
                 self.b[k][slot].zero_()
             self.scale[slot].zero_()
 
+    def copy_in(self, table: LoraFactorTable, table_slots: list[int], fold_slots: list[int]
+                ) -> None:
+        """Fold slot ``fold_slots[i]`` <- `table`'s slot ``table_slots[i]`` (device copies
+        from the table's stacked views; its rank rows past a slice's rank are zero, and so
+        stay the fold's rows past the table's rank)."""
+        assert table.weights.stacked is not None
+        for f in fold_slots:
+            self._check_slot(f)
+        dev = self.weight_aug.device
+        src = torch.tensor(table_slots, dtype=torch.int64).to(dev, non_blocking=True)
+        dst = torch.tensor(fold_slots, dtype=torch.int64).to(dev, non_blocking=True)
+        tail = self.weight_aug[self.base_rows:].view(self.hot_slots, len(self.widths),
+                                                     self.rank, -1)
+        rt = table.max_rank
+        with torch.no_grad():
+            for k, (a, b) in enumerate(table.weights.stacked):
+                tail[dst, k, :rt] = a.index_select(0, src)
+                self.b[k][dst, :rt] = b.index_select(0, src)
+            self.scale[dst] = table.scales.index_select(1, src).t()
+
     def split(self, y_aug: torch.Tensor, bias: torch.Tensor | None, row_slot: torch.Tensor
               ) -> tuple[torch.Tensor, tuple[torch.Tensor, FoldedExpand]]:
         """``x W_aug^T`` -> (y + bias, (z tail, the step's expand)) for the consumer op."""
@@ -89,6 +113,7 @@ class FoldStore:
         return y, (y_aug[:, self.base_rows:], self.expand(row_slot))
 
     def expand(self, row_slot: torch.Tensor) -> FoldedExpand:
-        """The consumer's view for one step (`row_slot`: int32 [T], every slot < H)."""
+        """The consumer's view for one step (`row_slot`: each row's fold slot, int32 [T],
+        -1 or < H)."""
         self.uses += 1
         return FoldedExpand(row_slot, self.b, self.scale)

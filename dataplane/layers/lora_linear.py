@@ -45,13 +45,18 @@ class LoraStepContext:
     skip_empty: bool = True
     """Skip projections no loaded adapter targets (host-side check). False inside CUDA-graph
     capture, so that an adapter registered after capture still reaches every projection."""
-    fold: bool = False
-    """Projections that hold a hot-slot fold (dataplane/layers/lora_fold_store.py) run
-    their shrink inside the base GEMM and leave the expand to their consumer op; the runner
-    sets it for steps of at most the model's `lora_fold_rows` rows."""
+    fold_slot: torch.Tensor | None = None
+    """Each row's fold slot (int32 [T], -1 = no adapter) when the step folds: projections
+    that hold a fold (dataplane/layers/lora_fold_store.py) then run their shrink inside the
+    base GEMM and leave the expand to their consumer op. The runner sets it for steps of at
+    most the model's `lora_fold_rows` rows (`FoldSlots.rows`)."""
     pending: list[tuple[torch.Tensor, FoldedExpand]] = field(default_factory=list)
     """A folded down projection's (z tail, expand), waiting for the next layer's add-norm
     (or the end of the model): the one fold that crosses a layer boundary."""
+
+    @property
+    def fold(self) -> bool:
+        return self.fold_slot is not None
 
     def take_pending(self) -> tuple[torch.Tensor, FoldedExpand] | None:
         return self.pending.pop() if self.pending else None
@@ -88,11 +93,11 @@ class LoRALinear(nn.Module):
         until the owner of `source` calls :meth:`set_adapted`."""
         self.factors, self.has_factors = source, False
 
-    def enable_fold(self, num_slots: int, max_rank: int) -> FoldStore:
-        """Fold slots ``[0, num_slots)`` into the base GEMM (dataplane/layers/
+    def enable_fold(self, fold_slots: int, max_rank: int) -> FoldStore:
+        """A fold of `fold_slots` slots in the base GEMM (dataplane/layers/
         lora_fold_store.py): the base weight becomes a view of the augmented one. The
-        caller keeps the store in step with the factor table (`LoraFactorTable.mirror`)."""
-        store = FoldStore(self.weight.detach(), self.out_features, num_slots, max_rank)
+        caller fills it and keeps it in step with the factor table (`FoldSlots.attach`)."""
+        store = FoldStore(self.weight.detach(), self.out_features, fold_slots, max_rank)
         self.weight = nn.Parameter(store.weight_aug[:store.base_rows], requires_grad=False)
         self.fold = store
         return store
@@ -103,8 +108,8 @@ class LoRALinear(nn.Module):
         the caller's consumer op adds each row's expand. Plain `forward` without a fold."""
         if self.fold is None:
             return self(x, lora), None
-        return self.fold.split(F.linear(x, self.fold.weight_aug), self.bias,
-                               lora.meta.row_slot)
+        assert lora.fold_slot is not None
+        return self.fold.split(F.linear(x, self.fold.weight_aug), self.bias, lora.fold_slot)
 
     def set_adapted(self, adapted: bool) -> None:
         """Public form of the host-side `has_factors` flag: True iff some slot of the
@@ -138,9 +143,9 @@ class LoRALinear(nn.Module):
         """``silu_and_mul(self(x, lora))`` for a gate/up projection, with the LoRA expand
         folded into the activation where the backend has that path (the same math, one
         rounding fewer: ``gate + Δgate`` is not rounded to the dtype first)."""
-        if lora is not None and lora.fold and self.fold is not None:
+        if lora is not None and lora.fold_slot is not None and self.fold is not None:
             y, (tail, fold) = self.fold.split(F.linear(x, self.fold.weight_aug), self.bias,
-                                              lora.meta.row_slot)
+                                              lora.fold_slot)
             return silu_and_mul(y, ops_backend, fold=fold, tail=tail)
         y = F.linear(x, self.weight, self.bias)
         w = self._active(lora)

@@ -25,6 +25,7 @@ from torch import nn
 from dataplane.attention.kv_cache import PagedKVCache
 from dataplane.attention.metadata import AttentionMetadata
 from dataplane.attention.paged_attention import paged_attention
+from dataplane.layers.lora_fold_slots import FoldSlots
 from dataplane.layers.lora_linear import LoRALinear, LoraStepContext
 from dataplane.layers.norm import RMSNorm
 from dataplane.layers.rotary import RotaryEmbedding
@@ -156,6 +157,9 @@ class LlamaForCausalLM(nn.Module):
     lora_fold_rows = 0
     """Steps of at most this many rows fold the LoRA into the base GEMMs and their
     consumer ops (`project`); 0 = never (the TP model's `enable_lora_fold` sets it)."""
+    lora_fold_slots: FoldSlots | None = None
+    """Which adapters the folds hold (set with `lora_fold_rows`): the runner asks it for
+    each folded step's rows' fold slots."""
 
     def set_ops_backend(self, name: str) -> None:
         """Fused elementwise ops path for every layer: "auto" | "torch" | "triton"."""

@@ -2,15 +2,17 @@
 
 The fold (dataplane/layers/lora_fold_store.py) replaces a decode step's four LoRA
 launches per layer with work inside the base GEMMs and their consumer ops, but its GEMMs
-read the ``A`` of *every* resident slot, active or not. With `active` =
-``min(max_slots, max_num_seqs)`` adapters per step (as `cost_model`), per decode step:
+read the ``A`` of every *fold slot*, used by a row or not. The fold holds
+``F = min(max_slots, max_num_seqs)`` slots (dataplane/layers/lora_fold_slots.py: no step
+can use more). With `active` distinct adapters per step (by default ``F``: every row on its
+own adapter, as `cost_model` assumes), per decode step:
 
     saved = layers * (4 * LAUNCH_S - FOLD_CONSUMER_S)
-    extra = (max_slots - active) * A bytes per slot / HBM_BYTES_PER_S
+    extra = (F - active) * A bytes per slot / HBM_BYTES_PER_S
 
-and the fold pays when ``extra < saved``. With 8B-shaped TP=2 rank-16 adapters that is up
-to ~100 idle resident slots. Its copies of every slot's factors (`fold_resident_bytes`)
-must also fit the agent's per-rank budget for extra resident factor bytes, when one is set.
+and the fold pays when ``extra < saved``: with 8B-shaped TP=2 rank-16 adapters, up to ~100
+idle fold slots. Its copies of the fold slots' factors (`fold_resident_bytes`) must also
+fit the agent's per-rank budget for extra resident factor bytes, when one is set.
 """
 
 from __future__ import annotations
@@ -49,32 +51,33 @@ def fold_a_bytes_per_slot(config: ModelConfig, tp_size: int, rank: int,
     return per_layer * c.num_layers * dtype_bytes
 
 
-def fold_resident_bytes(config: ModelConfig, tp_size: int, rank: int, max_slots: int,
+def fold_resident_bytes(config: ModelConfig, tp_size: int, rank: int, fold_slots: int,
                         dtype_bytes: int = 2) -> int:
-    """What the fold allocates on one rank: every slot's padded ``A`` rows and ``B``
+    """What the fold allocates on one rank: each fold slot's padded ``A`` rows and ``B``
     (q/k/v and gate/up ``B`` output-sharded, o and down ``B`` replicated) in every layer."""
     c, r = config, next_pow2(rank)
     b_per_layer = r * ((c.q_size + 2 * c.kv_size) // tp_size + c.hidden_size
                        + 2 * c.intermediate_size // tp_size + c.hidden_size)
     b_bytes = b_per_layer * c.num_layers * dtype_bytes
-    return max_slots * (fold_a_bytes_per_slot(config, tp_size, rank, dtype_bytes) + b_bytes)
+    return fold_slots * (fold_a_bytes_per_slot(config, tp_size, rank, dtype_bytes) + b_bytes)
 
 
 def decide_fold(config: ModelConfig, tp_size: int, *, rank: int, max_slots: int,
-                max_num_seqs: int, dtype_bytes: int = 2,
+                max_num_seqs: int, active: int | None = None, dtype_bytes: int = 2,
                 extra_resident_budget_bytes: int | None = None) -> FoldDecision:
     """The module docstring's rule."""
+    fold_slots = min(max_slots, max_num_seqs)
     if extra_resident_budget_bytes is not None:
-        resident = fold_resident_bytes(config, tp_size, rank, max_slots, dtype_bytes)
+        resident = fold_resident_bytes(config, tp_size, rank, fold_slots, dtype_bytes)
         if resident > extra_resident_budget_bytes:
             return FoldDecision(False, f"fold copies ({resident} bytes) exceed the "
                                        "resident-bytes budget", 0.0, 0.0)
-    active = min(max_slots, max_num_seqs)
+    active = fold_slots if active is None else min(active, fold_slots)
     saved = config.num_layers * (4 * LAUNCH_S - FOLD_CONSUMER_S)
-    extra = ((max_slots - active) * fold_a_bytes_per_slot(config, tp_size, rank, dtype_bytes)
+    extra = ((fold_slots - active) * fold_a_bytes_per_slot(config, tp_size, rank, dtype_bytes)
              / HBM_BYTES_PER_S)
     if extra < saved:
-        return FoldDecision(True, f"idle slots' A reads {extra * 1e6:.0f} µs < "
+        return FoldDecision(True, f"idle fold slots' A reads {extra * 1e6:.0f} µs < "
                                   f"{saved * 1e6:.0f} µs of launches saved", saved, extra)
-    return FoldDecision(False, f"idle slots' A reads {extra * 1e6:.0f} µs >= "
+    return FoldDecision(False, f"idle fold slots' A reads {extra * 1e6:.0f} µs >= "
                                f"{saved * 1e6:.0f} µs of launches saved", saved, extra)

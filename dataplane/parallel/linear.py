@@ -8,7 +8,7 @@ ColumnParallelLinear: x ``[T, d_in]`` replicated -> y ``[T, sum(w_k/N)]`` (this 
 RowParallelLinear: x ``[T, d_in/N]`` (this rank's input columns) -> y ``[T, d_out]``
     replicated, after one base all-reduce (bias added once, after it).
 
-`enable_fold(hot_slots)` (default LoRA layout): the weight gains the hot slots' ``A`` rows
+`enable_fold(fold_slots)` (default LoRA layout): the weight gains the fold slots' ``A`` rows
 (dataplane/layers/lora_fold_store.py) and `forward_fold` returns ``(y, (z, expand))``
 for the consumer op to add the expand (dataplane/ops/lora_fold.py): no LoRA launch. The
 row-parallel ``z`` rides in the base all-reduce with ``y``.
@@ -102,17 +102,16 @@ class _ParallelLinear(nn.Module):
             bottleneck_dtype=bottleneck_dtype)
         return self.branch
 
-    def enable_fold(self, hot_slots: int) -> FoldStore:
-        """Fold slots ``[0, hot_slots)`` into the base GEMM (module docstring); the base
-        weight becomes a view of the augmented one. Default layout only."""
+    def enable_fold(self, fold_slots: int) -> FoldStore:
+        """A fold of `fold_slots` slots in the base GEMM (module docstring); the base weight
+        becomes a view of the augmented one. The caller fills it and keeps it in step with
+        this projection's table (`FoldSlots.attach`). Default layout only."""
         if self.branch is None or self.branch.layout != LAYOUT_LOCAL:
             raise ShardShapeError("a LoRA fold needs LoRA in the no_extra_collectives layout")
-        store = FoldStore(self.weight.detach(), self.branch.table.out_features, hot_slots,
+        store = FoldStore(self.weight.detach(), self.branch.table.out_features, fold_slots,
                           self.branch.table.max_rank)
         self.weight = nn.Parameter(store.weight_aug[:store.base_rows], requires_grad=False)
-        for slot, local in self.branch.local.items():
-            store.write(slot, {k: (f.a, f.b, f.scale) for k, f in local.items()})
-        self.fold = self.branch.table.mirror = store  # every slot write and clear reaches it
+        self.fold = store
         return store
 
     def _gemm_aug(self, x: torch.Tensor, lora: LoraStepContext, reduce: bool
@@ -127,7 +126,8 @@ class _ParallelLinear(nn.Module):
             y_aug = F.linear(x, self.fold.weight_aug)
         if reduce:
             self.group.all_reduce(y_aug, purpose="base")
-        return self.fold.split(y_aug, self.bias, lora.meta.row_slot)
+        assert lora.fold_slot is not None
+        return self.fold.split(y_aug, self.bias, lora.fold_slot)
 
     def forward_fold(self, x: torch.Tensor, lora: LoraStepContext
                      ) -> tuple[torch.Tensor, tuple[torch.Tensor, FoldedExpand] | None]:

@@ -27,6 +27,7 @@ from typing import Protocol, cast
 import torch
 
 from dataplane.identity import ModuleSpec
+from dataplane.layers.lora_fold_slots import FoldSlots
 from dataplane.models.config import ModelConfig
 from dataplane.models.llama import (
     GATE_UP_SLICES,
@@ -185,19 +186,24 @@ class TPLlamaForCausalLM(LlamaForCausalLM):
         self.eval()
 
     def enable_lora_fold(self, max_rows: int) -> int:
-        """Fold every slot's LoRA into the base GEMMs and their consumer ops for steps of
-        at most `max_rows` rows (decode steps: dataplane/layers/lora_fold_store.py), in
-        each projection of the default layout (paper-layout ones keep their launches).
+        """Fold the LoRA into the base GEMMs and their consumer ops for steps of at most
+        `max_rows` rows (decode steps: dataplane/layers/lora_fold_store.py), in each
+        projection of the default layout (paper-layout ones keep their launches). The folds
+        hold ``min(max_slots, max_rows)`` adapters, filled on demand (`FoldSlots`).
         Returns how many projections fold."""
         if self.max_slots <= 0 or max_rows <= 0:
             raise ShardShapeError("a LoRA fold needs LoRA slots and a row limit")
+        slots = FoldSlots(self.max_slots, min(self.max_slots, max_rows))
         folded = 0
         for layer in range(len(self.layers)):
             for attr in LORA_GROUPS:
                 if self.lora_layouts[attr] == LAYOUT_LOCAL:
-                    self.parallel_linear(layer, attr).enable_fold(self.max_slots)
+                    mod = self.parallel_linear(layer, attr)
+                    assert mod.branch is not None
+                    slots.attach(mod.branch.table, mod.enable_fold(slots.fold_slots))
                     folded += 1
         self.lora_fold_rows = max_rows if folded else 0
+        self.lora_fold_slots = slots if folded else None
         return folded
 
     def parallel_linear(self, layer: int, attr: str) -> ColumnParallelLinear | RowParallelLinear:

@@ -96,28 +96,36 @@ def sampled(engine: Engine, adapters: dict[str, Path]) -> list[tuple[int, ...]]:
     return [o.token_ids for o in outs]
 
 
-@pytest.mark.parametrize("lora_fold", [False, True])
+@pytest.mark.parametrize(("lora_fold", "max_num_seqs"), [(False, 8), (True, 8), (True, 1)],
+                         ids=["launches", "fold", "fold-one-slot"])
 def test_async_tp2_matches_sync_tp1(assets: tuple[Path, dict[str, Path]],
-                                    one_thread: None, lora_fold: bool) -> None:
+                                    one_thread: None, lora_fold: bool,
+                                    max_num_seqs: int) -> None:
     """Async scheduling on the TP leader: decode steps are launched before the previous
     step's tokens reach the host, the follower gets them by one device broadcast per
     continuation step, and the tokens (greedy and seeded sampling) equal the synchronous
     single-device engine's — also with the LoRA folded into the base GEMMs (`lora_fold`:
-    every decode step folds on both ranks)."""
+    every decode step folds on both ranks), and with one request at a time the folds hold
+    one adapter, copied in again on both ranks whenever the next request's differs."""
     base, adapters = assets
+    sizes = {**SIZES, "max_num_seqs": max_num_seqs}
     reference = sampled(Engine.from_model_dir(base, dtype="float32", device="cpu",
-                                              **{**SIZES, "async_scheduling": False}),
+                                              **{**sizes, "async_scheduling": False}),
                         adapters)
     ranks = launch_tp_ranks(TPLaunchSpec(str(base), 2, device="cpu", dtype="float32",
-                                         engine_sizes={**SIZES, "async_scheduling": True},
+                                         engine_sizes={**sizes, "async_scheduling": True},
                                          lora_fold=lora_fold, torch_threads=1,
                                          timeout_s=120.0))
     try:
         engine = ranks.engine
         assert engine.async_scheduling
-        assert engine.tp_model.lora_fold_rows == (SIZES["max_num_seqs"] if lora_fold else 0)
+        assert engine.tp_model.lora_fold_rows == (max_num_seqs if lora_fold else 0)
         engine.group.counter.reset()
         assert sampled(engine, adapters) == reference
+        fold_slots = engine.tp_model.lora_fold_slots
+        if lora_fold:  # one fold slot, three adapter changes between requests
+            assert fold_slots is not None and fold_slots.fold_slots == min(2, max_num_seqs)
+            assert fold_slots.copied == (3 if max_num_seqs == 1 else 2)
         assert engine.num_overlapped_steps > 0
         # one token broadcast per overlapped step, nothing else new; no LoRA collective
         assert engine.group.counter.calls("tokens") == engine.num_overlapped_steps

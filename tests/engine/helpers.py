@@ -2,11 +2,35 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import torch
 
-from dataplane.core import BatchPlan
+from dataplane.core import BatchPlan, SamplingParams
+
+Arrivals = Sequence[tuple[list[int], str | None, int, int]]
+"""(prompt, adapter name or None, max_tokens, arrival step) per request ``r{i}``."""
+
+
+def serve_arrivals(engine: Any, requests: Arrivals, handles: Mapping[str, Any],
+                   logprobs: int | None = None) -> dict[str, Any]:
+    """Greedy requests added at their arrival steps, stepped until all finish; the
+    finished outputs by request id."""
+    outputs: dict[str, Any] = {}
+    step = 0
+    while len(outputs) < len(requests):
+        for i, (prompt, adapter, max_tokens, arrival) in enumerate(requests):
+            if arrival == step:
+                engine.add_request(f"r{i}", prompt, SamplingParams(
+                    temperature=0.0, max_tokens=max_tokens, ignore_eos=True,
+                    logprobs=logprobs), handles[adapter] if adapter else None)
+        for out in engine.step():
+            if out.finished:
+                outputs[out.request_id] = out
+        step += 1
+    return outputs
 
 
 def plan_for_chunk(token_ids: list[int], start: int, block_table: tuple[int, ...],

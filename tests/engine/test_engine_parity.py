@@ -16,10 +16,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from dataplane.core import SamplingParams
 from dataplane.engine.engine import Engine
 
-from .helpers import HFReference
+from .helpers import HFReference, serve_arrivals
 
 # (prompt, adapter name or None, max_tokens, arrival step)
 REQUESTS = [
@@ -44,18 +43,7 @@ def test_mixed_batch_matches_hf_peft_alone(tiny_llama: Path, tiny_adapters: dict
                                    max_slots=4, max_rank=8, lora_fold=lora_fold)
     handles = {name: engine.register_adapter(path) for name, path in tiny_adapters.items()}
     assert len({h.slot for h in handles.values()}) == 3
-    outputs = {}
-    step = 0
-    while len(outputs) < len(REQUESTS):
-        for i, (prompt, adapter, max_tokens, arrival) in enumerate(REQUESTS):
-            if arrival == step:
-                engine.add_request(f"r{i}", prompt, SamplingParams(
-                    temperature=0.0, max_tokens=max_tokens, ignore_eos=True, logprobs=20),
-                    handles[adapter] if adapter else None)
-        for out in engine.step():
-            if out.finished:
-                outputs[out.request_id] = out
-        step += 1
+    outputs = serve_arrivals(engine, REQUESTS, handles, logprobs=20)
     assert engine.num_preemptions > 0, "the KV pool was meant to force preemption"
     folds = [linear.fold.uses for linear in engine.runner.linears.values()
              if linear.fold is not None]

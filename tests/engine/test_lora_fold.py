@@ -1,43 +1,90 @@
-"""The single-GPU engine's LoRA fold (`EngineConfig.lora_fold`): the fold copies follow
-every adapter load and unload, and the fold is refused where it cannot stay in step.
-(Token parity with HF + PEFT under the fold: test_engine_parity.py.)"""
+"""The single-GPU engine's LoRA fold (`EngineConfig.lora_fold`): the fold slots hold what
+the factor tables hold for the adapters a step uses, least recently used out, through
+loads and unloads; with fewer fold slots than adapters the engine still matches HF + PEFT;
+the fold is refused where it cannot stay in step. (Token parity with HF + PEFT under the
+fold, one fold slot per table slot: test_engine_parity.py.)"""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 import pytest
+import torch
 
 from dataplane.core import InvalidRequest
 from dataplane.engine.engine import Engine
+from dataplane.kernels.errors import LoraSlotError
+from dataplane.kernels.factor_table import LoraFactorTable
+from dataplane.layers.lora_fold_store import FoldStore
 
-SIZES = dict(dtype="float32", device="cpu", max_num_seqs=4, max_num_batched_tokens=16,
-             num_kv_blocks=16, block_size=4, max_slots=2, max_rank=8)
+from .helpers import HFReference, serve_arrivals
+from .test_engine_parity import REQUESTS
+
+SIZES = dict(dtype="float32", device="cpu", max_num_seqs=2, max_num_batched_tokens=16,
+             num_kv_blocks=16, block_size=4, max_slots=3, max_rank=8)
 
 
-def test_fold_follows_loads_and_unloads(tiny_llama: Path,
-                                        tiny_adapters: dict[str, Path]) -> None:
+def _assert_holds(store: FoldStore, table: LoraFactorTable, fold_slot: int,
+                  table_slot: int) -> None:
+    """Fold slot `fold_slot` = table slot `table_slot`, bit for bit (zero past the rank)."""
+    assert table.weights.stacked is not None
+    tail = store.weight_aug[store.base_rows:].view(store.hot_slots, len(store.widths),
+                                                   store.rank, -1)
+    rt = table.max_rank
+    for k, (a, b) in enumerate(table.weights.stacked):
+        assert torch.equal(tail[fold_slot, k, :rt], a[table_slot])
+        assert not tail[fold_slot, k, rt:].any()
+        assert torch.equal(store.b[k][fold_slot, :rt], b[table_slot])
+        assert float(store.scale[fold_slot, k]) == float(table.scales[k, table_slot])
+
+
+def test_fold_slots_follow_steps_loads_and_unloads(tiny_llama: Path,
+                                                   tiny_adapters: dict[str, Path]) -> None:
     engine = Engine.from_model_dir(tiny_llama, lora_fold=True, **SIZES)  # type: ignore[arg-type]
-    runner = engine.runner
-    assert engine.model.lora_fold_rows == 4
-    stores = {key: linear.fold for key, linear in runner.linears.items()}
-    assert all(s is not None for s in stores.values())
-    handle = engine.register_adapter(tiny_adapters["all_r8"])
-    for key, store in stores.items():
+    runner, slots = engine.runner, engine.model.lora_fold_slots
+    assert slots is not None and engine.model.lora_fold_rows == 2
+    assert slots.fold_slots == 2  # min(3 table slots, 2 rows per folded step)
+    pairs = [(runner.tables[key], linear.fold) for key, linear in runner.linears.items()]
+    handles = [engine.register_adapter(path) for path in tiny_adapters.values()]
+    a, b, c = (h.slot for h in handles)
+    for _table, store in pairs:  # nothing is copied in before a step needs it
+        assert store is not None and not store.weight_aug[store.base_rows:].any()
+    assert slots.rows([a, -1, b, a]) == [0, -1, 1, 0] and slots.copied == 2
+    assert slots.rows([c]) == [0]  # a is the least recently used: c takes its fold slot
+    assert (slots.holder(a), slots.holder(b), slots.holder(c)) == (-1, 1, 0)
+    assert slots.rows([b, c]) == [1, 0] and slots.copied == 3  # both held: no copy
+    for table, store in pairs:
         assert store is not None
-        table = runner.tables[key]
-        # the fold holds exactly what the table holds: a slot's rank r rows are nonzero
-        # in both or in neither, slice by slice
-        for k in range(len(store.widths)):
-            r = int(table.ranks[k, handle.slot])
-            tail = store.weight_aug[store.base_rows:].view(2, len(store.widths), store.rank, -1)
-            assert bool(tail[handle.slot, k, :r].any()) == (r > 0)
-            assert not tail[handle.slot, k, r:].any()
-            assert float(store.scale[handle.slot, k]) == float(table.scales[k, handle.slot])
-    engine.unregister_adapter(handle)
-    for store in stores.values():
+        _assert_holds(store, table, 0, c)
+        _assert_holds(store, table, 1, b)
+    with pytest.raises(LoraSlotError, match="uses 3 adapters"):
+        slots.rows([a, b, c])
+    assert (slots.holder(a), slots.copied) == (-1, 3)  # the refused step changed nothing
+    engine.unregister_adapter(handles[2])  # c's fold slot is cleared with its table slot
+    for _table, store in pairs:
         assert store is not None
-        assert not store.weight_aug[store.base_rows:].any() and not store.scale.any()
+        assert not store.weight_aug[store.base_rows:].view(
+            2, len(store.widths), -1)[0].any() and not store.scale[0].any()
+    again = engine.register_adapter(tiny_adapters["mlp_rs2"])
+    assert again.slot == c  # the table slot comes back: its fold slot follows the load
+    for table, store in pairs:
+        assert store is not None
+        _assert_holds(store, table, 0, c)
+
+
+def test_fewer_fold_slots_than_adapters_match_hf_peft(tiny_llama: Path,
+                                                      tiny_adapters: dict[str, Path]) -> None:
+    """Two fold slots, three adapters and base rows: decode steps keep copying adapters in
+    over the least recently used one, and every request still gets HF + PEFT's tokens."""
+    engine = Engine.from_model_dir(tiny_llama, lora_fold=True, **SIZES)  # type: ignore[arg-type]
+    handles = {name: engine.register_adapter(path) for name, path in tiny_adapters.items()}
+    outputs = serve_arrivals(engine, REQUESTS, handles)
+    slots = engine.model.lora_fold_slots
+    assert slots is not None and slots.copied > len(handles)  # adapters were evicted
+    hf = HFReference(tiny_llama, tiny_adapters)
+    for i, (prompt, adapter, max_tokens, _arrival) in enumerate(REQUESTS):
+        ref_tokens, _ = hf.greedy(prompt, max_tokens, adapter)
+        assert list(outputs[f"r{i}"].token_ids) == ref_tokens, f"request r{i} ({adapter})"
 
 
 def test_fold_is_refused_after_loads_or_without_slots(tiny_llama: Path,

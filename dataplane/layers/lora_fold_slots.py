@@ -1,0 +1,101 @@
+"""Which resident adapters a model's LoRA fold holds: fold slots, filled on demand.
+
+A fold's GEMM (dataplane/layers/lora_fold_store.py) reads the ``A`` of every fold slot on
+every step, whether a row uses it or not. Holding every resident slot would make a step
+with 128 resident adapters read 128 adapters' ``A`` even when 64 rows can use at most 64.
+So a fold holds ``F = min(resident slots, rows a folded step may have)`` fold slots, and
+`FoldSlots` maps table slots to them, least recently used first out:
+
+* `rows` gives a step's rows their fold slots. A slot the fold does not hold yet is copied
+  in from every attached factor table (device copies, `FoldStore.copy_in`) into a fold slot
+  that no row of this step uses — first the empty ones, then the least recently used.
+  The copies are queued on the stream before the step, so a step already in flight still
+  reads what it was given.
+* A table slot's later writes and clears reach the fold slot holding it through the
+  table's mirror (`LoraFactorTable.mirror`), so a fold slot always equals its table slot.
+
+Every TP rank sees the same plans in the same order, so every rank makes the same choices.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Mapping, Sequence
+
+import torch
+
+from dataplane.kernels.errors import LoraShapeError, LoraSlotError
+from dataplane.kernels.factor_table import LoraFactorTable
+from dataplane.layers.lora_fold_store import FoldStore
+
+
+class FoldSlots:
+    """Table slot -> fold slot for every (factor table, fold store) pair of one model."""
+
+    def __init__(self, table_slots: int, fold_slots: int) -> None:
+        if not 0 < fold_slots <= table_slots:
+            raise LoraShapeError(f"{fold_slots} fold slots for {table_slots} table slots")
+        self.table_slots, self.fold_slots = table_slots, fold_slots
+        self._where: dict[int, int] = {}
+        """table slot -> the fold slot holding it"""
+        self._holder = [-1] * fold_slots
+        self._recent: OrderedDict[int, None] = OrderedDict.fromkeys(range(fold_slots))
+        """fold slots, least recently used first (never-used ones stay in front)"""
+        self._pairs: list[tuple[LoraFactorTable, FoldStore]] = []
+        self.copied = 0
+        """Host-side count of table slots copied into the fold (misses)."""
+
+    def attach(self, table: LoraFactorTable, store: FoldStore) -> None:
+        """Keep `store` (`fold_slots` slots) filled from `table` (`table_slots` slots)."""
+        if table.num_slots != self.table_slots or store.hot_slots != self.fold_slots:
+            raise LoraShapeError("the table or the fold store has another slot count")
+        if table.weights.stacked is None or table.out_features != store.widths:
+            raise LoraShapeError("a fold copies from a stacked table of the same slices")
+        if table.max_rank > store.rank:
+            raise LoraShapeError("the table's rank exceeds the fold's")
+        table.mirror = _FoldMirror(self, store)
+        self._pairs.append((table, store))
+
+    def holder(self, table_slot: int) -> int:
+        """The fold slot holding `table_slot`, or -1."""
+        return self._where.get(table_slot, -1)
+
+    def rows(self, row_slot: Sequence[int]) -> list[int]:
+        """Each row's fold slot (-1 stays -1), after copying in the slots the fold lacks."""
+        live = dict.fromkeys(s for s in row_slot if s >= 0)
+        if len(live) > self.fold_slots:
+            raise LoraSlotError(f"a folded step uses {len(live)} adapters, the fold holds "
+                                f"{self.fold_slots}")
+        missing = [s for s in live if s not in self._where]
+        if missing:
+            if max(missing) >= self.table_slots:
+                raise LoraSlotError(f"slot {max(missing)} outside [0, {self.table_slots})")
+            used = {self._where[s] for s in live if s in self._where}
+            free = [f for f in self._recent if f not in used][:len(missing)]
+            for slot, f in zip(missing, free, strict=True):
+                self._where.pop(self._holder[f], None)
+                self._where[slot], self._holder[f] = f, slot
+            for table, store in self._pairs:
+                store.copy_in(table, missing, free)
+            self.copied += len(missing)
+        for s in live:
+            self._recent.move_to_end(self._where[s])
+        return [self._where[s] if s >= 0 else -1 for s in row_slot]
+
+
+class _FoldMirror:
+    """A table's `SlotMirror`: its writes and clears reach the fold slot holding the slot."""
+
+    def __init__(self, slots: FoldSlots, store: FoldStore) -> None:
+        self.slots, self.store = slots, store
+
+    def write(self, slot: int,
+              factors: Mapping[int, tuple[torch.Tensor, torch.Tensor, float]]) -> None:
+        held = self.slots.holder(slot)
+        if held >= 0:
+            self.store.write(held, factors)
+
+    def clear(self, slot: int) -> None:
+        held = self.slots.holder(slot)
+        if held >= 0:
+            self.store.clear(held)
