@@ -33,7 +33,8 @@ adapters keeps >= 90% of TP=2 no-LoRA throughput (printed as "keep" lines at the
 `--layouts` limits the TP>1 rows to some layouts; `--profile N` profiles N more decode
 steps per row on rank 0 (CUDA): device µs per step by kernel kind, and the top kernels.
 `--fold` repeats each TP>1 default-layout adapter case with the LoRA folded into the base
-GEMMs and their consumer ops for decode steps (`enable_lora_fold`; rows "fold": true).
+GEMMs and their consumer ops for decode steps (`enable_lora_fold`; rows "fold": true; the
+decode row also times copying adapters the fold lacks into it, "fold_fill_ms").
 """
 
 from __future__ import annotations
@@ -234,6 +235,23 @@ def run_phase(
     }
 
 
+def time_fold_fill(model: LlamaForCausalLM, device: torch.device) -> dict[str, Any]:
+    """Seconds to copy the resident adapters the fold does not hold into it, as many as it
+    holds (a step whose every row brings an adapter the fold lacks); every rank runs it."""
+    slots = model.lora_fold_slots
+    if slots is None:
+        return {}
+    idle = [s for s in range(slots.table_slots) if slots.holder(s) < 0][:slots.fold_slots]
+    if not idle:
+        return {"fold_slots": slots.fold_slots}
+    sync(device)
+    t0 = time.perf_counter()
+    slots.rows(idle)
+    sync(device)
+    return {"fold_slots": slots.fold_slots, "fold_fill_adapters": len(idle),
+            "fold_fill_ms": 1e3 * (time.perf_counter() - t0)}
+
+
 def capture_graphs(runner: ModelRunner, group: TPGroup | None,
                    args: argparse.Namespace) -> str | None:
     """Capture the decode graph of `--batch` rows (CUDA only); None or the error text.
@@ -381,6 +399,8 @@ def bench_rank(
                 )
                 if mode == "graphs":
                     row["graph_replays"] = replays
+                if phase == "decode" and fold and "graphs_error" not in extra:
+                    row.update(time_fold_fill(model, device))
                 if mode == "piecewise" and runner.piecewise is not None:
                     row["piecewise_runs"] = runner.piecewise.runs  # type: ignore[attr-defined]
                 rows.append(row)

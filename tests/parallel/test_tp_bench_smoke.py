@@ -13,14 +13,14 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def test_tp_bench_tiny_cpu_rows_and_collectives(tmp_path: Path) -> None:
     cmd = [sys.executable, str(ROOT / "bench" / "tp.py"), "--shape", "tiny", "--device", "cpu",
-           "--tp", "1", "2", "--adapters", "0", "4", "--steps", "2", "--batch", "4",
+           "--tp", "1", "2", "--adapters", "0", "6", "--steps", "2", "--batch", "4",
            "--prefill-requests", "2", "--prefill-len", "16", "--context", "16",
            "--mixed-prompts", "2", "--mixed-prompt-len", "8", "--kv-blocks", "64",
            "--profile", "1", "--fold", "--out", str(tmp_path)]
     done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=240)
     assert done.returncode == 0, done.stderr[-2000:]
     rows = json.loads((tmp_path / "tp_bench.json").read_text())
-    # TP=1: 0 and 4 adapters; TP=2: 0 adapters, 4 adapters in each layout and folded;
+    # TP=1: 0 and 6 adapters; TP=2: 0 adapters, 6 adapters in each layout and folded;
     # decode, prefill and mixed (4 decode rows + 2 prompts of 8 tokens)
     assert len(rows) == 18
     assert {r["rows_per_step"] for r in rows if r["phase"] == "mixed"} == {20}
@@ -29,6 +29,10 @@ def test_tp_bench_tiny_cpu_rows_and_collectives(tmp_path: Path) -> None:
     folded = [r for r in rows if r["fold"]]
     assert {r["phase"] for r in folded} == {"decode", "prefill", "mixed"}
     assert all(r["collectives_per_step"]["lora"]["calls"] == 0 for r in folded)
+    # 4 rows use slots 0-3: the fold holds 4 of the 6, and the 2 idle ones were timed in
+    (decode,) = [r for r in folded if r["phase"] == "decode"]
+    assert (decode["fold_slots"], decode["fold_fill_adapters"]) == (4, 2)
+    assert decode["fold_fill_ms"] > 0
     assert lora_calls[("no_extra_collectives", "decode")] == 0
     assert lora_calls[("no_extra_collectives", "prefill")] == 0
     assert lora_calls[("no_extra_collectives", "mixed")] == 0
