@@ -24,6 +24,7 @@ from collections.abc import Mapping, Sequence
 
 import torch
 
+from dataplane.h2d import to_device
 from dataplane.kernels.errors import LoraShapeError, LoraSlotError
 from dataplane.kernels.factor_table import LoraFactorTable
 from dataplane.layers.lora_fold_store import FoldStore
@@ -53,6 +54,8 @@ class FoldSlots:
             raise LoraShapeError("a fold copies from a stacked table of the same slices")
         if table.max_rank > store.rank:
             raise LoraShapeError("the table's rank exceeds the fold's")
+        if self._pairs and store.weight_aug.device != self._pairs[0][1].weight_aug.device:
+            raise LoraShapeError("one model's folds live on one device")
         table.mirror = _FoldMirror(self, store)
         self._pairs.append((table, store))
 
@@ -75,8 +78,11 @@ class FoldSlots:
             for slot, f in zip(missing, free, strict=True):
                 self._where.pop(self._holder[f], None)
                 self._where[slot], self._holder[f] = f, slot
-            for table, store in self._pairs:
-                store.copy_in(table, missing, free)
+            if self._pairs:
+                dev = self._pairs[0][1].weight_aug.device
+                src, dst = to_device(missing, torch.int64, dev), to_device(free, torch.int64, dev)
+                for table, store in self._pairs:
+                    store.copy_in(table, src, dst)
             self.copied += len(missing)
         for s in live:
             self._recent.move_to_end(self._where[s])

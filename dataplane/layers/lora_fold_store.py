@@ -84,17 +84,12 @@ class FoldStore:
                 self.b[k][slot].zero_()
             self.scale[slot].zero_()
 
-    def copy_in(self, table: LoraFactorTable, table_slots: list[int], fold_slots: list[int]
-                ) -> None:
-        """Fold slot ``fold_slots[i]`` <- `table`'s slot ``table_slots[i]`` (device copies
-        from the table's stacked views; its rank rows past a slice's rank are zero, and so
-        stay the fold's rows past the table's rank)."""
+    def copy_in(self, table: LoraFactorTable, src: torch.Tensor, dst: torch.Tensor) -> None:
+        """Fold slots `dst` <- `table`'s slots `src` (int64 device tensors, one fold slot per
+        table slot, all checked by the caller): device copies from the table's stacked
+        views. A slice's rank rows past its rank are zero in the table, and the fold's rows
+        past the table's rank are never written, so both copy over whatever was there."""
         assert table.weights.stacked is not None
-        for f in fold_slots:
-            self._check_slot(f)
-        dev = self.weight_aug.device
-        src = torch.tensor(table_slots, dtype=torch.int64).to(dev, non_blocking=True)
-        dst = torch.tensor(fold_slots, dtype=torch.int64).to(dev, non_blocking=True)
         tail = self.weight_aug[self.base_rows:].view(self.hot_slots, len(self.widths),
                                                      self.rank, -1)
         rt = table.max_rank

@@ -60,3 +60,35 @@ def test_bad_slots_and_shapes_are_refused() -> None:
     with pytest.raises(LoraSlotError):
         store.clear(-1)
     assert not store.weight_aug[10:].any()
+
+
+def test_fold_slots_take_only_a_matching_table_and_store() -> None:
+    """FoldSlots (dataplane/layers/lora_fold_slots.py) refuses pairs it could not keep in
+    step: other slot counts, other slices, a table rank above the fold's, more fold slots
+    than table slots."""
+    from dataplane.kernels.factor_table import LoraFactorTable
+    from dataplane.layers.lora_fold_slots import FoldSlots
+
+    weight = torch.randn(sum(WIDTHS), D_IN)
+    table = LoraFactorTable(4, D_IN, WIDTHS, 8, torch.float32, "cpu")
+    slots = FoldSlots(4, 2)
+    for bad_table, bad_store in (
+            (table, FoldStore(weight, WIDTHS, hot_slots=3, max_rank=8)),
+            (LoraFactorTable(3, D_IN, WIDTHS, 8, torch.float32, "cpu"),
+             FoldStore(weight, WIDTHS, hot_slots=2, max_rank=8)),
+            (LoraFactorTable(4, D_IN, WIDTHS[::-1], 8, torch.float32, "cpu"),
+             FoldStore(weight, WIDTHS, hot_slots=2, max_rank=8)),
+            (LoraFactorTable(4, D_IN, WIDTHS, 16, torch.float32, "cpu"),
+             FoldStore(weight, WIDTHS, hot_slots=2, max_rank=8))):
+        with pytest.raises(LoraShapeError):
+            slots.attach(bad_table, bad_store)
+        assert bad_table.mirror is None
+    with pytest.raises(LoraShapeError):
+        FoldSlots(2, 3)
+    store = FoldStore(weight, WIDTHS, hot_slots=2, max_rank=8)
+    slots.attach(table, store)
+    table.set_slot(3, factors(8, 4))
+    assert slots.rows([3, -1, 3]) == [0, -1, 0] and slots.copied == 1
+    assert torch.equal(store.b[1][0], table.weights.stacked[1][1][3])  # type: ignore[index]
+    with pytest.raises(LoraSlotError):
+        slots.rows([4])
