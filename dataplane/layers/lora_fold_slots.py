@@ -7,8 +7,10 @@ So a fold holds ``F = min(resident slots, rows a folded step may have)`` fold sl
 `FoldSlots` maps table slots to them, least recently used first out:
 
 * `rows` gives a step's rows their fold slots. A slot the fold does not hold yet is copied
-  in from every attached factor table (device copies, `FoldStore.copy_in`) into a fold slot
-  that no row of this step uses — first the empty ones, then the least recently used.
+  in from every attached factor table into a fold slot that no row of this step uses —
+  first the empty ones, then the least recently used. On CUDA all of a step's copies go in
+  one launch (dataplane/ops/triton/copy_jobs.py over `FoldStore.copy_ranges`), elsewhere
+  as torch copies (`FoldStore.copy_in`).
   The copies are queued on the stream before the step, so a step already in flight still
   reads what it was given.
 * A table slot's later writes and clears reach the fold slot holding it through the
@@ -22,6 +24,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 
+import numpy as np
 import torch
 
 from dataplane.h2d import to_device
@@ -33,10 +36,16 @@ from dataplane.layers.lora_fold_store import FoldStore
 class FoldSlots:
     """Table slot -> fold slot for every (factor table, fold store) pair of one model."""
 
-    def __init__(self, table_slots: int, fold_slots: int) -> None:
+    def __init__(self, table_slots: int, fold_slots: int, batched: bool | None = None
+                 ) -> None:
         if not 0 < fold_slots <= table_slots:
             raise LoraShapeError(f"{fold_slots} fold slots for {table_slots} table slots")
         self.table_slots, self.fold_slots = table_slots, fold_slots
+        self.batched = batched
+        """Copy adapters in with one batched launch (`copy_jobs`) instead of torch copies
+        per projection; None: on CUDA. Off where a block is not whole 4-byte words."""
+        self._ranges = np.zeros((0, 5), dtype=np.int64)
+        self._base: torch.Tensor | None = None
         self._where: dict[int, int] = {}
         """table slot -> the fold slot holding it"""
         self._holder = [-1] * fold_slots
@@ -56,8 +65,18 @@ class FoldSlots:
             raise LoraShapeError("the table's rank exceeds the fold's")
         if self._pairs and store.weight_aug.device != self._pairs[0][1].weight_aug.device:
             raise LoraShapeError("one model's folds live on one device")
+        if table.dtype != store.weight_aug.dtype:
+            raise LoraShapeError("the table and the fold hold other dtypes")
         table.mirror = _FoldMirror(self, store)
         self._pairs.append((table, store))
+        ranges = store.copy_ranges(table)
+        self._ranges = np.concatenate([self._ranges, ranges])
+        if self.batched is None:
+            self.batched = store.weight_aug.device.type == "cuda"
+        if self._base is None:
+            self._base = torch.zeros(1, dtype=torch.int32, device=store.weight_aug.device)
+        self.batched = self.batched and not (ranges[:, :4] % 4).any() \
+            and not (ranges[:, 4] % 4).any()
 
     def holder(self, table_slot: int) -> int:
         """The fold slot holding `table_slot`, or -1."""
@@ -78,15 +97,34 @@ class FoldSlots:
             for slot, f in zip(missing, free, strict=True):
                 self._where.pop(self._holder[f], None)
                 self._where[slot], self._holder[f] = f, slot
-            if self._pairs:
-                dev = self._pairs[0][1].weight_aug.device
-                src, dst = to_device(missing, torch.int64, dev), to_device(free, torch.int64, dev)
-                for table, store in self._pairs:
-                    store.copy_in(table, src, dst)
+            self._copy_in(missing, free)
             self.copied += len(missing)
         for s in live:
             self._recent.move_to_end(self._where[s])
         return [self._where[s] if s >= 0 else -1 for s in row_slot]
+
+    def _copy_in(self, table_slots: list[int], fold_slots: list[int]) -> None:
+        """Every pair's fold slots <- its table's slots, in one launch when batched."""
+        if not self._pairs or self._base is None:
+            return
+        dev = self._base.device
+        if not self.batched:
+            src = to_device(table_slots, torch.int64, dev)
+            dst = to_device(fold_slots, torch.int64, dev)
+            for table, store in self._pairs:
+                store.copy_in(table, src, dst)
+            return
+        from dataplane.ops.triton.copy_jobs import copy_jobs  # Triton only when batched
+
+        r = self._ranges
+        s = np.array(table_slots, dtype=np.int64)[:, None]
+        f = np.array(fold_slots, dtype=np.int64)[:, None]
+        base = self._base.data_ptr()
+        jobs = np.stack([r[:, 0] + s * r[:, 1] - base, r[:, 2] + f * r[:, 3] - base,
+                         np.broadcast_to(r[:, 4], (len(table_slots), len(r)))], axis=-1)
+        host = torch.from_numpy(jobs.reshape(-1, 3) // 4)
+        copy_jobs(self._base, host.pin_memory().to(dev, non_blocking=True)
+                  if dev.type == "cuda" else host)
 
 
 class _FoldMirror:

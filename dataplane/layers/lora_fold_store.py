@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+import numpy as np
 import torch
 
 from dataplane.intmath import next_pow2
@@ -98,6 +99,26 @@ class FoldStore:
                 tail[dst, k, :rt] = a.index_select(0, src)
                 self.b[k][dst, :rt] = b.index_select(0, src)
             self.scale[dst] = table.scales.index_select(1, src).t()
+
+    def copy_ranges(self, table: LoraFactorTable) -> np.ndarray:
+        """What `copy_in` moves, as byte ranges for a batched copy (dataplane/ops/triton/
+        copy_jobs.py): int64 ``[3 * slices, 5]``, one row per block a slot's copy moves
+        (each slice's ``A`` rows, ``B`` rows and scale): (source address of table slot 0,
+        source bytes per table slot, destination address of fold slot 0, destination
+        bytes per fold slot, bytes)."""
+        assert table.weights.stacked is not None
+        es, rt = self.weight_aug.element_size(), table.max_rank
+        tail = self.weight_aug[self.base_rows:].view(self.hot_slots, len(self.widths),
+                                                     self.rank, -1)
+        rows = []
+        for k, (a, b) in enumerate(table.weights.stacked):
+            rows.append((a.data_ptr(), a.stride(0) * es, tail[0, k].data_ptr(),
+                         tail.stride(0) * es, rt * a.shape[2] * es))
+            rows.append((b.data_ptr(), b.stride(0) * es, self.b[k].data_ptr(),
+                         self.b[k].stride(0) * es, rt * b.shape[2] * es))
+            rows.append((table.scales[k].data_ptr(), table.scales.stride(1) * 4,
+                         self.scale[0, k].data_ptr(), self.scale.stride(0) * 4, 4))
+        return np.array(rows, dtype=np.int64)
 
     def split(self, y_aug: torch.Tensor, bias: torch.Tensor | None, row_slot: torch.Tensor
               ) -> tuple[torch.Tensor, tuple[torch.Tensor, FoldedExpand]]:

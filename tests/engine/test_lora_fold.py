@@ -9,33 +9,17 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-import torch
 
 from dataplane.core import InvalidRequest
 from dataplane.engine.engine import Engine
 from dataplane.kernels.errors import LoraSlotError
-from dataplane.kernels.factor_table import LoraFactorTable
-from dataplane.layers.lora_fold_store import FoldStore
+from tests.kernels.fold_checks import assert_fold_holds
 
 from .helpers import HFReference, serve_arrivals
 from .test_engine_parity import REQUESTS
 
 SIZES = dict(dtype="float32", device="cpu", max_num_seqs=2, max_num_batched_tokens=16,
              num_kv_blocks=16, block_size=4, max_slots=3, max_rank=8)
-
-
-def _assert_holds(store: FoldStore, table: LoraFactorTable, fold_slot: int,
-                  table_slot: int) -> None:
-    """Fold slot `fold_slot` = table slot `table_slot`, bit for bit (zero past the rank)."""
-    assert table.weights.stacked is not None
-    tail = store.weight_aug[store.base_rows:].view(store.hot_slots, len(store.widths),
-                                                   store.rank, -1)
-    rt = table.max_rank
-    for k, (a, b) in enumerate(table.weights.stacked):
-        assert torch.equal(tail[fold_slot, k, :rt], a[table_slot])
-        assert not tail[fold_slot, k, rt:].any()
-        assert torch.equal(store.b[k][fold_slot, :rt], b[table_slot])
-        assert float(store.scale[fold_slot, k]) == float(table.scales[k, table_slot])
 
 
 def test_fold_slots_follow_steps_loads_and_unloads(tiny_llama: Path,
@@ -55,8 +39,8 @@ def test_fold_slots_follow_steps_loads_and_unloads(tiny_llama: Path,
     assert slots.rows([b, c]) == [1, 0] and slots.copied == 3  # both held: no copy
     for table, store in pairs:
         assert store is not None
-        _assert_holds(store, table, 0, c)
-        _assert_holds(store, table, 1, b)
+        assert_fold_holds(store, table, 0, c)
+        assert_fold_holds(store, table, 1, b)
     with pytest.raises(LoraSlotError, match="uses 3 adapters"):
         slots.rows([a, b, c])
     assert (slots.holder(a), slots.copied) == (-1, 3)  # the refused step changed nothing
@@ -69,7 +53,7 @@ def test_fold_slots_follow_steps_loads_and_unloads(tiny_llama: Path,
     assert again.slot == c  # the table slot comes back: its fold slot follows the load
     for table, store in pairs:
         assert store is not None
-        _assert_holds(store, table, 0, c)
+        assert_fold_holds(store, table, 0, c)
 
 
 def test_fewer_fold_slots_than_adapters_match_hf_peft(tiny_llama: Path,
