@@ -80,6 +80,8 @@ class AgentDaemon:
         self.app = create_agent_app(self.ctx)
         self._stop = threading.Event()
         self.ctx.state["lora_fold_rows"] = self.engine.model.lora_fold_rows
+        if self.engine.model.lora_fold_slots is not None:
+            self.metrics.watch_fold(self.engine.model.lora_fold_slots)
         ranks = getattr(self.engine, "tp_ranks", None)
         if ranks is not None:  # this agent is rank 0 of a TP group
             self.ctx.state["tp_follower_pids"] = ranks.follower_pids()

@@ -17,10 +17,11 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
-from prometheus_client.core import CounterMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 if TYPE_CHECKING:
     from agent.residents import ResidentSet
+    from dataplane.layers.lora_fold_slots import FoldSlots
     from dataplane.parallel.collectives import CollectiveCounter
 
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
@@ -123,6 +124,12 @@ class AgentMetrics:
         rank's payload bytes) by `purpose` (base|lora|control|tokens) and `kind`."""
         self.registry.register(_CollectiveCollector(counter))
 
+    def watch_fold(self, slots: FoldSlots) -> None:
+        """Export the LoRA fold's slots (read at scrape time): `adapter_lora_fold_slots`
+        (adapters the fold holds at most) and `adapter_lora_fold_copies_total` (adapters
+        copied into it on a decode step that needed one it lacked: its churn)."""
+        self.registry.register(_FoldCollector(slots))
+
     def observe_loop(self, residents: ResidentSet, pool: dict[str, dict[str, int]],
                      kv_free: int, kv_total: int, live: int, downloaded: int,
                      downloaded_seen: int) -> int:
@@ -150,6 +157,23 @@ class AgentMetrics:
         self.unfinished.labels("loading").set(
             sum(len(r.waiting) for r in residents.by_digest.values()))
         return max(downloaded, downloaded_seen)
+
+
+class _FoldCollector:
+    """Prometheus collector over a model's `FoldSlots`."""
+
+    def __init__(self, slots: FoldSlots) -> None:
+        self.slots = slots
+
+    def collect(self) -> Iterator[Metric]:
+        held = GaugeMetricFamily("adapter_lora_fold_slots",
+                                 "Adapters the LoRA fold of decode steps holds at most.")
+        held.add_metric([], self.slots.fold_slots)
+        copies = CounterMetricFamily("adapter_lora_fold_copies",
+                                     "Adapters copied into the LoRA fold for a decode step.")
+        copies.add_metric([], self.slots.copied)
+        yield held
+        yield copies
 
 
 class _CollectiveCollector:

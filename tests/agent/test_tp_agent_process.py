@@ -46,6 +46,11 @@ def test_tp_agent_serves_then_exits_when_a_rank_dies(
             'adapter_tp_collective_calls_total{kind="all_reduce",purpose="base"}')]
         assert base and float(base[0].split()[-1]) > 0, metrics
         assert 'purpose="control"' in metrics and 'purpose="lora"' not in metrics
+        # the fold holds min(max_slots, max_num_seqs) adapters; serving "a" copied it in
+        fold = {line.split()[0]: float(line.split()[-1]) for line in metrics.splitlines()
+                if line.startswith("adapter_lora_fold_")}
+        assert fold["adapter_lora_fold_slots"] > 0, metrics
+        assert fold["adapter_lora_fold_copies_total"] >= 1, metrics
         assert agent.proc is not None
         killed = time.monotonic()
         os.kill(follower, signal.SIGKILL)
