@@ -26,8 +26,9 @@ MAX_TOKENS = 8
 
 
 def _generate(model_dir: Path, adapters: dict[str, Path], dtype: str, graphs: bool,
-              lora_fold: bool = False) -> tuple[Engine, list]:
-    engine = Engine.from_model_dir(model_dir, dtype=dtype, device="cuda", max_num_seqs=8,
+              lora_fold: bool = False, max_num_seqs: int = 8) -> tuple[Engine, list]:
+    engine = Engine.from_model_dir(model_dir, dtype=dtype, device="cuda",
+                                   max_num_seqs=max_num_seqs,
                                    max_num_batched_tokens=64, num_kv_blocks=64, block_size=4,
                                    max_slots=4, max_rank=8, enable_cuda_graphs=graphs,
                                    lora_fold=lora_fold)
@@ -38,25 +39,32 @@ def _generate(model_dir: Path, adapters: dict[str, Path], dtype: str, graphs: bo
     return engine, outs
 
 
-@pytest.mark.parametrize("fused", ["1", "0", "lora-fold"],
-                         ids=["fused-decode", "two-kernel-folded-silu", "lora-fold"])
+@pytest.mark.parametrize("fused", ["1", "0", "lora-fold", "lora-fold-1"],
+                         ids=["fused-decode", "two-kernel-folded-silu", "lora-fold",
+                              "lora-fold-one-slot"])
 def test_fp32_cuda_graphs_match_hf(cuda_device: torch.device, tiny_llama: Path,
                                    tiny_adapters: dict[str, Path], fused: str,
                                    monkeypatch: pytest.MonkeyPatch) -> None:
     """Every LoRA path: the fused decode launch, two kernels everywhere (gate/up's expand
     folded into SiLU·mul), and the LoRA folded into the base GEMMs and their consumer
-    ops for decode steps (`lora_fold`, captured in the decode graphs)."""
-    fold = fused == "lora-fold"
+    ops for decode steps (`lora_fold`, captured in the decode graphs) — also with one
+    request at a time, so the fold holds one adapter and copies the next request's in
+    (one batched launch) between graph replays."""
+    fold = fused.startswith("lora-fold")
     monkeypatch.setenv("ADAPTERPLANE_LORA_FUSED", "1" if fold else fused)
     if fused == "0":
         enable_folded_silu(monkeypatch)
     engine, outs = _generate(tiny_llama, tiny_adapters, "float32", graphs=True,
-                             lora_fold=fold)
+                             lora_fold=fold, max_num_seqs=1 if fused == "lora-fold-1" else 8)
     graphs = engine.runner.graphs
     assert graphs is not None and graphs.replays > 0  # type: ignore[attr-defined]
     stores = [linear.fold for linear in engine.runner.linears.values()]
     assert all((store is not None and store.uses > 0) if fold else store is None
                for store in stores)
+    slots = engine.model.lora_fold_slots
+    if fused == "lora-fold-1":  # all_r8, (base), attn_r4, mlp_rs2, attn_r4 again
+        assert slots is not None and slots.batched and slots.fold_slots == 1
+        assert slots.copied == 4
     hf = HFReference(tiny_llama, tiny_adapters)
     for (prompt, name), out in zip(REQUESTS, outs, strict=True):
         ref_tokens, ref_logits = hf.greedy(prompt, MAX_TOKENS, name)
