@@ -1,8 +1,9 @@
 """The LoRA branch folded into the base GEMM and its consumers, against the fused launch.
 
-One TP=2 rank's Llama-3-8B decoder layer at decode (64 rows, rank 16, ``n`` hot slots,
-row t on slot t mod n; the all-reduces left out, they are the same in every way), over a
-ring of layers whose weights stream from HBM, captured in a CUDA graph (µs per layer):
+One TP=2 rank's Llama-3-8B decoder layer (``--tp 1``: one GPU's whole layer) at decode
+(64 rows, rank 16, ``n`` hot slots, row t on slot t mod n; the all-reduces left out, they
+are the same in every way), over a ring of layers whose weights stream from HBM, captured
+in a CUDA graph (µs per layer):
 
 - ``base``: add-RMSNorm, q/k/v GEMM, RoPE + KV write, o GEMM, add-RMSNorm, gate/up GEMM,
   SiLU·mul, down GEMM (attention left out: its output is a fixed buffer);
@@ -38,10 +39,21 @@ from dataplane.ops.triton import rms_norm, rotary_kv, silu_mul
 
 DT = torch.bfloat16
 ROWS, RANK, HEAD = 64, 16, 128
-HIDDEN, HQ, HKV, INTER = 4096, 16, 4, 7168  # one TP=2 rank of Llama-3-8B
-MODULES = {  # name -> (d_in, slice widths)
-    "qkv": (HIDDEN, (HQ * HEAD, HKV * HEAD, HKV * HEAD)), "o": (HQ * HEAD, (HIDDEN,)),
-    "gate_up": (HIDDEN, (INTER, INTER)), "down": (INTER, (HIDDEN,))}
+HIDDEN, HQ, HKV, INTER = 4096, 16, 4, 7168  # one TP=2 rank of Llama-3-8B (`--tp 1`: all)
+MODULES: dict[str, tuple[int, tuple[int, ...]]] = {}  # name -> (d_in, slice widths)
+
+
+def set_shape(tp: int) -> None:
+    """One TP rank's Llama-3-8B layer (tp = 1: the whole layer, one GPU's shapes)."""
+    global HQ, HKV, INTER
+    HQ, HKV, INTER = 32 // tp, 8 // tp, 14336 // tp
+    MODULES.clear()
+    MODULES.update({
+        "qkv": (HIDDEN, (HQ * HEAD, HKV * HEAD, HKV * HEAD)), "o": (HQ * HEAD, (HIDDEN,)),
+        "gate_up": (HIDDEN, (INTER, INTER)), "down": (INTER, (HIDDEN,))})
+
+
+set_shape(2)
 
 
 class Module:
@@ -190,11 +202,14 @@ def main() -> None:
     ap.add_argument("--out", default=".")
     ap.add_argument("--slots", default="16,64")
     ap.add_argument("--ring", type=int, default=4)
+    ap.add_argument("--tp", type=int, choices=(1, 2), default=2,
+                    help="layer of one TP=2 rank (default) or the whole layer (one GPU)")
     ap.add_argument("--sweep", action="store_true",
                     help="also time the fold under each of SWEEP's kernel settings")
     ap.add_argument("--gemms", action="store_true",
                     help="also time each module's GEMM: base, augmented and variants")
     args = ap.parse_args()
+    set_shape(args.tp)
     os.makedirs(args.out, exist_ok=True)
     backend = TritonLoraBackend(fused=True)
     print(f"device {torch.cuda.get_device_name()} torch {torch.__version__}", flush=True)
