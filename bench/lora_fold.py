@@ -172,8 +172,8 @@ def gemm_loop(pairs: list[tuple[torch.Tensor, torch.Tensor]]) -> Callable[[], No
 
 def time_gemms(ring: list[Layer], n: int) -> dict[str, float]:
     """Each module's GEMM alone over the ring (µs per GEMM): base, augmented, augmented
-    with its tail padded by 128 / 256 zero rows, augmented under cuBLASLt, and the base
-    plus a second GEMM for the tail."""
+    with its tail padded by 128 / 256 zero rows, augmented and base under cuBLASLt, and
+    the base plus a second GEMM for the tail."""
     out: dict[str, float] = {}
     for name in MODULES:
         mods = [layer.m[name] for layer in ring]
@@ -191,6 +191,7 @@ def time_gemms(ring: list[Layer], n: int) -> dict[str, float]:
             out[f"{name} {way}"] = graph_time_us(fn) / len(ring)
         torch.backends.cuda.preferred_blas_library("cublaslt")
         out[f"{name} aug/lt"] = graph_time_us(ways["aug"]) / len(ring)
+        out[f"{name} base/lt"] = graph_time_us(ways["base"]) / len(ring)
         torch.backends.cuda.preferred_blas_library("cublas")
         del pads
     print(f"GEMMs n={n}: " + ", ".join(f"{k} {v:.1f}" for k, v in out.items()), flush=True)
