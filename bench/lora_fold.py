@@ -43,10 +43,11 @@ HIDDEN, HQ, HKV, INTER = 4096, 16, 4, 7168  # one TP=2 rank of Llama-3-8B (`--tp
 MODULES: dict[str, tuple[int, tuple[int, ...]]] = {}  # name -> (d_in, slice widths)
 
 
-def set_shape(tp: int) -> None:
-    """One TP rank's Llama-3-8B layer (tp = 1: the whole layer, one GPU's shapes)."""
-    global HQ, HKV, INTER
-    HQ, HKV, INTER = 32 // tp, 8 // tp, 14336 // tp
+def set_shape(tp: int, rows: int = 64) -> None:
+    """One TP rank's Llama-3-8B layer (tp = 1: the whole layer, one GPU's shapes) at
+    `rows` decode rows."""
+    global HQ, HKV, INTER, ROWS
+    HQ, HKV, INTER, ROWS = 32 // tp, 8 // tp, 14336 // tp, rows
     MODULES.clear()
     MODULES.update({
         "qkv": (HIDDEN, (HQ * HEAD, HKV * HEAD, HKV * HEAD)), "o": (HQ * HEAD, (HIDDEN,)),
@@ -203,6 +204,7 @@ def main() -> None:
     ap.add_argument("--out", default=".")
     ap.add_argument("--slots", default="16,64")
     ap.add_argument("--ring", type=int, default=4)
+    ap.add_argument("--rows", type=int, default=64, help="decode rows per step (<= 1024)")
     ap.add_argument("--tp", type=int, choices=(1, 2), default=2,
                     help="layer of one TP=2 rank (default) or the whole layer (one GPU)")
     ap.add_argument("--sweep", action="store_true",
@@ -210,7 +212,7 @@ def main() -> None:
     ap.add_argument("--gemms", action="store_true",
                     help="also time each module's GEMM: base, augmented and variants")
     args = ap.parse_args()
-    set_shape(args.tp)
+    set_shape(args.tp, args.rows)
     os.makedirs(args.out, exist_ok=True)
     backend = TritonLoraBackend(fused=True)
     print(f"device {torch.cuda.get_device_name()} torch {torch.__version__}", flush=True)
@@ -253,7 +255,7 @@ def main() -> None:
         print(f"n={n}: " + ", ".join(f"{k} {v:.1f}" for k, v in row.items()), flush=True)
         del ring
         torch.cuda.empty_cache()
-    with open(os.path.join(args.out, "lora_fold.json"), "w") as f:
+    with open(os.path.join(args.out, f"lora_fold_tp{args.tp}_rows{ROWS}.json"), "w") as f:
         json.dump(results, f, indent=1)
 
 
