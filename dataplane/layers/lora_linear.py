@@ -14,11 +14,11 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from dataplane.kernels.base import LoraBackend, LoraBatchMeta, LoraModuleWeights, LoraWorkspace
 from dataplane.kernels.factor_table import LoraFactorTable
-from dataplane.layers.gemm import linear
 from dataplane.layers.lora_fold_store import FoldStore
 from dataplane.ops import silu_and_mul
 from dataplane.ops.lora_fold import FoldedExpand
@@ -109,7 +109,7 @@ class LoRALinear(nn.Module):
         if self.fold is None:
             return self(x, lora), None
         assert lora.fold_slot is not None
-        return self.fold.split(linear(x, self.fold.weight_aug), self.bias, lora.fold_slot)
+        return self.fold.split(F.linear(x, self.fold.weight_aug), self.bias, lora.fold_slot)
 
     def set_adapted(self, adapted: bool) -> None:
         """Public form of the host-side `has_factors` flag: True iff some slot of the
@@ -132,7 +132,7 @@ class LoRALinear(nn.Module):
         return self.factors.weights
 
     def forward(self, x: torch.Tensor, lora: LoraStepContext | None) -> torch.Tensor:
-        y = linear(x, self.weight, self.bias)
+        y = F.linear(x, self.weight, self.bias)
         w = self._active(lora)
         if w is not None and lora is not None:
             lora.backend.add_lora(y, x, lora.meta, w, lora.workspace)
@@ -144,10 +144,10 @@ class LoRALinear(nn.Module):
         folded into the activation where the backend has that path (the same math, one
         rounding fewer: ``gate + Δgate`` is not rounded to the dtype first)."""
         if lora is not None and lora.fold_slot is not None and self.fold is not None:
-            y, (tail, fold) = self.fold.split(linear(x, self.fold.weight_aug), self.bias,
+            y, (tail, fold) = self.fold.split(F.linear(x, self.fold.weight_aug), self.bias,
                                               lora.fold_slot)
             return silu_and_mul(y, ops_backend, fold=fold, tail=tail)
-        y = linear(x, self.weight, self.bias)
+        y = F.linear(x, self.weight, self.bias)
         w = self._active(lora)
         if w is not None and lora is not None:
             act = lora.backend.add_lora_silu_mul(y, x, lora.meta, w, lora.workspace)
