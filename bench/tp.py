@@ -11,10 +11,12 @@ the median step time and the collective calls / payload bytes / ring bytes per s
     the layouts "no_extra_collectives" (default) and "paper" (seed §0x06F2–F3).
 
 Decode: `--batch` requests of `--context` prompt tokens, prefilled once, then `--steps`
-timed decode steps (adapter of request i = i % n), run eagerly and/or replayed from CUDA
-graphs (`--graphs eager|graphs|both`; TP=1 uses the engine's `CudaGraphRunner`, TP=2
-`dataplane.parallel.tp_graphs.TPCudaGraphRunner`, which captures each rank's step with
-its NCCL collectives and counts the captured collectives on every replay). Only the
+timed decode steps (adapter of request i = i % n, or with `--zipf S` drawn from
+Zipf(S) popularity over the n adapters; rows report "distinct_adapters"), run eagerly
+and/or replayed from CUDA graphs (`--graphs eager|graphs|both`; TP=1 uses the engine's
+`CudaGraphRunner`, TP=2 `dataplane.parallel.tp_graphs.TPCudaGraphRunner`, which captures
+each rank's step with its NCCL collectives and counts the captured collectives on every
+replay). Only the
 `--batch` size is captured (one graph per rank), context width `--context + --steps`.
 Prefill: `--prefill-requests` requests of `--prefill-len` tokens in one step. Mixed: the
 decode requests' next tokens and `--mixed-prompts` prompts of `--mixed-prompt-len` tokens
@@ -129,6 +131,18 @@ def random_adapter(
     return out
 
 
+def request_adapters(requests: int, n_adapters: int, zipf: float) -> list[int]:
+    """Adapter slot of each request: i % n (`zipf` 0), or drawn from Zipf(`zipf`) popularity
+    over the n adapters (slot k with weight 1 / (k + 1)^zipf, a fixed seed); -1 without."""
+    if not n_adapters:
+        return [-1] * requests
+    if zipf <= 0:
+        return [i % n_adapters for i in range(requests)]
+    weights = torch.arange(1, n_adapters + 1, dtype=torch.float64).pow(-zipf)
+    gen = torch.Generator().manual_seed(1234)
+    return torch.multinomial(weights, requests, replacement=True, generator=gen).tolist()
+
+
 def phase_shape(args: argparse.Namespace, phase: str) -> tuple[int, int, int, int]:
     """(decode requests, their context, prompts prefilled per step, prompt length)."""
     if phase == "decode":
@@ -159,9 +173,10 @@ def run_phase(
     steps = args.steps if phase == "decode" else args.prefill_steps
     vocab = min(1003, runner.model.config.vocab_size)
     per_seq_blocks = -(-(max(context, pre_len) + steps + 2) // BLOCK)
+    adapter_of = request_adapters(dec_n + pre_n, n_adapters, args.zipf)
 
     def make(i: int, prompt_len: int) -> Sequence:
-        slot = i % n_adapters if n_adapters else -1
+        slot = adapter_of[i]
         prompt = tuple((7 * i + 13 * t) % (vocab - 3) + 3 for t in range(prompt_len))
         seq = Sequence(
             f"r{i}", prompt, adapter_slot=slot, adapter_digest=None if slot < 0 else "0" * 64
@@ -228,6 +243,7 @@ def run_phase(
         "requests": dec_n + pre_n,
         "prompt_len": pre_len or context,
         "rows_per_step": dec_n + pre_n * pre_len,
+        "distinct_adapters": len({a for a in adapter_of if a >= 0}),
         "median_step_ms": 1e3 * med,
         "tokens_per_s": (dec_n + pre_n * pre_len) / med,
         "collectives_per_step": ledgers[-1] if ledgers else None,
@@ -392,6 +408,7 @@ def bench_rank(
                         "fold": fold,
                         "adapters": n,
                         "rank": args.rank,
+                        "zipf": args.zipf,
                         "shape": args.shape,
                         "dtype": args.dtype,
                         **extra,
@@ -474,6 +491,9 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     model_args(p, [0, 16, 128])
     p.add_argument("--rank", type=int, default=16)
+    p.add_argument("--zipf", type=float, default=0.0,
+                   help="request adapters drawn from Zipf(s) popularity (0: request i "
+                        "uses adapter i %% n)")
     p.add_argument("--batch", type=int, default=64, help="decode requests")
     p.add_argument("--context", type=int, default=512, help="decode prompt tokens")
     p.add_argument("--steps", type=int, default=20, help="timed decode steps")

@@ -56,7 +56,8 @@ def fold_resident_bytes(config: ModelConfig, tp_size: int, rank: int, fold_slots
     """What the fold allocates on one rank: each fold slot's padded ``A`` rows and ``B``
     (q/k/v and gate/up ``B`` output-sharded, o and down ``B`` replicated) in every layer."""
     c, r = config, next_pow2(rank)
-    b_per_layer = r * ((c.q_size + 2 * c.kv_size) // tp_size + c.hidden_size
+    kv_local = max(c.kv_size // tp_size, c.head_dim)  # one replicated kv head at least
+    b_per_layer = r * (c.q_size // tp_size + 2 * kv_local + c.hidden_size
                        + 2 * c.intermediate_size // tp_size + c.hidden_size)
     b_bytes = b_per_layer * c.num_layers * dtype_bytes
     return fold_slots * (fold_a_bytes_per_slot(config, tp_size, rank, dtype_bytes) + b_bytes)

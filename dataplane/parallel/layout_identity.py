@@ -17,7 +17,7 @@ kernel family suffix `TP_SCHEDULE_REVISION`: changing any of it changes the dige
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 
 from dataplane.identity import (
     A_AXES,
@@ -45,13 +45,16 @@ B_PHYSICAL_AXES = ("rank", "output")
 
 
 def lora_local_layout(spec: ModuleSpec, *, style: str, layout: str, tp_rank: int,
-                      tp_size: int, out_unit: int = 1) -> LocalModuleLayout:
-    """The `LocalModuleLayout` of `spec` on one rank for (style, layout)."""
+                      tp_size: int, out_unit: int = 1, out_replicate: bool = False
+                      ) -> LocalModuleLayout:
+    """The `LocalModuleLayout` of `spec` on one rank for (style, layout); `out_replicate`:
+    B's output units (k/v heads) may be shared by several ranks (`shard_interval`)."""
     check_style_layout(style, layout)
     a_shard = b_shard = None
     if style == COLUMN:
         b_shard = ShardRange("output", *shard_interval(spec.d_out, tp_rank, tp_size,
-                                                       what=spec.name, unit=out_unit))
+                                                       what=spec.name, unit=out_unit,
+                                                       replicate=out_replicate))
         if layout == LAYOUT_PAPER:
             a_shard = ShardRange("rank", *shard_interval(spec.rank, tp_rank, tp_size,
                                                          what=f"{spec.name} rank"))
@@ -85,9 +88,10 @@ def tp_kernel_local_identity(*, adapter_semantic: str, kernel_family: str,
                              conversion_revision: int, dtype: str, packing: str,
                              specs: Sequence[ModuleSpec],
                              choices: Mapping[str, tuple[str, str]], tp_rank: int,
-                             tp_size: int, out_units: Mapping[str, int] | None = None
-                             ) -> KernelLocalIdentity:
-    """H_kernel_local inputs of one rank: `choices[spec.name] = (style, layout)`."""
+                             tp_size: int, out_units: Mapping[str, int] | None = None,
+                             replicated: Collection[str] = ()) -> KernelLocalIdentity:
+    """H_kernel_local inputs of one rank: `choices[spec.name] = (style, layout)`;
+    `replicated` names the modules whose output units may be shared (k/v heads)."""
     units = dict(out_units or {})
     layouts = []
     for spec in sorted(specs, key=lambda s: s.name):
@@ -95,7 +99,8 @@ def tp_kernel_local_identity(*, adapter_semantic: str, kernel_family: str,
             raise UnknownLayoutError(f"no TP layout chosen for {spec.name}")
         style, layout = choices[spec.name]
         layouts.append(lora_local_layout(spec, style=style, layout=layout, tp_rank=tp_rank,
-                                         tp_size=tp_size, out_unit=units.get(spec.name, 1)))
+                                         tp_size=tp_size, out_unit=units.get(spec.name, 1),
+                                         out_replicate=spec.name in replicated))
     return KernelLocalIdentity(
         adapter_semantic=adapter_semantic,
         kernel_family=f"{kernel_family}+{TP_SCHEDULE_REVISION}",

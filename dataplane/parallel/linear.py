@@ -99,7 +99,7 @@ class _ParallelLinear(nn.Module):
             self.style, layout, self.group, num_slots=num_slots,
             in_features=self.in_features, out_features=self.out_features,
             max_rank=max_rank, dtype=self.weight.dtype, out_units=self._out_units(),
-            bottleneck_dtype=bottleneck_dtype)
+            out_replicate=self._out_replicate(), bottleneck_dtype=bottleneck_dtype)
         return self.branch
 
     def enable_fold(self, fold_slots: int) -> FoldStore:
@@ -147,6 +147,9 @@ class _ParallelLinear(nn.Module):
     def _out_units(self) -> tuple[int, ...]:
         return (1,) * len(self.out_features)
 
+    def _out_replicate(self) -> tuple[bool, ...]:
+        return (False,) * len(self.out_features)
+
     def _active_branch(self, lora: LoraStepContext | None) -> ShardedLoraBranch | None:
         """The branch to run this step: None without LoRA, or when no slot holds factors
         and the step allows skipping. Every rank loads the same slots (publication is
@@ -160,7 +163,8 @@ class ColumnParallelLinear(_ParallelLinear):
     """Output-sharded projection; fused slices (q/k/v, gate/up) sharded one by one.
 
     `global_out_features` are the global slice widths; `units` the shard unit per slice
-    (head_dim for q/k/v so GQA kv heads split on head boundaries).
+    (head_dim for q/k/v so GQA kv heads split on head boundaries); `replicate[k]`: slice
+    k's units are shared by several ranks when they are fewer than the ranks (k/v heads).
     """
 
     style = COLUMN
@@ -168,27 +172,34 @@ class ColumnParallelLinear(_ParallelLinear):
     def __init__(self, group: TPGroup, in_features: int, global_out_features: tuple[int, ...],
                  slice_names: tuple[str, ...], *, bias: bool = False,
                  dtype: torch.dtype = torch.float32,
-                 units: tuple[int, ...] | None = None) -> None:
+                 units: tuple[int, ...] | None = None,
+                 replicate: tuple[bool, ...] | None = None) -> None:
         self.units = units or (1,) * len(global_out_features)
+        self.replicate = replicate or (False,) * len(global_out_features)
         self.global_out_features = global_out_features
         local = []
-        for k, (w, u) in enumerate(zip(global_out_features, self.units, strict=True)):
-            lo, hi = shard_interval(w, group.rank, group.size, what=f"slice {k}", unit=u)
+        for k, (w, u, rep) in enumerate(zip(global_out_features, self.units, self.replicate,
+                                            strict=True)):
+            lo, hi = shard_interval(w, group.rank, group.size, what=f"slice {k}", unit=u,
+                                    replicate=rep)
             local.append(hi - lo)
         super().__init__(group, in_features, tuple(local), slice_names, bias, dtype)
 
     def _out_units(self) -> tuple[int, ...]:
         return self.units
 
+    def _out_replicate(self) -> tuple[bool, ...]:
+        return self.replicate
+
     def load_global_weight(self, weight: torch.Tensor, bias: torch.Tensor | None = None
                            ) -> None:
         """Copy this rank's rows of the global fused weight ``[sum(widths), d_in]``."""
         g = self.group
         local = shard_column_weight(weight, self.global_out_features, g.rank, g.size,
-                                    self.units)
+                                    self.units, self.replicate)
         local_bias = (None if bias is None else
                       shard_column_weight(bias, self.global_out_features, g.rank, g.size,
-                                          self.units))
+                                          self.units, self.replicate))
         self._copy_weight(local, local_bias)
 
     def forward(self, x: torch.Tensor, lora: LoraStepContext | None) -> torch.Tensor:

@@ -1,9 +1,10 @@
 """A Llama-family decoder sharded over a TP group, re-using dataplane.models unchanged.
 
 `TPLlamaForCausalLM(global_model, group)` is a `LlamaForCausalLM` whose config is the
-*per-rank* config (``num_heads/N``, ``num_kv_heads/N``, ``intermediate_size/N``), so the
-model engineer's `DecoderLayer.forward`, attention and paged KV cache run unchanged on
-this rank's heads; its projections are swapped for the parallel ones:
+*per-rank* config (``num_heads/N``, ``num_kv_heads/N`` or one replicated kv head,
+``intermediate_size/N``), so the model engineer's `DecoderLayer.forward`, attention and
+paged KV cache run unchanged on this rank's heads; its projections are swapped for the
+parallel ones:
 
     qkv_proj, gate_up_proj  ColumnParallelLinear   (no collective)
     o_proj, down_proj       RowParallelLinear      (one base all-reduce each)
@@ -41,18 +42,21 @@ from dataplane.parallel.cost_model import LayoutDecision, ModuleTraffic, decide_
 from dataplane.parallel.errors import IndivisibleShardError, ShardShapeError
 from dataplane.parallel.linear import ColumnParallelLinear, RowParallelLinear
 from dataplane.parallel.lora_tp import GlobalSliceFactors
-from dataplane.parallel.shard import COLUMN, LAYOUT_LOCAL, ROW
+from dataplane.parallel.shard import COLUMN, LAYOUT_LOCAL, ROW, replicates
 from dataplane.parallel.vocab import ParallelLMHead, VocabParallelEmbedding
 
 
 def local_config(config: ModelConfig, tp_size: int) -> ModelConfig:
-    """The per-rank config: heads, kv heads and MLP width divided by `tp_size`."""
+    """The per-rank config: heads, kv heads and MLP width divided by `tp_size`. With fewer
+    kv heads than ranks (``tp_size`` a multiple of them) each rank holds one kv head, shared
+    by ``tp_size / num_kv_heads`` ranks (`replicates`): its q heads all map to it."""
+    kv_shared = replicates(config.num_kv_heads, tp_size, 1)
     for name, value in (("num_heads", config.num_heads), ("num_kv_heads", config.num_kv_heads),
                         ("intermediate_size", config.intermediate_size)):
-        if value % tp_size:
+        if value % tp_size and not (name == "num_kv_heads" and kv_shared):
             raise IndivisibleShardError(f"{name}={value} does not split over {tp_size} ranks")
     return dataclasses.replace(config, num_heads=config.num_heads // tp_size,
-                               num_kv_heads=config.num_kv_heads // tp_size,
+                               num_kv_heads=max(1, config.num_kv_heads // tp_size),
                                intermediate_size=config.intermediate_size // tp_size)
 
 
@@ -166,7 +170,8 @@ class TPLlamaForCausalLM(LlamaForCausalLM):
                 g.post_attention_layernorm.state_dict())
             qkv = ColumnParallelLinear(group, gc.hidden_size, (gc.q_size, gc.kv_size,
                                                                gc.kv_size),
-                                       QKV_SLICES, bias=gc.qkv_bias, dtype=dt, units=(hd,) * 3)
+                                       QKV_SLICES, bias=gc.qkv_bias, dtype=dt, units=(hd,) * 3,
+                                       replicate=(False, True, True))
             o = RowParallelLinear(group, gc.q_size, gc.hidden_size, "o_proj",
                                   bias=gc.o_bias, dtype=dt)
             gate_up = ColumnParallelLinear(group, gc.hidden_size,

@@ -73,11 +73,14 @@ class ShardedLoraBranch:
             row: d_in/N, (d_out,)); the row/paper table expands into d_out/N columns.
         max_rank: the largest global rank a slot may hold (divisible by N for column/paper).
         out_units: per slice, the unit B's output rows are sharded in (head_dim for q/k/v).
+        out_replicate: per slice, whether those units may be replicated (k/v heads fewer
+            than the ranks, `dataplane.parallel.shard.shard_interval`).
     """
 
     def __init__(self, style: str, layout: str, group: TPGroup, *, num_slots: int,
                  in_features: int, out_features: tuple[int, ...], max_rank: int,
                  dtype: torch.dtype, out_units: tuple[int, ...] | None = None,
+                 out_replicate: tuple[bool, ...] | None = None,
                  bottleneck_dtype: torch.dtype = torch.float32) -> None:
         check_style_layout(style, layout)
         if style == COLUMN and layout == LAYOUT_PAPER and max_rank % group.size:
@@ -90,6 +93,7 @@ class ShardedLoraBranch:
                                                       what="row-parallel output")
                                        for w in out_features))
         self.out_units = out_units or (1,) * len(out_features)
+        self.out_replicate = out_replicate or (False,) * len(out_features)
         self.bottleneck_dtype = bottleneck_dtype
         self.table = LoraFactorTable(num_slots, in_features, out_features, max_rank, dtype,
                                      group.device)
@@ -114,7 +118,8 @@ class ShardedLoraBranch:
                 raise ShardShapeError(f"slice {k} outside [0, {len(self.out_units)})")
             out[k] = shard_lora_factors(a, b, scale, style=self.style, layout=self.layout,
                                         tp_rank=self.group.rank, tp_size=self.group.size,
-                                        out_unit=self.out_units[k])
+                                        out_unit=self.out_units[k],
+                                        out_replicate=self.out_replicate[k])
         return out
 
     def load_slot(self, slot: int, factors: GlobalSliceFactors) -> None:

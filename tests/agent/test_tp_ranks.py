@@ -52,28 +52,30 @@ def greedy(engine: Engine, adapters: dict[str, Path]) -> list[tuple[int, ...]]:
     return [o.token_ids for o in outs]
 
 
-def test_two_gloo_ranks_match_tp1_greedy(assets: tuple[Path, dict[str, Path]],
-                                         one_thread: None) -> None:
+@pytest.mark.parametrize("tp_size", [2, 4])
+def test_gloo_ranks_match_tp1_greedy(assets: tuple[Path, dict[str, Path]],
+                                     one_thread: None, tp_size: int) -> None:
+    """TP=2 splits the tiny model's two kv heads; TP=4 replicates each on two ranks."""
     base, adapters = assets
     reference = greedy(Engine.from_model_dir(base, dtype="float32", device="cpu", **SIZES),
                        adapters)
     assert reference[0] != reference[1]  # the adapter changes the tokens: parity not vacuous
     assert all(len(t) == PARAMS.max_tokens for t in reference)
 
-    ranks = launch_tp_ranks(TPLaunchSpec(str(base), 2, device="cpu", dtype="float32",
+    ranks = launch_tp_ranks(TPLaunchSpec(str(base), tp_size, device="cpu", dtype="float32",
                                          engine_sizes=SIZES, torch_threads=1,
                                          timeout_s=120.0))
     try:
         engine = ranks.engine
-        assert ranks.tp_size == 2 and engine.group.rank == 0
-        assert engine.runner.config.num_kv_heads == 1  # 2 kv heads split over 2 ranks
+        assert ranks.tp_size == tp_size and engine.group.rank == 0
+        assert engine.runner.config.num_kv_heads == 1  # 2 kv heads: split, or replicated
         assert engine.runner.tables == {}  # parallel linears own their sharded tables
         engine.group.counter.reset()
         assert greedy(engine, adapters) == reference
         counter = engine.group.counter
         assert counter.calls("lora") == 0
         assert counter.calls("base") > 0
-        # plans and loads went to the follower as control broadcasts (2 calls each)
+        # plans and loads went to the followers as control broadcasts (2 calls each)
         assert counter.calls("control", "broadcast") >= 2 * (len(adapters) + 2)
         # unload on every rank, then a fresh load into the freed slot: same tokens again
         engine.unregister_adapter(engine.register_adapter(adapters["all_r8"]))  # same handle

@@ -1,4 +1,5 @@
-"""Rank-side half of test_llama_tp.py: greedy decoding, TP=1 model vs TP=2 shards."""
+"""Rank-side half of test_llama_tp.py: greedy decoding, TP=1 model vs TP=2 / TP=4 shards
+(at TP=4 the config's two kv heads are each replicated on two ranks)."""
 
 from __future__ import annotations
 
@@ -104,8 +105,9 @@ def run(group: TPGroup, _payload: Any) -> dict[str, Any]:
         out[name] = {"tokens": tokens, "logits": logits,
                      "base_calls": group.counter.calls("base"),
                      "lora_calls": group.counter.calls("lora"),
-                     "kv_heads_local": runner.cache.num_kv_heads
-                     if hasattr(runner.cache, "num_kv_heads") else None}
+                     "kv_heads_local": tp.config.num_kv_heads,
+                     "k_weight": tp.parallel_linear(0, "qkv_proj").weight[
+                         config.q_size // group.size:][:tp.config.kv_size].clone()}
     out["fold"] = run_fold(model, group, factors)
     return out
 

@@ -33,7 +33,13 @@ from dataplane.parallel.layout_identity import (
     tp_contract_digest,
     tp_kernel_local_identity,
 )
-from dataplane.parallel.llama_tp import auto_lora_layouts, group_peft_modules, layout_choices
+from dataplane.parallel.llama_tp import (
+    auto_lora_layouts,
+    group_peft_modules,
+    layout_choices,
+    local_config,
+)
+from dataplane.parallel.shard import shard_interval
 from dataplane.parallel.vocab import vocab_part
 
 HEX = "0" * 63 + "1"
@@ -229,3 +235,50 @@ def test_layout_choices_follow_the_fused_projection() -> None:
     assert choices == {q.name: (COLUMN, LAYOUT_PAPER), down.name: (ROW, LAYOUT_LOCAL)}
     with pytest.raises(ShardShapeError):
         layout_choices([spec("model.embed_tokens", 8, 8, 8)], {})
+
+
+@pytest.mark.parametrize(("heads", "tp", "want"), [
+    (2, 4, [0, 0, 1, 1]),            # two kv heads, each on two ranks
+    (2, 8, [0] * 4 + [1] * 4),
+    (1, 2, [0, 0]),                  # multi-query: the one head everywhere
+    (4, 2, None),                    # enough heads: a plain split (two per rank)
+])
+def test_kv_heads_fewer_than_ranks_are_replicated(heads: int, tp: int,
+                                                  want: list[int] | None) -> None:
+    hd = 8
+    got = [shard_interval(heads * hd, j, tp, what="k", unit=hd, replicate=True)
+           for j in range(tp)]
+    if want is None:
+        assert got == [(j * heads * hd // tp, (j + 1) * heads * hd // tp) for j in range(tp)]
+    else:
+        assert got == [(h * hd, (h + 1) * hd) for h in want]
+    cfg = ModelConfig.from_dict({"model_type": "llama", "vocab_size": 64, "hidden_size": 64,
+                                 "intermediate_size": 128, "num_hidden_layers": 1,
+                                 "num_attention_heads": 8, "num_key_value_heads": heads})
+    assert local_config(cfg, tp).num_kv_heads == max(1, heads // tp)
+
+
+@pytest.mark.parametrize(("heads", "tp"), [(3, 2), (3, 4), (2, 3)])
+def test_kv_heads_that_neither_split_nor_replicate_evenly_are_refused(heads: int,
+                                                                      tp: int) -> None:
+    with pytest.raises(IndivisibleShardError):
+        shard_interval(heads * 8, 0, tp, what="k", unit=8, replicate=True)
+    cfg = ModelConfig.from_dict({"model_type": "llama", "vocab_size": 60, "hidden_size": 48,
+                                 "intermediate_size": 96, "num_hidden_layers": 1,
+                                 "num_attention_heads": 12, "num_key_value_heads": heads})
+    with pytest.raises(IndivisibleShardError):
+        local_config(cfg, tp)
+
+
+def test_q_heads_are_never_replicated() -> None:
+    """Replication is for kv heads only: q heads feed the row-parallel o, whose all-reduce
+    would count a replicated head twice."""
+    with pytest.raises(IndivisibleShardError):
+        shard_interval(2 * 8, 0, 4, what="q", unit=8)
+    b = torch.randn(16, 4)
+    with pytest.raises(IndivisibleShardError):
+        shard_lora_factors(torch.randn(4, 8), b, 1.0, style=COLUMN, layout=LAYOUT_LOCAL,
+                           tp_rank=0, tp_size=4, out_unit=8)
+    part = shard_lora_factors(torch.randn(4, 8), b, 1.0, style=COLUMN, layout=LAYOUT_LOCAL,
+                              tp_rank=3, tp_size=4, out_unit=8, out_replicate=True)
+    assert torch.equal(part.b, b[8:16])
