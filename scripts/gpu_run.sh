@@ -150,6 +150,15 @@ for s in "$@"; do
     tpfold) section tpfold 400 python3 bench/tp.py --shape 8b --device cuda --tp 2 \
           --adapters 0 16 128 --layouts no_extra_collectives --attention triton \
           --graphs graphs --fold --profile 5 --out "$OUT/tpfold" ;;  # TP=2 decode, LoRA launched vs folded into the GEMMs (2 GPUs)
+    tpzipf) section tpzipf 300 python3 bench/tp.py --shape 8b --device cuda --tp 2 \
+          --adapters 0 128 --layouts no_extra_collectives --attention triton \
+          --graphs graphs --fold --zipf 1.0 --out "$OUT/tpzipf" ;;  # tpfold at 128 adapters, Zipf(1) popularity (2 GPUs)
+    tpctx) section tpctx 400 python3 bench/tp.py --shape 8b --device cuda --tp 2 \
+          --adapters 0 16 128 --layouts no_extra_collectives --attention triton \
+          --graphs graphs --fold --context 2048 --kv-blocks 9000 --out "$OUT/tpctx" ;;  # tpfold at context 2048 (2 GPUs)
+    tp4) section tp4 500 python3 bench/tp.py --shape 8b --device cuda --tp 2 4 \
+          --adapters 0 16 128 --layouts no_extra_collectives --attention triton \
+          --graphs graphs --fold --out "$OUT/tp4" ;;  # TP=2 vs TP=4, launched vs folded (4 GPUs)
     tptests) section tptests 540 python3 -m pytest -q -s -p no:cacheprovider --noconftest \
                tests/parallel/test_tp_graphs_gpu.py tests/parallel/test_tp_piecewise_gpu.py \
                tests/agent/test_tp_ranks_gpu.py ;;  # 2 GPUs
