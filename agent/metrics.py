@@ -126,8 +126,10 @@ class AgentMetrics:
 
     def watch_fold(self, slots: FoldSlots) -> None:
         """Export the LoRA fold's slots (read at scrape time): `adapter_lora_fold_slots`
-        (adapters the fold holds at most) and `adapter_lora_fold_copies_total` (adapters
-        copied into it on a decode step that needed one it lacked: its churn)."""
+        (adapters the fold holds at most), `adapter_lora_fold_copies_total` (adapters
+        copied into it on a decode step that needed one it lacked: its churn),
+        `adapter_lora_fold_capacity` (fold slots in use) and
+        `adapter_lora_fold_width_steps_total{width}` (steps by fold slots read)."""
         self.registry.register(_FoldCollector(slots))
 
     def observe_loop(self, residents: ResidentSet, pool: dict[str, dict[str, int]],
@@ -172,8 +174,18 @@ class _FoldCollector:
         copies = CounterMetricFamily("adapter_lora_fold_copies",
                                      "Adapters copied into the LoRA fold for a decode step.")
         copies.add_metric([], self.slots.copied)
+        capacity = GaugeMetricFamily("adapter_lora_fold_capacity",
+                                     "Fold slots in use: the widest a decode step may read.")
+        capacity.add_metric([], self.slots.capacity)
+        widths = CounterMetricFamily("adapter_lora_fold_width_steps",
+                                     "Folded decode steps by the fold slots their GEMMs read.",
+                                     labels=["width"])
+        for width, steps in self.slots.width_steps.items():
+            widths.add_metric([str(width)], steps)
         yield held
         yield copies
+        yield capacity
+        yield widths
 
 
 class _CollectiveCollector:

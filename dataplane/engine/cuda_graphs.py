@@ -1,6 +1,7 @@
 """CUDA graphs for decode-only steps at common (padded) batch sizes and context buckets.
 
-A graph is captured per (batch size B, context width L): it reads static buffers —
+A graph is captured per (batch size B, context width L, fold width W): it reads static
+buffers —
 input ids, positions, KV write slots, row slots (and fold slots, when decode steps fold the
 LoRA), block tables, context lengths — computes the decode attention metadata and the
 LoRA row grouping on the device (the kernels
@@ -11,6 +12,10 @@ slot -1, context 1 at the trash slot) and replays. Adapter factor tables are upd
 place, so registering an adapter needs no recapture. With async scheduling the plan's
 placeholder rows get their input ids from the previous step's sampled tokens by a
 device-to-device copy into the static input buffer after the staging upload (`deferred`).
+When decode steps fold the LoRA, each batch size gets a graph per fold width
+(`FoldSlots.widths`: the fold slots its GEMMs read); a step replays the one its fold
+slots need (`FoldSlots.step_width`), so a step with few live adapters reads few `A` rows.
+Without the fold W is 0.
 `run_eagerly=True` (CPU tests) runs the captured computation eagerly instead of replaying,
 so the staging, padding and deferred-id paths are exercised without CUDA.
 
@@ -34,6 +39,8 @@ from dataplane.layers.lora_linear import LoraStepContext
 
 DEFAULT_BATCH_SIZES = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256)
 MIN_CONTEXT_BUCKET = 256
+GraphKey = tuple[int, int, int]
+"""(batch size, context width, fold width) of one captured decode graph."""
 
 
 @dataclass
@@ -95,8 +102,10 @@ class CudaGraphRunner:
         self.lora_buffers = (LoraMetaBuffers(b, runner.max_slots, dev)
                              if runner.max_slots > 0 else None)
         self.windows = distinct_windows(runner.config.layer_windows)
-        self.graphs: dict[tuple[int, int], _Graph] = {}
+        self.graphs: dict[GraphKey, _Graph] = {}
         self.replays = 0
+        self.last_key: GraphKey | None = None
+        """The graph the last `replay_plan` replayed (None: it returned None)."""
         self.pool: Any = None  # the graphs' shared memory pool handle
         # Pad rows reach the trash slot (= num_blocks * bs) as position 0 of block num_blocks;
         # decode_batch clamps every key slot to the trash slot, so that block id is safe.
@@ -110,7 +119,16 @@ class CudaGraphRunner:
         self._staged.upload(len(host))
         self._staged_slots.upload(2 * b)
 
-    def _forward(self, batch: int, width: int) -> torch.Tensor:
+    def _folds(self, batch: int) -> bool:
+        model = self.runner.model
+        return model.lora_fold_slots is not None and batch <= model.lora_fold_rows
+
+    def fold_widths(self, batch: int) -> tuple[int, ...]:
+        """The fold widths a `batch`-row graph is captured for ((0,) without the fold)."""
+        slots = self.runner.model.lora_fold_slots
+        return slots.widths if slots is not None and self._folds(batch) else (0,)
+
+    def _forward(self, batch: int, width: int, fold_width: int = 0) -> torch.Tensor:
         r = self.runner
         decode = decode_batch(self.block_tables[:batch], self.context_lens[:batch],
                               self.positions[:batch], self.block_size, width, self.windows,
@@ -120,31 +138,34 @@ class CudaGraphRunner:
         lora = None
         if self.lora_buffers is not None:
             meta = r.backend.build_meta(self.row_slot[:batch], self.lora_buffers)
-            folds = r.model.lora_fold_slots is not None and batch <= r.model.lora_fold_rows
+            folds = self._folds(batch)
             lora = LoraStepContext(r.backend, meta, r.workspace, skip_empty=False,
-                                   fold_slot=self.fold_slot[:batch] if folds else None)
+                                   fold_slot=self.fold_slot[:batch] if folds else None,
+                                   fold_width=fold_width if folds else 0)
         hidden = r.model(self.input_ids[:batch], attn, r.cache, lora)
         return r.model.compute_logits(hidden)
 
     @torch.inference_mode()
     def capture_all(self) -> None:
-        """Capture every (batch size, context bucket) graph, largest first (shares one pool)."""
+        """Capture every (batch size, context bucket, fold width) graph, largest first
+        (they share one pool)."""
         for width in reversed(self.context_buckets):
             for batch in reversed(self.batch_sizes):
-                self._capture(batch, width)
+                for fold_width in reversed(self.fold_widths(batch)):
+                    self._capture((batch, width, fold_width))
 
-    def _capture(self, batch: int, width: int) -> None:
+    def _capture(self, key: GraphKey) -> None:
         stream = torch.cuda.Stream(self.device)
         stream.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(stream):
             for _ in range(2):  # warm-up: Triton autotune/compile, cuBLAS handles
-                self._forward(batch, width)
+                self._forward(*key)
         torch.cuda.current_stream(self.device).wait_stream(stream)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=self.pool):
-            logits = self._forward(batch, width)
+            logits = self._forward(*key)
         self.pool = graph.pool()
-        self.graphs[(batch, width)] = _Graph(graph, logits)
+        self.graphs[key] = _Graph(graph, logits)
 
     def release(self) -> None:
         """Drop every captured graph (later steps run eagerly). A TP rank calls this before
@@ -160,9 +181,19 @@ class CudaGraphRunner:
         batch = next((b for b in self.batch_sizes if b >= rows), None)
         width = next((w for w in self.context_buckets if w >= context), None)
         if batch is None or width is None or (
-                (batch, width) not in self.graphs and not self.run_eagerly):
+                (batch, width, self.fold_widths(batch)[-1]) not in self.graphs
+                and not self.run_eagerly):
             return None
         return batch, width
+
+    def _fold_rows(self, plan: BatchPlan, batch: int) -> tuple[list[int], int] | None:
+        """The plan's fold slots and fold width when a `batch`-row step folds (copying the
+        adapters the fold lacks in first), else None."""
+        slots = self.runner.model.lora_fold_slots
+        if slots is None or not self._folds(batch):
+            return None
+        rows = slots.rows(plan.row_slot)
+        return rows, slots.step_width
 
     def try_replay(self, plan: BatchPlan) -> torch.Tensor | None:
         """`replay_plan(plan, None)`: a plan whose input ids are all on the host."""
@@ -182,17 +213,23 @@ class CudaGraphRunner:
         picked = self._pick(rows, max(plan.context_lens))
         if picked is None:
             return None
+        self.last_key = None
         if self.lora_buffers is None and max(plan.row_slot) >= 0:
             return None
         batch, width = picked
-        self._fill(plan, batch)
+        fold = self._fold_rows(plan, batch)
+        key = (batch, width, 0 if fold is None else fold[1])
+        if key not in self.graphs and not self.run_eagerly:
+            return None
+        self._fill(plan, batch, fold)
         if deferred is not None:
             patch_input_ids(self.input_ids, deferred)
         self.replays += 1
+        self.last_key = key
         if self.run_eagerly:
             with torch.inference_mode():
-                return self._sampled(self._forward(batch, width), plan)
-        entry = self.graphs[picked]
+                return self._sampled(self._forward(*key), plan)
+        entry = self.graphs[key]
         entry.graph.replay()
         return self._sampled(entry.logits, plan)
 
@@ -212,12 +249,16 @@ class CudaGraphRunner:
         width = next((w for w in self.context_buckets if w >= max(plan.context_lens)), None)
         if plan.num_prefills or batch is None or width is None:
             raise ValueError("plan is not a decode-only step within the graph limits")
-        self._fill(plan, batch)
-        return self._sampled(self._forward(batch, width), plan).clone()
+        fold = self._fold_rows(plan, batch)
+        self._fill(plan, batch, fold)
+        return self._sampled(self._forward(batch, width, 0 if fold is None else fold[1]),
+                             plan).clone()
 
-    def _fill(self, plan: BatchPlan, batch: int) -> None:
+    def _fill(self, plan: BatchPlan, batch: int, fold: tuple[list[int], int] | None
+              ) -> None:
         """Stage the plan's D rows and pad rows D..batch-1 (token 0, KV write to the trash
-        slot, slot -1, context 1 in the pad block), then copy to the device buffers.
+        slot, slot -1, context 1 in the pad block), then copy to the device buffers; `fold`: the
+        rows' fold slots and the fold width (`_fold_rows`), or None.
 
         Block-table entries beyond a row's context are never read (the Triton kernel stops
         at context_lens; the torch gather masks them and clamps slots), so a row is
@@ -242,10 +283,9 @@ class CudaGraphRunner:
                 host_tables[i, :n] = table[:n]
                 staged[i] = table
         self._staged.upload(len(self._staged.array))
-        slots = self.runner.model.lora_fold_slots
-        if slots is None or batch > self.runner.model.lora_fold_rows:
+        if fold is None:
             self._staged_slots.upload(batch)
             return
-        self._host_fold_slot[:d] = slots.rows(plan.row_slot)  # may copy adapters in first
+        self._host_fold_slot[:d] = fold[0]
         self._host_fold_slot[d:batch] = -1
         self._staged_slots.upload(self.max_batch + batch)

@@ -137,15 +137,16 @@ class ModelRunner:
                 self.tables[(layer, attr)] = table
                 self.linears[(layer, attr)] = linear
 
-    def enable_lora_fold(self, max_rows: int) -> None:
+    def enable_lora_fold(self, max_rows: int, width_unit: int | None = None) -> None:
         """Steps of at most `max_rows` rows (decode steps) fold the LoRA into the base GEMMs
         and their consumer ops (dataplane/ops/lora_fold.py): the model's own fold under
         tensor parallelism, else a fold per projection kept in step with this runner's
         factor tables. Before any adapter is loaded; refused where the factors live
-        elsewhere (the unified pool's pages)."""
+        elsewhere (the unified pool's pages). `width_unit`: `FoldSlots`' (None: its
+        default)."""
         tp_fold = getattr(self.model, "enable_lora_fold", None)
         if tp_fold is not None:
-            tp_fold(max_rows)
+            tp_fold(max_rows, width_unit)
             return
         if self.max_slots == 0 or max_rows <= 0:
             raise InvalidRequest("a LoRA fold needs LoRA slots and a row limit")
@@ -154,7 +155,7 @@ class ModelRunner:
             raise InvalidRequest("a LoRA fold needs the runner's own factor tables")
         if any(bool((t.ranks > 0).any()) for t in self.tables.values()):
             raise InvalidRequest("enable the LoRA fold before loading adapters")
-        slots = FoldSlots(self.max_slots, min(self.max_slots, max_rows))
+        slots = FoldSlots(self.max_slots, min(self.max_slots, max_rows), width_unit=width_unit)
         for key, table in self.tables.items():
             slots.attach(table, self.linears[key].enable_fold(slots.fold_slots, self.max_rank))
         self.model.lora_fold_rows = max_rows
@@ -208,11 +209,13 @@ class ModelRunner:
             return None
         meta = self.backend.build_meta(to_device(rows, torch.int32, self.device),
                                        self.meta_buffers)
-        fold_slot = None
+        fold_slot, fold_width = None, 0
         slots = self.model.lora_fold_slots
         if slots is not None and len(rows) <= self.model.lora_fold_rows:
             fold_slot = to_device(slots.rows(rows), torch.int32, self.device)
-        return LoraStepContext(self.backend, meta, self.workspace, fold_slot=fold_slot)
+            fold_width = slots.step_width
+        return LoraStepContext(self.backend, meta, self.workspace, fold_slot=fold_slot,
+                               fold_width=fold_width)
 
     def check_plan(self, plan: BatchPlan) -> None:
         if not 0 < plan.num_rows <= self.max_rows:

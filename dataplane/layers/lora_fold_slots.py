@@ -15,13 +15,20 @@ So a fold holds ``F = min(resident slots, rows a folded step may have)`` fold sl
   reads what it was given.
 * A table slot's later writes and clears reach the fold slot holding it through the
   table's mirror (`LoraFactorTable.mirror`), so a fold slot always equals its table slot.
+* Fold width. Few live adapters per step (a popular few serving most requests) should not
+  pay for reading ``F`` slots' ``A``. Holdings stay below a capacity, one of `widths`
+  (multiples of `width_unit`, up to ``F``): it grows to the next width when a step brings
+  more distinct adapters, and shrinks to what the last `SHRINK_WINDOW` steps needed (the
+  adapters held above it are dropped; live ones are copied in again below it). Each step's
+  GEMMs read only `step_width` fold slots, the width above its highest fold slot (one
+  decode graph per batch size and width, dataplane/engine/cuda_graphs.py).
 
 Every TP rank sees the same plans in the same order, so every rank makes the same choices.
 """
 
 from __future__ import annotations
 
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Mapping, Sequence
 
 import numpy as np
@@ -32,15 +39,37 @@ from dataplane.kernels.errors import LoraShapeError, LoraSlotError
 from dataplane.kernels.factor_table import LoraFactorTable
 from dataplane.layers.lora_fold_store import FoldStore
 
+SHRINK_WINDOW = 64
+"""Steps whose distinct adapters the fold's capacity must still hold before it shrinks."""
+
+
+def default_width_unit(fold_slots: int) -> int:
+    """At most four fold widths (each one more decode graph per batch size), none under
+    16 slots."""
+    return max(16, -(-fold_slots // 4))
+
 
 class FoldSlots:
     """Table slot -> fold slot for every (factor table, fold store) pair of one model."""
 
-    def __init__(self, table_slots: int, fold_slots: int, batched: bool | None = None
-                 ) -> None:
+    def __init__(self, table_slots: int, fold_slots: int, batched: bool | None = None,
+                 width_unit: int | None = None) -> None:
         if not 0 < fold_slots <= table_slots:
             raise LoraShapeError(f"{fold_slots} fold slots for {table_slots} table slots")
+        unit = width_unit or default_width_unit(fold_slots)
+        if unit <= 0:
+            raise LoraShapeError(f"fold width unit {unit} is not positive")
         self.table_slots, self.fold_slots = table_slots, fold_slots
+        self.widths = tuple(sorted({min(k * unit, fold_slots)
+                                    for k in range(1, -(-fold_slots // unit) + 1)}))
+        """The fold widths a step may read (module docstring), the last one `fold_slots`."""
+        self.capacity = self.widths[0]
+        """Every holding sits below it (one of `widths`)."""
+        self.step_width = self.widths[0]
+        """Fold slots the last `rows` step's GEMMs read: the width above its fold slots."""
+        self._demand: deque[int] = deque(maxlen=SHRINK_WINDOW)
+        self.width_steps = dict.fromkeys(self.widths, 0)
+        """Host-side count of `rows` steps per `step_width`."""
         self.batched = batched
         """Copy adapters in with one batched launch (`copy_jobs`) instead of torch copies
         per projection; None: on CUDA. Off where a block is not whole 4-byte words."""
@@ -82,18 +111,26 @@ class FoldSlots:
         """The fold slot holding `table_slot`, or -1."""
         return self._where.get(table_slot, -1)
 
+    def width_for(self, slots: int) -> int:
+        """The smallest fold width of at least `slots` slots."""
+        return next(w for w in self.widths if w >= slots)
+
     def rows(self, row_slot: Sequence[int]) -> list[int]:
-        """Each row's fold slot (-1 stays -1), after copying in the slots the fold lacks."""
+        """Each row's fold slot (-1 stays -1), after copying in the slots the fold lacks;
+        sets `step_width`."""
         live = dict.fromkeys(s for s in row_slot if s >= 0)
         if len(live) > self.fold_slots:
             raise LoraSlotError(f"a folded step uses {len(live)} adapters, the fold holds "
                                 f"{self.fold_slots}")
+        if live and max(live) >= self.table_slots:
+            raise LoraSlotError(f"slot {max(live)} outside [0, {self.table_slots})")
+        self._demand.append(len(live))
+        self._resize(self.width_for(max(self._demand)))
         missing = [s for s in live if s not in self._where]
         if missing:
-            if max(missing) >= self.table_slots:
-                raise LoraSlotError(f"slot {max(missing)} outside [0, {self.table_slots})")
             used = {self._where[s] for s in live if s in self._where}
-            free = [f for f in self._recent if f not in used][:len(missing)]
+            free = sorted((f for f in self._recent if f < self.capacity and f not in used),
+                          key=lambda f: self._holder[f] >= 0)[:len(missing)]  # empty first
             for slot, f in zip(missing, free, strict=True):
                 self._where.pop(self._holder[f], None)
                 self._where[slot], self._holder[f] = f, slot
@@ -101,7 +138,18 @@ class FoldSlots:
             self.copied += len(missing)
         for s in live:
             self._recent.move_to_end(self._where[s])
-        return [self._where[s] if s >= 0 else -1 for s in row_slot]
+        out = [self._where[s] if s >= 0 else -1 for s in row_slot]
+        self.step_width = self.width_for(max(out, default=-1) + 1)
+        self.width_steps[self.step_width] += 1
+        return out
+
+    def _resize(self, capacity: int) -> None:
+        """Grow to `capacity` (empty slots above), or shrink to it: holdings at or above
+        it are dropped (their fold slots become empty; a live one is copied in again)."""
+        for f in range(capacity, self.capacity):
+            self._where.pop(self._holder[f], None)
+            self._holder[f] = -1
+        self.capacity = capacity
 
     def _copy_in(self, table_slots: list[int], fold_slots: list[int]) -> None:
         """Every pair's fold slots <- its table's slots, in one launch when batched."""

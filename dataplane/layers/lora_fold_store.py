@@ -120,16 +120,27 @@ class FoldStore:
                          self.scale[0, k].data_ptr(), self.scale.stride(0) * 4, 4))
         return np.array(rows, dtype=np.int64)
 
+    def gemm_weight(self, width: int = 0) -> torch.Tensor:
+        """The base rows and the first `width` fold slots' ``A`` rows (0: every slot): a
+        step whose rows use only fold slots below `width` need not read the others."""
+        width = width or self.hot_slots
+        if not 0 < width <= self.hot_slots:
+            raise LoraSlotError(f"fold width {width} outside [1, {self.hot_slots}]")
+        return self.weight_aug[:self.base_rows + width * len(self.widths) * self.rank]
+
     def split(self, y_aug: torch.Tensor, bias: torch.Tensor | None, row_slot: torch.Tensor
               ) -> tuple[torch.Tensor, tuple[torch.Tensor, FoldedExpand]]:
-        """``x W_aug^T`` -> (y + bias, (z tail, the step's expand)) for the consumer op."""
+        """``x gemm_weight(w)^T`` -> (y + bias, (z tail, the step's expand)) for the
+        consumer op; the fold width w is read off the tail's columns."""
         y = y_aug[:, :self.base_rows]
         if bias is not None:
             y += bias
-        return y, (y_aug[:, self.base_rows:], self.expand(row_slot))
+        tail = y_aug[:, self.base_rows:]
+        return y, (tail, self.expand(row_slot, tail.shape[1] // (len(self.widths) * self.rank)))
 
-    def expand(self, row_slot: torch.Tensor) -> FoldedExpand:
+    def expand(self, row_slot: torch.Tensor, width: int = 0) -> FoldedExpand:
         """The consumer's view for one step (`row_slot`: each row's fold slot, int32 [T],
-        -1 or < H)."""
+        -1 or < `width`; `width` 0: every fold slot)."""
         self.uses += 1
-        return FoldedExpand(row_slot, self.b, self.scale)
+        width = width or self.hot_slots
+        return FoldedExpand(row_slot, tuple(b[:width] for b in self.b), self.scale[:width])

@@ -50,6 +50,9 @@ class LoraStepContext:
     that hold a fold (dataplane/layers/lora_fold_store.py) then run their shrink inside the
     base GEMM and leave the expand to their consumer op. The runner sets it for steps of at
     most the model's `lora_fold_rows` rows (`FoldSlots.rows`)."""
+    fold_width: int = 0
+    """Fold slots the step's GEMMs read (`FoldSlots.step_width`: every row's fold slot is
+    below it); 0: all of them."""
     pending: list[tuple[torch.Tensor, FoldedExpand]] = field(default_factory=list)
     """A folded down projection's (z tail, expand), waiting for the next layer's add-norm
     (or the end of the model): the one fold that crosses a layer boundary."""
@@ -109,7 +112,8 @@ class LoRALinear(nn.Module):
         if self.fold is None:
             return self(x, lora), None
         assert lora.fold_slot is not None
-        return self.fold.split(F.linear(x, self.fold.weight_aug), self.bias, lora.fold_slot)
+        return self.fold.split(F.linear(x, self.fold.gemm_weight(lora.fold_width)), self.bias,
+                               lora.fold_slot)
 
     def set_adapted(self, adapted: bool) -> None:
         """Public form of the host-side `has_factors` flag: True iff some slot of the
@@ -144,8 +148,8 @@ class LoRALinear(nn.Module):
         folded into the activation where the backend has that path (the same math, one
         rounding fewer: ``gate + Δgate`` is not rounded to the dtype first)."""
         if lora is not None and lora.fold_slot is not None and self.fold is not None:
-            y, (tail, fold) = self.fold.split(F.linear(x, self.fold.weight_aug), self.bias,
-                                              lora.fold_slot)
+            y, (tail, fold) = self.fold.split(
+                F.linear(x, self.fold.gemm_weight(lora.fold_width)), self.bias, lora.fold_slot)
             return silu_and_mul(y, ops_backend, fold=fold, tail=tail)
         y = F.linear(x, self.weight, self.bias)
         w = self._active(lora)

@@ -119,11 +119,12 @@ class _ParallelLinear(nn.Module):
         """``x [W; A_hot]^T`` (all-reduced when `reduce`: y and the ranks' partial z in the
         one base call), split into (y + bias, (z tail, this step's expand))."""
         assert self.fold is not None
+        weight = self.fold.gemm_weight(lora.fold_width)
         if x.is_cuda and self.style != COLUMN:
             with blas_library(ROW_AUG_BLAS):
-                y_aug = F.linear(x, self.fold.weight_aug)
+                y_aug = F.linear(x, weight)
         else:
-            y_aug = F.linear(x, self.fold.weight_aug)
+            y_aug = F.linear(x, weight)
         if reduce:
             self.group.all_reduce(y_aug, purpose="base")
         assert lora.fold_slot is not None

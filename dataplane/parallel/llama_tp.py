@@ -190,15 +190,15 @@ class TPLlamaForCausalLM(LlamaForCausalLM):
                 setattr(layer, attr, mod)
         self.eval()
 
-    def enable_lora_fold(self, max_rows: int) -> int:
+    def enable_lora_fold(self, max_rows: int, width_unit: int | None = None) -> int:
         """Fold the LoRA into the base GEMMs and their consumer ops for steps of at most
         `max_rows` rows (decode steps: dataplane/layers/lora_fold_store.py), in each
         projection of the default layout (paper-layout ones keep their launches). The folds
-        hold ``min(max_slots, max_rows)`` adapters, filled on demand (`FoldSlots`).
-        Returns how many projections fold."""
+        hold ``min(max_slots, max_rows)`` adapters, filled on demand (`FoldSlots`, fold
+        widths in multiples of `width_unit`). Returns how many projections fold."""
         if self.max_slots <= 0 or max_rows <= 0:
             raise ShardShapeError("a LoRA fold needs LoRA slots and a row limit")
-        slots = FoldSlots(self.max_slots, min(self.max_slots, max_rows))
+        slots = FoldSlots(self.max_slots, min(self.max_slots, max_rows), width_unit=width_unit)
         folded = 0
         for layer in range(len(self.layers)):
             for attr in LORA_GROUPS:

@@ -8,10 +8,11 @@ become graph nodes (NCCL >= 2.9.6; the communicator is created eagerly by
 NCCL setup call). Replay then costs one host launch per step instead of hundreds.
 
 Lockstep contract (what keeps the ranks' collectives matched):
-    * every rank captures the same (batch, width) graphs in the same order
+    * every rank captures the same (batch, width, fold width) graphs in the same order
       (`capture_all` is deterministic given the same sizes), and
-    * every rank gets the same plan each step, so `try_replay` picks the same graph, or
-      falls back to the eager path, on every rank.
+    * every rank gets the same plan each step, so `replay_plan` picks the same graph, or
+      falls back to the eager path, on every rank (the fold's choices, and so the fold
+      width, follow from the plans alone).
 
 What this adds to `CudaGraphRunner`: replay issues the captured collectives without
 running the `TPGroup` wrappers, so the per-graph ledger (calls, payload and ring bytes of
@@ -26,7 +27,8 @@ from __future__ import annotations
 import torch
 
 from dataplane.core import BatchPlan
-from dataplane.engine.cuda_graphs import DEFAULT_BATCH_SIZES, CudaGraphRunner, _Graph
+from dataplane.engine.cuda_graphs import DEFAULT_BATCH_SIZES, CudaGraphRunner, GraphKey, _Graph
+from dataplane.engine.deferred import DeferredTokens
 from dataplane.parallel.collectives import CollectiveTally, TPGroup
 
 Ledger = dict[tuple[str, str], CollectiveTally]
@@ -45,23 +47,23 @@ class TPCudaGraphRunner(CudaGraphRunner):
                  batch_sizes: tuple[int, ...] = DEFAULT_BATCH_SIZES) -> None:
         super().__init__(runner, max_batch, max_context, batch_sizes)
         self.group = group
-        self.ledgers: dict[tuple[int, int], Ledger] = {}
+        self.ledgers: dict[GraphKey, Ledger] = {}
         self._captured: Ledger | None = None
 
-    def _forward(self, batch: int, width: int) -> torch.Tensor:
+    def _forward(self, batch: int, width: int, fold_width: int = 0) -> torch.Tensor:
         # CUDA-only branch: only the forward inside `torch.cuda.graph` is recorded.
         if self.device.type != "cuda" or not torch.cuda.is_current_stream_capturing():
-            return super()._forward(batch, width)
+            return super()._forward(batch, width, fold_width)
         counter = self.group.counter
         before = counter.tallies()
         counter.reset()
-        logits = super()._forward(batch, width)
+        logits = super()._forward(batch, width, fold_width)
         self._captured = counter.tallies()
         counter.reset()
         counter.add(before)
         return logits
 
-    def _capture(self, batch: int, width: int) -> None:
+    def _capture(self, key: GraphKey) -> None:
         # CUDA-only. `CudaGraphRunner._capture` plus two things a TP rank needs: the
         # warm-ups' collectives finish before capture (synchronize), and capture uses
         # thread-local error mode, so the process group's watchdog thread querying its
@@ -73,29 +75,27 @@ class TPCudaGraphRunner(CudaGraphRunner):
         stream.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(stream):
             for _ in range(2):  # warm-up: Triton autotune/compile, cuBLAS and NCCL paths
-                self._forward(batch, width)
+                self._forward(*key)
         torch.cuda.current_stream(self.device).wait_stream(stream)
         torch.cuda.synchronize(self.device)
         self._captured = None
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=self.pool, capture_error_mode="thread_local"):
-            logits = self._forward(batch, width)
+            logits = self._forward(*key)
         self.pool = graph.pool()
-        self.graphs[(batch, width)] = _Graph(graph, logits)
+        self.graphs[key] = _Graph(graph, logits)
         counter.reset()
         counter.add(before)
         if self._captured is None:
             raise RuntimeError("graph captured without a recorded forward")
-        self.ledgers[(batch, width)] = self._captured
+        self.ledgers[key] = self._captured
 
-    def try_replay(self, plan: BatchPlan) -> torch.Tensor | None:
-        """`CudaGraphRunner.try_replay`, plus the replayed graph's collectives counted."""
-        key = None
-        if plan.num_prefills == 0 and plan.doff == 0:
-            key = self._pick(plan.num_rows, max(plan.context_lens))
-        logits = super().try_replay(plan)
-        if logits is not None and key is not None:
-            self.group.counter.add(self.ledgers[key])
+    def replay_plan(self, plan: BatchPlan, deferred: DeferredTokens | None
+                    ) -> torch.Tensor | None:
+        """`CudaGraphRunner.replay_plan`, plus the replayed graph's collectives counted."""
+        logits = super().replay_plan(plan, deferred)
+        if logits is not None and self.last_key in self.ledgers:
+            self.group.counter.add(self.ledgers[self.last_key])
         return logits
 
 

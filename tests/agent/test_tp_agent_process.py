@@ -51,6 +51,9 @@ def test_tp_agent_serves_then_exits_when_a_rank_dies(
                 if line.startswith("adapter_lora_fold_")}
         assert fold["adapter_lora_fold_slots"] > 0, metrics
         assert fold["adapter_lora_fold_copies_total"] >= 1, metrics
+        assert 0 < fold["adapter_lora_fold_capacity"] <= fold["adapter_lora_fold_slots"]
+        assert any(line.startswith("adapter_lora_fold_width_steps_total{width=")
+                   and float(line.split()[-1]) >= 1 for line in metrics.splitlines()), metrics
         assert agent.proc is not None
         killed = time.monotonic()
         os.kill(follower, signal.SIGKILL)

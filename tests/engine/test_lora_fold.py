@@ -11,8 +11,10 @@ from pathlib import Path
 import pytest
 
 from dataplane.core import InvalidRequest
+from dataplane.engine.cuda_graphs import CudaGraphRunner
 from dataplane.engine.engine import Engine
 from dataplane.kernels.errors import LoraSlotError
+from dataplane.layers.lora_fold_slots import SHRINK_WINDOW
 from tests.kernels.fold_checks import assert_fold_holds
 
 from .helpers import HFReference, serve_arrivals
@@ -81,3 +83,53 @@ def test_fold_is_refused_after_loads_or_without_slots(tiny_llama: Path,
     no_lora = Engine.from_model_dir(tiny_llama, **{**SIZES, "max_slots": 0})  # type: ignore[arg-type]
     with pytest.raises(InvalidRequest, match="LoRA slots"):
         no_lora.runner.enable_lora_fold(4)
+
+
+def test_fold_width_grows_shrinks_and_relocates(tiny_llama: Path,
+                                                tiny_adapters: dict[str, Path]) -> None:
+    """Three fold slots in widths of one: a step reads only the fold slots below its
+    highest one; the capacity grows with a step's adapters and, after `SHRINK_WINDOW` steps
+    needing fewer, shrinks — dropping what it held above, copying a live adapter down."""
+    engine = Engine.from_model_dir(tiny_llama, **{**SIZES, "max_num_seqs": 3})  # type: ignore[arg-type]
+    engine.runner.enable_lora_fold(3, width_unit=1)
+    runner, slots = engine.runner, engine.model.lora_fold_slots
+    assert slots is not None and slots.widths == (1, 2, 3) and slots.capacity == 1
+    pairs = [(runner.tables[key], linear.fold) for key, linear in runner.linears.items()]
+    a, b, c = (engine.register_adapter(p).slot for p in tiny_adapters.values())
+    assert slots.rows([a, -1]) == [0, -1] and slots.step_width == 1
+    assert slots.rows([b, a]) == [1, 0] and (slots.capacity, slots.step_width) == (2, 2)
+    assert slots.rows([a]) == [0] and slots.step_width == 1  # b is held, not read
+    assert slots.rows([b]) == [1] and slots.step_width == 2
+    assert slots.rows([c, a, b]) == [2, 0, 1] and slots.capacity == 3
+    copied = slots.copied
+    for _ in range(SHRINK_WINDOW - 1):  # the three-adapter step is still in the window
+        slots.rows([b])
+    assert slots.capacity == 3 and slots.copied == copied
+    assert slots.rows([b]) == [0] and (slots.capacity, slots.step_width) == (1, 1)
+    assert slots.copied == copied + 1  # b moved down from fold slot 1 into 0
+    assert (slots.holder(a), slots.holder(b), slots.holder(c)) == (-1, 0, -1)
+    for table, store in pairs:
+        assert store is not None
+        assert_fold_holds(store, table, 0, b)
+    assert slots.width_steps[1] > 0 and slots.width_steps[2] > 0 and slots.width_steps[3] > 0
+
+
+def test_fold_widths_under_decode_graphs_match_hf_peft(tiny_llama: Path,
+                                                       tiny_adapters: dict[str, Path]) -> None:
+    """Decode steps through `CudaGraphRunner` (eagerly on CPU), one graph per batch size
+    and fold width: steps read one, two or three fold slots' `A` as their adapters need,
+    and every request still gets HF + PEFT's tokens."""
+    engine = Engine.from_model_dir(tiny_llama, **{**SIZES, "max_num_seqs": 3})  # type: ignore[arg-type]
+    engine.runner.enable_lora_fold(3, width_unit=1)
+    graphs = CudaGraphRunner(engine.runner, 3, 64, batch_sizes=(1, 2), run_eagerly=True)
+    assert graphs.fold_widths(3) == (1, 2, 3)
+    engine.runner.graphs = graphs
+    handles = {name: engine.register_adapter(path) for name, path in tiny_adapters.items()}
+    outputs = serve_arrivals(engine, REQUESTS, handles)
+    slots = engine.model.lora_fold_slots
+    assert slots is not None and graphs.replays > 0
+    assert sum(1 for n in slots.width_steps.values() if n) >= 2
+    hf = HFReference(tiny_llama, tiny_adapters)
+    for i, (prompt, adapter, max_tokens, _arrival) in enumerate(REQUESTS):
+        ref_tokens, _ = hf.greedy(prompt, max_tokens, adapter)
+        assert list(outputs[f"r{i}"].token_ids) == ref_tokens, f"request r{i} ({adapter})"

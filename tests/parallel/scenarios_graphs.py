@@ -83,7 +83,7 @@ def run(group: TPGroup, payload: dict[str, Any]) -> dict[str, Any]:
     fold = payload["layouts"] == "fold"
     config, tp, runner = tp_runner(group, "default" if fold else payload["layouts"])
     if fold:
-        tp.enable_lora_fold(MAX_BATCH)
+        tp.enable_lora_fold(MAX_BATCH, width_unit=1)  # graphs per fold width 1 and 2
     # every sharded branch warms up locally (no collective: the ledger stays empty)
     group.counter.reset()
     warm_calls = runner.warm_up_lora()
