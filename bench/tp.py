@@ -257,14 +257,16 @@ def time_fold_fill(model: LlamaForCausalLM, device: torch.device) -> dict[str, A
     slots = model.lora_fold_slots
     if slots is None:
         return {}
+    seen = {"fold_slots": slots.fold_slots, "fold_capacity": slots.capacity,
+            "fold_width_steps": {w: n for w, n in slots.width_steps.items() if n}}
     idle = [s for s in range(slots.table_slots) if slots.holder(s) < 0][:slots.fold_slots]
     if not idle:
-        return {"fold_slots": slots.fold_slots}
+        return seen
     sync(device)
     t0 = time.perf_counter()
     slots.rows(idle)
     sync(device)
-    return {"fold_slots": slots.fold_slots, "fold_fill_adapters": len(idle),
+    return {**seen, "fold_fill_adapters": len(idle),
             "fold_fill_ms": 1e3 * (time.perf_counter() - t0)}
 
 
@@ -376,7 +378,7 @@ def bench_rank(
                         runner.tables[key].set_slot(slot, slices)
                         runner.linears[key].has_factors = True
             if fold and isinstance(model, TPLlamaForCausalLM):  # decode steps only
-                model.enable_lora_fold(args.batch)
+                model.enable_lora_fold(args.batch, args.fold_width_unit)
             runs = [("decode", mode) for mode in modes] + [("prefill", "eager"),
                                                            ("mixed", "eager")]
             if args.piecewise:
@@ -509,6 +511,9 @@ def main() -> None:
     p.add_argument("--fold", action="store_true",
                    help="TP > 1, default layout: each adapter case again with every slot "
                         "folded into the base GEMMs and their consumer ops for decode steps")
+    p.add_argument("--fold-width-unit", type=int, default=None,
+                   help="fold widths in multiples of this many slots (default: FoldSlots'; "
+                        "--batch: one width, every fold slot read every step)")
     p.add_argument("--attention", choices=("torch", "triton"), default=None)
     p.add_argument(
         "--graphs",
