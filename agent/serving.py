@@ -128,10 +128,15 @@ class EngineLoop(Admission):
 
     # ---- status ----------------------------------------------------------------------------
     def _publish_status(self) -> None:
+        # TP ranks' H_kernel_local of each published slot, by rank (TPAdapterRegistry)
+        kernel_local: dict[int, tuple[str, ...]] = getattr(self.engine.adapters,
+                                                           "kernel_local", {})
         slots = [{"artifact_digest": r.info.digest, "artifact_id": r.info.id,
                   "state": r.state.value, "refcount": r.refcount,
                   "slot": r.handle.slot if r.handle else None,
                   "slot_generation": r.handle.slot_generation if r.handle else None,
+                  "kernel_local": list(kernel_local.get(r.handle.slot, ()))
+                  if r.handle else [],
                   "prefetch": r.prefetch, "waiting": len(r.waiting)}
                  for r in self.residents.by_digest.values()]
         pool = self.slots.gauges()

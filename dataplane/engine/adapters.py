@@ -31,7 +31,7 @@ from dataplane.artifacts import (
     validate_peft_dir,
 )
 from dataplane.core import EngineError, Sequence
-from dataplane.identity import h_adapter_semantic
+from dataplane.identity import ModuleSpec, h_adapter_semantic
 from dataplane.kernels import LoraFactorTable
 from dataplane.layers.lora_linear import LoRALinear
 from dataplane.models.config import ModelConfig
@@ -75,11 +75,14 @@ class ModuleFactors:
 
 @dataclass(frozen=True)
 class LoadedAdapter:
-    """All factors of one adapter plus its semantic digest (64 hex)."""
+    """All factors of one adapter plus its semantic digest (64 hex) and, when read from a
+    validated artifact, its per-module specs (what H_kernel_local records, sorted by name).
+    """
 
     modules: tuple[ModuleFactors, ...]
     digest: str
     source: str = ""
+    specs: tuple[ModuleSpec, ...] = ()
 
     @property
     def max_rank(self) -> int:
@@ -109,7 +112,8 @@ def load_peft_adapter(peft_dir: Path, base: BaseModelABI, max_rank: int) -> Load
         a, b = tensors[(name, "A")], tensors[(name, "B")]
         modules.append(ModuleFactors(int(match.group(1)), match.group(2), a, b, spec.scale))
     digest = h_adapter_semantic(artifact.h_base, artifact.h_artifact)
-    return LoadedAdapter(tuple(modules), digest, str(peft_dir))
+    return LoadedAdapter(tuple(modules), digest, str(peft_dir),
+                         tuple(sorted(artifact.modules, key=lambda m: m.name)))
 
 
 def write_adapter_to_slot(tables: dict[tuple[int, str], LoraFactorTable], slot: int,

@@ -40,6 +40,8 @@ from dataplane.parallel.shard import (
 )
 
 TP_SCHEDULE_REVISION = "tp-lora-v1"
+CONVERSION_REVISION = 1
+"""Revision of the PEFT -> local factor-table conversion (dataplane.parallel.shard)."""
 B_PHYSICAL_AXES = ("rank", "output")
 """B is stored transposed, rank rows of output columns (dataplane.kernels.base)."""
 

@@ -22,12 +22,12 @@ so the runner allocates none for these projections).
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Protocol, cast
 
 import torch
 
-from dataplane.identity import ModuleSpec
+from dataplane.identity import KernelLocalIdentity, ModuleSpec
 from dataplane.layers.lora_fold_slots import FoldSlots
 from dataplane.models.config import ModelConfig
 from dataplane.models.llama import (
@@ -40,6 +40,7 @@ from dataplane.models.llama import (
 from dataplane.parallel.collectives import TPGroup
 from dataplane.parallel.cost_model import LayoutDecision, ModuleTraffic, decide_layout
 from dataplane.parallel.errors import IndivisibleShardError, ShardShapeError
+from dataplane.parallel.layout_identity import CONVERSION_REVISION, tp_kernel_local_identity
 from dataplane.parallel.linear import ColumnParallelLinear, RowParallelLinear
 from dataplane.parallel.lora_tp import GlobalSliceFactors
 from dataplane.parallel.shard import COLUMN, LAYOUT_LOCAL, ROW, replicates
@@ -210,6 +211,23 @@ class TPLlamaForCausalLM(LlamaForCausalLM):
         self.lora_fold_rows = max_rows if folded else 0
         self.lora_fold_slots = slots if folded else None
         return folded
+
+    def kernel_local_identity(self, adapter_semantic: str, specs: Sequence[ModuleSpec],
+                              kernel_family: str) -> KernelLocalIdentity:
+        """This rank's H_kernel_local inputs for an adapter of `specs`: each module's
+        (style, layout) and this rank's shard ranges of its A and B (q/k/v B in whole
+        heads; k/v heads replicated where the ranks outnumber them), the TP shard."""
+        gc, size = self.global_config, self.group.size
+        heads = {"q_proj": gc.head_dim, "k_proj": gc.head_dim, "v_proj": gc.head_dim}
+        kv_shared = replicates(gc.num_kv_heads, size, 1)
+        fold = "+fold" if self.lora_fold_slots is not None else ""
+        return tp_kernel_local_identity(
+            adapter_semantic=adapter_semantic, kernel_family=kernel_family + fold,
+            conversion_revision=CONVERSION_REVISION, dtype=str(self.dtype).split(".")[-1],
+            packing="stacked", specs=specs, choices=layout_choices(specs, self.lora_layouts),
+            tp_rank=self.group.rank, tp_size=size,
+            out_units={s.name: heads[s.role] for s in specs if s.role in heads},
+            replicated={s.name for s in specs if kv_shared and s.role in ("k_proj", "v_proj")})
 
     def parallel_linear(self, layer: int, attr: str) -> ColumnParallelLinear | RowParallelLinear:
         if attr not in LORA_GROUPS:

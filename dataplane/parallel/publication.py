@@ -6,11 +6,13 @@ published early would let one request see a mixed adapter generation across shar
 Protocol (one collective, every rank decides from the same votes, so all decide alike):
     1. each rank digests its local shard and compares with the expected shard digest
        (`validate_local_shard`);
-    2. one all-gather of (ok, generation, contract digest, shard digest) from every rank;
+    2. one all-gather of (ok, generation, contract digest, shard digest, H_kernel_local)
+       from every rank;
     3. publish iff every rank is ok and all ranks name the same generation and the same
        global contract digest (semantic adapter + TP plan); otherwise every rank rolls
-       back its staged shard. Shard digests differ per rank by design; they are returned
-       so the publication record can bind each rank's shard.
+       back its staged shard. Shard digests and H_kernel_local (the rank's shard layout,
+       `layout_identity.tp_kernel_local_identity`) differ per rank by design; they are
+       returned so the publication record can bind each rank's shard.
 """
 
 from __future__ import annotations
@@ -25,6 +27,8 @@ from dataplane.identity import check_digest
 from dataplane.parallel.collectives import TPGroup
 
 _WORDS = 4  # a SHA-256 digest as 4 int64 words
+NO_IDENTITY = "0" * 64
+"""The H_kernel_local a vote carries when there is none (a clear, or no specs)."""
 
 
 @dataclass(frozen=True)
@@ -34,6 +38,7 @@ class RankVote:
     generation: int
     contract_digest: str
     shard_digest: str
+    kernel_local: str = NO_IDENTITY
 
 
 @dataclass(frozen=True)
@@ -71,15 +76,17 @@ def _hex(words: Sequence[int]) -> str:
 
 def publish_when_all_valid(group: TPGroup, *, generation: int, contract_digest: str,
                            local_ok: bool, local_shard_digest: str,
-                           publish: Callable[[], None], rollback: Callable[[], None]
-                           ) -> PublicationOutcome:
+                           publish: Callable[[], None], rollback: Callable[[], None],
+                           local_kernel_local: str = NO_IDENTITY) -> PublicationOutcome:
     """Run steps 2–3 of the protocol; calls exactly one of `publish` / `rollback`."""
     vote = torch.tensor([int(local_ok), generation, *_words(contract_digest),
-                         *_words(local_shard_digest)], dtype=torch.int64, device=group.device)
+                         *_words(local_shard_digest), *_words(local_kernel_local)],
+                        dtype=torch.int64, device=group.device)
     rows = group.all_gather(vote, purpose="control").cpu().tolist()
     votes = tuple(RankVote(rank=j, ok=bool(r[0]), generation=int(r[1]),
                            contract_digest=_hex(r[2:2 + _WORDS]),
-                           shard_digest=_hex(r[2 + _WORDS:2 + 2 * _WORDS]))
+                           shard_digest=_hex(r[2 + _WORDS:2 + 2 * _WORDS]),
+                           kernel_local=_hex(r[2 + 2 * _WORDS:2 + 3 * _WORDS]))
                   for j, r in enumerate(rows))
     failed = [v.rank for v in votes if not v.ok]
     if failed:

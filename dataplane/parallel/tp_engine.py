@@ -54,8 +54,14 @@ from dataplane.models.llama import LORA_GROUPS
 from dataplane.parallel.collectives import TPGroup
 from dataplane.parallel.control import ControlChannel
 from dataplane.parallel.errors import ProcessGroupError
-from dataplane.parallel.llama_tp import TPLlamaForCausalLM, group_peft_modules
-from dataplane.parallel.publication import PublicationOutcome, publish_when_all_valid, shard_digest
+from dataplane.parallel.layout_identity import tp_contract_digest
+from dataplane.parallel.llama_tp import TPLlamaForCausalLM, group_peft_modules, layout_choices
+from dataplane.parallel.publication import (
+    NO_IDENTITY,
+    PublicationOutcome,
+    publish_when_all_valid,
+    shard_digest,
+)
 from dataplane.tokenizer import Tokenizer
 
 PLAN, LOAD, STOP = "plan", "load", "stop"
@@ -71,6 +77,9 @@ class TPAdapterRegistry(AdapterRegistry):
     def __init__(self, engine: TPEngine) -> None:
         super().__init__(engine.runner)
         self.model, self.channel = engine.tp_model, engine.channel
+        self.kernel_family = engine.runner.backend.name
+        self.kernel_local: dict[int, tuple[str, ...]] = {}
+        """Published slot -> every rank's H_kernel_local, by rank (from the votes)."""
 
     def _check_fits(self, adapter: LoadedAdapter) -> None:
         shapes = self.model.global_config.module_shapes
@@ -111,11 +120,17 @@ class TPAdapterRegistry(AdapterRegistry):
                    ) -> PublicationOutcome:
         """Every rank: shard `adapter` (None = clear) into `slot`, then vote (collective)."""
         local_error: Exception | None = None
+        identity = NO_IDENTITY
+        choices: dict[str, tuple[str, str]] = {}
         try:
             if adapter is None:
                 self._clear(slot)
             else:
                 self.model.load_adapter(slot, group_peft_modules(adapter.modules))
+                if adapter.specs:
+                    choices = layout_choices(adapter.specs, self.model.lora_layouts)
+                    identity = self.model.kernel_local_identity(
+                        adapter.digest, adapter.specs, self.kernel_family).h_kernel_local
         except Exception as exc:  # a "no" vote, not a raise: every rank must reach the vote
             local_error = exc
         tensors = []
@@ -124,14 +139,21 @@ class TPAdapterRegistry(AdapterRegistry):
                 branch = self.model.parallel_linear(layer, attr).branch
                 for _k, f in sorted((branch.local.get(slot, {}) if branch else {}).items()):
                     tensors += [f.a, f.b]
+        size = self.model.group.size
         contract = hashlib.sha256(json.dumps(
             {"adapter": None if adapter is None else adapter.digest, "slot": slot,
-             "tp_size": self.model.group.size, "layouts": self.model.lora_layouts},
+             "tp_size": size, "layouts": self.model.lora_layouts,
+             "modules": tp_contract_digest(adapter.digest, size, choices)
+             if adapter is not None and choices else None},
             sort_keys=True).encode()).hexdigest()
         outcome = publish_when_all_valid(
             self.model.group, generation=generation, contract_digest=contract,
             local_ok=local_error is None, local_shard_digest=shard_digest(tensors),
-            publish=lambda: None, rollback=lambda: self._clear(slot))
+            publish=lambda: None, rollback=lambda: self._clear(slot),
+            local_kernel_local=identity)
+        self.kernel_local.pop(slot, None)
+        if outcome.published and identity != NO_IDENTITY:
+            self.kernel_local[slot] = tuple(v.kernel_local for v in outcome.votes)
         if local_error is not None:  # keep this rank's cause in the refusal it reports
             outcome = dataclasses.replace(outcome, reason=f"{outcome.reason}; rank "
                                           f"{self.model.group.rank}: {local_error}")

@@ -40,6 +40,10 @@ def test_tp_agent_serves_then_exits_when_a_rank_dies(
                                          temperature=0, extra_body={"ignore_eos": True})
             assert res.choices[0].model_extra["token_ids"] == \
                 reference.greedy(prompt, MAX_TOKENS, name)
+        # adapter "a" is published on both ranks, each with its own H_kernel_local
+        [slot] = [e for e in agent.state()["slots"] if e["slot"] is not None]
+        assert len(slot["kernel_local"]) == 2 and len(set(slot["kernel_local"])) == 2
+        assert all(len(d) == 64 and int(d, 16) for d in slot["kernel_local"])
         # the ledger on /metrics: base all-reduces, the plans' broadcasts, no LoRA call
         metrics = httpx.get(f"{agent.url}/metrics", timeout=10).text
         base = [line for line in metrics.splitlines() if line.startswith(

@@ -15,9 +15,12 @@ import pytest
 import torch
 
 from agent.tp_ranks import TPLaunchSpec, launch_tp_ranks
+from dataplane.artifacts import read_base_abi, validate_peft_dir
 from dataplane.assets import make_peft_adapter, make_tiny_llama
 from dataplane.core import SamplingParams
 from dataplane.engine import Engine
+from dataplane.parallel.layout_identity import tp_kernel_local_identity
+from dataplane.parallel.shard import COLUMN, LAYOUT_LOCAL, ROW
 
 SIZES = dict(max_num_seqs=8, max_num_batched_tokens=64, num_kv_blocks=64, block_size=4,
              max_slots=2, max_rank=8, attention_backend="torch", enable_cuda_graphs=False)
@@ -77,11 +80,36 @@ def test_gloo_ranks_match_tp1_greedy(assets: tuple[Path, dict[str, Path]],
         assert counter.calls("base") > 0
         # plans and loads went to the followers as control broadcasts (2 calls each)
         assert counter.calls("control", "broadcast") >= 2 * (len(adapters) + 2)
+        # every published slot records each rank's H_kernel_local from the votes
+        for path in adapters.values():
+            handle = engine.register_adapter(path)  # the same handle again
+            assert engine.adapters.kernel_local[handle.slot] == \
+                expected_kernel_local(base, path, handle.digest, tp_size)
         # unload on every rank, then a fresh load into the freed slot: same tokens again
-        engine.unregister_adapter(engine.register_adapter(adapters["all_r8"]))  # same handle
+        gone = engine.register_adapter(adapters["all_r8"])
+        engine.unregister_adapter(gone)
+        assert gone.slot not in engine.adapters.kernel_local
         assert greedy(engine, adapters) == reference
     finally:
         ranks.shutdown(timeout_s=60.0)
+
+
+def expected_kernel_local(base: Path, adapter: Path, semantic: str, tp_size: int
+                          ) -> tuple[str, ...]:
+    """Each rank's H_kernel_local for the validated artifact at `adapter`, built here from
+    its specs: the default layout everywhere, q/k/v B in whole heads of 16, and at TP=4
+    the tiny model's two kv heads shared by two ranks each."""
+    specs = sorted(validate_peft_dir(adapter, read_base_abi(base)).modules,
+                   key=lambda m: m.name)
+    column = {"q_proj", "k_proj", "v_proj", "gate_proj", "up_proj"}
+    choices = {s.name: (COLUMN if s.role in column else ROW, LAYOUT_LOCAL) for s in specs}
+    heads = {s.name: 16 for s in specs if s.role in ("q_proj", "k_proj", "v_proj")}
+    kv = {s.name for s in specs if s.role in ("k_proj", "v_proj")} if tp_size > 2 else set()
+    return tuple(tp_kernel_local_identity(
+        adapter_semantic=semantic, kernel_family="torch", conversion_revision=1,
+        dtype="float32", packing="stacked", specs=specs, choices=choices, tp_rank=j,
+        tp_size=tp_size, out_units=heads, replicated=kv).h_kernel_local
+        for j in range(tp_size))
 
 
 MIXED_PARAMS = [SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True),

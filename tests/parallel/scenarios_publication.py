@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 from functools import partial
 from typing import Any
 
@@ -25,14 +26,17 @@ def run(group: TPGroup, p: dict[str, Any]) -> list[dict[str, Any]]:
         ok, actual = validate_local_shard(staged, expected)
         events: list[str] = []
         generation = case.get("generation_by_rank", {}).get(group.rank, 7)
+        identity = hashlib.sha256(f"layout of rank {group.rank}".encode()).hexdigest()
         outcome = publish_when_all_valid(
             group, generation=generation, contract_digest=p["contract"], local_ok=ok,
             local_shard_digest=actual, publish=partial(events.append, "publish"),
-            rollback=partial(events.append, "rollback"))
+            rollback=partial(events.append, "rollback"), local_kernel_local=identity)
         results.append({"events": events, "published": outcome.published,
                         "reason": outcome.reason, "local_ok": ok,
                         "votes": [(v.rank, v.ok, v.generation, v.shard_digest)
                                   for v in outcome.votes],
+                        "kernel_local": [v.kernel_local for v in outcome.votes],
+                        "my_kernel_local": identity,
                         "my_digest": actual, "control_calls": group.counter.calls("control")})
         group.counter.reset()
     return results

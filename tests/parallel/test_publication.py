@@ -25,6 +25,10 @@ def test_all_valid_publishes_on_every_rank(ranks: list[list[dict[str, Any]]]) ->
     assert [v[3] for v in ranks[0][0]["votes"]] == [ranks[0][0]["my_digest"],
                                                     ranks[1][0]["my_digest"]]
     assert ranks[0][0]["my_digest"] != ranks[1][0]["my_digest"]
+    # and its own H_kernel_local (the rank's shard layout), in rank order on every rank
+    mine = [ranks[j][0]["my_kernel_local"] for j in range(2)]
+    assert ranks[0][0]["kernel_local"] == ranks[1][0]["kernel_local"] == mine
+    assert mine[0] != mine[1]
 
 
 def test_one_rank_failing_validation_blocks_every_rank(ranks: list[list[dict[str, Any]]]
