@@ -77,7 +77,8 @@ class TPAdapterRegistry(AdapterRegistry):
     def __init__(self, engine: TPEngine) -> None:
         super().__init__(engine.runner)
         self.model, self.channel = engine.tp_model, engine.channel
-        self.kernel_family = engine.runner.backend.name
+        backend = getattr(engine.runner, "backend", None)  # none without LoRA slots
+        self.kernel_family = backend.name if backend is not None else "none"
         self.kernel_local: dict[int, tuple[str, ...]] = {}
         """Published slot -> every rank's H_kernel_local, by rank (from the votes)."""
 
