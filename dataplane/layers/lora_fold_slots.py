@@ -35,6 +35,7 @@ import numpy as np
 import torch
 
 from dataplane.h2d import to_device
+from dataplane.intmath import cdiv
 from dataplane.kernels.errors import LoraShapeError, LoraSlotError
 from dataplane.kernels.factor_table import LoraFactorTable
 from dataplane.layers.lora_fold_store import FoldStore
@@ -46,7 +47,7 @@ SHRINK_WINDOW = 64
 def default_width_unit(fold_slots: int) -> int:
     """At most four fold widths (each one more decode graph per batch size), none under
     16 slots."""
-    return max(16, -(-fold_slots // 4))
+    return max(16, cdiv(fold_slots, 4))
 
 
 class FoldSlots:
@@ -61,7 +62,7 @@ class FoldSlots:
             raise LoraShapeError(f"fold width unit {unit} is not positive")
         self.table_slots, self.fold_slots = table_slots, fold_slots
         self.widths = tuple(sorted({min(k * unit, fold_slots)
-                                    for k in range(1, -(-fold_slots // unit) + 1)}))
+                                    for k in range(1, cdiv(fold_slots, unit) + 1)}))
         """The fold widths a step may read (module docstring), the last one `fold_slots`."""
         self.capacity = self.widths[0]
         """Every holding sits below it (one of `widths`)."""

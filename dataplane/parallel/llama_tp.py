@@ -219,7 +219,6 @@ class TPLlamaForCausalLM(LlamaForCausalLM):
         heads; k/v heads replicated where the ranks outnumber them), the TP shard."""
         gc, size = self.global_config, self.group.size
         heads = {"q_proj": gc.head_dim, "k_proj": gc.head_dim, "v_proj": gc.head_dim}
-        kv_shared = replicates(gc.num_kv_heads, size, 1)
         fold = "+fold" if self.lora_fold_slots is not None else ""
         return tp_kernel_local_identity(
             adapter_semantic=adapter_semantic, kernel_family=kernel_family + fold,
@@ -227,7 +226,7 @@ class TPLlamaForCausalLM(LlamaForCausalLM):
             packing="stacked", specs=specs, choices=layout_choices(specs, self.lora_layouts),
             tp_rank=self.group.rank, tp_size=size,
             out_units={s.name: heads[s.role] for s in specs if s.role in heads},
-            replicated={s.name for s in specs if kv_shared and s.role in ("k_proj", "v_proj")})
+            replicated={s.name for s in specs if s.role in ("k_proj", "v_proj")})
 
     def parallel_linear(self, layer: int, attr: str) -> ColumnParallelLinear | RowParallelLinear:
         if attr not in LORA_GROUPS:
