@@ -270,3 +270,59 @@ def render_audit(page: dict[str, Any]) -> None:
     ]
     _table("audit", ["time", "actor", "action", "namespace", "target", "detail"], rows)
     _next_cursor(page)
+
+
+def render_collection(collection: dict[str, Any]) -> None:
+    rejection = collection.get("rejection") or {}
+    metrics = collection.get("metrics") or {}
+    spec = collection.get("spec") or {}
+    params = metrics.get("params") or {}
+    _fields(
+        f"collection {collection.get('id')}",
+        [
+            ("namespace", collection.get("namespace")),
+            ("name", collection.get("name")),
+            ("state", collection.get("state")),
+            ("digest", collection.get("digest")),
+            ("base", collection.get("base")),
+            ("members", len(collection.get("sources") or [])),
+            ("spec", " ".join(f"{k}={v}" for k, v in sorted(spec.items()))),
+            ("assignment", collection.get("assignment")),
+            ("max_relative_error", metrics.get("max_relative_error")),
+            ("params lora -> joint", f"{params.get('lora')} -> {params.get('joint')}"
+             if params else None),
+            ("size_bytes", collection.get("size_bytes")),
+            (
+                "rejection",
+                f"{rejection.get('code')}: {rejection.get('message')}" if rejection else None,
+            ),
+            ("fit_attempts", collection.get("fit_attempts")),
+            ("last_error", collection.get("last_error")),
+            ("created_at", collection.get("created_at")),
+            ("fitted_at", collection.get("fitted_at")),
+        ],
+    )
+
+
+def render_collections(page: dict[str, Any]) -> None:
+    rows = [
+        (
+            c.get("id"),
+            c.get("name"),
+            c.get("state"),
+            short(c.get("digest")),
+            len(c.get("sources") or []),
+            (c.get("spec") or {}).get("method"),
+            (c.get("spec") or {}).get("rank"),
+            (c.get("metrics") or {}).get("max_relative_error"),
+            (c.get("rejection") or {}).get("code"),
+        )
+        for c in page.get("items", [])
+    ]
+    _table(
+        "collections",
+        ["id", "name", "state", "digest", "members", "method", "rank", "max rel err",
+         "rejection"],
+        rows,
+    )
+    _next_cursor(page)

@@ -25,6 +25,7 @@ from controlplane.audit.endpoints import router as audit_router
 from controlplane.auth.endpoints import router as tokens_router
 from controlplane.bases.endpoints import router as bases_router
 from controlplane.catalog.endpoints import router as catalog_router
+from controlplane.collections.endpoints import router as collections_router
 from controlplane.config import Settings
 from controlplane.db import make_engine, make_session_factory
 from controlplane.errors import ERROR_RESPONSES, AdapterplaneError, ErrorBody
@@ -69,7 +70,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.add_middleware(RequestLogMiddleware)
     app.include_router(health_router)
     for router in (bases_router, namespaces_router, artifacts_router, catalog_router,
-                   audit_router, tokens_router, agents_router):
+                   collections_router, audit_router, tokens_router, agents_router):
         app.include_router(router, responses=ERROR_RESPONSES)
     _install_error_handlers(app)
     return app

@@ -14,6 +14,7 @@ from celery import shared_task
 from controlplane.artifacts.validation import validate_artifact_now
 from controlplane.storage import TransientStorageError
 from controlplane.worker.context import worker_context
+from controlplane.worker.retry import retry_transient
 
 
 @shared_task(name="adapterplane.validate_artifact", bind=True, acks_late=True,
@@ -24,8 +25,4 @@ def validate_artifact(self: Any, artifact_id: int) -> str | None:
         return validate_artifact_now(artifact_id, session_factory=ctx.session_factory,
                                      store=ctx.store, settings=ctx.settings)
     except TransientStorageError as exc:
-        settings = ctx.settings
-        countdown = min(settings.validation_retry_backoff_max_s,
-                        settings.validation_retry_backoff_s * 2 ** self.request.retries)
-        raise self.retry(exc=exc, countdown=countdown,
-                         max_retries=settings.validation_max_retries) from exc
+        raise retry_transient(self, ctx, exc) from exc

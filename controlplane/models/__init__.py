@@ -13,6 +13,7 @@ from controlplane.models.audit import AuditEntry
 from controlplane.models.base import Base, utcnow
 from controlplane.models.base_model import BaseModel
 from controlplane.models.catalog import Alias, CatalogAction, CatalogGeneration
+from controlplane.models.collection import Collection, CollectionState, CollectionStateError
 from controlplane.models.namespace import Namespace
 
 __all__ = [
@@ -27,6 +28,9 @@ __all__ = [
     "BaseModel",
     "CatalogAction",
     "CatalogGeneration",
+    "Collection",
+    "CollectionState",
+    "CollectionStateError",
     "Namespace",
     "utcnow",
 ]

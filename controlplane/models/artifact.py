@@ -15,11 +15,11 @@ from datetime import datetime
 from typing import Any
 
 from sqlalchemy import BigInteger, ForeignKey, Index, String, Text, UniqueConstraint, event
-from sqlalchemy import inspect as sa_inspect
 from sqlalchemy.orm import Mapped, Mapper, mapped_column, relationship
 
 from controlplane.models.base import Base, BigId, CreatedAtMixin, IdMixin, JsonDoc
 from controlplane.models.base_model import BaseModel
+from controlplane.models.guards import guard_update
 from controlplane.models.namespace import Namespace
 
 
@@ -99,18 +99,6 @@ class Artifact(IdMixin, CreatedAtMixin, Base):
 
 @event.listens_for(Artifact, "before_update")
 def _guard_artifact_update(_mapper: Mapper[Any], _conn: Any, target: Artifact) -> None:
-    state = sa_inspect(target)
-    for name in IMMUTABLE_COLUMNS:
-        if state.attrs[name].history.has_changes():
-            raise ArtifactStateError(f"artifact {target.id}: {name} is immutable")
-    for name in WRITE_ONCE_COLUMNS:
-        history = state.attrs[name].history
-        if history.has_changes() and any(old is not None for old in history.deleted):
-            raise ArtifactStateError(f"artifact {target.id}: {name} is write-once")
-    state_history = state.attrs["state"].history
-    if state_history.has_changes() and state_history.deleted:
-        old = ArtifactState(state_history.deleted[0])
-        if ArtifactState(target.state) not in ALLOWED_TRANSITIONS[old]:
-            raise ArtifactStateError(
-                f"artifact {target.id}: {old} -> {target.state} is not allowed"
-            )
+    guard_update(target, noun="artifact", immutable=IMMUTABLE_COLUMNS,
+                 write_once=WRITE_ONCE_COLUMNS, states=ArtifactState,
+                 transitions=ALLOWED_TRANSITIONS, error=ArtifactStateError)

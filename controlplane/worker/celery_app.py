@@ -15,7 +15,7 @@ from celery import Celery
 
 from controlplane.config import Settings
 
-TASK_MODULES = ("controlplane.artifacts.tasks",)
+TASK_MODULES = ("controlplane.artifacts.tasks", "controlplane.collections.tasks")
 
 
 def make_celery(settings: Settings) -> Celery:
@@ -42,7 +42,8 @@ def make_celery(settings: Settings) -> Celery:
     # Kept off app.conf so configuration dumps (`celery inspect conf`) never show the
     # database URL or storage credentials.
     app.adapterplane_settings = settings
-    import controlplane.artifacts.tasks  # noqa: F401  (registers the shared tasks)
+    import controlplane.artifacts.tasks
+    import controlplane.collections.tasks  # noqa: F401  (register the shared tasks)
 
     return app
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from fractions import Fraction
 
 import pytest
@@ -112,7 +113,7 @@ def test_jd_diag_cannot_be_exact_and_never_beats_the_span_bound() -> None:
     assert total >= bound - 1e-9
     assert total <= 27.0 + 1e-9
     steps = fit.objective
-    assert all(b <= a + 1e-9 for a, b in zip(steps, steps[1:], strict=False))
+    assert all(b <= a + 1e-9 for a, b in itertools.pairwise(steps))
 
 
 def test_runtime_operator_matches_the_worked_example() -> None:

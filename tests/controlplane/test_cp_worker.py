@@ -277,3 +277,32 @@ def test_embedded_default_worker_on_sqlite_broker(tmp_path: Path, assets: Assets
         close_app(app)
         proc.terminate()
         proc.wait(timeout=30)
+
+
+def test_worker_fits_a_collection_from_s3(live: tuple[httpx.Client, Any], assets: Assets,
+                                          s3_endpoint: str) -> None:
+    """A real worker fetches both members from S3, fits, and stores the bundle in S3."""
+    client, _app = live
+    ids = []
+    for name, adapter in (("ca", assets.adapter_a), ("cb", assets.adapter_b)):
+        uri = upload_prefix(s3_endpoint, adapter, f"team/{name}")
+        pushed = client.post("/v1/namespaces/acme/artifacts",
+                             json={"base": assets.h_base, "uri": uri})
+        assert pushed.status_code in (200, 202), pushed.text
+        ok = wait_for(lambda i=pushed.json()["id"]: final_state(client, i), what="validation")
+        assert ok["state"] == "validated"
+        ids.append(ok["id"])
+    submitted = client.post("/v1/namespaces/acme/collections", json={
+        "name": "pair", "base": assets.h_base, "sources": ids, "rank": 12,
+        "max_relative_error": "1/10000"})
+    assert submitted.status_code == 202, submitted.text
+    url = f"/v1/namespaces/acme/collections/{submitted.json()['id']}"
+    done = wait_for(lambda: (lambda b: b if b["state"] in ("fitted", "rejected") else None)(
+        client.get(url).json()), what="collection fit")
+    assert done["state"] == "fitted", done
+    assert done["fit_attempts"] == 1 and done["metrics"]["max_relative_error"] < 1e-4
+    s3 = boto3.client("s3", endpoint_url=s3_endpoint, region_name="us-east-1",
+                      aws_access_key_id="test", aws_secret_access_key="test-secret")
+    for blob in done["files"].values():
+        head = s3.head_object(Bucket=BUCKET, Key=f"objects/{blob['key']}")
+        assert head["ContentLength"] == blob["size"]

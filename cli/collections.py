@@ -1,0 +1,136 @@
+"""`adapterctl collections fit|list|show|member`: Compress-then-Serve collections.
+
+`fit` submits an ordered set of validated artifacts (ids or `sha256:<H_artifact>`) to be
+fitted with shared bases; the fit runs on a worker, `--wait` polls until `fitted` or
+`rejected` (exit 5 with the rejection code). `member` pushes one fitted member as an
+ordinary rank-R artifact, validated and published like any adapter.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import typer
+
+from cli import output
+from cli.artifacts import resolve_base, wait_for_validation
+from cli.client import ApiClient, segment
+from cli.context import current
+from cli.errors import CliError, ExitCode
+from cli.invoke import call_and_emit
+from cli.pagination import ALL_OPTION, CURSOR_OPTION, LIMIT_OPTION, list_pages
+
+TERMINAL_STATES = frozenset({"fitted", "rejected"})
+DEFAULT_WAIT_TIMEOUT_S = 1800.0
+
+app = typer.Typer(help="Fit and inspect Compress-then-Serve collections.",
+                  no_args_is_help=True)
+
+
+def _root(namespace: str) -> str:
+    return f"/v1/namespaces/{segment(namespace)}/collections"
+
+
+def wait_for_fit(client: ApiClient, namespace: str, ref: str, *, timeout_s: float
+                 ) -> dict[str, Any]:
+    """Poll until `fitted` or `rejected` (CliError WAIT_TIMEOUT, exit 9, after timeout_s)."""
+    deadline = time.monotonic() + timeout_s
+    delay, last = 0.25, None
+    while True:
+        collection: dict[str, Any] = client.get(f"{_root(namespace)}/{segment(ref)}")
+        state = str(collection.get("state"))
+        if state != last:
+            output.note(f"  state: {state}")
+        last = state
+        if state in TERMINAL_STATES:
+            return collection
+        if time.monotonic() + delay > deadline:
+            raise CliError("WAIT_TIMEOUT", f"collection {ref} still {state} after {timeout_s:g}s")
+        time.sleep(delay)
+        delay = min(delay * 1.5, 2.0)
+
+
+@app.command("fit")
+def fit_command(
+    ctx: typer.Context,
+    namespace: str = typer.Argument(..., metavar="NS"),
+    sources: list[str] = typer.Option(..., "--source", "-s",
+                                      help="Member artifact (id or sha256:<H_artifact>); "
+                                           "repeat, in member order."),
+    base: str = typer.Option(..., "--base", "-b", help="h_base (or registered name)."),
+    name: str = typer.Option(..., "--name", help="A label for the collection."),
+    rank: int = typer.Option(..., "--rank", help="Shared rank R."),
+    method: str = typer.Option("jd-full", "--method", help="jd-full | jd-diag"),
+    clusters: int = typer.Option(1, "--clusters"),
+    iterations: int = typer.Option(10, "--iterations"),
+    rounds: int = typer.Option(10, "--rounds"),
+    seed: int = typer.Option(0, "--seed"),
+    max_relative_error: str = typer.Option("1/10", "--max-relative-error",
+                                           help="Release threshold, e.g. 1/20 or 0.05."),
+    wait: bool = typer.Option(False, "--wait", help="Wait until fitted or rejected."),
+    timeout: float = typer.Option(DEFAULT_WAIT_TIMEOUT_S, "--timeout"),
+) -> None:
+    """Submit a collection fit; with --wait, exit 5 with the rejection code if rejected."""
+    cli = current(ctx)
+    with cli.client() as client:
+        body = {"name": name, "base": resolve_base(client, base), "sources": sources,
+                "method": method, "rank": rank, "clusters": clusters,
+                "iterations": iterations, "rounds": rounds, "seed": seed,
+                "max_relative_error": max_relative_error}
+        collection: dict[str, Any] = client.post(_root(namespace), json=body)
+        if wait and collection.get("state") not in TERMINAL_STATES:
+            output.note(f"submitted collection {collection.get('id')}; waiting for the fit")
+            collection = wait_for_fit(client, namespace, str(collection["id"]),
+                                      timeout_s=timeout)
+    output.emit(cli, collection, output.render_collection)
+    if wait and collection.get("state") == "rejected":
+        rejection = collection.get("rejection") or {}
+        raise CliError(str(rejection.get("code") or "COLLECTION_REJECTED"),
+                       str(rejection.get("message") or "collection rejected"),
+                       detail=rejection.get("detail"), exit_code=ExitCode.INVALID)
+
+
+@app.command("list")
+def list_command(
+    ctx: typer.Context,
+    namespace: str = typer.Argument(..., metavar="NS"),
+    state: str | None = typer.Option(None, "--state", help="pending|fitting|fitted|rejected"),
+    limit: int | None = LIMIT_OPTION,
+    cursor: str | None = CURSOR_OPTION,
+    all_pages: bool = ALL_OPTION,
+) -> None:
+    """List a namespace's collections (newest first)."""
+    list_pages(ctx, _root(namespace), output.render_collections, filters={"state": state},
+               limit=limit, cursor=cursor, all_pages=all_pages)
+
+
+@app.command("show")
+def show_command(
+    ctx: typer.Context,
+    namespace: str = typer.Argument(..., metavar="NS"),
+    ref: str = typer.Argument(..., metavar="REF", help="Collection id or sha256:<H_collection>."),
+) -> None:
+    """Show one collection with its spec, assignment and reconstruction metrics."""
+    call_and_emit(ctx, output.render_collection,
+                  lambda client: client.get(f"{_root(namespace)}/{segment(ref)}"))
+
+
+@app.command("member")
+def member_command(
+    ctx: typer.Context,
+    namespace: str = typer.Argument(..., metavar="NS"),
+    ref: str = typer.Argument(..., metavar="REF"),
+    index: int = typer.Argument(..., metavar="INDEX", help="Member position (from 0)."),
+    dtype: str = typer.Option("float32", "--dtype", help="float32 | float16 | bfloat16"),
+    wait: bool = typer.Option(False, "--wait", help="Wait until the artifact is validated."),
+) -> None:
+    """Push member INDEX as a rank-R artifact (then publish it to an alias to serve it)."""
+    cli = current(ctx)
+    with cli.client() as client:
+        artifact: dict[str, Any] = client.request(
+            "POST", f"{_root(namespace)}/{segment(ref)}/members/{index}/artifact",
+            params={"dtype": dtype})
+        if wait and artifact.get("state") not in ("validated", "rejected"):
+            artifact = wait_for_validation(client, namespace, str(artifact["id"]))
+    output.emit(cli, artifact, output.render_artifact)

@@ -1,0 +1,55 @@
+"""adapterctl collections: fit on the real worker, inspect, push a member, publish it."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from test_lifecycle import CliAssets, Invoke, PushWait, ok_json
+
+
+def test_fit_show_member_publish(adapterctl: Invoke, cli_assets: CliAssets, h_base: str,
+                                 namespace: str, push_wait: PushWait, tmp_path: Path) -> None:
+    from dataplane.assets import make_peft_adapter
+
+    twin = make_peft_adapter(cli_assets.base, tmp_path / "twin", seed=5, rank=2, alpha=4,
+                             target_modules=["q_proj", "v_proj"])
+    a = ok_json(push_wait(str(cli_assets.adapter_a)))
+    t = ok_json(push_wait(str(twin)))
+    fitted = ok_json(adapterctl(
+        "-o", "json", "collections", "fit", namespace, "-s", str(a["id"]),
+        "-s", f"sha256:{t['digest']}", "--base", "cli-tests-tiny", "--name", "pair",
+        "--rank", "6", "--max-relative-error", "1/10000", "--wait", "--timeout", "120"))
+    assert fitted["state"] == "fitted", fitted
+    assert fitted["metrics"]["max_relative_error"] < 1e-4
+    assert [s["artifact_id"] for s in fitted["sources"]] == [a["id"], t["id"]]
+
+    shown = ok_json(adapterctl("-o", "json", "collections", "show", namespace,
+                               f"sha256:{fitted['digest']}"))
+    assert shown["id"] == fitted["id"]
+    listed = ok_json(adapterctl("-o", "json", "collections", "list", namespace,
+                                "--state", "fitted"))
+    assert [c["id"] for c in listed["items"]] == [fitted["id"]]
+    table = adapterctl("collections", "show", namespace, str(fitted["id"]))
+    assert table.exit_code == 0 and "fitted" in table.stdout
+
+    member = ok_json(adapterctl("-o", "json", "collections", "member", namespace,
+                                str(fitted["id"]), "1", "--wait"))
+    assert member["state"] == "validated", member
+    gen = ok_json(adapterctl("-o", "json", "publish", f"{namespace}/twin-compressed",
+                             str(member["id"])))
+    assert (gen["generation"], gen["artifact"]["id"]) == (1, member["id"])
+
+
+def test_fit_of_mismatched_members_exits_with_the_rejection_code(
+        adapterctl: Invoke, cli_assets: CliAssets, namespace: str, push_wait: PushWait) -> None:
+    a = ok_json(push_wait(str(cli_assets.adapter_a)))
+    b = ok_json(push_wait(str(cli_assets.adapter_b)))  # other target modules
+    result = adapterctl("collections", "fit", namespace, "-s", str(a["id"]), "-s",
+                        str(b["id"]), "--base", "cli-tests-tiny", "--name", "mixed",
+                        "--rank", "2", "--wait", "--timeout", "120")
+    assert result.exit_code == 5, result.output
+    assert "error: collection_invalid: members must adapt the same modules" in result.stderr
+    shown: Any = json.loads(adapterctl("-o", "json", "collections", "list", namespace).stdout)
+    assert shown["items"][0]["rejection"]["code"] == "collection_invalid"
