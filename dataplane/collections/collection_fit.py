@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import torch
 
 from dataplane.collections.errors import CollectionError
-from dataplane.collections.factored import FactoredDelta, check_collection
+from dataplane.collections.factored import FactoredDelta, check_collection, span_reduction
 from dataplane.collections.jd_diag import fit_jd_diag
 from dataplane.collections.jd_full import DEFAULT_ITERATIONS, fit_jd_full
 from dataplane.collections.joint_fit import (
@@ -69,9 +69,15 @@ class CollectionFit:
 
 
 def _fit(method: str, deltas: list[FactoredDelta], rank: int, iterations: int) -> JointFit:
+    """Fit in the collection's own column/row spans (`span_reduction`), then map back."""
+    q_b, q_a, small = span_reduction(deltas, rank)
     if method == JD_FULL:
-        return fit_jd_full(deltas, rank, iterations=iterations)
-    return fit_jd_diag(deltas, rank, iterations=iterations)
+        fit = fit_jd_full(small, rank, iterations=iterations)
+    else:
+        fit = fit_jd_diag(small, rank, iterations=iterations)
+    u = fit.u if q_b is None else q_b @ fit.u
+    v = fit.v if q_a is None else q_a @ fit.v
+    return JointFit(fit.method, u, v, fit.cores, fit.objective)
 
 
 def _optimal_core(method: str, delta: FactoredDelta, u: torch.Tensor,

@@ -73,3 +73,28 @@ def check_collection(deltas: list[FactoredDelta], rank: int) -> tuple[int, int]:
         raise CollectionError(f"shared rank must be an integer in [1, {min(shape)}]",
                               rank=rank, shape=list(shape))
     return shape
+
+
+def span_reduction(deltas: list[FactoredDelta], rank: int
+                   ) -> tuple[torch.Tensor | None, torch.Tensor | None, list[FactoredDelta]]:
+    """Restate the collection in orthonormal bases of its own column and row spaces.
+
+    Every `Δ_i V` lies in `span([B_1 … B_n])` and every `Δ_iᵀ U` in `span([A_1ᵀ … A_nᵀ])`,
+    so the shared bases of both fits do too: with `Q_B`, `Q_A` orthonormal bases of those
+    spans, fitting `Q_Bᵀ Δ_i Q_A` (size `n·r0` instead of `d`) and mapping back
+    `U = Q_B U'`, `V = Q_A V'` solves the same problem. Returns `(Q_B | None, Q_A | None,
+    deltas)`; a side is left as is (None) when its span is not smaller than `d` or is
+    narrower than `rank`.
+    """
+    d_out, d_in = deltas[0].shape
+    width = sum(int(d.b.shape[1]) for d in deltas)
+    q_b = q_a = None
+    if rank <= width < d_out:
+        q_b, _ = torch.linalg.qr(torch.cat([d.b for d in deltas], dim=1))
+    if rank <= width < d_in:
+        q_a, _ = torch.linalg.qr(torch.cat([d.a.T for d in deltas], dim=1))
+    if q_b is None and q_a is None:
+        return None, None, deltas
+    reduced = [FactoredDelta(d.b if q_b is None else q_b.T @ d.b,
+                             d.a if q_a is None else d.a @ q_a) for d in deltas]
+    return q_b, q_a, reduced

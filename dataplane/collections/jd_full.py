@@ -21,12 +21,16 @@ DEFAULT_ITERATIONS = 10
 
 
 def top_left_singular(blocks: list[torch.Tensor], rank: int) -> torch.Tensor:
-    """The top-`rank` left singular vectors of `cat(blocks, dim=1)`, sign-canonical."""
+    """The top-`rank` left singular vectors of `P = cat(blocks, dim=1)`, sign-canonical
+    (for a wide `P`, the top eigenvectors of `P Pᵀ`: the same subspace, a smaller solve)."""
     stacked = torch.cat(blocks, dim=1)
     if stacked.shape[1] < rank:  # pad: the extra directions are arbitrary but orthonormal
         stacked = torch.cat(
             [stacked, torch.zeros(stacked.shape[0], rank - stacked.shape[1],
                                   dtype=stacked.dtype)], dim=1)
+    if stacked.shape[1] > stacked.shape[0]:  # wide: the Gram matrix is the smaller problem
+        _, vectors = torch.linalg.eigh(stacked @ stacked.T)
+        return canonical_signs(vectors.flip(1)[:, :rank].contiguous())
     left, _, _ = torch.linalg.svd(stacked, full_matrices=False)
     return canonical_signs(left[:, :rank].contiguous())
 
