@@ -14,7 +14,9 @@ by cluster once, not per module):
    reseeded with the worst-reconstructed adapter.
 
 A zero update (e.g. a fresh LoRA with `B = 0`) is kept as is: its optimal core is zero
-and it is reconstructed exactly.
+and it is reconstructed exactly. Modules are read one at a time from a `ModuleSource`
+(each fit/assign round is one pass over them), so memory holds one module's updates plus
+the bases and cores.
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ from dataplane.collections.joint_fit import (
     optimal_full_core,
     residual_sq,
 )
+from dataplane.collections.sources import InMemoryModules, ModuleSource
 
 DEFAULT_ROUNDS = 10
 KMEANS_STEPS = 50
@@ -91,15 +94,18 @@ def _square(method: str, core: torch.Tensor) -> torch.Tensor:
     return torch.diag(core) if method == JD_DIAG else core
 
 
-def _normalise(modules: Mapping[str, list[FactoredDelta]]
-               ) -> tuple[dict[str, list[FactoredDelta]], dict[str, list[float]]]:
-    normalised: dict[str, list[FactoredDelta]] = {}
-    norms: dict[str, list[float]] = {}
-    for name, deltas in modules.items():
-        norms[name] = [math.sqrt(d.frobenius_sq()) for d in deltas]
-        normalised[name] = [d.scaled(1.0 / n) if n > 0 else d
-                            for d, n in zip(deltas, norms[name], strict=True)]
-    return normalised, norms
+def _unit(deltas: list[FactoredDelta]) -> tuple[list[FactoredDelta], list[float]]:
+    """Each update scaled to unit Frobenius norm (a zero update is left as is), and norms."""
+    norms = [math.sqrt(d.frobenius_sq()) for d in deltas]
+    return [d.scaled(1.0 / n) if n > 0 else d for d, n in zip(deltas, norms, strict=True)], norms
+
+
+def _load(source: ModuleSource, name: str, n: int, rank: int) -> list[FactoredDelta]:
+    deltas = source.load(name)
+    if len(deltas) != n:
+        raise CollectionError("every module must list the same adapters", module=name)
+    check_collection(deltas, rank)
+    return deltas
 
 
 def _kmeans(points: torch.Tensor, k: int, seed: int) -> list[int]:
@@ -128,29 +134,40 @@ def _kmeans(points: torch.Tensor, k: int, seed: int) -> list[int]:
     return [int(x) for x in labels]
 
 
-def _fit_clusters(method: str, normalised: dict[str, list[FactoredDelta]], rank: int,
-                  iterations: int, assignment: list[int], k: int
-                  ) -> list[dict[str, tuple[torch.Tensor, torch.Tensor]]]:
-    bases: list[dict[str, tuple[torch.Tensor, torch.Tensor]]] = []
-    for c in range(k):
-        members = [i for i, a in enumerate(assignment) if a == c]
-        bases.append({name: (fit.u, fit.v) for name, deltas in normalised.items()
-                      for fit in [_fit(method, [deltas[i] for i in members], rank,
-                                       iterations)]})
-    return bases
+Bases = list[dict[str, tuple[torch.Tensor, torch.Tensor]]]
 
 
-def _errors(method: str, normalised: dict[str, list[FactoredDelta]],
-            bases: list[dict[str, tuple[torch.Tensor, torch.Tensor]]], n: int) -> torch.Tensor:
-    """[n, k] summed normalised squared residual of adapter i under cluster c's bases."""
-    errors = torch.zeros(n, len(bases), dtype=torch.float64)
-    for c, cluster in enumerate(bases):
-        for name, deltas in normalised.items():
-            u, v = cluster[name]
-            for i, delta in enumerate(deltas):
-                core = _square(method, _optimal_core(method, delta, u, v))
-                errors[i, c] += residual_sq(delta, u, v, core)
-    return errors
+def _fit_pass(source: ModuleSource, method: str, rank: int, iterations: int,
+              assignment: list[int], k: int, with_errors: bool
+              ) -> tuple[Bases, torch.Tensor]:
+    """One pass over the modules (one module's updates in memory at a time): each cluster's
+    bases fitted from its members, and with `with_errors` the [n, k] summed normalised
+    squared residual of adapter i under cluster c's bases (its optimal core each)."""
+    n = len(assignment)
+    bases: Bases = [{} for _ in range(k)]
+    errors = torch.zeros(n, k, dtype=torch.float64)
+    for name in source.names:
+        unit, _ = _unit(_load(source, name, n, rank))
+        for c in range(k):
+            fit = _fit(method, [unit[i] for i in range(n) if assignment[i] == c], rank,
+                       iterations)
+            bases[c][name] = (fit.u, fit.v)
+            if with_errors:
+                for i, delta in enumerate(unit):
+                    core = _square(method, _optimal_core(method, delta, fit.u, fit.v))
+                    errors[i, c] += residual_sq(delta, fit.u, fit.v, core)
+    return bases, errors
+
+
+def _first_assignment(source: ModuleSource, method: str, rank: int, iterations: int, n: int,
+                      k: int, seed: int) -> list[int]:
+    """k-means on each adapter's concatenated normalised cores of a one-basis fit."""
+    features = []
+    for name in source.names:
+        unit, _ = _unit(_load(source, name, n, rank))
+        features.append(_fit(method, unit, rank, iterations).cores.reshape(n, -1))
+    assignment = _kmeans(torch.cat(features, dim=1), k, seed)
+    return _reseed_empty(assignment, torch.zeros(n, k, dtype=torch.float64), k)
 
 
 def _reseed_empty(assignment: list[int], errors: torch.Tensor, k: int) -> list[int]:
@@ -166,61 +183,54 @@ def _reseed_empty(assignment: list[int], errors: torch.Tensor, k: int) -> list[i
     return assignment
 
 
-def fit_collection(modules: Mapping[str, list[FactoredDelta]], *, method: str, rank: int,
-                   clusters: int = 1, iterations: int = DEFAULT_ITERATIONS,
-                   rounds: int = DEFAULT_ROUNDS, seed: int = 0) -> CollectionFit:
-    """`modules`: module name -> the n adapters' updates, in the collection's order."""
+def fit_collection(modules: Mapping[str, list[FactoredDelta]] | ModuleSource, *,
+                   method: str, rank: int, clusters: int = 1,
+                   iterations: int = DEFAULT_ITERATIONS, rounds: int = DEFAULT_ROUNDS,
+                   seed: int = 0) -> CollectionFit:
+    """`modules`: module name -> the n adapters' updates in the collection's order, or a
+    `ModuleSource` that loads one module at a time (only one module's updates are held)."""
+    source = InMemoryModules(modules) if isinstance(modules, Mapping) else modules
     if method not in METHODS:
         raise CollectionError(f"unknown method {method!r}", method=method,
                               supported=list(METHODS))
-    if not modules:
+    if not source.names:
         raise CollectionError("a collection needs at least one adapted module")
-    counts = {len(deltas) for deltas in modules.values()}
-    if len(counts) != 1:
-        raise CollectionError("every module must list the same adapters")
-    n = counts.pop()
-    for deltas in modules.values():
-        check_collection(deltas, rank)
+    n = source.count
     if isinstance(clusters, bool) or not isinstance(clusters, int) or not 1 <= clusters <= n:
         raise CollectionError(f"clusters must be an integer in [1, {n}]", clusters=clusters)
-    names = tuple(sorted(modules))
-    normalised, norms = _normalise(modules)
+    for name in source.names:  # shapes and rank, before any fitting
+        check_collection(source.load(name)[:1], rank)
     assignment = [0] * n
-    done = 0
     if clusters > 1:
-        first = {name: _fit(method, normalised[name], rank, iterations) for name in names}
-        features = torch.cat([first[name].cores.reshape(n, -1) for name in names], dim=1)
-        assignment = _kmeans(features, clusters, seed)
-        assignment = _reseed_empty(assignment, torch.zeros(n, clusters,
-                                                           dtype=torch.float64), clusters)
-    bases = _fit_clusters(method, normalised, rank, iterations, assignment, clusters)
+        assignment = _first_assignment(source, method, rank, iterations, n, clusters, seed)
+    bases, errors = _fit_pass(source, method, rank, iterations, assignment, clusters,
+                              with_errors=clusters > 1)
+    done = 0
     while clusters > 1 and done < rounds:
         done += 1
-        errors = _errors(method, normalised, bases, n)
         moved = _reseed_empty([int(c) for c in errors.argmin(dim=1)], errors, clusters)
         if moved == assignment:
             break
         assignment = moved
-        bases = _fit_clusters(method, normalised, rank, iterations, assignment, clusters)
-    return _restore(method, rank, names, modules, norms, assignment, bases, done)
+        bases, errors = _fit_pass(source, method, rank, iterations, assignment, clusters,
+                                  with_errors=True)
+    return _restore(source, method, rank, n, assignment, bases, done)
 
 
-def _restore(method: str, rank: int, names: tuple[str, ...],
-             modules: Mapping[str, list[FactoredDelta]], norms: dict[str, list[float]],
-             assignment: list[int], bases: list[dict[str, tuple[torch.Tensor, torch.Tensor]]],
-             rounds: int) -> CollectionFit:
-    n = len(assignment)
+def _restore(source: ModuleSource, method: str, rank: int, n: int, assignment: list[int],
+             bases: Bases, rounds: int) -> CollectionFit:
+    """Each adapter's core for its cluster's bases, scaled back by its norm, per module."""
     cores: list[dict[str, torch.Tensor]] = [{} for _ in range(n)]
     residuals: list[dict[str, float]] = [{} for _ in range(n)]
     energy: list[dict[str, float]] = [{} for _ in range(n)]
-    for name in names:
-        for i, delta in enumerate(modules[name]):
+    for name in source.names:
+        deltas = _load(source, name, n, rank)
+        unit, norms = _unit(deltas)
+        for i, delta in enumerate(deltas):
             u, v = bases[assignment[i]][name]
-            norm = norms[name][i]
-            unit = delta.scaled(1.0 / norm) if norm > 0 else delta
-            core = _optimal_core(method, unit, u, v) * (norm if norm > 0 else 1.0)
+            core = _optimal_core(method, unit[i], u, v) * (norms[i] if norms[i] > 0 else 1.0)
             cores[i][name] = core
             residuals[i][name] = residual_sq(delta, u, v, _square(method, core))
             energy[i][name] = delta.frobenius_sq()
-    return CollectionFit(method, rank, names, tuple(assignment), tuple(bases), tuple(cores),
-                         tuple(residuals), tuple(energy), rounds)
+    return CollectionFit(method, rank, source.names, tuple(assignment), tuple(bases),
+                         tuple(cores), tuple(residuals), tuple(energy), rounds)

@@ -21,8 +21,7 @@ from dataplane.collections.collection_fit import CollectionFit, fit_collection
 from dataplane.collections.errors import CollectionError, ReleaseRefused
 from dataplane.collections.jd_full import DEFAULT_ITERATIONS
 from dataplane.collections.joint_fit import JD_FULL, METHODS
-from dataplane.collections.sources import CollectionSources, load_sources
-from dataplane.identity import h_adapter_semantic
+from dataplane.collections.sources import PeftSources
 
 FIT_REVISION = 1
 """Bumped whenever the fitting algorithm changes what a spec produces."""
@@ -58,14 +57,16 @@ class CompressionSpec:
                                       f"{self.max_relative_error.denominator}"}
 
 
-def evaluate(fit: CollectionFit, sources: CollectionSources) -> dict[str, Any]:
+def evaluate(fit: CollectionFit, ranks: dict[str, list[int]]) -> dict[str, Any]:
+    """Per-member relative errors and the parameter ledger (`ranks`: module -> members'
+    source ranks)."""
     n = len(fit.assignment)
     errors = [fit.relative_error(i) for i in range(n)]
-    lora = sum(r * (d.shape[0] + d.shape[1]) for name in fit.modules
-               for r, d in zip(sources.ranks[name], sources.modules[name], strict=True))
+    sizes = {name: int(fit.bases[0][name][0].shape[0] + fit.bases[0][name][1].shape[0])
+             for name in fit.modules}
+    lora = sum(r * sizes[name] for name in fit.modules for r in ranks[name])
     per_adapter = fit.rank * fit.rank if fit.method == JD_FULL else fit.rank
-    joint = sum(fit.clusters * fit.rank * sum(sources.modules[name][0].shape)
-                + n * per_adapter for name in fit.modules)
+    joint = sum(fit.clusters * fit.rank * sizes[name] + n * per_adapter for name in fit.modules)
     return {
         "relative_error": errors, "max_relative_error": max(errors),
         "mean_relative_error": sum(errors) / n, "rounds": fit.rounds,
@@ -84,16 +85,16 @@ def compress_collection(directories: Sequence[Path], base: BaseModelABI, *,
     """Fit, evaluate and bundle; ReleaseRefused (with the metrics) past the threshold."""
     if len(directories) != len(sources_h_artifact):
         raise CollectionError("one H_artifact per member directory is required")
-    sources = load_sources(directories, base)
-    for index, (semantic, h_artifact) in enumerate(
-            zip(sources.semantic_digests, sources_h_artifact, strict=True)):
-        if semantic != h_adapter_semantic(base.h_base, h_artifact):
+    sources = PeftSources(directories, base)
+    for index, (found, recorded) in enumerate(
+            zip(sources.h_artifacts, sources_h_artifact, strict=True)):
+        if found != recorded:
             raise CollectionError("member bytes do not match their recorded H_artifact",
-                                  index=index, h_artifact=h_artifact)
-    fit = fit_collection(sources.modules, method=spec.method, rank=spec.rank,
+                                  index=index, h_artifact=recorded)
+    fit = fit_collection(sources, method=spec.method, rank=spec.rank,
                          clusters=spec.clusters, iterations=spec.iterations,
                          rounds=spec.rounds, seed=spec.seed)
-    metrics = evaluate(fit, sources)
+    metrics = evaluate(fit, {name: sources.ranks(name) for name in fit.modules})
     if Fraction(metrics["max_relative_error"]) > spec.max_relative_error:
         worst = max(range(len(fit.assignment)), key=lambda i: metrics["relative_error"][i])
         raise ReleaseRefused(

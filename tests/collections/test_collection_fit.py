@@ -145,3 +145,40 @@ def test_bad_requests_are_refused_with_codes() -> None:
         assert info.value.code == "COLLECTION_INVALID"
     with pytest.raises(CollectionError):
         FactoredDelta.of(torch.full((3, 2), float("nan")), torch.ones(2, 3))
+
+
+class CountingSource:
+    """A ModuleSource over fixed updates that counts how often each module is read."""
+
+    def __init__(self, modules: dict[str, list[FactoredDelta]]) -> None:
+        self.modules, self.loads = modules, dict.fromkeys(modules, 0)
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(sorted(self.modules))
+
+    @property
+    def count(self) -> int:
+        return len(next(iter(self.modules.values())))
+
+    def load(self, name: str) -> list[FactoredDelta]:
+        self.loads[name] += 1
+        return self.modules[name]
+
+
+@pytest.mark.parametrize("clusters", [1, 2])
+def test_streamed_modules_fit_like_the_whole_collection(clusters: int) -> None:
+    """Read one module at a time (a pass per round), the fit is the in-memory fit."""
+    gen = torch.Generator().manual_seed(8)
+    modules = {name: [_random(14, 11, 2, gen) for _ in range(5)] for name in ("a", "b", "c")}
+    whole = fit_collection(modules, method=JD_FULL, rank=3, clusters=clusters, rounds=3)
+    source = CountingSource(modules)
+    streamed = fit_collection(source, method=JD_FULL, rank=3, clusters=clusters, rounds=3)
+    assert streamed.assignment == whole.assignment
+    for i in range(5):
+        for name in modules:
+            assert torch.equal(streamed.cores[i][name], whole.cores[i][name])
+    # every read is a pass over all modules: check, fit, restore (+ k-means, moved rounds)
+    reads = set(source.loads.values())
+    assert len(reads) == 1
+    assert reads.pop() == (3 if clusters == 1 else 4 + max(0, whole.rounds - 1))
