@@ -128,9 +128,8 @@ class EngineLoop(Admission):
 
     # ---- status ----------------------------------------------------------------------------
     def _publish_status(self) -> None:
-        # TP ranks' H_kernel_local of each published slot, by rank (TPAdapterRegistry)
-        kernel_local: dict[int, tuple[str, ...]] = getattr(self.engine.adapters,
-                                                           "kernel_local", {})
+        # each bound slot's H_kernel_local (one per TP rank under TP; AdapterRegistry)
+        kernel_local = self.engine.adapters.kernel_local
         slots = [{"artifact_digest": r.info.digest, "artifact_id": r.info.id,
                   "state": r.state.value, "refcount": r.refcount,
                   "slot": r.handle.slot if r.handle else None,

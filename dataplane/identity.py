@@ -45,6 +45,8 @@ A_AXES = ("rank", "input")
 """Logical axes of A: [r, d_in]."""
 B_AXES = ("output", "rank")
 """Logical axes of B: [d_out, r]."""
+B_STORED_AXES = ("rank", "output")
+"""B as the kernels store it: transposed, rank rows of output columns (dataplane.kernels)."""
 
 _HEX64 = re.compile(r"[0-9a-f]{64}")
 

@@ -31,6 +31,7 @@ from dataplane.artifacts import (
     validate_peft_dir,
 )
 from dataplane.core import EngineError, Sequence
+from dataplane.engine.kernel_identity import STACKED, single_device_kernel_local
 from dataplane.identity import ModuleSpec, h_adapter_semantic
 from dataplane.kernels import LoraFactorTable
 from dataplane.layers.lora_linear import LoRALinear
@@ -171,6 +172,28 @@ class AdapterRegistry:
         self.runner = runner
         self._by_slot: dict[int, AdapterHandle] = {}
         self._generations: dict[int, int] = {}
+        self.kernel_local: dict[int, tuple[str, ...]] = {}
+        """Bound slot -> its H_kernel_local (one digest here; one per rank under TP), for
+        adapters read from a validated artifact (those carry their module specs)."""
+
+    @property
+    def kernel_family(self) -> str:
+        """The kernels that read this engine's slots: the LoRA backend, `+fold` when decode
+        steps fold the LoRA into the base GEMMs."""
+        backend = getattr(self.runner, "backend", None)
+        model = getattr(self.runner, "model", None)
+        fold = "+fold" if getattr(model, "lora_fold_slots", None) is not None else ""
+        return (backend.name if backend is not None else "none") + fold
+
+    def kernel_local_of(self, adapter: LoadedAdapter, packing: str) -> str | None:
+        """H_kernel_local of `adapter` placed whole on this engine's device (None without
+        module specs: adapters built in memory, not read from an artifact)."""
+        if not adapter.specs:
+            return None
+        dtype = str(getattr(self.runner, "dtype", "torch.float32")).split(".")[-1]
+        return single_device_kernel_local(
+            adapter_semantic=adapter.digest, specs=adapter.specs,
+            kernel_family=self.kernel_family, dtype=dtype, packing=packing).h_kernel_local
 
     def register(self, adapter: LoadedAdapter) -> AdapterHandle:
         if self.runner.max_slots == 0:
@@ -196,6 +219,10 @@ class AdapterRegistry:
         leaves the slot empty when they cannot be placed."""
         write_adapter_to_slot(self.runner.tables, slot, adapter, self.runner.max_rank,
                               self.runner.linears)
+        identity = self.kernel_local_of(adapter, STACKED)
+        self.kernel_local.pop(slot, None)
+        if identity is not None:
+            self.kernel_local[slot] = (identity,)
 
     def _check_fits(self, adapter: LoadedAdapter) -> None:
         """All checks of write_adapter_to_slot, before any slot is touched."""
@@ -209,7 +236,7 @@ class AdapterRegistry:
                     tuple(m.a.shape) != (m.rank, d_in) or tuple(m.b.shape) != (d_out, m.rank):
                 raise AdapterError(f"layer {m.layer} {m.module}: factors do not fit the model")
 
-    def bind_external(self, handle: AdapterHandle) -> None:
+    def bind_external(self, handle: AdapterHandle, kernel_local: str | None = None) -> None:
         """Bind `handle` to its slot for factors that live outside the runner's tables
         (the agent's unified page pool writes the kernels' address tables itself).
 
@@ -223,11 +250,14 @@ class AdapterRegistry:
         if handle.slot in self._by_slot:
             raise AdapterError("slot is already bound", slot=handle.slot)
         self._by_slot[handle.slot] = handle
+        if kernel_local is not None:
+            self.kernel_local[handle.slot] = (kernel_local,)
 
     def release_external(self, handle: AdapterHandle) -> None:
         """Undo :meth:`bind_external` (the caller fences requests that still use it)."""
         self.check_handle(handle)
         del self._by_slot[handle.slot]
+        self.kernel_local.pop(handle.slot, None)
 
     def check_handle(self, handle: AdapterHandle) -> None:
         if self._by_slot.get(handle.slot) != handle:
@@ -241,6 +271,7 @@ class AdapterRegistry:
         write_adapter_to_slot(self.runner.tables, handle.slot, None, self.runner.max_rank,
                               self.runner.linears)
         del self._by_slot[handle.slot]
+        self.kernel_local.pop(handle.slot, None)
 
     def is_ready(self, seq: Sequence) -> bool:
         """Scheduler predicate: base rows, or the slot holds the digest the request bound."""

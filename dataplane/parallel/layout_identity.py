@@ -21,6 +21,7 @@ from collections.abc import Collection, Mapping, Sequence
 
 from dataplane.identity import (
     A_AXES,
+    B_STORED_AXES,
     JSONValue,
     KernelLocalIdentity,
     LocalModuleLayout,
@@ -42,8 +43,7 @@ from dataplane.parallel.shard import (
 TP_SCHEDULE_REVISION = "tp-lora-v1"
 CONVERSION_REVISION = 1
 """Revision of the PEFT -> local factor-table conversion (dataplane.parallel.shard)."""
-B_PHYSICAL_AXES = ("rank", "output")
-"""B is stored transposed, rank rows of output columns (dataplane.kernels.base)."""
+B_PHYSICAL_AXES = B_STORED_AXES
 
 
 def lora_local_layout(spec: ModuleSpec, *, style: str, layout: str, tp_rank: int,

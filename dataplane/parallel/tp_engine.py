@@ -78,7 +78,8 @@ class TPAdapterRegistry(AdapterRegistry):
         super().__init__(engine.runner)
         self.model, self.channel = engine.tp_model, engine.channel
         backend = getattr(engine.runner, "backend", None)  # none without LoRA slots
-        self.kernel_family = backend.name if backend is not None else "none"
+        self.backend_family = backend.name if backend is not None else "none"
+        """The LoRA backend's name; the model adds `+fold` (`kernel_local_identity`)."""
         self.kernel_local: dict[int, tuple[str, ...]] = {}
         """Published slot -> every rank's H_kernel_local, by rank (from the votes)."""
 
@@ -131,7 +132,7 @@ class TPAdapterRegistry(AdapterRegistry):
                 if adapter.specs:
                     choices = layout_choices(adapter.specs, self.model.lora_layouts)
                     identity = self.model.kernel_local_identity(
-                        adapter.digest, adapter.specs, self.kernel_family).h_kernel_local
+                        adapter.digest, adapter.specs, self.backend_family).h_kernel_local
         except Exception as exc:  # a "no" vote, not a raise: every rank must reach the vote
             local_error = exc
         tensors = []

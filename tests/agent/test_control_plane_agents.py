@@ -100,6 +100,24 @@ def test_serving_agent_reports_its_slots(deployment: Deployment) -> None:
         return any(s["state"] in ("active", "idle") for s in agents["agent-0"]["slots"])
 
     deployment.agent.wait_for(lambda _s: reported())
+    # each bound slot records its H_kernel_local: the adapter whole on one device, in the
+    # unified page pool ("paged"), read by the torch kernels (CPU agent, float32)
+    from dataplane.identity import digest, h_adapter_semantic
+
+    by_digest = {a["digest"]: a for a in deployment.artifacts.values()}
+    bound = [x for x in deployment.agent.state()["slots"] if x["slot"] is not None]
+    assert bound
+    for slot in bound:
+        artifact = by_digest[slot["artifact_digest"]]
+        names = sorted(m["name"] for m in artifact["validated_record"]["modules"])
+        assert slot["kernel_local"] == [digest({
+            "h_adapter_semantic": h_adapter_semantic(deployment.h_base, artifact["digest"]),
+            "kernel_family": "torch", "conversion_revision": 1, "dtype": "float32",
+            "packing": "paged",
+            "local_module_layouts": [{"name": n, "a_axes": ["rank", "input"],
+                                      "b_axes": ["rank", "output"], "a_shard": None,
+                                      "b_shard": None} for n in names],
+            "parallel_shard": {"tp_rank": 0, "tp_size": 1}})]
 
 
 def test_desired_state_is_incremental_since_a_version(deployment: Deployment) -> None:

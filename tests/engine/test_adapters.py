@@ -80,3 +80,38 @@ def test_lora_disabled_engine_refuses_adapters(tiny_llama: Path,
         engine.register_adapter(tiny_adapters["attn_r4"])
     [out] = engine.generate([[1, 2, 3]], SamplingParams(temperature=0, max_tokens=3))
     assert len(out.token_ids) == 3
+
+
+def _expected_kernel_local(adapter_dir: Path, base_dir: Path, family: str, packing: str
+                           ) -> str:
+    """H_kernel_local built by hand from DESIGN.md §3's fields: every module whole (no
+    shard), B stored transposed, TP shard 0 of 1."""
+    from dataplane.artifacts import ArtifactLimits, read_base_abi, validate_peft_dir
+    from dataplane.identity import digest, h_adapter_semantic
+
+    artifact = validate_peft_dir(adapter_dir, read_base_abi(base_dir), ArtifactLimits())
+    return str(digest({
+        "h_adapter_semantic": h_adapter_semantic(artifact.h_base, artifact.h_artifact),
+        "kernel_family": family, "conversion_revision": 1, "dtype": "float32",
+        "packing": packing,
+        "local_module_layouts": [
+            {"name": m.name, "a_axes": ["rank", "input"], "b_axes": ["rank", "output"],
+             "a_shard": None, "b_shard": None} for m in sorted(artifact.modules,
+                                                              key=lambda m: m.name)],
+        "parallel_shard": {"tp_rank": 0, "tp_size": 1}}))
+
+
+@pytest.mark.parametrize("fold", [False, True])
+def test_registered_slots_record_their_kernel_local_identity(
+        tiny_llama: Path, tiny_adapters: dict[str, Path], fold: bool) -> None:
+    engine = Engine.from_model_dir(tiny_llama, max_num_seqs=4, max_num_batched_tokens=32,
+                                   num_kv_blocks=32, block_size=4, max_slots=2, max_rank=8,
+                                   lora_fold=fold)
+    family = engine.runner.backend.name + ("+fold" if fold else "")
+    handle = engine.register_adapter(tiny_adapters["all_r8"])
+    assert engine.adapters.kernel_local[handle.slot] == (
+        _expected_kernel_local(tiny_adapters["all_r8"], tiny_llama, family, "stacked"),)
+    other = engine.register_adapter(tiny_adapters["attn_r4"])
+    assert engine.adapters.kernel_local[other.slot] != engine.adapters.kernel_local[handle.slot]
+    engine.unregister_adapter(handle)
+    assert handle.slot not in engine.adapters.kernel_local
