@@ -198,8 +198,6 @@ def fit_collection(modules: Mapping[str, list[FactoredDelta]] | ModuleSource, *,
     n = source.count
     if isinstance(clusters, bool) or not isinstance(clusters, int) or not 1 <= clusters <= n:
         raise CollectionError(f"clusters must be an integer in [1, {n}]", clusters=clusters)
-    for name in source.names:  # shapes and rank, before any fitting
-        check_collection(source.load(name)[:1], rank)
     assignment = [0] * n
     if clusters > 1:
         assignment = _first_assignment(source, method, rank, iterations, n, clusters, seed)

@@ -178,7 +178,7 @@ def test_streamed_modules_fit_like_the_whole_collection(clusters: int) -> None:
     for i in range(5):
         for name in modules:
             assert torch.equal(streamed.cores[i][name], whole.cores[i][name])
-    # every read is a pass over all modules: check, fit, restore (+ k-means, moved rounds)
+    # every read is a pass over all modules: fit, restore (+ k-means, moved rounds)
     reads = set(source.loads.values())
     assert len(reads) == 1
-    assert reads.pop() == (3 if clusters == 1 else 4 + max(0, whole.rounds - 1))
+    assert reads.pop() == (2 if clusters == 1 else 3 + max(0, whole.rounds - 1))
