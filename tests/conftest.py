@@ -15,6 +15,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
+from pathlib import Path
 
 import httpx
 import pytest
@@ -96,3 +97,14 @@ def private_schema(postgres_url: str, prefix: str) -> Iterator[str]:
 def schema_database(postgres_url: str) -> Callable[[str], AbstractContextManager[str]]:
     """`with schema_database("prefix") as url:` — see :func:`private_schema`."""
     return lambda prefix: private_schema(postgres_url, prefix)
+
+
+@pytest.fixture(scope="session")
+def smollm2(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """SmolLM2-135M converted from the packaged GGUF, once per machine (prepare_smollm2 is
+    cached by a marker; `ADAPTERPLANE_ASSET_CACHE` moves the cache)."""
+    from dataplane.assets import prepare_smollm2
+
+    cache = os.environ.get("ADAPTERPLANE_ASSET_CACHE")
+    root = Path(cache) if cache else tmp_path_factory.getbasetemp().parent / "adapterplane-assets"
+    return prepare_smollm2(root / "smollm2")

@@ -11,11 +11,7 @@ from pathlib import Path
 from agent.tp_ranks import TPLaunchSpec, launch_tp_ranks
 from dataplane.core import SamplingParams
 from tests.engine.helpers import HFReference
-from tests.engine.test_smollm2_parity import (  # noqa: F401 - smollm2 is a fixture
-    REQUESTS,
-    smollm2,
-    smollm2_adapters,
-)
+from tests.engine.test_smollm2_parity import REQUESTS, smollm2_adapters
 
 from .test_tp_ranks import one_thread  # noqa: F401 - fixture
 
@@ -24,7 +20,7 @@ SIZES = dict(max_num_seqs=4, max_num_batched_tokens=32, num_kv_blocks=32, block_
              async_scheduling=True)
 
 
-def test_smollm2_on_three_tp_ranks_matches_hf(smollm2: Path, tmp_path: Path,  # noqa: F811
+def test_smollm2_on_three_tp_ranks_matches_hf(smollm2: Path, tmp_path: Path,
                                               one_thread: None) -> None:  # noqa: F811
     adapters = smollm2_adapters(smollm2, tmp_path)
     requests = REQUESTS

