@@ -1,16 +1,22 @@
-"""`adapterctl collections fit|list|show|member`: Compress-then-Serve collections.
+"""`adapterctl collections fit|list|show|member|download`: Compress-then-Serve collections.
 
 `fit` submits an ordered set of validated artifacts (ids or `sha256:<H_artifact>`) to be
 fitted with shared bases; the fit runs on a worker, `--wait` polls until `fitted` or
 `rejected` (exit 5 with the rejection code). `member` pushes one fitted member as an
-ordinary rank-R artifact, validated and published like any adapter.
+ordinary rank-R artifact, validated and published like any adapter. `download` writes a
+fitted collection's bundle files to a directory, each checked against its SHA-256
+(`dataplane.collections.read_bundle` then loads and re-verifies it).
 """
 
 from __future__ import annotations
 
+import hashlib
 import time
+from pathlib import Path
 from typing import Any
+from urllib.parse import unquote, urlparse
 
+import httpx
 import typer
 
 from cli import output
@@ -134,3 +140,50 @@ def member_command(
         if wait and artifact.get("state") not in ("validated", "rejected"):
             artifact = wait_for_validation(client, namespace, str(artifact["id"]))
     output.emit(cli, artifact, output.render_artifact)
+
+
+@app.command("download")
+def download_command(
+    ctx: typer.Context,
+    namespace: str = typer.Argument(..., metavar="NS"),
+    ref: str = typer.Argument(..., metavar="REF"),
+    dest: Path = typer.Argument(..., metavar="DIR", help="Created if missing."),
+) -> None:
+    """Write a fitted collection's bundle (collection.json, collection.safetensors) to DIR;
+    exit 5 (CHECKSUM_MISMATCH) if a file's bytes do not match its SHA-256."""
+    cli = current(ctx)
+    with cli.client() as client:
+        bundle: dict[str, Any] = client.get(f"{_root(namespace)}/{segment(ref)}/bundle")
+    dest.mkdir(parents=True, exist_ok=True)
+    for name, meta in sorted(bundle["files"].items()):
+        if "/" in name or name.startswith("."):
+            raise CliError("INVALID_BUNDLE", f"unexpected file name {name!r} in the bundle")
+        _fetch(str(meta["url"]), dest / name, str(meta["sha256"]), name)
+    output.emit(cli, {"digest": bundle["digest"], "dir": str(dest),
+                      "files": sorted(bundle["files"])},
+                lambda doc: output.note(f"collection {doc['digest']} -> {doc['dir']}"))
+
+
+def _fetch(url: str, path: Path, sha256: str, name: str) -> None:
+    """Stream `url` (file:// or http(s)) to `path` through a temporary file, digest-checked."""
+    digest = hashlib.sha256()
+    partial = path.with_name(f".{path.name}.partial")
+    with partial.open("wb") as out:
+        if url.startswith("file://"):
+            with Path(unquote(urlparse(url).path)).open("rb") as src:
+                while chunk := src.read(1 << 20):
+                    digest.update(chunk)
+                    out.write(chunk)
+        else:
+            with httpx.stream("GET", url, timeout=60.0) as response:
+                response.raise_for_status()
+                for chunk in response.iter_bytes(1 << 20):
+                    digest.update(chunk)
+                    out.write(chunk)
+    if digest.hexdigest() != sha256:
+        partial.unlink()
+        raise CliError("CHECKSUM_MISMATCH", f"{name}: downloaded bytes do not match "
+                       "their SHA-256", detail={"expected": sha256,
+                                                "actual": digest.hexdigest()},
+                       exit_code=ExitCode.INVALID)
+    partial.replace(path)

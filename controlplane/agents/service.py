@@ -29,14 +29,12 @@ from controlplane.models import Artifact, CatalogGeneration, utcnow
 from controlplane.models.agent import Agent
 from controlplane.placement.policy import AdapterDemand, capacity_from_record, place
 from controlplane.storage import ObjectStore
-from controlplane.storage.file_store import FileObjectStore
-from controlplane.storage.s3_store import S3ObjectStore
+from controlplane.storage.urls import URL_TTL_S, object_url
 
 HISTORY_LIMIT = 8
 """Generations per alias sent to agents (enough to pin a recent one)."""
 LIVE_WINDOW = timedelta(seconds=60)
 """Agents seen within this window take part in placement."""
-URL_TTL_S = 3600
 
 
 class StaleEpoch(AdapterplaneError):
@@ -91,18 +89,6 @@ def heartbeat(session: Session, agent_id: int, body: HeartbeatRequest) -> Agent:
     agent.load_failures = [f.model_dump() for f in body.load_failures]
     session.commit()
     return agent
-
-
-def object_url(store: ObjectStore, key: str) -> str:
-    """A URL the agent can read `key` from: file:// path or a presigned S3 GET."""
-    if isinstance(store, FileObjectStore):
-        return (store.root / key).as_uri()
-    if isinstance(store, S3ObjectStore):
-        full = f"{store.prefix}/{key}" if store.prefix else key
-        url: str = store.client.generate_presigned_url(
-            "get_object", Params={"Bucket": store.bucket, "Key": full}, ExpiresIn=URL_TTL_S)
-        return url
-    raise NotFound("the object store cannot hand out URLs", detail={"store": store.url})
 
 
 def _artifact_doc(store: ObjectStore, a: Artifact) -> dict[str, Any]:

@@ -15,12 +15,14 @@ from controlplane.auth.scopes import Role
 from controlplane.collections.convert import collection_out
 from controlplane.collections.members import materialize_member
 from controlplane.collections.repository import CollectionRepository
-from controlplane.collections.schemas import CollectionCreate, CollectionOut
+from controlplane.collections.schemas import BundleFile, BundleOut, CollectionCreate, CollectionOut
 from controlplane.collections.service import submit_collection
+from controlplane.errors import InvalidState
 from controlplane.kit.deps import JobsDep, SessionDep, SettingsDep, StoreDep
 from controlplane.kit.pagination import PageOut, PageParams, page_out, page_params
-from controlplane.models import Collection
+from controlplane.models import Collection, CollectionState
 from controlplane.namespaces.repository import NamespaceRepository
+from controlplane.storage.urls import URL_TTL_S, object_url
 
 router = APIRouter(prefix="/v1/namespaces/{namespace}/collections", tags=["collections"])
 
@@ -62,6 +64,22 @@ def get_collection(namespace: str, ref: str, principal: CurrentPrincipal,
     principal.require(namespace, Role.READ)
     ns = NamespaceRepository(session).get_by_name(namespace)
     return collection_out(CollectionRepository(session).get_by_ref(ns.id, ref))
+
+
+@router.get("/{ref}/bundle", response_model=BundleOut)
+def get_bundle(namespace: str, ref: str, principal: CurrentPrincipal, session: SessionDep,
+               store: StoreDep) -> BundleOut:
+    """Read URLs of a fitted collection's bundle files (409 unless fitted)."""
+    principal.require(namespace, Role.READ)
+    ns = NamespaceRepository(session).get_by_name(namespace)
+    collection = CollectionRepository(session).get_by_ref(ns.id, ref)
+    if collection.state != CollectionState.FITTED.value or collection.digest is None:
+        raise InvalidState(f"collection {ref} is {collection.state}, not fitted",
+                           detail={"collection": ref, "state": collection.state})
+    files = {name: BundleFile(sha256=f["sha256"], size=f["size"],
+                              url=object_url(store, str(f["key"])))
+             for name, f in (collection.files or {}).items()}
+    return BundleOut(digest=collection.digest, files=files, url_ttl_s=URL_TTL_S)
 
 
 @router.post("/{ref}/members/{index}/artifact", status_code=status.HTTP_202_ACCEPTED,

@@ -62,3 +62,18 @@ class CollectionOut(BaseModel):
     last_error: str | None
     created_at: datetime
     fitted_at: datetime | None
+
+
+class BundleFile(BaseModel):
+    sha256: str
+    size: int
+    url: str = Field(description="file:// path (embedded store) or a presigned S3 GET.")
+
+
+class BundleOut(BaseModel):
+    """Where to read a fitted collection's bundle; check each file's SHA-256 after reading
+    (`dataplane.collections.read_bundle` then re-derives every digest)."""
+
+    digest: str = Field(description="H_collection.")
+    files: dict[str, BundleFile]
+    url_ttl_s: int

@@ -5,12 +5,14 @@ from __future__ import annotations
 import json
 from pathlib import Path
 from typing import Any
+from urllib.parse import unquote, urlparse
 
 from test_lifecycle import CliAssets, Invoke, PushWait, ok_json
 
 
 def test_fit_show_member_publish(adapterctl: Invoke, cli_assets: CliAssets, h_base: str,
-                                 namespace: str, push_wait: PushWait, tmp_path: Path) -> None:
+                                 namespace: str, push_wait: PushWait, tmp_path: Path,
+                                 control_plane: Any) -> None:
     from dataplane.assets import make_peft_adapter
 
     twin = make_peft_adapter(cli_assets.base, tmp_path / "twin", seed=5, rank=2, alpha=4,
@@ -34,12 +36,34 @@ def test_fit_show_member_publish(adapterctl: Invoke, cli_assets: CliAssets, h_ba
     table = adapterctl("collections", "show", namespace, str(fitted["id"]))
     assert table.exit_code == 0 and "fitted" in table.stdout
 
+    got = ok_json(adapterctl("-o", "json", "collections", "download", namespace,
+                             str(fitted["id"]), str(tmp_path / "bundle")))
+    assert got["digest"] == fitted["digest"]
+    from dataplane.collections import read_bundle
+
+    assert read_bundle(tmp_path / "bundle").h_collection == fitted["digest"]
+
     member = ok_json(adapterctl("-o", "json", "collections", "member", namespace,
                                 str(fitted["id"]), "1", "--wait"))
     assert member["state"] == "validated", member
     gen = ok_json(adapterctl("-o", "json", "publish", f"{namespace}/twin-compressed",
                              str(member["id"])))
     assert (gen["generation"], gen["artifact"]["id"]) == (1, member["id"])
+
+    # stored bytes that no longer match their digest: refused, nothing half-written left
+    import httpx
+
+    bundle = httpx.get(f"{control_plane.url}/v1/namespaces/{namespace}/collections/"
+                       f"{fitted['id']}/bundle", timeout=30,
+                       headers={"Authorization": f"Bearer {control_plane.token()}"}).json()
+    stored = Path(unquote(urlparse(bundle["files"]["collection.json"]["url"]).path))
+    stored.write_bytes(stored.read_bytes() + b" ")
+    bad = adapterctl("collections", "download", namespace, str(fitted["id"]),
+                     str(tmp_path / "again"))
+    assert bad.exit_code == 5 and "CHECKSUM_MISMATCH" in bad.stderr, bad.output
+    assert not (tmp_path / "again" / "collection.json").exists()
+    assert [p.name for p in (tmp_path / "again").iterdir()
+            if p.name.endswith(".partial")] == []
 
 
 def test_fit_of_mismatched_members_exits_with_the_rejection_code(

@@ -6,8 +6,10 @@ Jobs run inline (Celery eager mode): each submit runs the real `fit_collection` 
 
 from __future__ import annotations
 
+import hashlib
 from pathlib import Path
 from typing import Any
+from urllib.parse import unquote, urlparse
 
 import pytest
 from cp_helpers import Api, Assets, push_dir, setup_namespace
@@ -62,6 +64,13 @@ def test_fit_emits_a_bundle_and_members_become_artifacts(api: Api, assets: Asset
     again = _submit(api, refs, base=assets.h_base, rank=14, max_relative_error="0.00001")
     assert again.status_code == 200 and again.json()["id"] == fitted["id"]
 
+    bundle = api.client.get(f"{ROOT}/{fitted['id']}/bundle", headers=api.admin).json()
+    assert bundle["digest"] == fitted["digest"] and bundle["url_ttl_s"] > 0
+    for name, meta in bundle["files"].items():
+        data = Path(unquote(urlparse(meta["url"]).path)).read_bytes()
+        assert (len(data), hashlib.sha256(data).hexdigest()) == (
+            fitted["files"][name]["size"], fitted["files"][name]["sha256"])
+
     member = api.client.post(f"{ROOT}/{fitted['id']}/members/1/artifact", headers=api.admin)
     assert member.status_code == 202, member.text
     art = api.client.get(f"/v1/namespaces/acme/artifacts/{member.json()['id']}",
@@ -89,6 +98,8 @@ def test_release_threshold_rejects_with_metrics(api: Api, assets: Assets,
     assert done["digest"] is None and done["files"] is None
     refused = api.client.post(f"{ROOT}/{done['id']}/members/0/artifact", headers=api.admin)
     assert refused.status_code == 409 and refused.json()["code"] == "INVALID_STATE"
+    no_bundle = api.client.get(f"{ROOT}/{done['id']}/bundle", headers=api.admin)
+    assert no_bundle.status_code == 409 and no_bundle.json()["code"] == "INVALID_STATE"
 
 
 def test_bad_requests_change_nothing(api: Api, assets: Assets, third_adapter: Path) -> None:
