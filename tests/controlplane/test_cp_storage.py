@@ -49,7 +49,7 @@ def test_file_store_roundtrip_and_checksum(tmp_path: Path) -> None:
     store.get_blob(ref.key, out, expected_sha256=ref.sha256)
     assert out.read_bytes() == data
     # corrupt the stored object: the read must refuse it and leave no copy behind
-    (tmp_path / "objects" / ref.key).write_bytes(data[:-1] + b"\x00")
+    (tmp_path / "objects" / ref.key).write_bytes(data[:-1] + bytes([data[-1] ^ 0xFF]))
     with pytest.raises(ChecksumMismatch):
         store.get_blob(ref.key, tmp_path / "bad", expected_sha256=ref.sha256)
     assert not (tmp_path / "bad").exists()
