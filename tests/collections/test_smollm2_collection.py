@@ -1,0 +1,62 @@
+"""A collection of three SmolLM2-135M adapters (30 layers x q/v, 60 module fits): fitted at
+the shared rank that covers every member, each member written back as a PEFT adapter
+gives HF transformers + PEFT the same greedy tokens and near-identical logits as its
+source; at a low shared rank the reconstruction error is reported and gated."""
+
+from __future__ import annotations
+
+from fractions import Fraction
+from pathlib import Path
+
+import pytest
+import torch
+
+from dataplane.artifacts import ArtifactLimits, read_base_abi, validate_peft_dir
+from dataplane.assets import make_peft_adapter
+from dataplane.collections import ReleaseRefused
+from dataplane.collections.compress import CompressionSpec, compress_collection
+from dataplane.collections.member_peft import write_member_peft
+from tests.engine.helpers import HFReference, hf_logits
+
+PROMPT = [1, 504, 3458, 314, 260, 1167, 30]
+RANKS = [4, 2, 2]
+
+
+@pytest.fixture(scope="module")
+def members(smollm2: Path, tmp_path_factory: pytest.TempPathFactory) -> list[Path]:
+    root = tmp_path_factory.mktemp("smol-members")
+    return [make_peft_adapter(smollm2, root / f"m{i}", seed=60 + i, rank=r, alpha=2 * r,
+                              target_modules=["q_proj", "v_proj"])
+            for i, r in enumerate(RANKS)]
+
+
+def test_lossless_collection_serves_like_its_sources(smollm2: Path, members: list[Path],
+                                                     tmp_path: Path) -> None:
+    base = read_base_abi(smollm2)
+    digests = [validate_peft_dir(m, base, ArtifactLimits()).h_artifact for m in members]
+    bundle = compress_collection(members, base, sources_h_artifact=digests, spec=CompressionSpec(
+        rank=sum(RANKS), max_relative_error=Fraction(1, 10**4)))
+    assert len(bundle.modules) == 60 and bundle.metrics["max_relative_error"] < 1e-4
+    written = {f"m{i}": write_member_peft(bundle, i, tmp_path / f"c{i}")
+               for i in range(len(members))}
+    sources = {f"m{i}": m for i, m in enumerate(members)}
+    ref = HFReference(smollm2, {**sources, **{f"c{i}": p for i, p in
+                                              enumerate(written.values())}})
+    for i in range(len(members)):
+        want, _ = ref.greedy(PROMPT, 4, f"m{i}")
+        got, _ = ref.greedy(PROMPT, 4, f"c{i}")
+        assert got == want
+    source = hf_logits(smollm2, PROMPT, members[0])
+    compressed = hf_logits(smollm2, PROMPT, written["m0"])
+    assert (source - hf_logits(smollm2, PROMPT)).abs().max() > 1e-2
+    assert torch.allclose(compressed, source, atol=1e-3, rtol=0)
+
+
+def test_low_rank_collection_is_gated_by_its_error(smollm2: Path, members: list[Path]) -> None:
+    base = read_base_abi(smollm2)
+    digests = [validate_peft_dir(m, base, ArtifactLimits()).h_artifact for m in members]
+    with pytest.raises(ReleaseRefused) as info:
+        compress_collection(members, base, sources_h_artifact=digests, spec=CompressionSpec(
+            rank=2, max_relative_error=Fraction(1, 100)))
+    errors = info.value.detail["metrics"]["relative_error"]
+    assert len(errors) == 3 and max(errors) > 0.01
