@@ -1,6 +1,7 @@
 """A collection of three SmolLM2-135M adapters (30 layers x q/v, 60 module fits): fitted at
 the shared rank that covers every member, each member written back as a PEFT adapter
-gives HF transformers + PEFT the same greedy tokens and near-identical logits as its
+gives HF transformers + PEFT (and our engine) the same greedy tokens and near-identical
+logits as its
 source; at a low shared rank the reconstruction error is reported and gated."""
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ from dataplane.assets import make_peft_adapter
 from dataplane.collections import ReleaseRefused
 from dataplane.collections.compress import CompressionSpec, compress_collection
 from dataplane.collections.member_peft import write_member_peft
+from dataplane.core import SamplingParams
+from dataplane.engine.engine import Engine
 from tests.engine.helpers import HFReference, hf_logits
 
 PROMPT = [1, 504, 3458, 314, 260, 1167, 30]
@@ -46,6 +49,16 @@ def test_lossless_collection_serves_like_its_sources(smollm2: Path, members: lis
         want, _ = ref.greedy(PROMPT, 4, f"m{i}")
         got, _ = ref.greedy(PROMPT, 4, f"c{i}")
         assert got == want
+    # our engine serves the written-back members like any adapter: the sources' tokens
+    engine = Engine.from_model_dir(smollm2, max_num_seqs=4, max_num_batched_tokens=32,
+                                   num_kv_blocks=32, block_size=8, max_slots=3,
+                                   max_rank=sum(RANKS))
+    handles = [engine.register_adapter(written[f"m{i}"]) for i in range(len(members))]
+    outs = engine.generate([PROMPT] * len(members),
+                           SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True),
+                           handles)
+    for i, out in enumerate(outs):
+        assert list(out.token_ids) == ref.greedy(PROMPT, 4, f"m{i}")[0]
     source = hf_logits(smollm2, PROMPT, members[0])
     compressed = hf_logits(smollm2, PROMPT, written["m0"])
     assert (source - hf_logits(smollm2, PROMPT)).abs().max() > 1e-2
