@@ -1,8 +1,7 @@
 """A collection of three SmolLM2-135M adapters (30 layers x q/v, 60 module fits): fitted at
 the shared rank that covers every member, each member written back as a PEFT adapter
 gives HF transformers + PEFT (and our engine) the same greedy tokens and near-identical
-logits as its
-source; at a low shared rank the reconstruction error is reported and gated."""
+logits as its source; at a low shared rank the reconstruction error is reported and gated."""
 
 from __future__ import annotations
 
