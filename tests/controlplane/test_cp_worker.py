@@ -282,7 +282,7 @@ def test_embedded_default_worker_on_sqlite_broker(tmp_path: Path, assets: Assets
 def test_worker_fits_a_collection_from_s3(live: tuple[httpx.Client, Any], assets: Assets,
                                           s3_endpoint: str) -> None:
     """A real worker fetches both members from S3, fits, and stores the bundle in S3."""
-    client, _app = live
+    client, app = live
     ids = []
     for name, adapter in (("ca", assets.adapter_a), ("cb", assets.adapter_b)):
         uri = upload_prefix(s3_endpoint, adapter, f"team/{name}")
@@ -301,6 +301,11 @@ def test_worker_fits_a_collection_from_s3(live: tuple[httpx.Client, Any], assets
         client.get(url).json()), what="collection fit")
     assert done["state"] == "fitted", done
     assert done["fit_attempts"] == 1 and done["metrics"]["max_relative_error"] < 1e-4
+    # a redelivered job leaves the fitted collection as it is
+    again = app.state.celery.send_task("adapterplane.fit_collection", args=[done["id"]],
+                                       queue=app.state.jobs.queue)
+    assert again.get(timeout=60, disable_sync_subtasks=False) == "fitted"
+    assert client.get(url).json() == done
     s3 = boto3.client("s3", endpoint_url=s3_endpoint, region_name="us-east-1",
                       aws_access_key_id="test", aws_secret_access_key="test-secret")
     for blob in done["files"].values():
