@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 from urllib.parse import unquote, urlparse
@@ -164,22 +165,26 @@ def download_command(
                 lambda doc: output.note(f"collection {doc['digest']} -> {doc['dir']}"))
 
 
+def _chunks(url: str) -> Iterator[bytes]:
+    """The bytes at `url` (file:// or http(s)) in 1 MiB chunks."""
+    if url.startswith("file://"):
+        with Path(unquote(urlparse(url).path)).open("rb") as src:
+            while chunk := src.read(1 << 20):
+                yield chunk
+        return
+    with httpx.stream("GET", url, timeout=60.0) as response:
+        response.raise_for_status()
+        yield from response.iter_bytes(1 << 20)
+
+
 def _fetch(url: str, path: Path, sha256: str, name: str) -> None:
-    """Stream `url` (file:// or http(s)) to `path` through a temporary file, digest-checked."""
+    """Stream `url` to `path` through a temporary file, digest-checked."""
     digest = hashlib.sha256()
     partial = path.with_name(f".{path.name}.partial")
     with partial.open("wb") as out:
-        if url.startswith("file://"):
-            with Path(unquote(urlparse(url).path)).open("rb") as src:
-                while chunk := src.read(1 << 20):
-                    digest.update(chunk)
-                    out.write(chunk)
-        else:
-            with httpx.stream("GET", url, timeout=60.0) as response:
-                response.raise_for_status()
-                for chunk in response.iter_bytes(1 << 20):
-                    digest.update(chunk)
-                    out.write(chunk)
+        for chunk in _chunks(url):
+            digest.update(chunk)
+            out.write(chunk)
     if digest.hexdigest() != sha256:
         partial.unlink()
         raise CliError("CHECKSUM_MISMATCH", f"{name}: downloaded bytes do not match "

@@ -5,16 +5,21 @@ from __future__ import annotations
 from typing import Literal, cast
 
 from controlplane.artifacts.schemas import ArtifactOut, ArtifactSummary, Rejection
-from controlplane.models import Artifact
+from controlplane.models import Artifact, Collection
 
 StateName = Literal["pending", "validating", "validated", "rejected"]
 
 
+def rejection_of(row: Artifact | Collection) -> Rejection | None:
+    """The typed rejection a row carries (code, message, detail), or None."""
+    if row.rejection_code is None:
+        return None
+    return Rejection(code=row.rejection_code, message=row.rejection_message or "",
+                     detail=row.rejection_detail or {})
+
+
 def artifact_out(a: Artifact) -> ArtifactOut:
-    rejection = None
-    if a.rejection_code is not None:
-        rejection = Rejection(code=a.rejection_code, message=a.rejection_message or "",
-                              detail=a.rejection_detail or {})
+    rejection = rejection_of(a)
     return ArtifactOut(
         id=a.id, namespace=a.namespace.name, state=cast(StateName, a.state), digest=a.digest,
         base=a.base.h_base, method=a.method, upload_sha256=a.upload_sha256,

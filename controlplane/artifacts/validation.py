@@ -24,20 +24,17 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
 from controlplane.artifacts.peft import Rejected, Validated, validate_adapter_dir
 from controlplane.audit.service import record_audit
 from controlplane.config import Settings
-from controlplane.db import begin_write, session_scope
+from controlplane.db import session_scope
 from controlplane.models import Artifact, ArtifactState, utcnow
 from controlplane.storage import (
-    ChecksumMismatch,
-    ObjectNotFound,
     ObjectStore,
-    StorageError,
 )
+from controlplane.worker.job_rows import fetch_blobs, locked, record_error
 
 WORKER_ACTOR = "worker:validate_artifact"
 
@@ -67,9 +64,7 @@ def validate_artifact_now(
 
 
 def _locked(session: Session, artifact_id: int) -> Artifact | None:
-    begin_write(session)
-    stmt = select(Artifact).where(Artifact.id == artifact_id).with_for_update(of=Artifact)
-    return session.scalars(stmt).unique().one_or_none()
+    return locked(session, Artifact, artifact_id)
 
 
 def _claim(factory: sessionmaker[Session],
@@ -88,28 +83,13 @@ def _claim(factory: sessionmaker[Session],
 
 def _fetch(factory: sessionmaker[Session], store: ObjectStore, artifact_id: int,
            files: dict[str, Any], dest: Path) -> Rejected | None:
-    for name, ref in sorted(files.items()):
-        try:
-            store.get_blob(ref["key"], dest / name, expected_sha256=ref["sha256"])
-        except ChecksumMismatch as exc:
-            return Rejected("checksum_mismatch", f"{name}: stored bytes do not match their "
-                            "digest", {"file": name, "expected": exc.expected,
-                                       "actual": exc.actual})
-        except ObjectNotFound:
-            return Rejected("object_missing", f"{name}: object is missing from storage",
-                            {"file": name, "key": ref["key"]})
-        except StorageError as exc:
-            _record_error(factory, artifact_id, f"{type(exc).__name__}: {exc}")
-            raise
-    return None
+    fault = fetch_blobs(store, files, dest, where="", detail={},
+                        on_error=lambda m: _record_error(factory, artifact_id, m))
+    return None if fault is None else Rejected(fault.code, fault.message, fault.detail)
 
 
 def _record_error(factory: sessionmaker[Session], artifact_id: int, message: str) -> None:
-    with session_scope(factory) as session:
-        artifact = _locked(session, artifact_id)
-        if artifact is not None and artifact.state == ArtifactState.VALIDATING.value:
-            artifact.last_error = message[:2000]
-            session.commit()
+    record_error(factory, Artifact, artifact_id, ArtifactState.VALIDATING.value, message)
 
 
 def _finish(factory: sessionmaker[Session], artifact_id: int,

@@ -26,9 +26,10 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
 from controlplane.audit.service import record_audit
-from controlplane.db import begin_write, session_scope
+from controlplane.db import session_scope
 from controlplane.models import Artifact, Collection, CollectionState, utcnow
-from controlplane.storage import ChecksumMismatch, ObjectNotFound, ObjectStore, StorageError
+from controlplane.storage import ObjectStore
+from controlplane.worker.job_rows import fetch_blobs, locked, record_error
 
 WORKER_ACTOR = "worker:fit_collection"
 BUNDLE_MANIFEST_FORMAT = "adapterplane.collection-dir/v1"
@@ -86,10 +87,7 @@ def fit_collection_now(collection_id: int, *, session_factory: sessionmaker[Sess
 
 
 def _locked(session: Session, collection_id: int) -> Collection | None:
-    begin_write(session)
-    stmt = (select(Collection).where(Collection.id == collection_id)
-            .with_for_update(of=Collection))
-    return session.scalars(stmt).unique().one_or_none()
+    return locked(session, Collection, collection_id)
 
 
 def _claim(factory: sessionmaker[Session], collection_id: int) -> Claim | None:
@@ -115,20 +113,11 @@ def _fetch(factory: sessionmaker[Session], store: ObjectStore, collection_id: in
     for index, (_digest, files) in enumerate(claim.members):
         dest = root / f"member-{index}"
         dest.mkdir()
-        for name, ref in sorted(files.items()):
-            try:
-                store.get_blob(ref["key"], dest / name, expected_sha256=ref["sha256"])
-            except ChecksumMismatch as exc:
-                return Refused("checksum_mismatch", f"member {index} {name}: stored bytes do "
-                               "not match their digest",
-                               {"member": index, "file": name, "expected": exc.expected,
-                                "actual": exc.actual})
-            except ObjectNotFound:
-                return Refused("object_missing", f"member {index} {name}: object is missing",
-                               {"member": index, "file": name, "key": ref["key"]})
-            except StorageError as exc:
-                _record_error(factory, collection_id, f"{type(exc).__name__}: {exc}")
-                raise
+        fault = fetch_blobs(store, files, dest, where=f"member {index} ",
+                            detail={"member": index},
+                            on_error=lambda m: _record_error(factory, collection_id, m))
+        if fault is not None:
+            return Refused(fault.code, fault.message, fault.detail)
     return None
 
 
@@ -179,11 +168,7 @@ def _jsonable(detail: dict[str, Any]) -> dict[str, Any]:
 
 
 def _record_error(factory: sessionmaker[Session], collection_id: int, message: str) -> None:
-    with session_scope(factory) as session:
-        collection = _locked(session, collection_id)
-        if collection is not None and collection.state == CollectionState.FITTING.value:
-            collection.last_error = message[:2000]
-            session.commit()
+    record_error(factory, Collection, collection_id, CollectionState.FITTING.value, message)
 
 
 def _finish(factory: sessionmaker[Session], collection_id: int,
