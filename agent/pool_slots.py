@@ -31,7 +31,6 @@ from typing import TYPE_CHECKING
 import torch
 
 from dataplane.engine.adapters import AdapterHandle, LoadedAdapter
-from dataplane.engine.kernel_identity import PAGED
 from dataplane.kernels.base import LoraModuleWeights
 from dataplane.models.llama import LORA_GROUPS, LlamaForCausalLM
 from dataplane.pool.device_pool import DevicePool
@@ -142,8 +141,7 @@ class PoolSlots:
         slot = admission.handle.slot_id
         handle = AdapterHandle(slot, adapter.digest, admission.handle.slot_generation,
                                adapter.max_rank, adapter.source)
-        self.engine.adapters.bind_external(
-            handle, kernel_local=self.engine.adapters.kernel_local_of(adapter, PAGED))
+        self.engine.adapters.bind_external(handle, adapter)
         self._handles[slot] = (admission.handle, key, admission.generation, handle)
         self._modules[slot] = frozenset((m.layer, m.module) for m in adapter.modules)
         self._mark_linears()

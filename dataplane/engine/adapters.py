@@ -14,6 +14,7 @@ its semantic digest `H_adapter_semantic(H_base, H_artifact)` — what the prefix
 
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,7 +32,7 @@ from dataplane.artifacts import (
     validate_peft_dir,
 )
 from dataplane.core import EngineError, Sequence
-from dataplane.engine.kernel_identity import STACKED, single_device_kernel_local
+from dataplane.engine.kernel_identity import PAGED, STACKED, single_device_kernel_local
 from dataplane.identity import ModuleSpec, h_adapter_semantic
 from dataplane.kernels import LoraFactorTable
 from dataplane.layers.lora_linear import LoRALinear
@@ -161,6 +162,14 @@ class AdapterHandle:
     source: str
 
 
+@functools.lru_cache(maxsize=1024)
+def _kernel_local_digest(semantic: str, specs: tuple[ModuleSpec, ...], family: str, dtype: str,
+                         packing: str) -> str:
+    return single_device_kernel_local(adapter_semantic=semantic, specs=specs,
+                                      kernel_family=family, dtype=dtype,
+                                      packing=packing).h_kernel_local
+
+
 class AdapterRegistry:
     """Which adapter occupies which slot of a ModelRunner's factor tables.
 
@@ -172,9 +181,24 @@ class AdapterRegistry:
         self.runner = runner
         self._by_slot: dict[int, AdapterHandle] = {}
         self._generations: dict[int, int] = {}
-        self.kernel_local: dict[int, tuple[str, ...]] = {}
+        self._kernel_local: dict[int, tuple[str, ...]] = {}
+        self._placed: dict[int, tuple[str, tuple[ModuleSpec, ...], str]] = {}
+        """Slot -> (semantic digest, module specs, packing) whose H_kernel_local is not
+        computed yet: a load only notes it (hashing 224 module layouts costs milliseconds,
+        more than a cold load's whole budget); `kernel_local` computes it when read."""
+
+    @property
+    def kernel_local(self) -> dict[int, tuple[str, ...]]:
         """Bound slot -> its H_kernel_local (one digest here; one per rank under TP), for
         adapters read from a validated artifact (those carry their module specs)."""
+        if self._placed:
+            dtype = str(getattr(self.runner, "dtype", "torch.float32")).split(".")[-1]
+            family = self.kernel_family
+            for slot, (semantic, specs, packing) in self._placed.items():
+                self._kernel_local[slot] = (
+                    _kernel_local_digest(semantic, specs, family, dtype, packing),)
+            self._placed.clear()
+        return self._kernel_local
 
     @property
     def kernel_family(self) -> str:
@@ -185,15 +209,11 @@ class AdapterRegistry:
         fold = "+fold" if getattr(model, "lora_fold_slots", None) is not None else ""
         return (backend.name if backend is not None else "none") + fold
 
-    def kernel_local_of(self, adapter: LoadedAdapter, packing: str) -> str | None:
-        """H_kernel_local of `adapter` placed whole on this engine's device (None without
-        module specs: adapters built in memory, not read from an artifact)."""
-        if not adapter.specs:
-            return None
-        dtype = str(getattr(self.runner, "dtype", "torch.float32")).split(".")[-1]
-        return single_device_kernel_local(
-            adapter_semantic=adapter.digest, specs=adapter.specs,
-            kernel_family=self.kernel_family, dtype=dtype, packing=packing).h_kernel_local
+    def _note_placement(self, slot: int, adapter: LoadedAdapter | None, packing: str) -> None:
+        self._kernel_local.pop(slot, None)
+        self._placed.pop(slot, None)
+        if adapter is not None and adapter.specs:
+            self._placed[slot] = (adapter.digest, adapter.specs, packing)
 
     def register(self, adapter: LoadedAdapter) -> AdapterHandle:
         if self.runner.max_slots == 0:
@@ -219,10 +239,7 @@ class AdapterRegistry:
         leaves the slot empty when they cannot be placed."""
         write_adapter_to_slot(self.runner.tables, slot, adapter, self.runner.max_rank,
                               self.runner.linears)
-        identity = self.kernel_local_of(adapter, STACKED)
-        self.kernel_local.pop(slot, None)
-        if identity is not None:
-            self.kernel_local[slot] = (identity,)
+        self._note_placement(slot, adapter, STACKED)
 
     def _check_fits(self, adapter: LoadedAdapter) -> None:
         """All checks of write_adapter_to_slot, before any slot is touched."""
@@ -236,7 +253,8 @@ class AdapterRegistry:
                     tuple(m.a.shape) != (m.rank, d_in) or tuple(m.b.shape) != (d_out, m.rank):
                 raise AdapterError(f"layer {m.layer} {m.module}: factors do not fit the model")
 
-    def bind_external(self, handle: AdapterHandle, kernel_local: str | None = None) -> None:
+    def bind_external(self, handle: AdapterHandle, adapter: LoadedAdapter | None = None
+                      ) -> None:
         """Bind `handle` to its slot for factors that live outside the runner's tables
         (the agent's unified page pool writes the kernels' address tables itself).
 
@@ -250,14 +268,13 @@ class AdapterRegistry:
         if handle.slot in self._by_slot:
             raise AdapterError("slot is already bound", slot=handle.slot)
         self._by_slot[handle.slot] = handle
-        if kernel_local is not None:
-            self.kernel_local[handle.slot] = (kernel_local,)
+        self._note_placement(handle.slot, adapter, PAGED)  # the unified page pool
 
     def release_external(self, handle: AdapterHandle) -> None:
         """Undo :meth:`bind_external` (the caller fences requests that still use it)."""
         self.check_handle(handle)
         del self._by_slot[handle.slot]
-        self.kernel_local.pop(handle.slot, None)
+        self._note_placement(handle.slot, None, PAGED)
 
     def check_handle(self, handle: AdapterHandle) -> None:
         if self._by_slot.get(handle.slot) != handle:
@@ -271,7 +288,7 @@ class AdapterRegistry:
         write_adapter_to_slot(self.runner.tables, handle.slot, None, self.runner.max_rank,
                               self.runner.linears)
         del self._by_slot[handle.slot]
-        self.kernel_local.pop(handle.slot, None)
+        self._note_placement(handle.slot, None, PAGED)
 
     def is_ready(self, seq: Sequence) -> bool:
         """Scheduler predicate: base rows, or the slot holds the digest the request bound."""

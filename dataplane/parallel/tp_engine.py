@@ -80,8 +80,6 @@ class TPAdapterRegistry(AdapterRegistry):
         backend = getattr(engine.runner, "backend", None)  # none without LoRA slots
         self.backend_family = backend.name if backend is not None else "none"
         """The LoRA backend's name; the model adds `+fold` (`kernel_local_identity`)."""
-        self.kernel_local: dict[int, tuple[str, ...]] = {}
-        """Published slot -> every rank's H_kernel_local, by rank (from the votes)."""
 
     def _check_fits(self, adapter: LoadedAdapter) -> None:
         shapes = self.model.global_config.module_shapes
