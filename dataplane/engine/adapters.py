@@ -221,7 +221,7 @@ class AdapterRegistry:
         for handle in self._by_slot.values():
             if handle.digest == adapter.digest:
                 return handle
-        free = [s for s in range(self.runner.max_slots) if s not in self._by_slot]
+        free = self.free_slots()
         if not free:
             raise AdapterError("no free adapter slot", max_slots=self.runner.max_slots)
         slot = free[0]
@@ -233,6 +233,15 @@ class AdapterRegistry:
                                adapter.source)
         self._by_slot[slot] = handle
         return handle
+
+    def free_slots(self) -> list[int]:
+        """Slots no handle is bound to, in order."""
+        return [s for s in range(self.runner.max_slots) if s not in self._by_slot]
+
+    def next_generation(self, slot: int) -> int:
+        """Count one more load of `slot` (for a handle bound with :meth:`bind_external`)."""
+        self._generations[slot] = self._generations.get(slot, 0) + 1
+        return self._generations[slot]
 
     def _write_slot(self, slot: int, generation: int, adapter: LoadedAdapter) -> None:
         """Place `adapter`'s factors in `slot` (load `generation`); raises AdapterError and

@@ -35,6 +35,13 @@ class EngineConfig:
     """Decode steps (up to `max_num_seqs` rows) fold the LoRA into the base GEMMs and their
     consumer ops (`ModelRunner.enable_lora_fold`): no LoRA launch, one more copy of every
     slot's factors. Needs the engine's own factor tables (not the unified pool's)."""
+    collection_blocks: int = 0
+    """Compress-then-Serve members served natively (engine/collection_slots.py): basis
+    blocks resident at once (one per loaded collection cluster); 0 = off. Each member still
+    takes one of `max_slots`. Costs three small GEMMs per projection on every step that
+    can read a member (all graph-captured steps once it is on)."""
+    collection_rank: int = 32
+    """The shared rank R of every basis block (a collection fitted at a smaller R fits)."""
     sampler_seed: int | None = 0
     async_scheduling: bool | None = None
     """Launch the next decode-only step before syncing on this one's tokens (None: on
@@ -42,7 +49,8 @@ class EngineConfig:
 
     def __post_init__(self) -> None:
         minimum = {"max_num_seqs": 1, "max_num_batched_tokens": 1, "num_kv_blocks": 1,
-                   "block_size": 1, "max_slots": 0, "max_rank": 1, "max_graph_context": 1}
+                   "block_size": 1, "max_slots": 0, "max_rank": 1, "max_graph_context": 1,
+                   "collection_blocks": 0, "collection_rank": 1}
         for name, low in minimum.items():
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < low:

@@ -25,6 +25,8 @@ import torch
 
 from dataplane.artifacts import BaseModelABI, read_base_abi
 from dataplane.attention.kv_cache import PagedKVCache
+from dataplane.collections.bundle import CollectionBundle
+from dataplane.collections.errors import CollectionError
 from dataplane.core import (
     BatchPlan,
     EngineError,
@@ -41,6 +43,7 @@ from dataplane.engine.adapters import (
     load_peft_adapter,
 )
 from dataplane.engine.async_steps import Launched, has_live_rows
+from dataplane.engine.collection_slots import CollectionHandle, CollectionRegistry
 from dataplane.engine.config import EngineConfig
 from dataplane.engine.model_runner import ModelRunner
 from dataplane.engine.request_output import RequestOutput
@@ -93,10 +96,13 @@ class Engine(StepLoop):
                                   max_slots=config.max_slots, max_rank=config.max_rank,
                                   lora_backend=config.lora_backend,
                                   attention_backend=config.attention_backend,
-                                  ops_backend=config.ops_backend, kv_cache=kv_cache)
+                                  ops_backend=config.ops_backend, kv_cache=kv_cache,
+                                  collection_blocks=config.collection_blocks,
+                                  collection_rank=config.collection_rank)
         if config.lora_fold and config.max_slots > 0:
             self.runner.enable_lora_fold(config.max_num_seqs)
         self.adapters = AdapterRegistry(self.runner)
+        self.collections = CollectionRegistry(self.runner, self.adapters, base_digest)
         kv_dtype = str(model.dtype).removeprefix("torch.")
         self.block_manager = BlockManager(
             kv_pages if kv_pages is not None else FreeListPagePool(config.num_kv_blocks),
@@ -200,8 +206,27 @@ class Engine(StepLoop):
 
     def unregister_adapter(self, handle: AdapterHandle) -> None:
         """Free the adapter's slot; refused while a live request uses it."""
-        live = {s.adapter_slot for s in self._seqs.values() if not s.is_finished}
-        self.adapters.unregister(handle, in_use=handle.slot in live)
+        if handle.slot in self.collections.member_slots():
+            self.adapters.check_handle(handle)
+            raise CollectionError("a collection member is freed with its collection "
+                                  "(unload_collection)", slot=handle.slot)
+        self.adapters.unregister(handle, in_use=handle.slot in self._live_slots())
+
+    def _live_slots(self) -> set[int]:
+        return {s.adapter_slot for s in self._seqs.values() if not s.is_finished}
+
+    def load_collection(self, bundle: CollectionBundle | str | Path,
+                        members: SequenceOf[int] | None = None) -> CollectionHandle:
+        """Serve a Compress-then-Serve collection natively (`EngineConfig.
+        collection_blocks` > 0): its shared bases resident once, a core per member slot.
+        `bundle`: a verified bundle or a bundle directory (`adapterctl collections
+        download`); `members`: bundle positions (None: all). Returns one adapter handle
+        per member for `add_request`; a refused load (CollectionError) changes nothing."""
+        return self.collections.load(bundle, members)
+
+    def unload_collection(self, handle: CollectionHandle) -> None:
+        """Free the collection's slots and basis blocks; refused while a member is live."""
+        self.collections.unload(handle, self._live_slots())
 
     # ----- requests -------------------------------------------------------------------
     def add_request(self, request_id: str, prompt: str | list[int],

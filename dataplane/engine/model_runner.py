@@ -28,6 +28,7 @@ from dataplane.kernels import (
     LoraWorkspace,
     get_lora_backend,
 )
+from dataplane.layers.collection_table import CollectionTable
 from dataplane.layers.lora_fold_slots import FoldSlots
 from dataplane.layers.lora_linear import LoRALinear, LoraStepContext
 from dataplane.models.llama import LlamaForCausalLM
@@ -88,7 +89,8 @@ class ModelRunner:
     def __init__(self, model: LlamaForCausalLM, num_kv_blocks: int, block_size: int,
                  max_rows: int, max_slots: int, max_rank: int,
                  lora_backend: str | None = None, attention_backend: str | None = None,
-                 ops_backend: str | None = None, kv_cache: PagedKVCache | None = None) -> None:
+                 ops_backend: str | None = None, kv_cache: PagedKVCache | None = None,
+                 collection_blocks: int = 0, collection_rank: int = 0) -> None:
         claim_model(model, self)
         self.model = model
         self.config = model.config
@@ -125,6 +127,18 @@ class ModelRunner:
         for _layer, _attr, linear in own:  # detach a previous runner's tables (and fold)
             linear.factors, linear.has_factors = None, False
             linear.fold = None
+            linear.collection = None
+        self.collections: dict[tuple[int, str], CollectionTable] = {}
+        """Per (layer, fused projection): natively served collection members' bases and
+        cores (`collection_blocks` > 0; engine/collection_slots.py fills them)."""
+        if collection_blocks > 0:
+            if max_slots == 0 or collection_rank <= 0 or len(own) != len(model.lora_linears()):
+                raise InvalidRequest("collection serving needs LoRA slots, a rank > 0 and the "
+                                     "runner's own projections (not tensor-parallel shards)")
+            for layer, attr, linear in own:
+                linear.collection = self.collections[(layer, attr)] = CollectionTable(
+                    max_slots, linear.in_features, linear.out_features, collection_blocks,
+                    collection_rank, self.dtype, self.device)
         if max_slots > 0:
             self.backend = get_lora_backend(self.device, prefer=lora_backend)
             self.meta_buffers = LoraMetaBuffers(max_rows, max_slots, self.device)

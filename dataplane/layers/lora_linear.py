@@ -19,6 +19,7 @@ from torch import nn
 
 from dataplane.kernels.base import LoraBackend, LoraBatchMeta, LoraModuleWeights, LoraWorkspace
 from dataplane.kernels.factor_table import LoraFactorTable
+from dataplane.layers.collection_table import CollectionTable
 from dataplane.layers.lora_fold_store import FoldStore
 from dataplane.ops import silu_and_mul
 from dataplane.ops.lora_fold import FoldedExpand
@@ -90,6 +91,9 @@ class LoRALinear(nn.Module):
         """Host-side: some slot has rank > 0 in `factors` (kept by the adapter loader)."""
         self.fold: FoldStore | None = None
         """The LoRA fold of this projection (`enable_fold`), or None."""
+        self.collection: CollectionTable | None = None
+        """Shared bases and per-slot cores of natively served collection members (attached
+        by the runner when the engine has collection blocks), or None."""
 
     def attach_factors(self, source: FactorSource | None) -> None:
         """Read factors from `source` from now on (None: base only); clears `has_factors`
@@ -112,8 +116,17 @@ class LoRALinear(nn.Module):
         if self.fold is None:
             return self(x, lora), None
         assert lora.fold_slot is not None
-        return self.fold.split(F.linear(x, self.fold.gemm_weight(lora.fold_width)), self.bias,
-                               lora.fold_slot)
+        y, folded = self.fold.split(F.linear(x, self.fold.gemm_weight(lora.fold_width)),
+                                    self.bias, lora.fold_slot)
+        self._add_collection(y, x, lora)
+        return y, folded
+
+    def _add_collection(self, y: torch.Tensor, x: torch.Tensor,
+                        lora: LoraStepContext | None) -> None:
+        """Collection members' three-stage delta (dataplane/layers/collection_table.py)."""
+        table = self.collection
+        if table is not None and lora is not None and (table.active or not lora.skip_empty):
+            table.add_delta(y, x, lora.meta.row_slot)
 
     def set_adapted(self, adapted: bool) -> None:
         """Public form of the host-side `has_factors` flag: True iff some slot of the
@@ -137,6 +150,7 @@ class LoRALinear(nn.Module):
 
     def forward(self, x: torch.Tensor, lora: LoraStepContext | None) -> torch.Tensor:
         y = F.linear(x, self.weight, self.bias)
+        self._add_collection(y, x, lora)
         w = self._active(lora)
         if w is not None and lora is not None:
             lora.backend.add_lora(y, x, lora.meta, w, lora.workspace)
@@ -150,8 +164,10 @@ class LoRALinear(nn.Module):
         if lora is not None and lora.fold_slot is not None and self.fold is not None:
             y, (tail, fold) = self.fold.split(
                 F.linear(x, self.fold.gemm_weight(lora.fold_width)), self.bias, lora.fold_slot)
+            self._add_collection(y, x, lora)
             return silu_and_mul(y, ops_backend, fold=fold, tail=tail)
         y = F.linear(x, self.weight, self.bias)
+        self._add_collection(y, x, lora)
         w = self._active(lora)
         if w is not None and lora is not None:
             act = lora.backend.add_lora_silu_mul(y, x, lora.meta, w, lora.workspace)

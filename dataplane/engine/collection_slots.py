@@ -1,0 +1,206 @@
+"""Load a Compress-then-Serve collection bundle into the engine, served natively.
+
+A member keeps its own adapter slot (so requests, the scheduler and the prefix cache treat
+it like any adapter) but its factors are not a LoRA: the slot's LoRA ranks stay 0 and the
+runner's `CollectionTable`s hold the cluster's shared bases once, in a basis block, and the
+member's core at its slot (dataplane/layers/collection_table.py).
+
+A load is one transaction (seed §0x06G7): the bundle is verified (`read_bundle` re-derives
+every basis/core digest), every check — base, rank, module shapes, free blocks, free slots —
+passes before the first write, the bases and cores are written into blocks and slots no row
+can read, and only then are the member handles bound, all at once. A core is therefore never
+visible with another basis than the one it was fitted with, and a refused load changes
+nothing. Each member's identity binds the collection: ``H_member = digest(H_collection,
+member index, core digest)``, served as ``H_adapter_semantic(H_base, H_member)``.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+import torch
+
+from dataplane.collections.bundle import CollectionBundle, read_bundle
+from dataplane.collections.errors import CollectionError
+from dataplane.engine.adapters import AdapterHandle, AdapterRegistry
+from dataplane.identity import digest, h_adapter_semantic
+from dataplane.layers.collection_table import CollectionTable
+from dataplane.models.llama import LORA_GROUPS
+
+_MODULE = re.compile(
+    r"^model\.layers\.(\d+)\.(?:self_attn|mlp)\."
+    r"(q_proj|k_proj|v_proj|o_proj|gate_proj|up_proj|down_proj)$")
+
+Placement = dict[str, tuple[tuple[int, str], int]]
+"""Bundle module name -> ((layer, fused projection), slice index)."""
+
+
+class RunnerWithCollections(Protocol):
+    collections: dict[tuple[int, str], CollectionTable]
+
+
+def member_identity(h_collection: str, index: int, core_digest: str) -> str:
+    """H_member: the collection, the member's position in it and its core (bound to its
+    basis by the bundle's core digest)."""
+    return digest({"h_collection": h_collection, "member": index, "core_digest": core_digest})
+
+
+@dataclass(frozen=True)
+class CollectionHandle:
+    """A loaded collection: its identity, cluster -> basis block, and one adapter handle
+    per served member (in the order asked; `indices` are their positions in the bundle)."""
+
+    h_collection: str
+    blocks: dict[int, int]
+    indices: tuple[int, ...]
+    members: tuple[AdapterHandle, ...]
+
+
+class CollectionRegistry:
+    """Which collection occupies which basis blocks and member slots of one runner."""
+
+    def __init__(self, runner: RunnerWithCollections, adapters: AdapterRegistry,
+                 h_base: str) -> None:
+        self.tables = runner.collections
+        self.adapters = adapters
+        self.h_base = h_base
+        self._loaded: dict[str, CollectionHandle] = {}
+        any_table = next(iter(self.tables.values()), None)
+        self.blocks = any_table.blocks if any_table is not None else 0
+        self.rank = any_table.rank if any_table is not None else 0
+
+    @property
+    def loaded(self) -> tuple[CollectionHandle, ...]:
+        return tuple(self._loaded.values())
+
+    def member_slots(self) -> set[int]:
+        return {m.slot for h in self._loaded.values() for m in h.members}
+
+    def load(self, source: CollectionBundle | str | Path,
+             members: Iterable[int] | None = None) -> CollectionHandle:
+        """Serve `members` (bundle positions; None: all) of a bundle or bundle directory."""
+        bundle = source if isinstance(source, CollectionBundle) else read_bundle(Path(source))
+        if not self.tables:
+            raise CollectionError("this engine serves no collections natively "
+                                  "(EngineConfig.collection_blocks = 0)")
+        h_collection = bundle.h_collection
+        count = len(bundle.assignment)
+        indices = tuple(range(count)) if members is None else tuple(members)
+        if not indices or len(set(indices)) != len(indices) or any(
+                isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < count
+                for i in indices):
+            raise CollectionError("members must be distinct positions in the collection",
+                                  members=list(indices), size=count)
+        existing = self._loaded.get(h_collection)
+        if existing is not None:
+            if existing.indices == indices:
+                return existing
+            raise CollectionError("this collection is already loaded with other members; "
+                                  "unload it first", h_collection=h_collection)
+        placement = self._check(bundle)
+        clusters = sorted({bundle.assignment[i] for i in indices})
+        used = {b for h in self._loaded.values() for b in h.blocks.values()}
+        free_blocks = [b for b in range(self.blocks) if b not in used]
+        free_slots = self.adapters.free_slots()
+        if len(free_blocks) < len(clusters) or len(free_slots) < len(indices):
+            raise CollectionError("not enough free basis blocks or adapter slots",
+                                  blocks_needed=len(clusters), blocks_free=len(free_blocks),
+                                  slots_needed=len(indices), slots_free=len(free_slots))
+        blocks = dict(zip(clusters, free_blocks, strict=False))
+        slots = dict(zip(indices, free_slots, strict=False))
+        try:
+            self._write(bundle, placement, blocks, slots)
+        except Exception:
+            self._clear(blocks.values(), slots.values())
+            raise
+        cores = bundle.manifest["core_digests"]
+        handles = []
+        for i in indices:  # publication: the bound handles make the members reachable
+            semantic = h_adapter_semantic(self.h_base,
+                                          member_identity(h_collection, i, str(cores[i])))
+            handle = AdapterHandle(slots[i], semantic, self.adapters.next_generation(slots[i]),
+                                   self.rank, f"collection:{h_collection}:{i}")
+            self.adapters.bind_external(handle)
+            handles.append(handle)
+        loaded = CollectionHandle(h_collection, blocks, indices, tuple(handles))
+        self._loaded[h_collection] = loaded
+        self._refresh_active()
+        return loaded
+
+    def unload(self, handle: CollectionHandle, live_slots: set[int]) -> None:
+        """Free the collection's member slots and basis blocks; refused (nothing changes)
+        while a live request uses one of its members."""
+        if self._loaded.get(handle.h_collection) != handle:
+            raise CollectionError("collection handle is not loaded (stale or foreign)",
+                                  h_collection=handle.h_collection)
+        busy = sorted(m.slot for m in handle.members if m.slot in live_slots)
+        if busy:
+            raise CollectionError("collection members are used by live requests",
+                                  slots=busy)
+        for member in handle.members:
+            self.adapters.release_external(member)
+        self._clear(handle.blocks.values(), (m.slot for m in handle.members))
+        del self._loaded[handle.h_collection]
+        self._refresh_active()
+
+    # ----- internals -----------------------------------------------------------------------
+    def _check(self, bundle: CollectionBundle) -> Placement:
+        if bundle.manifest.get("h_base") != self.h_base:
+            raise CollectionError("the collection was fitted on another base model",
+                                  bundle_h_base=bundle.manifest.get("h_base"),
+                                  engine_h_base=self.h_base)
+        rank = int(bundle.manifest["rank"])
+        if rank > self.rank:
+            raise CollectionError(f"collection rank {rank} exceeds the engine's "
+                                  f"collection_rank {self.rank}", rank=rank)
+        placement: Placement = {}
+        for entry in bundle.manifest["modules"]:
+            name = str(entry["name"])
+            match = _MODULE.match(name)
+            found = None if match is None else next(
+                (((int(match.group(1)), attr), k) for attr, group in LORA_GROUPS.items()
+                 for k, module in enumerate(group) if module == match.group(2)), None)
+            table = None if found is None else self.tables.get(found[0])
+            if found is None or table is None:
+                raise CollectionError(f"module {name!r} is not a projection of this model",
+                                      module=name)
+            shape = (table.out_features[found[1]], table.in_features)
+            if (int(entry["d_out"]), int(entry["d_in"])) != shape:
+                raise CollectionError(f"module {name!r}: shape does not fit the model",
+                                      module=name, expected=list(shape))
+            placement[name] = found
+        return placement
+
+    def _write(self, bundle: CollectionBundle, placement: Placement, blocks: dict[int, int],
+               slots: dict[int, int]) -> None:
+        bases: dict[tuple[int, str], dict[int, dict[int, tuple[torch.Tensor, torch.Tensor]]]]
+        bases = {}
+        for cluster in blocks:
+            for name, (key, k) in placement.items():
+                bases.setdefault(key, {}).setdefault(cluster, {})[k] = bundle.bases(cluster, name)
+        for key, by_cluster in bases.items():
+            for cluster, per_slice in by_cluster.items():
+                self.tables[key].write_block(blocks[cluster], per_slice)
+        for i, slot in slots.items():
+            block = blocks[bundle.assignment[i]]
+            cores: dict[tuple[int, str], dict[int, torch.Tensor]] = {}
+            for name, (key, k) in placement.items():
+                cores.setdefault(key, {})[k] = bundle.core(i, name)
+            for key, table in self.tables.items():
+                table.write_core(slot, block, cores.get(key, {}))
+
+    def _clear(self, blocks: Iterable[int], slots: Iterable[int]) -> None:
+        blocks, slots = list(blocks), list(slots)
+        for table in self.tables.values():
+            for b in blocks:
+                table.clear_block(b)
+            for s in slots:
+                table.clear_core(s)
+
+    def _refresh_active(self) -> None:
+        for table in self.tables.values():
+            table.active = bool(self._loaded)
