@@ -662,7 +662,7 @@ def host_step_main(args: argparse.Namespace) -> list[dict]:
             out = engine.scheduler.schedule()
             plan = engine.build_plan(out)
             engine.runner.check_plan(plan)
-            graphs._fill(plan, next(b for b in graphs.batch_sizes if b >= plan.num_rows))
+            graphs._fill(plan, next(b for b in graphs.batch_sizes if b >= plan.num_rows), None)
             result = engine.sampler.sample(stand_in[:plan.num_rows], out.sampled)
             for u in engine.scheduler.postprocess(out, result.token_ids):
                 engine._output(u.seq, (u.token_id,), u.text)

@@ -48,7 +48,12 @@ for s in "$@"; do
   case $s in
     tests) section tests 240 env OMP_NUM_THREADS=1 python3 -m pytest -n 14 -q -p no:cacheprovider -m gpu --import-mode=append \
              tests/kernels tests/ops tests/attention/test_gpu.py tests/engine/test_gpu.py \
-             tests/engine/test_pool_slots_gpu.py tests/pool/test_cuda_copy.py ;;
+             tests/engine/test_pool_slots_gpu.py tests/pool/test_cuda_copy.py \
+             tests/collections/test_native_serving_gpu.py ;;
+    collserve) section collserve 420 python3 bench/collection_serving.py --members 16 64 128 \
+             --out "$OUT/collserve" ;;
+    collserve4) section collserve4 420 python3 bench/collection_serving.py --members 64 \
+             --clusters 4 --out "$OUT/collserve4" ;;
     ktests) section ktests 240 env OMP_NUM_THREADS=1 python3 -m pytest -n 14 -q -p no:cacheprovider -m gpu --durations=15 \
               --import-mode=append tests/kernels tests/ops ;;  # the kernel subset of `tests`
     kernels) section kernels 300 python3 bench/lora_kernels.py --tune --no-loop --no-stacked \

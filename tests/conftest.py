@@ -16,9 +16,13 @@ import uuid
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import httpx
 import pytest
+
+if TYPE_CHECKING:
+    import torch
 
 DEFAULT_DATABASE_URL = (
     "postgresql+psycopg://adapterplane:adapterplane@127.0.0.1:5432/adapterplane_test"
@@ -108,3 +112,14 @@ def smollm2(tmp_path_factory: pytest.TempPathFactory) -> Path:
     cache = os.environ.get("ADAPTERPLANE_ASSET_CACHE")
     root = Path(cache) if cache else tmp_path_factory.getbasetemp().parent / "adapterplane-assets"
     return prepare_smollm2(root / "smollm2")
+
+
+@pytest.fixture
+def cuda_device() -> torch.device:
+    """The CUDA device for `gpu`-marked tests (skipped without CUDA; torch imported here so
+    the services' tests never load it)."""
+    import torch
+
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    return torch.device("cuda")

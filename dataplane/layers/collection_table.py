@@ -20,11 +20,23 @@ exactly zero. Every operation has the step's static shapes and reads only device
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
 
 from dataplane.collections.errors import CollectionError
+
+
+class CollectionRows(NamedTuple):
+    """One step's rows as the collection tables read them (built once per step)."""
+
+    slots: torch.Tensor
+    """int64 [T]: each row's slot, the base's zero-core row ``S`` for slot -1."""
+    block: torch.Tensor
+    """int64 [T]: the basis block each row's slot reads."""
+    onehot: torch.Tensor | None
+    """[T, K] block selector in the model dtype (None with one block)."""
 
 
 class CollectionTable:
@@ -87,18 +99,29 @@ class CollectionTable:
         self.slot_block[slot] = 0
 
     # ----- the step ------------------------------------------------------------------------
-    def add_delta(self, y: torch.Tensor, x: torch.Tensor, row_slot: torch.Tensor) -> None:
-        """``y[t, slice k] += U Σ_{slot(t)} Vᵀ x[t]`` for member rows, in place."""
-        t, ns, k_blocks, r = x.shape[0], len(self.out_features), self.blocks, self.rank
-        slots = row_slot[:t].to(torch.int64)
+    def rows(self, row_slot: torch.Tensor) -> CollectionRows:
+        """The step's per-row slot, block and block selector; every table of one runner
+        maps a slot to the same block, so one `rows` serves all of a step's projections."""
+        slots = row_slot.to(torch.int64)
         slots = torch.where(slots < 0, self.num_slots, slots)
         block = self.slot_block.index_select(0, slots)
+        onehot = (F.one_hot(block, self.blocks).to(self.dtype) if self.blocks > 1 else None)
+        return CollectionRows(slots, block, onehot)
+
+    def add_delta(self, y: torch.Tensor, x: torch.Tensor, row_slot: torch.Tensor,
+                  rows: CollectionRows | None = None) -> None:
+        """``y[t, slice k] += U Σ_{slot(t)} Vᵀ x[t]`` for member rows, in place."""
+        t, ns, k_blocks, r = x.shape[0], len(self.out_features), self.blocks, self.rank
+        if rows is None:
+            rows = self.rows(row_slot[:t])
         h = F.linear(x, self.vt).view(t, ns, k_blocks, r)
-        pick = block.view(t, 1, 1, 1).expand(t, ns, 1, r)
-        h = h.gather(2, pick).squeeze(2).to(torch.float32)
-        g = torch.matmul(self.cores.index_select(0, slots), h.unsqueeze(-1)).squeeze(-1)
-        onehot = F.one_hot(block, k_blocks).to(torch.float32)
-        spread = (onehot.view(t, 1, k_blocks, 1) * g.view(t, ns, 1, r)).to(self.dtype)
+        if rows.onehot is not None:
+            pick = rows.block.view(t, 1, 1, 1).expand(t, ns, 1, r)
+            h = h.gather(2, pick)
+        g = torch.matmul(self.cores.index_select(0, rows.slots),
+                         h.view(t, ns, r, 1).to(torch.float32)).to(self.dtype)
+        spread = (g.view(t, ns, 1, r) if rows.onehot is None else
+                  rows.onehot.view(t, 1, k_blocks, 1) * g.view(t, ns, 1, r))
         start = 0
         for k, width in enumerate(self.out_features):
             y[:, start:start + width] += F.linear(spread[:, k].reshape(t, k_blocks * r),

@@ -19,7 +19,7 @@ from torch import nn
 
 from dataplane.kernels.base import LoraBackend, LoraBatchMeta, LoraModuleWeights, LoraWorkspace
 from dataplane.kernels.factor_table import LoraFactorTable
-from dataplane.layers.collection_table import CollectionTable
+from dataplane.layers.collection_table import CollectionRows, CollectionTable
 from dataplane.layers.lora_fold_store import FoldStore
 from dataplane.ops import silu_and_mul
 from dataplane.ops.lora_fold import FoldedExpand
@@ -54,6 +54,9 @@ class LoraStepContext:
     fold_width: int = 0
     """Fold slots the step's GEMMs read (`FoldSlots.step_width`: every row's fold slot is
     below it); 0: all of them."""
+    collection_rows: list[CollectionRows] = field(default_factory=list)
+    """The step's `CollectionRows`, built by the first projection that reads a collection
+    table (dataplane/layers/collection_table.py) and shared by the rest."""
     pending: list[tuple[torch.Tensor, FoldedExpand]] = field(default_factory=list)
     """A folded down projection's (z tail, expand), waiting for the next layer's add-norm
     (or the end of the model): the one fold that crosses a layer boundary."""
@@ -126,7 +129,9 @@ class LoRALinear(nn.Module):
         """Collection members' three-stage delta (dataplane/layers/collection_table.py)."""
         table = self.collection
         if table is not None and lora is not None and (table.active or not lora.skip_empty):
-            table.add_delta(y, x, lora.meta.row_slot)
+            if not lora.collection_rows:
+                lora.collection_rows.append(table.rows(lora.meta.row_slot[:x.shape[0]]))
+            table.add_delta(y, x, lora.meta.row_slot, lora.collection_rows[0])
 
     def set_adapted(self, adapted: bool) -> None:
         """Public form of the host-side `has_factors` flag: True iff some slot of the

@@ -49,11 +49,3 @@ def _single_torch_thread() -> Iterator[None]:
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
-
-
-@pytest.fixture
-def cuda_device() -> torch.device:
-    """The CUDA device for `gpu`-marked tests (skipped without CUDA)."""
-    if not torch.cuda.is_available():
-        pytest.skip("needs CUDA")
-    return torch.device("cuda")

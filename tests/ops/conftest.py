@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import os
 
-import pytest
 import torch
 
 if not torch.cuda.is_available():  # must precede the first import of dataplane.ops
@@ -19,11 +18,3 @@ DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 TOL = {torch.float32: dict(atol=1e-5, rtol=1e-5), torch.bfloat16: dict(atol=3e-2, rtol=3e-2)}
 """Triton / torch paths against float64 references."""
-
-
-@pytest.fixture
-def cuda_device() -> torch.device:
-    """The CUDA device for `gpu`-marked tests (skipped without CUDA)."""
-    if not torch.cuda.is_available():
-        pytest.skip("needs CUDA")
-    return torch.device("cuda")
