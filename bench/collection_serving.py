@@ -57,9 +57,10 @@ def module_names(config: ModelConfig) -> list[str]:
             for m in MODULES]
 
 
-def synthetic_bundle(config: ModelConfig, members: int, clusters: int, rank: int,
-                     device: str) -> CollectionBundle:
-    """Random bases per cluster and cores per member (float32, on `device`)."""
+def synthetic_bundle(config: ModelConfig, members: int, clusters: int, rank: int
+                     ) -> CollectionBundle:
+    """Random bases per cluster and cores per member (float32, host memory)."""
+    device = "cpu"
     gen = torch.Generator(device=device).manual_seed(7)
     names = module_names(config)
     shapes = {n: config.module_shapes[n.rsplit(".", 1)[1]] for n in names}
@@ -76,12 +77,16 @@ def synthetic_bundle(config: ModelConfig, members: int, clusters: int, rank: int
     return build_bundle(fit, h_base=DIGEST, sources=sources, settings={"bench": 1})
 
 
-def materialised(bundle: CollectionBundle, index: int, dtype: torch.dtype) -> LoadedAdapter:
+def materialised(bundle: CollectionBundle, index: int, dtype: torch.dtype, device: str
+                 ) -> LoadedAdapter:
+    """Member `index` as a rank-R LoRA, `B = U Σ_i` and `A = Vᵀ` formed on `device`."""
     modules = []
     for name in bundle.modules:
         layer, module = int(name.split(".")[2]), name.rsplit(".", 1)[1]
-        b, a = bundle.lora_factors(index, name)
-        modules.append(ModuleFactors(layer, module, a.to(dtype), b.to(dtype), 1.0))
+        u, v = bundle.bases(bundle.assignment[index], name)
+        b = u.to(device) @ bundle.core(index, name).to(device)
+        modules.append(ModuleFactors(layer, module, v.to(device).T.to(dtype).contiguous(),
+                                     b.to(dtype), 1.0))
     digest = hashlib.sha256(f"bench-materialised-{index}".encode()).hexdigest()
     return LoadedAdapter(tuple(modules), digest, f"member:{index}")
 
@@ -109,7 +114,7 @@ def run_case(model: LlamaForCausalLM, args: argparse.Namespace, mode: str, membe
         resident = sum(t.nbytes for t in engine.runner.collections.values())
     elif mode == "lora":
         assert bundle is not None
-        handles = [engine.register_loaded_adapter(materialised(bundle, i, dtype))
+        handles = [engine.register_loaded_adapter(materialised(bundle, i, dtype, args.device))
                    for i in range(members)]
         resident = members * args.rank * per_module * config.num_layers * elem
     start_decoding(engine, args, config.vocab_size, args.batch, args.context, handles)
@@ -158,7 +163,7 @@ def main() -> None:
                         seed=0)
     rows = [run_case(model, args, "none", 0, None)]
     for n in args.members:
-        bundle = synthetic_bundle(config, n, args.clusters, args.rank, args.device)
+        bundle = synthetic_bundle(config, n, args.clusters, args.rank)
         for mode in ("native", "lora"):
             rows.append(run_case(model, args, mode, n, bundle))
         del bundle

@@ -7,13 +7,14 @@ projection) holds ``K`` basis *blocks* (a block = one resident cluster of one co
 and one core per adapter slot, and adds to ``y`` for every row whose slot holds a member:
 
     h = x V_{block(slot)}        [T, NS, R]   one GEMM over all blocks, then each row's block
-    g = Σ_slot h                 [T, NS, R]   float32, per row (cores of other slots: zero)
-    y[:, slice k] += g U_{block}ᵀ             one GEMM per slice over all blocks
+    g = Σ_slot h                 [T, NS, R]   per row (cores of other slots: zero)
+    y += g U_{block}ᵀ                         one GEMM over all blocks and slices
 
 Rows of ordinary LoRA slots or of the base (slot -1) meet a zero core, so their delta is
 exactly zero. Every operation has the step's static shapes and reads only device tensors
 (no host sync): a decode step using it can be captured in a CUDA graph. Bytes resident:
-``K R (d_in + Σ_k w_k)`` for the bases plus ``S NS R²`` floats for the cores, against
+``K R (d_in + NS Σ_k w_k)`` for the bases (``U`` block-diagonal over the slices, so one GEMM
+adds them all) plus ``S NS R²`` for the cores, against
 ``n R (d_in + d_out)`` for the same members materialised as rank-R LoRAs.
 """
 
@@ -59,10 +60,12 @@ class CollectionTable:
         ns = len(self.out_features)
         self.vt = torch.zeros(ns * blocks * rank, in_features, dtype=dtype, device=device)
         """Row ``(k K + b) R + j`` = column ``j`` of slice ``k``'s ``V`` in block ``b``."""
-        self.u = [torch.zeros(w, blocks * rank, dtype=dtype, device=device)
-                  for w in self.out_features]
-        self.cores = torch.zeros(num_slots + 1, ns, rank, rank, dtype=torch.float32,
-                                 device=device)
+        self.ut = torch.zeros(ns * blocks * rank, sum(self.out_features), dtype=dtype,
+                              device=device)
+        """Row ``(k K + b) R + j`` = column ``j`` of slice ``k``'s ``U`` in block ``b``, placed
+        in slice ``k``'s output columns (zero elsewhere): one GEMM adds every slice."""
+        self.offsets = [sum(self.out_features[:k]) for k in range(ns)]
+        self.cores = torch.zeros(num_slots + 1, ns, rank, rank, dtype=dtype, device=device)
         """Row ``S`` is the base row's zero core (slot -1 maps there)."""
         self.slot_block = torch.zeros(num_slots + 1, dtype=torch.int64, device=device)
         self.active = False
@@ -78,20 +81,21 @@ class CollectionTable:
             r = int(u.shape[1])
             col = (k * self.blocks + block) * self.rank
             self.vt[col:col + r] = v.t().to(self.dtype)
-            self.u[k][:, block * self.rank:block * self.rank + r] = u.to(self.dtype)
+            start = self.offsets[k]
+            self.ut[col:col + r, start:start + u.shape[0]] = u.t().to(self.dtype)
 
     def clear_block(self, block: int) -> None:
         for k in range(len(self.out_features)):
             col = (k * self.blocks + block) * self.rank
             self.vt[col:col + self.rank] = 0
-            self.u[k][:, block * self.rank:(block + 1) * self.rank] = 0
+            self.ut[col:col + self.rank] = 0
 
     def write_core(self, slot: int, block: int, cores: Mapping[int, torch.Tensor]) -> None:
         """Slot ``slot`` reads ``block`` with ``{slice k: Σ [r, r]}`` (absent slices: zero)."""
         self.cores[slot].zero_()
         for k, core in cores.items():
             r = int(core.shape[0])
-            self.cores[slot, k, :r, :r] = core.to(torch.float32)
+            self.cores[slot, k, :r, :r] = core.to(self.dtype)
         self.slot_block[slot] = block
 
     def clear_core(self, slot: int) -> None:
@@ -116,19 +120,13 @@ class CollectionTable:
             rows = self.rows(row_slot[:t])
         h = F.linear(x, self.vt).view(t, ns, k_blocks, r)
         if rows.onehot is not None:
-            pick = rows.block.view(t, 1, 1, 1).expand(t, ns, 1, r)
-            h = h.gather(2, pick)
-        g = torch.matmul(self.cores.index_select(0, rows.slots),
-                         h.view(t, ns, r, 1).to(torch.float32)).to(self.dtype)
-        spread = (g.view(t, ns, 1, r) if rows.onehot is None else
+            h = h.gather(2, rows.block.view(t, 1, 1, 1).expand(t, ns, 1, r))
+        g = torch.matmul(self.cores.index_select(0, rows.slots), h.view(t, ns, r, 1))
+        spread = (g if rows.onehot is None else
                   rows.onehot.view(t, 1, k_blocks, 1) * g.view(t, ns, 1, r))
-        start = 0
-        for k, width in enumerate(self.out_features):
-            y[:, start:start + width] += F.linear(spread[:, k].reshape(t, k_blocks * r),
-                                                  self.u[k])
-            start += width
+        y.addmm_(spread.reshape(t, ns * k_blocks * r), self.ut)
 
     @property
     def nbytes(self) -> int:
-        tensors = [self.vt, *self.u, self.cores, self.slot_block]
+        tensors = [self.vt, self.ut, self.cores, self.slot_block]
         return sum(t.numel() * t.element_size() for t in tensors)
