@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
@@ -51,8 +51,8 @@ def member_identity(h_collection: str, index: int, core_digest: str) -> str:
 
 @dataclass(frozen=True)
 class CollectionHandle:
-    """A loaded collection: its identity, cluster -> basis block, and one adapter handle
-    per served member (in the order asked; `indices` are their positions in the bundle)."""
+    """Members of a loaded collection: its identity, cluster -> basis block, and one adapter
+    handle per member asked for (in that order; `indices` are their bundle positions)."""
 
     h_collection: str
     blocks: dict[int, int]
@@ -60,29 +60,48 @@ class CollectionHandle:
     members: tuple[AdapterHandle, ...]
 
 
+@dataclass
+class _Resident:
+    """One collection's resident state: its clusters' blocks and its bound members."""
+
+    assignment: tuple[int, ...]
+    blocks: dict[int, int] = field(default_factory=dict)
+    members: dict[int, AdapterHandle] = field(default_factory=dict)
+
+
 class CollectionRegistry:
-    """Which collection occupies which basis blocks and member slots of one runner."""
+    """Which collection occupies which basis blocks and member slots of one runner.
+
+    Members come and go one at a time; a cluster's basis block stays resident while one of
+    its members is loaded (a block is shared, a core is not)."""
 
     def __init__(self, runner: RunnerWithCollections, adapters: AdapterRegistry,
                  h_base: str) -> None:
         self.tables = runner.collections
         self.adapters = adapters
         self.h_base = h_base
-        self._loaded: dict[str, CollectionHandle] = {}
+        self._resident: dict[str, _Resident] = {}
         any_table = next(iter(self.tables.values()), None)
         self.blocks = any_table.blocks if any_table is not None else 0
         self.rank = any_table.rank if any_table is not None else 0
 
     @property
-    def loaded(self) -> tuple[CollectionHandle, ...]:
-        return tuple(self._loaded.values())
+    def loaded(self) -> dict[str, dict[int, AdapterHandle]]:
+        """H_collection -> its bound members by bundle position."""
+        return {h: dict(r.members) for h, r in self._resident.items()}
+
+    def blocks_in_use(self) -> dict[str, dict[int, int]]:
+        """H_collection -> cluster -> basis block, for resident clusters."""
+        return {h: dict(r.blocks) for h, r in self._resident.items()}
 
     def member_slots(self) -> set[int]:
-        return {m.slot for h in self._loaded.values() for m in h.members}
+        return {m.slot for r in self._resident.values() for m in r.members.values()}
 
     def load(self, source: CollectionBundle | str | Path,
              members: Iterable[int] | None = None) -> CollectionHandle:
-        """Serve `members` (bundle positions; None: all) of a bundle or bundle directory."""
+        """Serve `members` (bundle positions; None: all) of a bundle or bundle directory.
+        Members already loaded keep their handles; the others are added, with the basis
+        blocks of clusters not resident yet, in one all-or-nothing step."""
         bundle = source if isinstance(source, CollectionBundle) else read_bundle(Path(source))
         if not self.tables:
             raise CollectionError("this engine serves no collections natively "
@@ -95,56 +114,62 @@ class CollectionRegistry:
                 for i in indices):
             raise CollectionError("members must be distinct positions in the collection",
                                   members=list(indices), size=count)
-        existing = self._loaded.get(h_collection)
-        if existing is not None:
-            if existing.indices == indices:
-                return existing
-            raise CollectionError("this collection is already loaded with other members; "
-                                  "unload it first", h_collection=h_collection)
         placement = self._check(bundle)
-        clusters = sorted({bundle.assignment[i] for i in indices})
-        used = {b for h in self._loaded.values() for b in h.blocks.values()}
+        resident = self._resident.get(h_collection) or _Resident(tuple(bundle.assignment))
+        new = [i for i in indices if i not in resident.members]
+        clusters = sorted({bundle.assignment[i] for i in new} - set(resident.blocks))
+        used = {b for r in self._resident.values() for b in r.blocks.values()}
         free_blocks = [b for b in range(self.blocks) if b not in used]
         free_slots = self.adapters.free_slots()
-        if len(free_blocks) < len(clusters) or len(free_slots) < len(indices):
+        if len(free_blocks) < len(clusters) or len(free_slots) < len(new):
             raise CollectionError("not enough free basis blocks or adapter slots",
                                   blocks_needed=len(clusters), blocks_free=len(free_blocks),
-                                  slots_needed=len(indices), slots_free=len(free_slots))
-        blocks = dict(zip(clusters, free_blocks, strict=False))
-        slots = dict(zip(indices, free_slots, strict=False))
+                                  slots_needed=len(new), slots_free=len(free_slots))
+        added = dict(zip(clusters, free_blocks, strict=False))
+        blocks = {**resident.blocks, **added}
+        slots = dict(zip(new, free_slots, strict=False))
         try:
-            self._write(bundle, placement, blocks, slots)
+            self._write(bundle, placement, added, {i: (s, blocks[bundle.assignment[i]])
+                                                   for i, s in slots.items()})
         except Exception:
-            self._clear(blocks.values(), slots.values())
+            self._clear(added.values(), slots.values())
             raise
         cores = bundle.manifest["core_digests"]
-        handles = []
-        for i in indices:  # publication: the bound handles make the members reachable
+        for i in new:  # publication: the bound handles make the new members reachable
             semantic = h_adapter_semantic(self.h_base,
                                           member_identity(h_collection, i, str(cores[i])))
             handle = AdapterHandle(slots[i], semantic, self.adapters.next_generation(slots[i]),
                                    self.rank, f"collection:{h_collection}:{i}")
             self.adapters.bind_external(handle)
-            handles.append(handle)
-        loaded = CollectionHandle(h_collection, blocks, indices, tuple(handles))
-        self._loaded[h_collection] = loaded
+            resident.members[i] = handle
+        resident.blocks = blocks
+        self._resident[h_collection] = resident
         self._refresh_active()
-        return loaded
+        return CollectionHandle(h_collection, dict(blocks), indices,
+                                tuple(resident.members[i] for i in indices))
 
     def unload(self, handle: CollectionHandle, live_slots: set[int]) -> None:
-        """Free the collection's member slots and basis blocks; refused (nothing changes)
-        while a live request uses one of its members."""
-        if self._loaded.get(handle.h_collection) != handle:
+        """Free the handle's member slots, and the basis blocks no member still reads;
+        refused (nothing changes) for a stale handle or while a live request uses one of
+        its members."""
+        resident = self._resident.get(handle.h_collection)
+        if resident is None or any(resident.members.get(i) != m for i, m in
+                                   zip(handle.indices, handle.members, strict=True)):
             raise CollectionError("collection handle is not loaded (stale or foreign)",
                                   h_collection=handle.h_collection)
         busy = sorted(m.slot for m in handle.members if m.slot in live_slots)
         if busy:
             raise CollectionError("collection members are used by live requests",
                                   slots=busy)
-        for member in handle.members:
+        for i, member in zip(handle.indices, handle.members, strict=True):
             self.adapters.release_external(member)
-        self._clear(handle.blocks.values(), (m.slot for m in handle.members))
-        del self._loaded[handle.h_collection]
+            del resident.members[i]
+        still = {resident.assignment[i] for i in resident.members}
+        freed = [b for c, b in resident.blocks.items() if c not in still]
+        resident.blocks = {c: b for c, b in resident.blocks.items() if c in still}
+        self._clear(freed, (m.slot for m in handle.members))
+        if not resident.members:
+            del self._resident[handle.h_collection]
         self._refresh_active()
 
     # ----- internals -----------------------------------------------------------------------
@@ -176,7 +201,9 @@ class CollectionRegistry:
         return placement
 
     def _write(self, bundle: CollectionBundle, placement: Placement, blocks: dict[int, int],
-               slots: dict[int, int]) -> None:
+               slots: dict[int, tuple[int, int]]) -> None:
+        """Bases of `blocks` (cluster -> block) and each new member's core (index -> (slot,
+        block)), into places no row reads yet."""
         bases: dict[tuple[int, str], dict[int, dict[int, tuple[torch.Tensor, torch.Tensor]]]]
         bases = {}
         for cluster in blocks:
@@ -185,8 +212,7 @@ class CollectionRegistry:
         for key, by_cluster in bases.items():
             for cluster, per_slice in by_cluster.items():
                 self.tables[key].write_block(blocks[cluster], per_slice)
-        for i, slot in slots.items():
-            block = blocks[bundle.assignment[i]]
+        for i, (slot, block) in slots.items():
             cores: dict[tuple[int, str], dict[int, torch.Tensor]] = {}
             for name, (key, k) in placement.items():
                 cores.setdefault(key, {})[k] = bundle.core(i, name)
@@ -203,4 +229,4 @@ class CollectionRegistry:
 
     def _refresh_active(self) -> None:
         for table in self.tables.values():
-            table.active = bool(self._loaded)
+            table.active = bool(self._resident)

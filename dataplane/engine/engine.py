@@ -217,15 +217,18 @@ class Engine(StepLoop):
 
     def load_collection(self, bundle: CollectionBundle | str | Path,
                         members: SequenceOf[int] | None = None) -> CollectionHandle:
-        """Serve a Compress-then-Serve collection natively (`EngineConfig.
-        collection_blocks` > 0): its shared bases resident once, a core per member slot.
-        `bundle`: a verified bundle or a bundle directory (`adapterctl collections
-        download`); `members`: bundle positions (None: all). Returns one adapter handle
-        per member for `add_request`; a refused load (CollectionError) changes nothing."""
+        """Serve members of a Compress-then-Serve collection natively (`EngineConfig.
+        collection_blocks` > 0): each cluster's bases resident once in a basis block, a core
+        per member slot. `bundle`: a verified bundle or a bundle directory (`adapterctl
+        collections download`); `members`: bundle positions (None: all). Members already
+        loaded keep their handles; the others are added in one all-or-nothing step (a
+        refused load raises CollectionError and changes nothing). Returns one adapter handle
+        per member asked for, for `add_request`."""
         return self.collections.load(bundle, members)
 
     def unload_collection(self, handle: CollectionHandle) -> None:
-        """Free the collection's slots and basis blocks; refused while a member is live."""
+        """Free the handle's members and the basis blocks no loaded member still reads;
+        refused while one of its members serves a live request."""
         self.collections.unload(handle, self._live_slots())
 
     # ----- requests -------------------------------------------------------------------

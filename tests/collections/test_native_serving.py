@@ -67,7 +67,7 @@ def _prompt_logits(engine: Engine, slot: int) -> torch.Tensor:
 def _untouched(engine: Engine) -> None:
     """No slot bound, every basis block and core zero, no table marked active."""
     assert engine.adapters.free_slots() == list(range(engine.config.max_slots))
-    assert engine.collections.loaded == ()
+    assert engine.collections.loaded == {}
     for table in engine.runner.collections.values():
         assert not table.active
         assert not table.vt.any() and not table.ut.any() and not table.cores.any()
@@ -183,29 +183,38 @@ def test_refused_loads_change_nothing(collection_base: Path, lossless: Path, clu
     _untouched(engine)
 
 
-def test_lifecycle_unload_is_fenced_by_live_requests(collection_base: Path,
-                                                     lossless: Path) -> None:
+def test_members_come_and_go_sharing_their_cluster_block(
+        collection_base: Path, collection_members: list[Path], lossless: Path) -> None:
     engine = _engine(collection_base)
     loaded = engine.load_collection(lossless, [1, 3])
-    assert engine.load_collection(lossless, [1, 3]) is loaded
-    with pytest.raises(CollectionError, match="already loaded"):
-        engine.load_collection(lossless, [0])
+    again = engine.load_collection(lossless, [3, 1])
+    assert again.members == loaded.members[::-1]  # loaded members keep their handles
     first = loaded.members[0]
     assert len({m.digest for m in loaded.members}) == 2
     with pytest.raises(CollectionError, match="unload_collection"):
         engine.unregister_adapter(first)
+    more = engine.load_collection(lossless, [0, 1])  # adds member 0 to the resident block
+    assert more.members[1] == first and more.blocks == loaded.blocks == {0: 0}
+    assert len(engine.adapters.free_slots()) == engine.config.max_slots - 3
     engine.add_request("live", PROMPT, GREEDY, first)
     engine.step()
     with pytest.raises(CollectionError, match="live requests"):
         engine.unload_collection(loaded)
     while engine.has_unfinished():
         engine.step()
-    engine.unload_collection(loaded)
-    _untouched(engine)
+    engine.unload_collection(loaded)  # members 1 and 3; member 0 still reads block 0
+    assert engine.collections.blocks_in_use() == {loaded.h_collection: {0: 0}}
     with pytest.raises(AdapterError, match="stale or foreign"):
         engine.add_request("stale", PROMPT, GREEDY, first)
-    again = engine.load_collection(lossless, [1, 3])
-    assert [m.digest for m in again.members] == [m.digest for m in loaded.members]
-    assert again.members[0].slot_generation > first.slot_generation
     with pytest.raises(CollectionError, match="not loaded"):
-        engine.unload_collection(loaded)
+        engine.unload_collection(more)  # member 1 of it is gone
+    alone = engine.load_collection(lossless, [0])
+    assert alone.members == (more.members[0],)
+    out = engine.generate([PROMPT], GREEDY, list(alone.members))[0]  # siblings gone
+    ref = HFReference(collection_base, {"m0": collection_members[0]})
+    assert list(out.token_ids) == ref.greedy(PROMPT, 5, "m0")[0]
+    engine.unload_collection(alone)
+    _untouched(engine)
+    back = engine.load_collection(lossless, [1, 3])
+    assert [m.digest for m in back.members] == [m.digest for m in loaded.members]
+    assert back.members[0].slot_generation > first.slot_generation
