@@ -12,23 +12,30 @@ adapter can never be loaded under this name.
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
+import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
+from typing import Any
 from urllib.parse import unquote, urlparse
 
 import httpx
 
-from agent.catalog import ArtifactInfo, LoadFailed
+from agent.catalog import ArtifactInfo, CollectionLink, LoadFailed
+from agent.native_members import BUNDLE_FILES, NativeMember, member_mismatch
 from dataplane.artifacts import BaseModelABI
+from dataplane.collections import CollectionError, read_bundle
+from dataplane.collections.bundle import CollectionBundle
 from dataplane.engine.adapters import AdapterError, LoadedAdapter, load_peft_adapter
 from dataplane.identity import h_adapter_semantic
 from dataplane.pool.errors import PoolError
 from dataplane.pool.faults import FaultInjector
 from dataplane.pool.host_tier import DiskCache
 
+log = logging.getLogger(__name__)
 CHUNK = 1 << 20
 ALLOWED_FILES = frozenset({"adapter_config.json", "adapter_model.safetensors"})
 
@@ -38,13 +45,20 @@ class ArtifactFetcher:
 
     def __init__(self, cache_dir: Path, base: BaseModelABI, max_rank: int,
                  fail_download: bool = False, delay_load_s: float = 0.0,
-                 faults: FaultInjector | None = None) -> None:
+                 faults: FaultInjector | None = None, native_collections: bool = False
+                 ) -> None:
         self.cache = DiskCache(cache_dir / "blobs", faults)
         self.dirs = cache_dir / "adapters"
         self.base = base
         self.max_rank = max_rank
         self.fail_download = fail_download
         self.delay_load_s = delay_load_s
+        self.native_collections = native_collections
+        """Return collection members as `NativeMember`s (the engine has collection blocks)."""
+        self.native_refused: dict[str, str] = {}
+        """H_artifact -> why a linked member is served as a plain LoRA."""
+        self._bundles: dict[str, CollectionBundle] = {}
+        self._bundle_lock = threading.Lock()
         self.cache_hits = 0
         self.cache_misses = 0
         self.downloaded_bytes = 0
@@ -56,8 +70,13 @@ class ArtifactFetcher:
         if not info.files or set(info.files) - ALLOWED_FILES:
             raise LoadFailed("artifact files are not a PEFT LoRA pair",
                              files=sorted(info.files))
+        return self.assemble(info.files, info.digest)
+
+    def assemble(self, files: Mapping[str, Mapping[str, Any]], key: str) -> Path:
+        """A directory `key` of `files` (`{name: {"sha256", "url"}}`), each downloaded
+        through the digest-checked cache, published by one atomic rename."""
         paths: dict[str, Path] = {}
-        for name, meta in sorted(info.files.items()):
+        for name, meta in sorted(files.items()):
             sha = str(meta["sha256"])
             try:
                 cached = self.cache.get(sha)
@@ -72,8 +91,8 @@ class ArtifactFetcher:
             except (PoolError, OSError, httpx.HTTPError) as exc:
                 raise LoadFailed(f"download of {name} failed: {exc}", file=name) from exc
             paths[name] = cached
-        target = self.dirs / info.digest
-        staging = self.dirs / f".staging-{info.digest}-{os.getpid()}-{time.monotonic_ns()}"
+        target = self.dirs / key
+        staging = self.dirs / f".staging-{key}-{os.getpid()}-{time.monotonic_ns()}"
         staging.mkdir(parents=True)
         try:
             for name, src in paths.items():
@@ -102,7 +121,9 @@ class ArtifactFetcher:
             raise LoadFailed(f"unsupported artifact URL scheme {parsed.scheme!r}")
 
     def load(self, info: ArtifactInfo) -> LoadedAdapter:
-        """Fetch, then read the factors; checks the semantic digest end to end."""
+        """Fetch, then read the factors; checks the semantic digest end to end. With
+        `native_collections`, a collection member comes back as a `NativeMember` when its
+        factors check out against the collection's bundle."""
         directory = self.fetch(info)
         if self.delay_load_s:
             time.sleep(self.delay_load_s)
@@ -115,4 +136,30 @@ class ArtifactFetcher:
         if loaded.digest != expected:
             raise LoadFailed("downloaded adapter does not match its catalog digest",
                              artifact=info.digest)
+        if self.native_collections and info.collection is not None:
+            return self._native(info, info.collection, loaded)
         return loaded
+
+    def _native(self, info: ArtifactInfo, link: CollectionLink, loaded: LoadedAdapter
+                ) -> LoadedAdapter:
+        """`loaded` as a NativeMember of its collection, or unchanged (logged) when the
+        bundle cannot be had or does not materialise exactly these factors."""
+        try:
+            if set(link.files) != BUNDLE_FILES:
+                raise LoadFailed("collection files are not a bundle", files=sorted(link.files))
+            with self._bundle_lock:
+                bundle = self._bundles.get(link.digest)
+                if bundle is None:
+                    bundle = read_bundle(self.assemble(link.files, f"collection-{link.digest}"))
+                    self._bundles = {link.digest: bundle}  # the latest collection only
+            reason = (member_mismatch(bundle, link.member, loaded)
+                      if bundle.h_collection == link.digest else "H_collection differs")
+        except (LoadFailed, CollectionError) as exc:
+            reason = f"bundle unavailable: {exc}"
+        if reason is not None:
+            self.native_refused[info.digest] = reason
+            log.warning("artifact %s served as a plain LoRA, not from collection %s: %s",
+                        info.digest[:12], link.digest[:12], reason)
+            return loaded
+        return NativeMember(loaded.modules, loaded.digest, loaded.source, loaded.specs,
+                            bundle=bundle, member=link.member)

@@ -91,6 +91,25 @@ class ModelRef:
 
 
 @dataclass(frozen=True)
+class CollectionLink:
+    """The fitted collection an artifact materialises a member of (desired state's
+    `artifact.collection`): H_collection, the member's position and the bundle's files."""
+
+    digest: str
+    member: int
+    files: Mapping[str, Mapping[str, Any]]
+
+    @classmethod
+    def from_wire(cls, doc: Mapping[str, Any] | None) -> CollectionLink | None:
+        if not doc:
+            return None
+        try:
+            return cls(str(doc["digest"]), int(doc["member"]), dict(doc["files"]))
+        except (KeyError, TypeError, ValueError):
+            return None  # malformed link: the artifact is still served as a plain LoRA
+
+
+@dataclass(frozen=True)
 class ArtifactInfo:
     """What the agent needs to fetch and check one validated artifact."""
 
@@ -102,6 +121,9 @@ class ArtifactInfo:
     max_rank: int
     roles: frozenset[str]
     total_bytes: int
+    collection: CollectionLink | None = None
+    """Set when the artifact is a Compress-then-Serve member (served natively by agents
+    with collection blocks, after checking its factors against the bundle)."""
 
     @classmethod
     def from_wire(cls, doc: Mapping[str, Any]) -> ArtifactInfo:
@@ -116,7 +138,8 @@ class ArtifactInfo:
         return cls(id=int(doc["id"]), digest=validated.h_artifact, files=dict(doc["files"]),
                    max_rank=validated.max_rank,
                    roles=frozenset(m.role for m in validated.modules),
-                   total_bytes=int(validated.total_bytes))
+                   total_bytes=int(validated.total_bytes),
+                   collection=CollectionLink.from_wire(doc.get("collection")))
 
 
 @dataclass(frozen=True)

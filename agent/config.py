@@ -69,6 +69,14 @@ class AgentSettings(BaseSettings):
     piecewise_graphs: bool = True
     """On CUDA: replay mixed (prefill + decode) steps as piecewise CUDA graphs
     (`EngineConfig.enable_piecewise_graphs`; with tp_degree > 1 on every rank)."""
+    collection_blocks: int = Field(default=0, ge=0)
+    """Serve Compress-then-Serve members natively: basis blocks (one per resident collection
+    cluster) in the engine's collection tables; an alias whose artifact is a verified
+    member of a fitted collection is served from the shared bases plus its core. 0: off
+    (members are ordinary LoRAs). `residency_backend=engine` and one GPU only."""
+    collection_rank: int = Field(default=32, ge=1)
+    """Shared rank R of every basis block (collections fitted at a larger R are served as
+    ordinary LoRAs)."""
     adapter_targets: list[str] = Field(default_factory=list)
     """Target roles this agent serves (default: every projection the model adapts)."""
 

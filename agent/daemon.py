@@ -62,7 +62,8 @@ class AgentDaemon:
         self.fetcher = ArtifactFetcher(settings.cache_dir, abi, settings.max_rank,
                                        fail_download=settings.fault_fail_download,
                                        delay_load_s=settings.fault_delay_load_s,
-                                       faults=self.faults)
+                                       faults=self.faults,
+                                       native_collections=bool(self.engine.runner.collections))
         self.loop = EngineLoop(self.engine, self.fetcher, self.catalog, self.metrics,
                                settings.max_slots, settings.max_queued_requests,
                                settings.fault_step_delay_s)

@@ -177,13 +177,18 @@ def build_engine(settings: AgentSettings, metrics: AgentMetrics,
                  max_num_seqs=settings.max_num_seqs,
                  max_num_batched_tokens=settings.max_num_batched_tokens)
     engine: MeteredEngine
+    if settings.collection_blocks and (settings.tp_degree > 1
+                                       or settings.residency_backend != "engine"):
+        raise ValueError("collection_blocks needs residency_backend='engine' on one GPU "
+                         "(the collection tables live beside the engine's factor tables)")
     if settings.tp_degree > 1:
         engine = _build_tp_engine(settings, sizes)
     elif settings.residency_backend == "engine":
         single = MeteredEngine.from_model_dir(
             settings.model_dir, dtype=settings.dtype, device=settings.device,
             enable_piecewise_graphs=settings.piecewise_graphs,
-            lora_fold=lora_fold(settings), **sizes)
+            lora_fold=lora_fold(settings), collection_blocks=settings.collection_blocks,
+            collection_rank=settings.collection_rank, **sizes)
         assert isinstance(single, MeteredEngine)
         engine = single
         engine.slots = EngineSlots(engine)

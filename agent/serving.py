@@ -32,6 +32,7 @@ from agent.metrics import AgentMetrics
 from agent.residents import ResidentSet
 from agent.slot_backends import EngineSlots, SlotBackend
 from agent.tickets import BadPrompt, Event, InternalError, Ticket
+from dataplane.engine.adapters import AdapterHandle
 from dataplane.engine.engine import Engine
 
 __all__ = ["PREFETCH_RETRY_S", "BadPrompt", "EngineLoop", "Event", "InternalError",
@@ -127,6 +128,11 @@ class EngineLoop(Admission):
                 self._finish(ticket, None)
 
     # ---- status ----------------------------------------------------------------------------
+    def _native_collection(self, handle: AdapterHandle | None) -> str | None:
+        """H_collection when `handle`'s slot is served from a collection's shared bases."""
+        lookup = getattr(self.slots, "collection_of", None)
+        return lookup(handle.slot) if handle is not None and lookup is not None else None
+
     def _publish_status(self) -> None:
         # each bound slot's H_kernel_local (one per TP rank under TP; AdapterRegistry)
         kernel_local = self.engine.adapters.kernel_local
@@ -136,6 +142,7 @@ class EngineLoop(Admission):
                   "slot_generation": r.handle.slot_generation if r.handle else None,
                   "kernel_local": list(kernel_local.get(r.handle.slot, ()))
                   if r.handle else [],
+                  "collection": self._native_collection(r.handle),
                   "prefetch": r.prefetch, "waiting": len(r.waiting)}
                  for r in self.residents.by_digest.values()]
         pool = self.slots.gauges()

@@ -17,8 +17,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, Protocol
 
+from agent.native_members import NativeMember
 from agent.pool_slots import PoolSlots
 from dataplane.engine.adapters import AdapterHandle, LoadedAdapter
+from dataplane.engine.collection_slots import CollectionHandle
 from dataplane.engine.engine import Engine
 
 __all__ = ["EngineSlots", "PoolSlots", "SlotBackend"]
@@ -43,16 +45,36 @@ class SlotBackend(Protocol):
 
 
 class EngineSlots:
-    """Factors in the engine's own tables; never evicts on its own."""
+    """Factors in the engine's own tables; never evicts on its own. A `NativeMember`
+    (agent/native_members.py) is served from the engine's collection tables instead."""
 
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
+        self.native: dict[int, CollectionHandle] = {}
+        """Slot -> the one-member collection handle that holds it."""
 
     def load(self, key: str, adapter: LoadedAdapter, kv_pages: int = 0) -> AdapterHandle:
+        if isinstance(adapter, NativeMember) and adapter.bundle is not None and \
+                self.engine.runner.collections:
+            held = self.engine.load_collection(adapter.bundle, [adapter.member],
+                                               {adapter.member: adapter.digest})
+            member = held.members[0]
+            self.native[member.slot] = held
+            return member
         return self.engine.register_loaded_adapter(adapter)
 
     def unload(self, handle: AdapterHandle) -> None:
+        held = self.native.get(handle.slot)
+        if held is not None and held.members[0] == handle:
+            self.engine.unload_collection(held)
+            del self.native[handle.slot]
+            return
         self.engine.unregister_adapter(handle)
+
+    def collection_of(self, slot: int) -> str | None:
+        """H_collection of the collection serving `slot` natively, else None."""
+        held = self.native.get(slot)
+        return held.h_collection if held is not None else None
 
     def hold(self, handle: AdapterHandle) -> None:
         return None

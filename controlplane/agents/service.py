@@ -15,9 +15,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from datetime import timedelta
 from typing import Any
 
+from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from controlplane.agents.repository import AgentRepository
@@ -25,7 +27,7 @@ from controlplane.agents.schemas import HeartbeatRequest, RegisterRequest
 from controlplane.audit.service import record_audit
 from controlplane.db import begin_write
 from controlplane.errors import AdapterplaneError, NotFound
-from controlplane.models import Artifact, CatalogGeneration, utcnow
+from controlplane.models import Artifact, CatalogGeneration, CollectionMember, utcnow
 from controlplane.models.agent import Agent
 from controlplane.placement.policy import AdapterDemand, capacity_from_record, place
 from controlplane.storage import ObjectStore
@@ -91,11 +93,34 @@ def heartbeat(session: Session, agent_id: int, body: HeartbeatRequest) -> Agent:
     return agent
 
 
-def _artifact_doc(store: ObjectStore, a: Artifact) -> dict[str, Any]:
+def _artifact_doc(store: ObjectStore, a: Artifact,
+                  links: Mapping[int, CollectionMember]) -> dict[str, Any]:
     files = {name: {"sha256": f["sha256"], "size": f["size"],
                     "url": object_url(store, str(f["key"]))} for name, f in a.files.items()}
-    return {"id": a.id, "digest": a.digest, "files": files,
-            "validated_record": a.validated_record}
+    doc: dict[str, Any] = {"id": a.id, "digest": a.digest, "files": files,
+                           "validated_record": a.validated_record}
+    link = links.get(a.id)
+    if link is not None and link.collection.files:
+        doc["collection"] = {
+            "id": link.collection_id, "digest": link.collection.digest,
+            "member": link.member_index,
+            "files": {name: {"sha256": f["sha256"], "size": f["size"],
+                             "url": object_url(store, str(f["key"]))}
+                      for name, f in link.collection.files.items()}}
+    return doc
+
+
+def _collection_links(session: Session, artifact_ids: set[int]) -> dict[int, CollectionMember]:
+    """Artifact id -> the (first) collection member it materialises."""
+    if not artifact_ids:
+        return {}
+    rows = session.scalars(select(CollectionMember).where(
+        CollectionMember.artifact_id.in_(sorted(artifact_ids)))
+        .order_by(CollectionMember.id)).all()
+    links: dict[int, CollectionMember] = {}
+    for row in rows:
+        links.setdefault(row.artifact_id, row)
+    return links
 
 
 def _demand(a: Artifact, h_base: str) -> AdapterDemand | None:
@@ -119,12 +144,13 @@ def desired_state(session: Session, store: ObjectStore, agent: Agent,
     demands: list[AdapterDemand] = []
     current_digest: dict[int, str | None] = {}
     sent: list[tuple[int, dict[str, Any]]] = []
+    to_send: list[tuple[dict[str, Any], list[CatalogGeneration]]] = []
     for alias in aliases:
         gens = repo.recent_generations(alias.id, HISTORY_LIMIT)
         if since is None or max((g.id for g in gens), default=0) > since:
             item = {"namespace": alias.namespace.name, "alias": alias.name,
-                    "current_generation": alias.current_generation,
-                    "generations": [_generation_doc(store, g) for g in gens]}
+                    "current_generation": alias.current_generation}
+            to_send.append((item, list(gens)))
             items.append(item)
             sent.append((alias.id, item))
         current = next((g for g in gens if g.generation == alias.current_generation), None)
@@ -133,6 +159,10 @@ def desired_state(session: Session, store: ObjectStore, agent: Agent,
         demand = _demand(art, agent.h_base) if art is not None else None
         if demand is not None:
             demands.append(demand)
+    links = _collection_links(session, {g.artifact.id for _, gens in to_send for g in gens
+                                        if g.artifact is not None})
+    for item, gens in to_send:
+        item["generations"] = [_generation_doc(store, g, links) for g in gens]
     placed = place(demands, _live_capacities(repo, agent)).get(agent.id, frozenset())
     for alias_id, item in sent:
         item["prefetch"] = current_digest[alias_id] in placed
@@ -142,9 +172,11 @@ def desired_state(session: Session, store: ObjectStore, agent: Agent,
             "prefetch": prefetch, "aliases": items}
 
 
-def _generation_doc(store: ObjectStore, g: CatalogGeneration) -> dict[str, Any]:
+def _generation_doc(store: ObjectStore, g: CatalogGeneration,
+                    links: Mapping[int, CollectionMember]) -> dict[str, Any]:
     return {"generation": g.generation, "action": g.action,
-            "artifact": _artifact_doc(store, g.artifact) if g.artifact is not None else None}
+            "artifact": (_artifact_doc(store, g.artifact, links) if g.artifact is not None
+                         else None)}
 
 
 def agent_state(agent: Agent) -> str:

@@ -11,13 +11,15 @@ from __future__ import annotations
 import tempfile
 from pathlib import Path
 
+from sqlalchemy import select
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from controlplane.artifacts.service import push_artifact
 from controlplane.collections.repository import CollectionRepository
 from controlplane.config import Settings
 from controlplane.errors import BadRequest, InvalidState, StorageUnavailable
-from controlplane.models import Artifact, CollectionState
+from controlplane.models import Artifact, CollectionMember, CollectionState
 from controlplane.namespaces.repository import NamespaceRepository
 from controlplane.storage import ADAPTER_FILES, ObjectStore, StorageError
 from controlplane.worker.jobs import JobQueue
@@ -56,9 +58,26 @@ def materialize_member(session: Session, store: ObjectStore, jobs: JobQueue,
         write_member_peft(bundle, index, member_dir, dtype)
         handles = {name: (member_dir / name).open("rb") for name in ADAPTER_FILES}
         try:
-            return push_artifact(session, store, jobs, settings, namespace=namespace,
-                                 h_base=h_base, files=handles, actor=actor,
-                                 source=f"collection:{cid}/member:{index}")
+            artifact, created = push_artifact(
+                session, store, jobs, settings, namespace=namespace, h_base=h_base,
+                files=handles, actor=actor, source=f"collection:{cid}/member:{index}")
         finally:
             for handle in handles.values():
                 handle.close()
+    _link(session, cid, index, artifact.id)
+    return artifact, created
+
+
+def _link(session: Session, collection_id: int, index: int, artifact_id: int) -> None:
+    """Record that `artifact_id` materialises member `index` (once; a concurrent push of
+    the same member links the same artifact, so losing the race changes nothing)."""
+    found = session.scalar(select(CollectionMember).where(
+        CollectionMember.collection_id == collection_id, CollectionMember.member_index == index))
+    if found is not None:
+        return
+    session.add(CollectionMember(collection_id=collection_id, member_index=index,
+                                 artifact_id=artifact_id))
+    try:
+        session.commit()
+    except IntegrityError:
+        session.rollback()

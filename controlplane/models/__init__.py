@@ -14,6 +14,7 @@ from controlplane.models.base import Base, utcnow
 from controlplane.models.base_model import BaseModel
 from controlplane.models.catalog import Alias, CatalogAction, CatalogGeneration
 from controlplane.models.collection import Collection, CollectionState, CollectionStateError
+from controlplane.models.collection_member import CollectionMember, CollectionMemberError
 from controlplane.models.namespace import Namespace
 
 __all__ = [
@@ -29,6 +30,8 @@ __all__ = [
     "CatalogAction",
     "CatalogGeneration",
     "Collection",
+    "CollectionMember",
+    "CollectionMemberError",
     "CollectionState",
     "CollectionStateError",
     "Namespace",

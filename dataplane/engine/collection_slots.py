@@ -17,7 +17,7 @@ member index, core digest)``, served as ``H_adapter_semantic(H_base, H_member)``
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
@@ -98,10 +98,13 @@ class CollectionRegistry:
         return {m.slot for r in self._resident.values() for m in r.members.values()}
 
     def load(self, source: CollectionBundle | str | Path,
-             members: Iterable[int] | None = None) -> CollectionHandle:
+             members: Iterable[int] | None = None,
+             identities: Mapping[int, str] | None = None) -> CollectionHandle:
         """Serve `members` (bundle positions; None: all) of a bundle or bundle directory.
         Members already loaded keep their handles; the others are added, with the basis
-        blocks of clusters not resident yet, in one all-or-nothing step."""
+        blocks of clusters not resident yet, in one all-or-nothing step. `identities`:
+        the semantic digest to serve a member under (an agent serving a published member
+        artifact passes the artifact's); default `member_identity`."""
         bundle = source if isinstance(source, CollectionBundle) else read_bundle(Path(source))
         if not self.tables:
             raise CollectionError("this engine serves no collections natively "
@@ -116,6 +119,14 @@ class CollectionRegistry:
                                   members=list(indices), size=count)
         placement = self._check(bundle)
         resident = self._resident.get(h_collection) or _Resident(tuple(bundle.assignment))
+        cores = bundle.manifest["core_digests"]
+        served = {i: (identities or {}).get(i) or h_adapter_semantic(
+            self.h_base, member_identity(h_collection, i, str(cores[i]))) for i in indices}
+        clash = [i for i in indices if i in resident.members
+                 and resident.members[i].digest != served[i]]
+        if clash:
+            raise CollectionError("members are already served under another identity",
+                                  members=clash)
         new = [i for i in indices if i not in resident.members]
         clusters = sorted({bundle.assignment[i] for i in new} - set(resident.blocks))
         used = {b for r in self._resident.values() for b in r.blocks.values()}
@@ -134,11 +145,8 @@ class CollectionRegistry:
         except Exception:
             self._clear(added.values(), slots.values())
             raise
-        cores = bundle.manifest["core_digests"]
         for i in new:  # publication: the bound handles make the new members reachable
-            semantic = h_adapter_semantic(self.h_base,
-                                          member_identity(h_collection, i, str(cores[i])))
-            handle = AdapterHandle(slots[i], semantic, self.adapters.next_generation(slots[i]),
+            handle = AdapterHandle(slots[i], served[i], self.adapters.next_generation(slots[i]),
                                    self.rank, f"collection:{h_collection}:{i}")
             self.adapters.bind_external(handle)
             resident.members[i] = handle

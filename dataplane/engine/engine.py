@@ -18,6 +18,7 @@ Usage::
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from collections.abc import Sequence as SequenceOf
 from pathlib import Path
 
@@ -216,15 +217,17 @@ class Engine(StepLoop):
         return {s.adapter_slot for s in self._seqs.values() if not s.is_finished}
 
     def load_collection(self, bundle: CollectionBundle | str | Path,
-                        members: SequenceOf[int] | None = None) -> CollectionHandle:
+                        members: SequenceOf[int] | None = None,
+                        identities: Mapping[int, str] | None = None) -> CollectionHandle:
         """Serve members of a Compress-then-Serve collection natively (`EngineConfig.
         collection_blocks` > 0): each cluster's bases resident once in a basis block, a core
         per member slot. `bundle`: a verified bundle or a bundle directory (`adapterctl
         collections download`); `members`: bundle positions (None: all). Members already
         loaded keep their handles; the others are added in one all-or-nothing step (a
         refused load raises CollectionError and changes nothing). Returns one adapter handle
-        per member asked for, for `add_request`."""
-        return self.collections.load(bundle, members)
+        per member asked for, for `add_request`. `identities`: the semantic digest to
+        serve a member under (default: derived from H_collection, position and core)."""
+        return self.collections.load(bundle, members, identities)
 
     def unload_collection(self, handle: CollectionHandle) -> None:
         """Free the handle's members and the basis blocks no loaded member still reads;
