@@ -80,6 +80,28 @@ def test_fit_emits_a_bundle_and_members_become_artifacts(api: Api, assets: Asset
     same = api.client.post(f"{ROOT}/{fitted['id']}/members/1/artifact", headers=api.admin)
     assert same.status_code == 200 and same.json()["id"] == art["id"]
 
+    # agents learn which member an artifact is: desired state carries the bundle's URLs
+    for alias, artifact_id in (("compressed", art["id"]), ("plain", a["id"])):
+        r = api.client.post(f"/v1/namespaces/acme/aliases/{alias}/publish", headers=api.admin,
+                            json={"artifact": str(artifact_id)})
+        assert r.status_code in (200, 201), r.text
+    agent = api.token([], is_agent=True, name="collections-agent")
+    caps = {"base": assets.h_base, "dtypes": ["float32"], "max_rank": 16,
+            "targets": ["q_proj", "v_proj"], "adapter_slots": 2, "pool_pages": 100,
+            "page_bytes": 4096, "kv_reserve_pages": 50}
+    me = api.client.post("/v1/agents/register", headers=agent, json={
+        "name": "collections-agent", "url": "http://127.0.0.1:1", "capabilities": caps})
+    assert me.status_code == 201, me.text
+    state = api.client.get(f"/v1/agents/{me.json()['id']}/desired-state", headers=agent,
+                           params={"worker_epoch": me.json()["worker_epoch"]}).json()
+    docs = {i["alias"]: i["generations"][0]["artifact"] for i in state["aliases"]
+            if i["namespace"] == "acme"}
+    link = docs["compressed"]["collection"]
+    assert (link["id"], link["digest"], link["member"]) == (fitted["id"], fitted["digest"], 1)
+    assert {n: m["sha256"] for n, m in link["files"].items()} == {
+        n: m["sha256"] for n, m in fitted["files"].items()}
+    assert "collection" not in docs["plain"]
+
     audit = [e["action"] for e in api.client.get("/v1/audit", headers=api.admin)
              .json()["items"]]
     assert audit.count("collection.submit") == 1 and audit.count("collection.fitted") == 1
