@@ -57,7 +57,7 @@ class EngineSlots:
         if isinstance(adapter, NativeMember) and adapter.bundle is not None and \
                 self.engine.runner.collections:
             held = self.engine.load_collection(adapter.bundle, [adapter.member],
-                                               {adapter.member: adapter.digest})
+                                               {adapter.member: adapter})
             member = held.members[0]
             self.native[member.slot] = held
             return member

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import functools
 import re
+from collections.abc import Sequence as SequenceOf
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
@@ -48,6 +49,16 @@ class AdapterError(EngineError):
     """The adapter is invalid for this engine (rejected artifact, no slot, rank too big)."""
 
     code = "ADAPTER_INVALID"
+
+
+class Placed(Protocol):
+    """What H_kernel_local records of an adapter placed in a slot (a `LoadedAdapter`)."""
+
+    @property
+    def digest(self) -> str: ...
+
+    @property
+    def specs(self) -> SequenceOf[ModuleSpec]: ...
 
 
 class ModelRunnerLike(Protocol):
@@ -182,8 +193,9 @@ class AdapterRegistry:
         self._by_slot: dict[int, AdapterHandle] = {}
         self._generations: dict[int, int] = {}
         self._kernel_local: dict[int, tuple[str, ...]] = {}
-        self._placed: dict[int, tuple[str, tuple[ModuleSpec, ...], str]] = {}
-        """Slot -> (semantic digest, module specs, packing) whose H_kernel_local is not
+        self._placed: dict[int, tuple[str, tuple[ModuleSpec, ...], str, str | None]] = {}
+        """Slot -> (semantic digest, module specs, packing, kernel family if not the
+        engine's LoRA kernels) whose H_kernel_local is not
         computed yet: a load only notes it (hashing 224 module layouts costs milliseconds,
         more than a cold load's whole budget); `kernel_local` computes it when read."""
 
@@ -194,9 +206,9 @@ class AdapterRegistry:
         if self._placed:
             dtype = str(getattr(self.runner, "dtype", "torch.float32")).split(".")[-1]
             family = self.kernel_family
-            for slot, (semantic, specs, packing) in self._placed.items():
+            for slot, (semantic, specs, packing, own) in self._placed.items():
                 self._kernel_local[slot] = (
-                    _kernel_local_digest(semantic, specs, family, dtype, packing),)
+                    _kernel_local_digest(semantic, specs, own or family, dtype, packing),)
             self._placed.clear()
         return self._kernel_local
 
@@ -209,11 +221,12 @@ class AdapterRegistry:
         fold = "+fold" if getattr(model, "lora_fold_slots", None) is not None else ""
         return (backend.name if backend is not None else "none") + fold
 
-    def _note_placement(self, slot: int, adapter: LoadedAdapter | None, packing: str) -> None:
+    def _note_placement(self, slot: int, adapter: Placed | None, packing: str,
+                        family: str | None = None) -> None:
         self._kernel_local.pop(slot, None)
         self._placed.pop(slot, None)
         if adapter is not None and adapter.specs:
-            self._placed[slot] = (adapter.digest, adapter.specs, packing)
+            self._placed[slot] = (adapter.digest, tuple(adapter.specs), packing, family)
 
     def register(self, adapter: LoadedAdapter) -> AdapterHandle:
         if self.runner.max_slots == 0:
@@ -262,12 +275,15 @@ class AdapterRegistry:
                     tuple(m.a.shape) != (m.rank, d_in) or tuple(m.b.shape) != (d_out, m.rank):
                 raise AdapterError(f"layer {m.layer} {m.module}: factors do not fit the model")
 
-    def bind_external(self, handle: AdapterHandle, adapter: LoadedAdapter | None = None
-                      ) -> None:
+    def bind_external(self, handle: AdapterHandle, adapter: Placed | None = None,
+                      packing: str = PAGED, family: str | None = None) -> None:
         """Bind `handle` to its slot for factors that live outside the runner's tables
-        (the agent's unified page pool writes the kernels' address tables itself).
+        (the agent's unified page pool writes the kernels' address tables itself; a
+        collection member's core sits in the collection tables).
 
         The slot must be free and within `max_slots`; the runner's tables are not touched.
+        `adapter` (its digest and module specs), `packing` and `family` (None: the engine's
+        LoRA kernels) are what the slot's H_kernel_local records.
         After this, `add_request(adapter=handle)` and the scheduler's readiness check
         accept the handle exactly as for `register`.
         """
@@ -277,7 +293,7 @@ class AdapterRegistry:
         if handle.slot in self._by_slot:
             raise AdapterError("slot is already bound", slot=handle.slot)
         self._by_slot[handle.slot] = handle
-        self._note_placement(handle.slot, adapter, PAGED)  # the unified page pool
+        self._note_placement(handle.slot, adapter, packing, family)
 
     def release_external(self, handle: AdapterHandle) -> None:
         """Undo :meth:`bind_external` (the caller fences requests that still use it)."""

@@ -26,7 +26,7 @@ import torch
 
 from dataplane.collections.bundle import CollectionBundle, read_bundle
 from dataplane.collections.errors import CollectionError
-from dataplane.engine.adapters import AdapterHandle, AdapterRegistry
+from dataplane.engine.adapters import AdapterHandle, AdapterRegistry, Placed
 from dataplane.identity import digest, h_adapter_semantic
 from dataplane.layers.collection_table import CollectionTable
 from dataplane.models.llama import LORA_GROUPS
@@ -34,6 +34,9 @@ from dataplane.models.llama import LORA_GROUPS
 _MODULE = re.compile(
     r"^model\.layers\.(\d+)\.(?:self_attn|mlp)\."
     r"(q_proj|k_proj|v_proj|o_proj|gate_proj|up_proj|down_proj)$")
+
+COLLECTION_FAMILY = "collection-torch"
+"""The kernels that read a member's slot: the three-stage torch ops of CollectionTable."""
 
 Placement = dict[str, tuple[tuple[int, str], int]]
 """Bundle module name -> ((layer, fused projection), slice index)."""
@@ -99,12 +102,13 @@ class CollectionRegistry:
 
     def load(self, source: CollectionBundle | str | Path,
              members: Iterable[int] | None = None,
-             identities: Mapping[int, str] | None = None) -> CollectionHandle:
+             served_as: Mapping[int, Placed] | None = None) -> CollectionHandle:
         """Serve `members` (bundle positions; None: all) of a bundle or bundle directory.
         Members already loaded keep their handles; the others are added, with the basis
-        blocks of clusters not resident yet, in one all-or-nothing step. `identities`:
-        the semantic digest to serve a member under (an agent serving a published member
-        artifact passes the artifact's); default `member_identity`."""
+        blocks of clusters not resident yet, in one all-or-nothing step. `served_as`: the
+        adapter a member is served as (an agent serving a published member artifact passes
+        the artifact's: its semantic digest and module specs, which the slot's
+        H_kernel_local then records); default: `member_identity`, no kernel record."""
         bundle = source if isinstance(source, CollectionBundle) else read_bundle(Path(source))
         if not self.tables:
             raise CollectionError("this engine serves no collections natively "
@@ -120,7 +124,8 @@ class CollectionRegistry:
         placement = self._check(bundle)
         resident = self._resident.get(h_collection) or _Resident(tuple(bundle.assignment))
         cores = bundle.manifest["core_digests"]
-        served = {i: (identities or {}).get(i) or h_adapter_semantic(
+        given = served_as or {}
+        served = {i: given[i].digest if i in given else h_adapter_semantic(
             self.h_base, member_identity(h_collection, i, str(cores[i]))) for i in indices}
         clash = [i for i in indices if i in resident.members
                  and resident.members[i].digest != served[i]]
@@ -148,7 +153,8 @@ class CollectionRegistry:
         for i in new:  # publication: the bound handles make the new members reachable
             handle = AdapterHandle(slots[i], served[i], self.adapters.next_generation(slots[i]),
                                    self.rank, f"collection:{h_collection}:{i}")
-            self.adapters.bind_external(handle)
+            self.adapters.bind_external(handle, given.get(i), packing=f"collection:{h_collection}",
+                                        family=COLLECTION_FAMILY)
             resident.members[i] = handle
         resident.blocks = blocks
         self._resident[h_collection] = resident

@@ -41,6 +41,7 @@ from dataplane.engine.adapters import (
     AdapterHandle,
     AdapterRegistry,
     LoadedAdapter,
+    Placed,
     load_peft_adapter,
 )
 from dataplane.engine.async_steps import Launched, has_live_rows
@@ -218,16 +219,17 @@ class Engine(StepLoop):
 
     def load_collection(self, bundle: CollectionBundle | str | Path,
                         members: SequenceOf[int] | None = None,
-                        identities: Mapping[int, str] | None = None) -> CollectionHandle:
+                        served_as: Mapping[int, Placed] | None = None) -> CollectionHandle:
         """Serve members of a Compress-then-Serve collection natively (`EngineConfig.
         collection_blocks` > 0): each cluster's bases resident once in a basis block, a core
         per member slot. `bundle`: a verified bundle or a bundle directory (`adapterctl
         collections download`); `members`: bundle positions (None: all). Members already
         loaded keep their handles; the others are added in one all-or-nothing step (a
         refused load raises CollectionError and changes nothing). Returns one adapter handle
-        per member asked for, for `add_request`. `identities`: the semantic digest to
-        serve a member under (default: derived from H_collection, position and core)."""
-        return self.collections.load(bundle, members, identities)
+        per member asked for, for `add_request`. `served_as`: the adapter (digest, module
+        specs) a member is served as; default: an identity derived from H_collection,
+        position and core."""
+        return self.collections.load(bundle, members, served_as)
 
     def unload_collection(self, handle: CollectionHandle) -> None:
         """Free the handle's members and the basis blocks no loaded member still reads;

@@ -5,7 +5,7 @@ worker; each member is pushed as an artifact and published under its own alias. 
 with collection blocks (engine residency) finds the link in its desired state, downloads
 the bundle, checks the member's factors against it and serves each alias from the shared
 bases: greedy tokens equal HF + PEFT on the source adapters, and `/v1/agent/state` names
-the collection for both slots (one basis block). The deployment's ordinary agent serves the
+the collection for both slots. The deployment's ordinary agent serves the
 same aliases as plain LoRAs with the same tokens; an artifact without a link (alias `a`)
 stays a plain LoRA on the native agent.
 """
@@ -83,29 +83,32 @@ def _greedy(agent: AgentProcess, token: str, model: str, prompt: list[int]) -> l
     return [int(t) for t in extra["token_ids"]]
 
 
+def _slot(agent: AgentProcess, digest: str) -> dict[str, Any]:
+    state = agent.wait_for(lambda s: any(
+        x["artifact_digest"] == digest and x["state"] in ("active", "idle") for x in s["slots"]))
+    return next(x for x in state["slots"] if x["artifact_digest"] == digest)
+
+
 def test_members_are_served_from_their_collection(
         deployment: Deployment, agent_assets: AgentAssets, members: dict[str, Any],
         native_agent: AgentProcess) -> None:
     ns, token = deployment.namespace, deployment.reader_token
     reference = GreedyReference(agent_assets.base,
                                 {f"s{i}": p for i, p in enumerate(members["sources"])})
-    for i in range(2):
+    digests = [a["digest"] for a in members["artifacts"]]
+    for i, d in enumerate(digests):
         for prompt in PROMPTS:
             want = reference.greedy(prompt, 6, f"s{i}")
             assert _greedy(native_agent, token, f"{ns}/native-m{i}", prompt) == want
             assert _greedy(deployment.agent, token, f"{ns}/native-m{i}", prompt) == want
-    digests = {a["digest"] for a in members["artifacts"]}
-    state = native_agent.wait_for(lambda s: digests <= {
-        x["artifact_digest"] for x in s["slots"] if x["state"] in ("active", "idle")})
-    slots = {x["artifact_digest"]: x for x in state["slots"]}
-    for d in digests:
-        assert slots[d]["collection"] == members["collection"]["digest"], slots[d]
-    plain = deployment.agent.state()["slots"]
-    assert all(x["collection"] is None for x in plain if x["artifact_digest"] in digests)
+        native = _slot(native_agent, d)
+        assert native["collection"] == members["collection"]["digest"], native
+        plain = _slot(deployment.agent, d)  # same artifact as a plain LoRA (pool kernels)
+        assert plain["collection"] is None
+        assert native["kernel_local"] and plain["kernel_local"]
+        assert native["kernel_local"] != plain["kernel_local"]
     # an artifact that materialises no member stays an ordinary LoRA on this agent
     plain_a = GreedyReference(agent_assets.base, {"a": agent_assets.adapters["a"]})
     assert _greedy(native_agent, token, f"{ns}/a", PROMPTS[0]) == plain_a.greedy(
         PROMPTS[0], 6, "a")
-    a_digest = deployment.artifacts["a"]["digest"]
-    slot_a = next(x for x in native_agent.state()["slots"] if x["artifact_digest"] == a_digest)
-    assert slot_a["collection"] is None
+    assert _slot(native_agent, deployment.artifacts["a"]["digest"])["collection"] is None

@@ -218,3 +218,25 @@ def test_members_come_and_go_sharing_their_cluster_block(
     back = engine.load_collection(lossless, [1, 3])
     assert [m.digest for m in back.members] == [m.digest for m in loaded.members]
     assert back.members[0].slot_generation > first.slot_generation
+
+
+def test_member_served_as_its_artifact_records_kernel_local(
+        collection_base: Path, lossless: Path, tmp_path: Path) -> None:
+    from dataplane.engine.adapters import load_peft_adapter
+    from tests.engine.test_adapters import _expected_kernel_local
+
+    bundle = read_bundle(lossless)
+    member_dir = write_member_peft(bundle, 2, tmp_path / "m2")
+    artifact = load_peft_adapter(member_dir, read_base_abi(collection_base), 16)
+    engine = _engine(collection_base)
+    own = engine.load_collection(bundle, [0])
+    assert own.members[0].slot not in engine.adapters.kernel_local  # no artifact: no record
+    served = engine.load_collection(bundle, [2], {2: artifact})
+    member = served.members[0]
+    assert member.digest == artifact.digest  # the artifact's semantic identity
+    assert engine.adapters.kernel_local[member.slot] == (_expected_kernel_local(
+        member_dir, collection_base, "collection-torch", f"collection:{bundle.h_collection}"),)
+    with pytest.raises(CollectionError, match="another identity"):
+        engine.load_collection(bundle, [2])  # the same member under its default identity
+    engine.unload_collection(served)
+    assert member.slot not in engine.adapters.kernel_local
