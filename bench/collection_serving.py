@@ -9,7 +9,10 @@ a random R×R core per member. Cases:
 
 * `none`: the base model, no LoRA slots.
 * `native`: `engine.load_collection` — each cluster's bases resident once, a core per
-  member slot, the three-stage operator in every projection.
+  member slot, the three-stage operator in every projection; `max_rank=0`: the engine
+  holds no LoRA factor tables and launches no LoRA kernels.
+* `native+lora`: the same in an engine that also has rank-R LoRA tables (it could serve
+  ordinary adapters beside the members, so its graphs launch the LoRA kernels too).
 * `lora`: the same members materialised (`B = U Σ_i`, `A = Vᵀ`, scale 1) and registered as
   ordinary rank-R LoRAs (what `adapterctl collections member` serves).
 
@@ -94,11 +97,11 @@ def materialised(bundle: CollectionBundle, index: int, dtype: torch.dtype, devic
 def run_case(model: LlamaForCausalLM, args: argparse.Namespace, mode: str, members: int,
              bundle: CollectionBundle | None) -> dict[str, Any]:
     config, dtype = model.config, model.dtype
-    native = mode == "native"
+    native = mode.startswith("native")
     cfg = EngineConfig(max_num_seqs=args.batch, max_num_batched_tokens=max(args.batch, 2048),
                        num_kv_blocks=args.kv_blocks, block_size=16,
                        max_slots=0 if mode == "none" else members,
-                       max_rank=1 if native else args.rank,
+                       max_rank=0 if mode == "native" else args.rank,
                        max_model_len=args.context + args.steps + 32,
                        enable_cuda_graphs=args.device == "cuda",
                        collection_blocks=args.clusters if native else 0,
@@ -164,7 +167,7 @@ def main() -> None:
     rows = [run_case(model, args, "none", 0, None)]
     for n in args.members:
         bundle = synthetic_bundle(config, n, args.clusters, args.rank)
-        for mode in ("native", "lora"):
+        for mode in ("native", "native+lora", "lora"):
             rows.append(run_case(model, args, mode, n, bundle))
         del bundle
     args.out.mkdir(parents=True, exist_ok=True)

@@ -20,6 +20,8 @@ class EngineConfig:
     block_size: int = 16
     max_slots: int = 8
     max_rank: int = 16
+    """Largest LoRA rank a slot may hold; 0 with `collection_blocks` > 0: an engine serving
+    only collection members (no LoRA factor tables, no LoRA launches)."""
     max_model_len: int | None = None
     enable_prefix_caching: bool = True
     enable_cuda_graphs: bool = True
@@ -49,7 +51,7 @@ class EngineConfig:
 
     def __post_init__(self) -> None:
         minimum = {"max_num_seqs": 1, "max_num_batched_tokens": 1, "num_kv_blocks": 1,
-                   "block_size": 1, "max_slots": 0, "max_rank": 1, "max_graph_context": 1,
+                   "block_size": 1, "max_slots": 0, "max_rank": 0, "max_graph_context": 1,
                    "collection_blocks": 0, "collection_rank": 1}
         for name, low in minimum.items():
             value = getattr(self, name)

@@ -69,7 +69,9 @@ class ModelRunner:
 
     Args:
         max_rows: largest T of any plan (max_num_batched_tokens, >= max_num_seqs).
-        max_slots / max_rank: adapter slot count and the largest rank a slot may hold.
+        max_slots / max_rank: adapter slot count and the largest rank a slot may hold
+            (0: no LoRA factor tables and no LoRA launches; the slots serve collection
+            members only).
         lora_backend: kernels backend name (None: Triton on CUDA, torch on CPU).
         attention_backend: decode attention, "triton" (paged kernel) or "torch" (gather +
             SDPA); None: Triton on CUDA, torch on CPU.
@@ -139,12 +141,15 @@ class ModelRunner:
                 linear.collection = self.collections[(layer, attr)] = CollectionTable(
                     max_slots, linear.in_features, linear.out_features, collection_blocks,
                     collection_rank, self.dtype, self.device)
+        if max_slots > 0 and max_rank == 0 and not self.collections:
+            raise InvalidRequest("max_rank 0 holds no LoRA factors: only collection members "
+                                 "(collection_blocks > 0) can use the slots")
         if max_slots > 0:
             self.backend = get_lora_backend(self.device, prefer=lora_backend)
             self.meta_buffers = LoraMetaBuffers(max_rows, max_slots, self.device)
             self.workspace = LoraWorkspace(
-                self.backend.workspace_numel(max_rows, 3, max_rank), self.device)
-            for layer, attr, linear in own:
+                self.backend.workspace_numel(max_rows, 3, max(max_rank, 1)), self.device)
+            for layer, attr, linear in own if max_rank > 0 else ():
                 table = LoraFactorTable(max_slots, linear.in_features, linear.out_features,
                                         max_rank, self.dtype, self.device)
                 linear.factors = table

@@ -19,8 +19,8 @@ def test_collection_serving_bench_smoke(tmp_path: Path) -> None:
         check=True, cwd=ROOT, capture_output=True, timeout=300)
     rows = json.loads((tmp_path / "collection_serving.json").read_text())
     assert [(r["mode"], r["members"]) for r in rows] == [
-        ("none", 0), ("native", 3), ("lora", 3)]
-    native, lora = rows[1], rows[2]
+        ("none", 0), ("native", 3), ("native+lora", 3), ("lora", 3)]
+    native, lora = rows[1], rows[3]
     assert native["distinct_per_step"] == lora["distinct_per_step"] == 3
     assert all(r["step_ms"] > 0 for r in rows)
     # tiny shape: (d_in + d_out) over q, k, v, o, gate, up, down = 1,024; 2 layers; fp32

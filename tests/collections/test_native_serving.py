@@ -17,7 +17,7 @@ from dataplane.collections import JD_DIAG, JD_FULL, TENSORS_FILE, CollectionErro
 from dataplane.collections.bundle import CollectionBundle, read_bundle
 from dataplane.collections.compress import CompressionSpec, compress_collection
 from dataplane.collections.member_peft import write_member_peft
-from dataplane.core import SamplingParams
+from dataplane.core import InvalidRequest, SamplingParams
 from dataplane.engine.adapters import AdapterError
 from dataplane.engine.engine import Engine
 from dataplane.layers.collection_table import CollectionTable
@@ -96,12 +96,13 @@ def test_lossless_members_serve_their_sources_in_one_mixed_batch(
         assert list(out.token_ids) == ref.greedy(PROMPT, 5, name)[0]
 
 
-@pytest.mark.parametrize("fold", [False, True])
+@pytest.mark.parametrize("mode", ["plain", "fold", "collections-only"])
 def test_two_clusters_serve_like_their_written_back_members(
-        collection_base: Path, clustered: Path, tmp_path: Path, fold: bool) -> None:
+        collection_base: Path, clustered: Path, tmp_path: Path, mode: str) -> None:
     bundle = read_bundle(clustered)
     assert sorted(set(bundle.assignment)) == [0, 1]
-    engine = _engine(collection_base, lora_fold=fold)
+    engine = (_engine(collection_base, max_rank=0) if mode == "collections-only" else
+              _engine(collection_base, lora_fold=mode == "fold"))
     loaded = engine.load_collection(bundle)
     assert sorted(loaded.blocks.values()) == [0, 1]
     written = {f"c{i}": write_member_peft(bundle, i, tmp_path / f"c{i}")
@@ -113,6 +114,10 @@ def test_two_clusters_serve_like_their_written_back_members(
     outs = engine.generate([PROMPT] * len(loaded.members), GREEDY, list(loaded.members))
     for i, out in enumerate(outs):  # decode steps: folded when `fold`
         assert list(out.token_ids) == ref.greedy(PROMPT, 5, f"c{i}")[0]
+    if mode == "collections-only":  # no LoRA factor tables: LoRA adapters are refused
+        assert engine.runner.tables == {}
+        with pytest.raises(AdapterError, match="rank 5 > 0"):
+            engine.register_adapter(written["c0"])
 
 
 @pytest.mark.parametrize("method", [JD_FULL, JD_DIAG])
@@ -156,6 +161,8 @@ def test_refused_loads_change_nothing(collection_base: Path, lossless: Path, clu
     bundle = read_bundle(lossless)
     with pytest.raises(CollectionError, match="serves no collections"):
         _engine(collection_base, collection_blocks=0).load_collection(bundle)
+    with pytest.raises(InvalidRequest, match="only collection members"):
+        _engine(collection_base, collection_blocks=0, max_rank=0)
     engine = _engine(collection_base)
     other_base = dataclasses.replace(bundle, manifest={**bundle.manifest, "h_base": "0" * 64})
     cases: list[tuple[Engine, CollectionBundle | Path, object, str]] = [

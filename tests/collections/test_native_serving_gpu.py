@@ -26,7 +26,7 @@ PROMPTS = [[5, 17, 33, 9, 100, 7, 250, 3, 64], [1, 2, 3], [9, 9, 9, 31, 200],
 MAX_TOKENS = 8
 
 
-@pytest.mark.parametrize("mode", ["graphs", "graphs-fold", "piecewise"])
+@pytest.mark.parametrize("mode", ["graphs", "graphs-fold", "piecewise", "collections-only"])
 def test_native_members_in_cuda_graphs_match_hf(cuda_device: torch.device,
                                                 collection_base: Path,
                                                 collection_members: list[Path],
@@ -39,16 +39,18 @@ def test_native_members_in_cuda_graphs_match_hf(cuda_device: torch.device,
                                                       max_relative_error=Fraction(1)))
     engine = Engine.from_model_dir(collection_base, dtype="float32", device="cuda",
                                    max_num_seqs=8, max_num_batched_tokens=64,
-                                   num_kv_blocks=64, block_size=4, max_slots=6, max_rank=4,
+                                   num_kv_blocks=64, block_size=4, max_slots=6,
+                                   max_rank=0 if mode == "collections-only" else 4,
                                    collection_blocks=2, collection_rank=8,
                                    lora_fold=mode == "graphs-fold",
                                    enable_piecewise_graphs=mode == "piecewise")
     loaded = engine.load_collection(bundle)
-    lora = engine.register_adapter(collection_members[0])
+    lora = (None if mode == "collections-only"
+            else engine.register_adapter(collection_members[0]))
     written = {f"c{i}": write_member_peft(bundle, i, tmp_path / f"c{i}")
                for i in range(len(loaded.members))}
     handles = [loaded.members[0], loaded.members[1], None, lora, loaded.members[3]]
-    names = ["c0", "c1", None, "src0", "c3"]
+    names = ["c0", "c1", None, "src0" if lora is not None else None, "c3"]
     params = SamplingParams(temperature=0, max_tokens=MAX_TOKENS, ignore_eos=True, logprobs=0)
     outs = engine.generate(PROMPTS, params, handles)
     graphs = engine.runner.graphs
@@ -60,5 +62,6 @@ def test_native_members_in_cuda_graphs_match_hf(cuda_device: torch.device,
         ref_tokens, ref_logits = hf.greedy(prompt, MAX_TOKENS, name)
         assert list(out.token_ids) == ref_tokens, name
         want = ref_logits.log_softmax(-1)[torch.arange(MAX_TOKENS), torch.tensor(ref_tokens)]
+        assert out.logprobs is not None
         got = torch.tensor([lp.logprob for lp in out.logprobs])
         torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
