@@ -53,12 +53,14 @@ def render_agent(agent: dict[str, Any]) -> None:
     console = output.stdout_console()
     console.print(head)
     slots = Table(title="slots", header_style="bold")
-    for column in ("slot", "artifact", "state", "refcount", "prefetch", "waiting"):
+    for column in ("slot", "artifact", "state", "refcount", "prefetch", "waiting",
+                   "collection"):
         slots.add_column(column)
     for s in agent.get("slots") or []:
         slots.add_row(str(s.get("slot", "-")), output.short(s.get("artifact_digest")),
                       str(s.get("state")), str(s.get("refcount", 0)),
-                      str(s.get("prefetch", False)), str(s.get("waiting", 0)))
+                      str(s.get("prefetch", False)), str(s.get("waiting", 0)),
+                      output.short(s.get("collection")))
     console.print(slots)
     for failure in agent.get("load_failures") or []:
         output.note(f"load failure [{failure.get('stage')}] "

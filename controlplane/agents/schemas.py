@@ -57,6 +57,8 @@ class SlotReport(BaseModel):
     slot_generation: int | None = None
     prefetch: bool = False
     waiting: int = 0
+    collection: str | None = Field(default=None, pattern=r"^[0-9a-f]{64}$")
+    """H_collection when the slot serves its artifact from a collection's shared bases."""
 
 
 class LoadFailureReport(BaseModel):

@@ -107,6 +107,12 @@ def test_members_are_served_from_their_collection(
         assert plain["collection"] is None
         assert native["kernel_local"] and plain["kernel_local"]
         assert native["kernel_local"] != plain["kernel_local"]
+    # the control plane hears it through the heartbeat (`adapterctl agents show`)
+    coll = members["collection"]["digest"]
+    native_agent.wait_for(lambda _s: set(digests) <= {
+        x["artifact_digest"] for x in {a["name"]: a for a in deployment.admin.call(
+            "GET", "/v1/agents")}["agent-native"]["slots"] if x.get("collection") == coll},
+        timeout_s=15)
     # an artifact that materialises no member stays an ordinary LoRA on this agent
     plain_a = GreedyReference(agent_assets.base, {"a": agent_assets.adapters["a"]})
     assert _greedy(native_agent, token, f"{ns}/a", PROMPTS[0]) == plain_a.greedy(

@@ -34,7 +34,8 @@ def test_agents_list_and_show(adapterctl: Invoke, control_plane: EmbeddedStack,
                         json={"name": name, "url": "http://127.0.0.1:9", "capabilities": caps})
         assert reg.status_code == 201, reg.text
         agent = reg.json()
-        slots = [{"artifact_digest": "ab" * 32, "state": "active", "refcount": 2, "slot": 0},
+        slots = [{"artifact_digest": "ab" * 32, "state": "active", "refcount": 2, "slot": 0,
+                  "collection": "ef" * 32},
                  {"artifact_digest": "cd" * 32, "state": "loading", "waiting": 1}]
         beat = http.post(f"/v1/agents/{agent['id']}/heartbeat",
                          json={"worker_epoch": agent["worker_epoch"], "catalog_version": 3,
@@ -57,6 +58,8 @@ def test_agents_list_and_show(adapterctl: Invoke, control_plane: EmbeddedStack,
     assert ok_json(adapterctl("-o", "json", "agents", "show", name))["id"] == agent["id"]
     text = adapterctl("agents", "show", name)
     assert text.exit_code == 0 and "loading" in text.stdout and "pool_pages=64" in text.stdout
+    assert "efefefefefef" in text.stdout  # the slot served from a collection
+    assert [s.get("collection") for s in shown["slots"]] == ["ef" * 32, None]
 
     missing = adapterctl("agents", "show", "no-such-agent")
     assert missing.exit_code == 3 and "NOT_FOUND" in missing.stderr
