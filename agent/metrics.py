@@ -117,6 +117,18 @@ class AgentMetrics:
         self.publication_generation = Gauge("adapter_publication_generation",
                                             "Catalog version of the last applied desired state.",
                                             registry=r)
+        self.collection_blocks = Gauge(
+            "adapter_collection_blocks",
+            "Basis blocks of the engine's collection tables by state (used|free).",
+            ["state"], registry=r)
+        self.collection_members = Gauge(
+            "adapter_collection_members",
+            "Slots serving a collection member natively (shared bases + own core).",
+            registry=r)
+        self.collection_resident_bytes = Gauge(
+            "adapter_collection_resident_bytes",
+            "Device bytes of the resident collections' bases and members' cores.",
+            registry=r)
 
     def watch_collectives(self, counter: CollectiveCounter) -> None:
         """Export a TP rank's collective ledger (read at scrape time):
@@ -131,6 +143,14 @@ class AgentMetrics:
         `adapter_lora_fold_capacity` (fold slots in use) and
         `adapter_lora_fold_width_steps_total{width}` (steps by fold slots read)."""
         self.registry.register(_FoldCollector(slots))
+
+    def observe_collections(self, blocks_used: int, blocks_total: int, members: int,
+                            resident_bytes: int) -> None:
+        """Gauges of natively served collections (engines with collection blocks)."""
+        self.collection_blocks.labels("used").set(blocks_used)
+        self.collection_blocks.labels("free").set(blocks_total - blocks_used)
+        self.collection_members.set(members)
+        self.collection_resident_bytes.set(resident_bytes)
 
     def observe_loop(self, residents: ResidentSet, pool: dict[str, dict[str, int]],
                      kv_free: int, kv_total: int, live: int, downloaded: int,

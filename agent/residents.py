@@ -18,6 +18,7 @@ import time
 from dataclasses import dataclass, field
 
 from agent.catalog import ArtifactInfo
+from agent.native_members import NativeMember
 from dataplane.engine.adapters import AdapterHandle, LoadedAdapter
 
 
@@ -55,7 +56,9 @@ class Resident:
 
     @property
     def factor_bytes(self) -> int:
-        if self.loaded is None:
+        """Bytes of the LoRA factors this resident places on the device (0 for a member
+        served from a collection's tables: see `adapter_collection_resident_bytes`)."""
+        if self.loaded is None or isinstance(self.loaded, NativeMember):
             return 0
         return sum(m.a.numel() * m.a.element_size() + m.b.numel() * m.b.element_size()
                    for m in self.loaded.modules)

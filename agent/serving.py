@@ -149,6 +149,11 @@ class EngineLoop(Admission):
         self.status = {"slots": slots, "live": len(self._live),
                        "load_failures": list(self.failures), "pool": pool}
         kv = self.engine.block_manager.pool
+        registry = self.engine.collections
+        if registry.blocks:
+            used = sum(len(b) for b in registry.blocks_in_use().values())
+            self.metrics.observe_collections(used, registry.blocks, len(registry.member_slots()),
+                                             registry.resident_bytes())
         self._downloaded_seen = self.metrics.observe_loop(
             self.residents, pool, kv.num_free, kv.num_pages, len(self._live),
             self.fetcher.downloaded_bytes, self._downloaded_seen)

@@ -97,6 +97,19 @@ class CollectionRegistry:
         """H_collection -> cluster -> basis block, for resident clusters."""
         return {h: dict(r.blocks) for h, r in self._resident.items()}
 
+    def resident_bytes(self) -> int:
+        """Device bytes the resident collections use: their blocks' bases in every table
+        and their members' cores (the tables' capacity is allocated up front)."""
+        blocks = sum(len(r.blocks) for r in self._resident.values())
+        members = sum(len(r.members) for r in self._resident.values())
+        total = 0
+        for table in self.tables.values():
+            elem = table.vt.element_size()
+            per_block = self.rank * (table.vt.shape[1] + table.ut.shape[1]) * len(
+                table.out_features) * elem
+            total += blocks * per_block + members * table.cores[0].numel() * elem
+        return total
+
     def member_slots(self) -> set[int]:
         return {m.slot for r in self._resident.values() for m in r.members.values()}
 

@@ -16,6 +16,7 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
+import httpx
 import openai
 import pytest
 
@@ -113,6 +114,12 @@ def test_members_are_served_from_their_collection(
         x["artifact_digest"] for x in {a["name"]: a for a in deployment.admin.call(
             "GET", "/v1/agents")}["agent-native"]["slots"] if x.get("collection") == coll},
         timeout_s=15)
+    metrics = httpx.get(f"{native_agent.url}/metrics", timeout=10).text
+    assert 'adapter_collection_blocks{state="used"} 1.0' in metrics
+    assert 'adapter_collection_blocks{state="free"} 1.0' in metrics
+    members_line = next(line for line in metrics.splitlines()
+                        if line.startswith("adapter_collection_members "))
+    assert float(members_line.split()[1]) >= 1
     # an artifact that materialises no member stays an ordinary LoRA on this agent
     plain_a = GreedyReference(agent_assets.base, {"a": agent_assets.adapters["a"]})
     assert _greedy(native_agent, token, f"{ns}/a", PROMPTS[0]) == plain_a.greedy(

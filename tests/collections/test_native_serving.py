@@ -203,6 +203,12 @@ def test_members_come_and_go_sharing_their_cluster_block(
     more = engine.load_collection(lossless, [0, 1])  # adds member 0 to the resident block
     assert more.members[1] == first and more.blocks == loaded.blocks == {0: 0}
     assert len(engine.adapters.free_slots()) == engine.config.max_slots - 3
+    c = engine.model.config  # resident: one block of rank 16 and three members' cores
+    shapes = [(c.hidden_size, (c.q_size, c.kv_size, c.kv_size)), (c.q_size, (c.hidden_size,)),
+              (c.hidden_size, (c.intermediate_size,) * 2),
+              (c.intermediate_size, (c.hidden_size,))]
+    assert engine.collections.resident_bytes() == 4 * c.num_layers * sum(
+        16 * (d_in + sum(outs)) * len(outs) + 3 * len(outs) * 16 * 16 for d_in, outs in shapes)
     engine.add_request("live", PROMPT, GREEDY, first)
     engine.step()
     with pytest.raises(CollectionError, match="live requests"):
