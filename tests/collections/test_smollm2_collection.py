@@ -58,6 +58,21 @@ def test_lossless_collection_serves_like_its_sources(smollm2: Path, members: lis
                            handles)
     for i, out in enumerate(outs):
         assert list(out.token_ids) == ref.greedy(PROMPT, 4, f"m{i}")[0]
+    greedy = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
+    as_lora = engine.generate(["Hello"], greedy, [handles[0]])[0]
+    del engine
+    # and natively: one basis resident, three cores (the README's collections-only engine)
+    native = Engine.from_model_dir(smollm2, max_num_seqs=4, max_num_batched_tokens=32,
+                                   num_kv_blocks=32, block_size=8, max_slots=3, max_rank=0,
+                                   collection_blocks=1, collection_rank=sum(RANKS))
+    loaded = native.load_collection(bundle)
+    outs = native.generate([PROMPT] * len(members),
+                           SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True),
+                           list(loaded.members))
+    for i, out in enumerate(outs):
+        assert list(out.token_ids) == ref.greedy(PROMPT, 4, f"m{i}")[0]
+    text = native.generate(["Hello"], greedy, [loaded.members[0]])[0]
+    assert list(text.token_ids) == list(as_lora.token_ids) and text.text == as_lora.text
     source = hf_logits(smollm2, PROMPT, members[0])
     compressed = hf_logits(smollm2, PROMPT, written["m0"])
     assert (source - hf_logits(smollm2, PROMPT)).abs().max() > 1e-2
