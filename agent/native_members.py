@@ -13,16 +13,14 @@ artifact as an ordinary LoRA.
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 
 import torch
 
-from dataplane.collections.bundle import CollectionBundle
-from dataplane.engine.adapters import LoadedAdapter
+from dataplane.collections.bundle import MANIFEST_FILE, TENSORS_FILE, CollectionBundle
+from dataplane.engine.adapters import LoadedAdapter, projection_of
 
-BUNDLE_FILES = frozenset({"collection.json", "collection.safetensors"})
-_MODULE = re.compile(r"^model\.layers\.(\d+)\.(?:self_attn|mlp)\.(\w+)$")
+BUNDLE_FILES = frozenset({MANIFEST_FILE, TENSORS_FILE})
 
 
 @dataclass(frozen=True)
@@ -41,10 +39,10 @@ def member_mismatch(bundle: CollectionBundle, index: int, adapter: LoadedAdapter
         return f"member {index} is outside the collection"
     names: dict[tuple[int, str], str] = {}
     for name in bundle.modules:
-        match = _MODULE.match(name)
-        if match is None:
+        where = projection_of(name)
+        if where is None:
             return f"unsupported module {name!r}"
-        names[(int(match.group(1)), match.group(2))] = name
+        names[where] = name
     factors = {(m.layer, m.module): m for m in adapter.modules}
     if set(factors) != set(names):
         return "the artifact adapts other modules than the collection"

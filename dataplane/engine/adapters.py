@@ -45,6 +45,13 @@ _MODULE = re.compile(
     r"(q_proj|k_proj|v_proj|o_proj|gate_proj|up_proj|down_proj)$")
 
 
+def projection_of(name: str) -> tuple[int, str] | None:
+    """``(layer, module)`` of a canonical module name such as
+    ``model.layers.3.self_attn.q_proj``; None for anything that is not a projection."""
+    match = _MODULE.match(name)
+    return None if match is None else (int(match.group(1)), match.group(2))
+
+
 class AdapterError(EngineError):
     """The adapter is invalid for this engine (rejected artifact, no slot, rank too big)."""
 
@@ -119,11 +126,11 @@ def load_peft_adapter(peft_dir: Path, base: BaseModelABI, max_rank: int) -> Load
                 tensors[parsed] = handle.get_tensor(key)
     modules = []
     for name, spec in sorted(specs.items()):
-        match = _MODULE.match(name)
-        if match is None:
+        where = projection_of(name)
+        if where is None:
             raise AdapterError(f"module {name!r} is not a supported projection", module=name)
         a, b = tensors[(name, "A")], tensors[(name, "B")]
-        modules.append(ModuleFactors(int(match.group(1)), match.group(2), a, b, spec.scale))
+        modules.append(ModuleFactors(where[0], where[1], a, b, spec.scale))
     digest = h_adapter_semantic(artifact.h_base, artifact.h_artifact)
     return LoadedAdapter(tuple(modules), digest, str(peft_dir),
                          tuple(sorted(artifact.modules, key=lambda m: m.name)))

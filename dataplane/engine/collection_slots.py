@@ -16,7 +16,6 @@ member index, core digest)``, served as ``H_adapter_semantic(H_base, H_member)``
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,14 +25,10 @@ import torch
 
 from dataplane.collections.bundle import CollectionBundle, read_bundle
 from dataplane.collections.errors import CollectionError
-from dataplane.engine.adapters import AdapterHandle, AdapterRegistry, Placed
+from dataplane.engine.adapters import AdapterHandle, AdapterRegistry, Placed, projection_of
 from dataplane.identity import digest, h_adapter_semantic
 from dataplane.layers.collection_table import CollectionTable
 from dataplane.models.llama import LORA_GROUPS
-
-_MODULE = re.compile(
-    r"^model\.layers\.(\d+)\.(?:self_attn|mlp)\."
-    r"(q_proj|k_proj|v_proj|o_proj|gate_proj|up_proj|down_proj)$")
 
 COLLECTION_FAMILY = "collection-torch"
 """The kernels that read a member's slot: the three-stage torch ops of CollectionTable."""
@@ -87,6 +82,11 @@ class CollectionRegistry:
         any_table = next(iter(self.tables.values()), None)
         self.blocks = any_table.blocks if any_table is not None else 0
         self.rank = any_table.rank if any_table is not None else 0
+        self._block_bytes = sum(  # one block: NS·R rows of Vᵀ and of Uᵀ in every table
+            len(t.out_features) * t.rank * (t.vt.shape[1] + t.ut.shape[1]) * t.vt.element_size()
+            for t in self.tables.values())
+        self._core_bytes = sum(t.cores[0].numel() * t.cores.element_size()
+                               for t in self.tables.values())
 
     @property
     def loaded(self) -> dict[str, dict[int, AdapterHandle]]:
@@ -102,13 +102,7 @@ class CollectionRegistry:
         and their members' cores (the tables' capacity is allocated up front)."""
         blocks = sum(len(r.blocks) for r in self._resident.values())
         members = sum(len(r.members) for r in self._resident.values())
-        total = 0
-        for table in self.tables.values():
-            elem = table.vt.element_size()
-            per_block = self.rank * (table.vt.shape[1] + table.ut.shape[1]) * len(
-                table.out_features) * elem
-            total += blocks * per_block + members * table.cores[0].numel() * elem
-        return total
+        return blocks * self._block_bytes + members * self._core_bytes
 
     def member_slots(self) -> set[int]:
         return {m.slot for r in self._resident.values() for m in r.members.values()}
@@ -212,10 +206,10 @@ class CollectionRegistry:
         placement: Placement = {}
         for entry in bundle.manifest["modules"]:
             name = str(entry["name"])
-            match = _MODULE.match(name)
-            found = None if match is None else next(
-                (((int(match.group(1)), attr), k) for attr, group in LORA_GROUPS.items()
-                 for k, module in enumerate(group) if module == match.group(2)), None)
+            where = projection_of(name)
+            found = None if where is None else next(
+                (((where[0], attr), k) for attr, group in LORA_GROUPS.items()
+                 for k, module in enumerate(group) if module == where[1]), None)
             table = None if found is None else self.tables.get(found[0])
             if found is None or table is None:
                 raise CollectionError(f"module {name!r} is not a projection of this model",
