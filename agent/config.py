@@ -62,10 +62,11 @@ class AgentSettings(BaseSettings):
     lora_fold: Literal["auto", "on", "off"] = "auto"
     """Decode steps fold the LoRA into each projection's base GEMM (every slot's `A` under
     the weight) and its consumer op (RoPE, add-RMSNorm, SiLU·mul): no LoRA launch, one more
-    copy of every slot's factors (per rank). TP: every no_extra_collectives projection; one
-    GPU: `residency_backend=engine` only (`on` with the pool backend is refused). `auto`:
-    unless reading idle slots' `A` costs more than the launches saved
-    (`dataplane.parallel.fold_cost`); off with the pool backend on one GPU."""
+    copy of the factors of as many adapters as a decode step can use (per rank). TP: every
+    no_extra_collectives projection; one GPU: every projection, its fold filled from the
+    engine's factor tables or, with the pool backend, from the pool's pages. `auto`: unless
+    reading idle fold slots' `A` costs more than the launches saved
+    (`dataplane.parallel.fold_cost`)."""
     piecewise_graphs: bool = True
     """On CUDA: replay mixed (prefill + decode) steps as piecewise CUDA graphs
     (`EngineConfig.enable_piecewise_graphs`; with tp_degree > 1 on every rank)."""

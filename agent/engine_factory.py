@@ -116,13 +116,7 @@ def tp_lora_layouts(settings: AgentSettings) -> dict[str, LayoutDecision | str]:
 
 
 def lora_fold(settings: AgentSettings) -> bool:
-    """The `lora_fold` setting, or with `auto` the fold cost model's decision. One GPU with
-    the pool backend: the pool's factors have no fold copy (`on` raises, `auto` is off)."""
-    if settings.tp_degree == 1 and settings.residency_backend != "engine":
-        if settings.lora_fold == "on":
-            raise ValueError("lora_fold=on needs residency_backend='engine' on one GPU "
-                             "(the unified pool's factors are not folded)")
-        return False
+    """The `lora_fold` setting, or with `auto` the fold cost model's decision."""
     if settings.lora_fold != "auto":
         return settings.lora_fold == "on"
     from dataplane.models.config import ModelConfig
@@ -193,7 +187,6 @@ def build_engine(settings: AgentSettings, metrics: AgentMetrics,
         engine = single
         engine.slots = EngineSlots(engine)
     else:
-        lora_fold(settings)  # `on` is refused here
         path = Path(settings.model_dir)
         model = load_model(path, getattr(torch, settings.dtype), torch.device(settings.device))
         abi = read_base_abi(path)
@@ -209,6 +202,8 @@ def build_engine(settings: AgentSettings, metrics: AgentMetrics,
         engine = MeteredEngine(model, config, abi.h_base, abi, tokenizer,
                                kv_pages=slots.kv_view, kv_cache=slots.kv_cache)
         slots.attach(engine)
+        if settings.max_slots > 0 and lora_fold(settings):
+            slots.enable_fold()
         engine.slots = slots
         engine.capture_cuda_graphs()
     engine.slot_ranks = {}

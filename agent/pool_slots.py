@@ -32,10 +32,13 @@ import torch
 
 from dataplane.engine.adapters import AdapterHandle, LoadedAdapter
 from dataplane.kernels.base import LoraModuleWeights
+from dataplane.layers.lora_fold_slots import FoldSlots
+from dataplane.layers.lora_fold_store import FoldStore
 from dataplane.models.llama import LORA_GROUPS, LlamaForCausalLM
 from dataplane.pool.device_pool import DevicePool
 from dataplane.pool.events import CompletedEvent, CopyEvent
 from dataplane.pool.faults import FaultInjector
+from dataplane.pool.fold_source import attach_paged_folds
 from dataplane.pool.host_tier import HostTier
 from dataplane.pool.kernel_tables import KernelTables, ModuleGroup
 from dataplane.pool.kv_view import KvPageView
@@ -113,6 +116,19 @@ class PoolSlots:
         self._engine = engine
         for layer, attr, linear in self.model.lora_linears():
             linear.attach_factors(_PoolFactors(self.tables.weights(layer, attr)))
+
+    def enable_fold(self) -> None:
+        """Fold decode steps' LoRA into the base GEMMs (dataplane/pool/fold_source.py):
+        fold slots filled from the pool's pages, emptied when their slot is published anew
+        or reclaimed. After `attach`, before any load and before graphs are captured."""
+        if self._handles:
+            raise ValueError("enable the LoRA fold before loading adapters")
+        engine = self.engine
+
+        def paged(slots: FoldSlots, stores: dict[tuple[int, str], FoldStore]) -> None:
+            self.pool.listeners.append(attach_paged_folds(slots, self.tables, stores))
+
+        engine.runner.enable_lora_fold(engine.config.max_num_seqs, paged=paged)
 
     @property
     def engine(self) -> Engine:

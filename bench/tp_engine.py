@@ -12,6 +12,11 @@ the host; at TP the tokens reach the followers by one device broadcast per step)
     python3 bench/tp_engine.py --tp 1 2 --adapters 0 16 --out $OUT     # 2 GPUs
     python3 bench/tp_engine.py --shape tiny --device cpu --tp 1 2 --adapters 0 2 \
         --batch 4 --context 16 --steps 4 --out /tmp/tpe                # smoke (CPU, gloo)
+    python3 bench/tp_engine.py --tp 1 --pool --adapters 0 16 --fold --out $OUT   # 1 GPU
+
+`--pool` (TP=1): the agent's default residency — adapters and KV blocks in one unified
+page pool (agent/pool_slots.py), the kernels reading factors from their pages, and with
+`--fold` the fold slots filled from the pages (dataplane/pool/fold_source.py).
 
 `build_s`: the engine's construction, graph captures included (`--piecewise` adds the
 mixed-step pieces, as a serving agent captures them). Adapters: random rank-16 all-linear
@@ -72,6 +77,26 @@ def time_steps(engine: Engine, args: argparse.Namespace, handles: list[Any]) -> 
     return step_intervals(engine, args.steps, args.device)
 
 
+def pool_engine(model: LlamaForCausalLM, cfg: EngineConfig, args: argparse.Namespace
+                ) -> tuple[Engine, Any]:
+    """The agent's pool-backed engine (agent/engine_factory.py): KV blocks and factors in
+    one pool of `--kv-blocks` pages, the fold (if any) filled from the pages, graphs
+    captured after the linears point at the pool."""
+    from agent.pool_slots import PoolSlots
+
+    slots = PoolSlots.for_model(model, num_pages=cfg.num_kv_blocks, block_size=cfg.block_size,
+                                max_slots=max(cfg.max_slots, 1), max_rank=cfg.max_rank,
+                                host_bytes=args.pool_host_gib << 30)
+    engine = Engine(model, dataclasses.replace(cfg, lora_fold=False, enable_cuda_graphs=False),
+                    DIGEST, kv_pages=slots.kv_view, kv_cache=slots.kv_cache)
+    slots.attach(engine)
+    if cfg.lora_fold:
+        slots.enable_fold()
+    if cfg.enable_cuda_graphs:
+        engine.capture_cuda_graphs()
+    return engine, slots
+
+
 def bench_rank(rank: int, tp: int, init_file: str, args: argparse.Namespace,
                results_dir: str) -> None:
     torch.set_num_threads(max(1, (os.cpu_count() or 2) // max(tp, 1)))
@@ -87,7 +112,10 @@ def bench_rank(rank: int, tp: int, init_file: str, args: argparse.Namespace,
             cfg = dataclasses.replace(engine_config(args, n, mode), lora_fold=args.fold and n > 0)
             engine: Engine
             built = time.perf_counter()
-            if group is None:
+            pool = None
+            if group is None and args.pool:
+                engine, pool = pool_engine(global_model, cfg, args)
+            elif group is None:
                 engine = Engine(global_model, cfg, DIGEST)
             else:
                 model = TPLlamaForCausalLM(global_model, group, max_slots=n, max_rank=16)
@@ -97,12 +125,14 @@ def bench_rank(rank: int, tp: int, init_file: str, args: argparse.Namespace,
                     del engine, model
                     continue
             built = time.perf_counter() - built
-            handles = [engine.register_loaded_adapter(a) for a in adapters_for(config, n, dtype)]
+            handles = ([engine.register_loaded_adapter(a) for a in adapters_for(config, n, dtype)]
+                       if pool is None else
+                       [pool.load(a.digest, a) for a in adapters_for(config, n, dtype)])
             if group is not None:
                 group.counter.reset()  # this engine's token broadcasts only
             times = time_steps(engine, args, handles)
             row = {"tp": tp, "adapters": n, "scheduling": mode,
-                   "fold": bool(args.fold and n),
+                   "fold": bool(args.fold and n), "pool": pool is not None,
                    "async_on": engine.async_scheduling,
                    "overlapped_steps": engine.num_overlapped_steps,
                    "build_s": built, "piecewise": args.piecewise,
@@ -114,7 +144,7 @@ def bench_rank(rank: int, tp: int, init_file: str, args: argparse.Namespace,
                 engine.shutdown()
             print(json.dumps(row), flush=True)
             rows.append(row)
-            del engine, handles
+            del engine, handles, pool
             if device.type == "cuda":
                 torch.cuda.synchronize(device)
                 torch.cuda.empty_cache()
@@ -141,8 +171,14 @@ def main() -> None:
                         "time is in build_s; decode steps are timed either way")
     p.add_argument("--fold", action="store_true",
                    help="LoRA folded into the base GEMMs for decode steps (TP=1 and TP>1)")
+    p.add_argument("--pool", action="store_true",
+                   help="TP=1: factors and KV in the agent's unified page pool")
+    p.add_argument("--pool-host-gib", type=int, default=16,
+                   help="--pool: host tier bytes for the adapters' packed images")
     p.add_argument("--out", type=Path, default=Path("."))
     args = p.parse_args()
+    if args.pool and args.tp != [1]:
+        p.error("--pool is TP=1 only")
     args.out.mkdir(parents=True, exist_ok=True)
     rows: list[dict[str, Any]] = []
     for tp in args.tp:

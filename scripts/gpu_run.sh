@@ -20,7 +20,9 @@
 # TP=1 modules and their TP=2 shards; `dattn`: decode attention per split-KV config)
 # and on a 2-GPU host the tensor-parallel sections `tp tptests` (`tplocal`: `tp` with the
 # default layout only; `tpfold`: TP=2 with the LoRA folded into the base GEMMs and their
-# consumer ops, against the launch path).
+# consumer ops, against the launch path); on one GPU `poolfold` / `enginefold`: engine.step()
+# decode with the factors in the agent's unified pool / the engine's tables, launched vs
+# folded.
 # (tests/ is a package, so tests/agent is `tests.agent` and never shadows the `agent`
 # package, with or without an editable install.)
 # Results: $OUT/<section>.txt (logs), $OUT/<section>/ (JSON); $OUT/sections.txt has the
@@ -169,6 +171,12 @@ for s in "$@"; do
                tests/agent/test_tp_ranks_gpu.py ;;  # 2 GPUs
     tpengine) section tpengine 400 python3 bench/tp_engine.py --tp 1 2 --adapters 0 16 \
           --out "$OUT/tpengine" ;;  # engine.step() decode at TP=1/2, sync vs async (2 GPUs)
+    poolfold) section poolfold 560 bash -c 'for f in "" --fold; do python3 bench/tp_engine.py \
+          --tp 1 --pool --adapters 0 16 128 --scheduling async --kv-blocks 8192 $f \
+          --out "$OUT/poolfold$f"; done' ;;  # one GPU, the agent's unified pool: launched vs folded
+    enginefold) section enginefold 560 bash -c 'for f in "" --fold; do python3 bench/tp_engine.py \
+          --tp 1 --adapters 0 16 128 --scheduling async --kv-blocks 8192 $f \
+          --out "$OUT/enginefold$f"; done' ;;  # the same with engine-held factor tables
     tpmixed) section tpmixed 560 python3 bench/tp.py --shape 8b --device cuda --tp 1 2 \
           --adapters 0 16 128 --layouts no_extra_collectives --attention triton \
           --graphs graphs --piecewise --out "$OUT/tpmixed" ;;  # + mixed steps, eager vs piecewise (2 GPUs)

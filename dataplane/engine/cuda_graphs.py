@@ -24,6 +24,9 @@ Only used on CUDA with a graph-safe LoRA backend (not the torch one, which syncs
 
 from __future__ import annotations
 
+import gc
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -42,6 +45,21 @@ MIN_CONTEXT_BUCKET = 256
 GraphKey = tuple[int, int, int]
 """(batch size, context width, fold width) of one captured decode graph."""
 
+
+
+@contextmanager
+def no_collection() -> Iterator[None]:
+    """Python's cyclic GC off while a graph is captured. A dropped engine's graphs wait in
+    reference cycles; collected mid-capture, their `CUDAGraph.reset` is an operation the
+    capturing stream does not permit, and the capture fails ("operation failed due to a
+    previous error during capture"). `torch.cuda.graph` collects once before it starts."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
 
 @dataclass
 class _Graph:
@@ -162,7 +180,7 @@ class CudaGraphRunner:
                 self._forward(*key)
         torch.cuda.current_stream(self.device).wait_stream(stream)
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self.pool):
+        with no_collection(), torch.cuda.graph(graph, pool=self.pool):
             logits = self._forward(*key)
         self.pool = graph.pool()
         self.graphs[key] = _Graph(graph, logits)

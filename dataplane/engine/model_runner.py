@@ -30,6 +30,7 @@ from dataplane.kernels import (
 )
 from dataplane.layers.collection_table import CollectionTable
 from dataplane.layers.lora_fold_slots import FoldSlots
+from dataplane.layers.lora_fold_store import FoldStore
 from dataplane.layers.lora_linear import LoRALinear, LoraStepContext
 from dataplane.models.llama import LlamaForCausalLM
 
@@ -62,6 +63,11 @@ def claim_model(model: LlamaForCausalLM, runner: ModelRunner) -> None:
         raise ModelInUse("this model object already serves another live engine; build the "
                          "new engine on a model of its own or drop the old engine first")
     _OWNERS[model] = weakref.ref(runner)
+
+
+PagedFold = Callable[[FoldSlots, dict[tuple[int, str], FoldStore]], None]
+"""Fills the fold stores (per layer, fused projection) from factors the runner does not
+own, and keeps them in step (`ModelRunner.enable_lora_fold(paged=)`)."""
 
 
 class ModelRunner:
@@ -156,27 +162,36 @@ class ModelRunner:
                 self.tables[(layer, attr)] = table
                 self.linears[(layer, attr)] = linear
 
-    def enable_lora_fold(self, max_rows: int, width_unit: int | None = None) -> None:
+    def enable_lora_fold(self, max_rows: int, width_unit: int | None = None,
+                         paged: PagedFold | None = None) -> None:
         """Steps of at most `max_rows` rows (decode steps) fold the LoRA into the base GEMMs
         and their consumer ops (dataplane/ops/lora_fold.py): the model's own fold under
         tensor parallelism, else a fold per projection kept in step with this runner's
-        factor tables. Before any adapter is loaded; refused where the factors live
-        elsewhere (the unified pool's pages). `width_unit`: `FoldSlots`' (None: its
-        default)."""
+        factor tables, or with `paged` (the agent's unified pool: it fills the projections'
+        fold stores from its pages, dataplane/pool/fold_source.py) with the pool's.
+        Before any adapter is loaded. `width_unit`: `FoldSlots`' (None: its default)."""
         tp_fold = getattr(self.model, "enable_lora_fold", None)
         if tp_fold is not None:
             tp_fold(max_rows, width_unit)
             return
-        if self.max_slots == 0 or max_rows <= 0:
-            raise InvalidRequest("a LoRA fold needs LoRA slots and a row limit")
-        if any(linear.factors is not self.tables.get(key)
-               for key, linear in self.linears.items()) or not self.tables:
-            raise InvalidRequest("a LoRA fold needs the runner's own factor tables")
-        if any(bool((t.ranks > 0).any()) for t in self.tables.values()):
+        if self.max_slots == 0 or max_rows <= 0 or self.max_rank == 0:
+            raise InvalidRequest("a LoRA fold needs LoRA slots, a rank and a row limit")
+        own = all(linear.factors is self.tables.get(key)
+                  for key, linear in self.linears.items()) and bool(self.tables)
+        if paged is None and not own:
+            raise InvalidRequest("a LoRA fold needs the runner's own factor tables, or the "
+                                 "pool's pages")
+        if any(bool((t.ranks > 0).any()) for t in self.tables.values()) \
+                or any(linear.has_factors for _l, _a, linear in self.model.lora_linears()):
             raise InvalidRequest("enable the LoRA fold before loading adapters")
         slots = FoldSlots(self.max_slots, min(self.max_slots, max_rows), width_unit=width_unit)
-        for key, table in self.tables.items():
-            slots.attach(table, self.linears[key].enable_fold(slots.fold_slots, self.max_rank))
+        stores = {(layer, attr): linear.enable_fold(slots.fold_slots, self.max_rank)
+                  for layer, attr, linear in self.model.lora_linears()}
+        if paged is not None:
+            paged(slots, stores)
+        else:
+            for key, table in self.tables.items():
+                slots.attach(table, stores[key])
         self.model.lora_fold_rows = max_rows
         self.model.lora_fold_slots = slots
 

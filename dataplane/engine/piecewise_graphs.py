@@ -34,6 +34,7 @@ import torch
 from dataplane.attention.metadata import build_attention_metadata
 from dataplane.attention.paged_attention import paged_attention
 from dataplane.core import BatchPlan
+from dataplane.engine.cuda_graphs import no_collection
 from dataplane.engine.deferred import DeferredTokens, patch_input_ids
 from dataplane.engine.staging import Staging, stage_rows
 from dataplane.h2d import to_device
@@ -151,7 +152,8 @@ class PiecewiseGraphRunner:
         bucket = _Bucket()
         for k in range(self.num_pieces):
             graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=self.pool, **self._capture_options()):
+            with no_collection(), torch.cuda.graph(graph, pool=self.pool,
+                                                   **self._capture_options()):
                 self._piece(rows, k, bucket.io)
             self.pool = graph.pool()
             bucket.graphs.append(graph)

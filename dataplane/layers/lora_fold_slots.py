@@ -30,6 +30,7 @@ from __future__ import annotations
 
 from collections import OrderedDict, deque
 from collections.abc import Mapping, Sequence
+from typing import Protocol
 
 import numpy as np
 import torch
@@ -74,39 +75,51 @@ class FoldSlots:
         self.batched = batched
         """Copy adapters in with one batched launch (`copy_jobs`) instead of torch copies
         per projection; None: on CUDA. Off where a block is not whole 4-byte words."""
-        self._ranges = np.zeros((0, 5), dtype=np.int64)
         self._base: torch.Tensor | None = None
         self._where: dict[int, int] = {}
         """table slot -> the fold slot holding it"""
         self._holder = [-1] * fold_slots
         self._recent: OrderedDict[int, None] = OrderedDict.fromkeys(range(fold_slots))
         """fold slots, least recently used first (never-used ones stay in front)"""
-        self._pairs: list[tuple[LoraFactorTable, FoldStore]] = []
+        self._pairs: list[FoldSource] = []
         self.copied = 0
         """Host-side count of table slots copied into the fold (misses)."""
 
     def attach(self, table: LoraFactorTable, store: FoldStore) -> None:
-        """Keep `store` (`fold_slots` slots) filled from `table` (`table_slots` slots)."""
-        if table.num_slots != self.table_slots or store.hot_slots != self.fold_slots:
-            raise LoraShapeError("the table or the fold store has another slot count")
-        if table.weights.stacked is None or table.out_features != store.widths:
-            raise LoraShapeError("a fold copies from a stacked table of the same slices")
-        if table.max_rank > store.rank:
-            raise LoraShapeError("the table's rank exceeds the fold's")
-        if self._pairs and store.weight_aug.device != self._pairs[0][1].weight_aug.device:
-            raise LoraShapeError("one model's folds live on one device")
-        if table.dtype != store.weight_aug.dtype:
-            raise LoraShapeError("the table and the fold hold other dtypes")
+        """Keep `store` (`fold_slots` slots) filled from the stacked `table` (`table_slots`
+        slots), its later writes and clears mirrored into the fold slot holding theirs."""
+        if table.weights.stacked is None:
+            raise LoraShapeError("a fold copies from a stacked table")
+        self.attach_source(StackedFoldSource(table, store))
         table.mirror = _FoldMirror(self, store)
-        self._pairs.append((table, store))
-        ranges = store.copy_ranges(table)
-        self._ranges = np.concatenate([self._ranges, ranges])
+
+    def attach_source(self, source: FoldSource) -> None:
+        """Keep `source.store` filled from `source`. A source that is not a mirrored table
+        (the unified pool's pages) must call `forget` whenever one of its slots changes."""
+        store = source.store
+        if source.num_slots != self.table_slots or store.hot_slots != self.fold_slots:
+            raise LoraShapeError("the table or the fold store has another slot count")
+        if source.out_features != store.widths:
+            raise LoraShapeError("a fold copies from a table of the same slices")
+        if source.max_rank > store.rank:
+            raise LoraShapeError("the table's rank exceeds the fold's")
+        if self._pairs and store.weight_aug.device != self._pairs[0].store.weight_aug.device:
+            raise LoraShapeError("one model's folds live on one device")
+        if source.dtype != store.weight_aug.dtype:
+            raise LoraShapeError("the table and the fold hold other dtypes")
+        self._pairs.append(source)
         if self.batched is None:
             self.batched = store.weight_aug.device.type == "cuda"
         if self._base is None:
             self._base = torch.zeros(1, dtype=torch.int32, device=store.weight_aug.device)
-        self.batched = self.batched and not (ranges[:, :4] % 4).any() \
-            and not (ranges[:, 4] % 4).any()
+        self.batched = self.batched and source.word_aligned()
+
+    def forget(self, table_slot: int) -> None:
+        """`table_slot` changed (published anew, or reclaimed): the fold slot holding it
+        becomes empty, and a later step using it copies it in again."""
+        held = self._where.pop(table_slot, None)
+        if held is not None:
+            self._holder[held] = -1
 
     def holder(self, table_slot: int) -> int:
         """The fold slot holding `table_slot`, or -1."""
@@ -153,27 +166,71 @@ class FoldSlots:
         self.capacity = capacity
 
     def _copy_in(self, table_slots: list[int], fold_slots: list[int]) -> None:
-        """Every pair's fold slots <- its table's slots, in one launch when batched."""
+        """Every source's fold slots <- its slots, in one launch when batched."""
         if not self._pairs or self._base is None:
             return
-        dev = self._base.device
         if not self.batched:
-            src = to_device(table_slots, torch.int64, dev)
-            dst = to_device(fold_slots, torch.int64, dev)
-            for table, store in self._pairs:
-                store.copy_in(table, src, dst)
+            for source in self._pairs:
+                source.copy_to_fold(table_slots, fold_slots)
             return
         from dataplane.ops.triton.copy_jobs import copy_jobs  # Triton only when batched
 
-        r = self._ranges
-        s = np.array(table_slots, dtype=np.int64)[:, None]
-        f = np.array(fold_slots, dtype=np.int64)[:, None]
-        base = self._base.data_ptr()
-        jobs = np.stack([r[:, 0] + s * r[:, 1] - base, r[:, 2] + f * r[:, 3] - base,
-                         np.broadcast_to(r[:, 4], (len(table_slots), len(r)))], axis=-1)
-        host = torch.from_numpy(jobs.reshape(-1, 3) // 4)
+        s = np.array(table_slots, dtype=np.int64)
+        f = np.array(fold_slots, dtype=np.int64)
+        jobs = np.concatenate([source.fold_jobs(s, f) for source in self._pairs])
+        jobs[:, :2] -= self._base.data_ptr()
+        host = torch.from_numpy(jobs // 4)
+        dev = self._base.device
         copy_jobs(self._base, host.pin_memory().to(dev, non_blocking=True)
                   if dev.type == "cuda" else host)
+
+
+class FoldSource(Protocol):
+    """What a fold store copies a table slot's factors from: a stacked factor table
+    (`StackedFoldSource`) or the unified pool's pages (dataplane/pool/fold_source.py)."""
+
+    store: FoldStore
+    num_slots: int
+    max_rank: int
+    out_features: tuple[int, ...]
+    dtype: torch.dtype
+
+    def word_aligned(self) -> bool:
+        """Every copy's addresses and length are whole 4-byte words (`copy_jobs` can run)."""
+        ...
+
+    def fold_jobs(self, table_slots: np.ndarray, fold_slots: np.ndarray) -> np.ndarray:
+        """int64 ``[J, 3]`` (source address, destination address, bytes): the copies that
+        make each fold slot equal its table slot (rows past the slot's rank zero)."""
+        ...
+
+    def copy_to_fold(self, table_slots: list[int], fold_slots: list[int]) -> None:
+        """The same copies as torch ops, on the store's device."""
+        ...
+
+
+class StackedFoldSource:
+    """A stacked `LoraFactorTable`: each slot's blocks sit at a fixed stride."""
+
+    def __init__(self, table: LoraFactorTable, store: FoldStore) -> None:
+        self.table, self.store = table, store
+        self.num_slots, self.max_rank = table.num_slots, table.max_rank
+        self.out_features, self.dtype = table.out_features, table.dtype
+        self._ranges = store.copy_ranges(table)
+
+    def word_aligned(self) -> bool:
+        return not (self._ranges % 4).any()
+
+    def fold_jobs(self, table_slots: np.ndarray, fold_slots: np.ndarray) -> np.ndarray:
+        r, s, f = self._ranges, table_slots[:, None], fold_slots[:, None]
+        return np.stack([r[:, 0] + s * r[:, 1], r[:, 2] + f * r[:, 3],
+                         np.broadcast_to(r[:, 4], (len(table_slots), len(r)))],
+                        axis=-1).reshape(-1, 3)
+
+    def copy_to_fold(self, table_slots: list[int], fold_slots: list[int]) -> None:
+        dev = self.store.weight_aug.device
+        self.store.copy_in(self.table, to_device(table_slots, torch.int64, dev),
+                           to_device(fold_slots, torch.int64, dev))
 
 
 class _FoldMirror:

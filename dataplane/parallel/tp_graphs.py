@@ -27,7 +27,13 @@ from __future__ import annotations
 import torch
 
 from dataplane.core import BatchPlan
-from dataplane.engine.cuda_graphs import DEFAULT_BATCH_SIZES, CudaGraphRunner, GraphKey, _Graph
+from dataplane.engine.cuda_graphs import (
+    DEFAULT_BATCH_SIZES,
+    CudaGraphRunner,
+    GraphKey,
+    _Graph,
+    no_collection,
+)
 from dataplane.engine.deferred import DeferredTokens
 from dataplane.parallel.collectives import CollectiveTally, TPGroup
 
@@ -80,7 +86,8 @@ class TPCudaGraphRunner(CudaGraphRunner):
         torch.cuda.synchronize(self.device)
         self._captured = None
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self.pool, capture_error_mode="thread_local"):
+        with no_collection(), torch.cuda.graph(graph, pool=self.pool,
+                                               capture_error_mode="thread_local"):
             logits = self._forward(*key)
         self.pool = graph.pool()
         self.graphs[key] = _Graph(graph, logits)

@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from dataplane.kernels.base import LoraModuleWeights
@@ -61,6 +62,12 @@ class KernelTables:
         self._b = torch.zeros(total, num_slots, max_rank, dtype=torch.int64, device=dev)
         self._ranks = torch.zeros(total, num_slots, dtype=torch.int32, device=dev)
         self._scales = torch.zeros(total, num_slots, dtype=torch.float32, device=dev)
+        self.host_a = np.zeros((total, num_slots, max_rank), dtype=np.int64)
+        self.host_b = np.zeros((total, num_slots, max_rank), dtype=np.int64)
+        self.host_rows = np.zeros((total, num_slots), dtype=np.int64)
+        """Host copies of the published row offsets, and each slice's number of rank rows
+        (physical rank; 0: slice absent): what a LoRA fold copies from
+        (dataplane/pool/fold_source.py)."""
         self._weights: dict[tuple[int, str], LoraModuleWeights] = {}
         for key, g in self.groups.items():
             lo, hi = self._base[key], self._base[key] + len(g.slices)
@@ -77,6 +84,16 @@ class KernelTables:
 
     def weights(self, layer: int, name: str) -> LoraModuleWeights:
         return self._weights[(layer, name)]
+
+    def slice_range(self, layer: int, name: str) -> tuple[int, int]:
+        """[lo, hi): the group's slices' rows in the tables (host and device alike)."""
+        lo = self._base[(layer, name)]
+        return lo, lo + len(self.groups[(layer, name)].slices)
+
+    @property
+    def scales(self) -> torch.Tensor:
+        """float32 ``[slices of every group, S]`` on the device, as published."""
+        return self._scales
 
     def _rows(self, entry: PointerEntry) -> dict[tuple[int, str], list[ModuleRows | None]]:
         """Validate the whole entry against every group before writing anything."""
@@ -115,6 +132,7 @@ class KernelTables:
         b_col = torch.zeros(total, self.max_rank, dtype=torch.int64)
         ranks = torch.zeros(total, dtype=torch.int32)
         scales = torch.zeros(total, dtype=torch.float32)
+        rows_n = np.zeros(total, dtype=np.int64)
         for key, rows in self._rows(entry).items():
             base = self._base[key]
             for k, m in enumerate(rows):
@@ -125,13 +143,17 @@ class KernelTables:
                 a_col[base + k, :n] = torch.tensor(a_off, dtype=torch.int64)
                 b_col[base + k, :n] = torch.tensor(b_off, dtype=torch.int64)
                 ranks[base + k] = m.shape.rank
+                rows_n[base + k] = n
                 scales[base + k] = float(m.shape.scale)
+        self.host_a[:, slot], self.host_b[:, slot] = a_col.numpy(), b_col.numpy()
+        self.host_rows[:, slot] = rows_n
         pinned = self._a.device.type == "cuda"
         for dst, src in ((self._a, a_col), (self._b, b_col), (self._ranks, ranks),
                          (self._scales, scales)):
             dst[:, slot].copy_(src.pin_memory() if pinned else src, non_blocking=pinned)
 
     def on_unpublish(self, slot: int) -> None:
+        self.host_a[:, slot] = self.host_b[:, slot] = self.host_rows[:, slot] = 0
         self._ranks[:, slot] = 0
         self._scales[:, slot] = 0.0
         self._a[:, slot] = 0

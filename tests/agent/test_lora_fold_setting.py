@@ -1,15 +1,13 @@
-"""`ADAPTERPLANE_AGENT_LORA_FOLD` on one GPU: with engine residency the agent's engine folds
-decode steps' LoRA and serves the unfolded engine's greedy tokens; with the unified pool
-`auto` leaves it off and `on` is refused at start."""
+"""`ADAPTERPLANE_AGENT_LORA_FOLD` on one GPU with engine residency: the agent's engine folds
+decode steps' LoRA and serves the unfolded engine's greedy tokens (the unified pool's fold:
+test_pool_fold.py)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-import pytest
-
 from agent.config import AgentSettings
-from agent.engine_factory import build_engine, lora_fold
+from agent.engine_factory import build_engine
 from agent.metrics import AgentMetrics
 from dataplane.engine import Engine
 
@@ -37,10 +35,3 @@ def test_engine_residency_agent_folds_and_serves_the_same_tokens(
                        AgentMetrics())
     assert off.model.lora_fold_rows == 0
 
-
-def test_pool_residency_does_not_fold(assets: tuple[Path, dict[str, Path]]  # noqa: F811
-                                      ) -> None:
-    base, _ = assets
-    assert not lora_fold(_settings(base))  # the pool backend (default): auto is off
-    with pytest.raises(ValueError, match="residency_backend='engine'"):
-        build_engine(_settings(base, lora_fold="on"), AgentMetrics())

@@ -7,7 +7,9 @@ validation, generation-stamped publication) and every LoRA linear reads the pool
 address tables. Greedy tokens and logprobs must equal HF transformers + PEFT (fp32), for a
 mixed batch of base rows and three adapters, decode steps replayed from CUDA graphs
 captured after the linears were pointed at the pool; then a hot swap (unload + reload into a new
-slot generation) and a full drain leave the pool conserved with no KV pages held.
+slot generation) and a full drain leave the pool conserved with no KV pages held. With
+the LoRA fold (`PoolSlots.enable_fold`, dataplane/pool/fold_source.py) the captured decode
+steps read fold slots filled from the pages by the batched copy, and the same holds.
 
 Lives here (not tests/agent) so it runs on the device without the control-plane test
 dependencies; run with `python -m pytest tests/engine/test_pool_slots_gpu.py`.
@@ -38,7 +40,7 @@ MAX_TOKENS = 8
 PAGES = 96
 
 
-def _pool_engine(model_dir: Path) -> tuple[Engine, PoolSlots]:
+def _pool_engine(model_dir: Path, fold: bool) -> tuple[Engine, PoolSlots]:
     model = load_model(model_dir, torch.float32, torch.device("cuda"))
     abi = read_base_abi(model_dir)
     slots = PoolSlots.for_model(model, num_pages=PAGES, block_size=4, max_slots=4, max_rank=8)
@@ -47,13 +49,17 @@ def _pool_engine(model_dir: Path) -> tuple[Engine, PoolSlots]:
     engine = Engine(model, config, abi.h_base, abi, kv_pages=slots.kv_view,
                     kv_cache=slots.kv_cache)
     slots.attach(engine)
+    if fold:
+        slots.enable_fold()
     assert engine.capture_cuda_graphs()  # after attach: graphs read the pool's tables
     return engine, slots
 
 
+@pytest.mark.parametrize("fold", [False, True], ids=["launches", "fold"])
 def test_pool_resident_adapters_match_hf_on_cuda(cuda_device: torch.device, tiny_llama: Path,
-                                                 tiny_adapters: dict[str, Path]) -> None:
-    engine, slots = _pool_engine(tiny_llama)
+                                                 tiny_adapters: dict[str, Path],
+                                                 fold: bool) -> None:
+    engine, slots = _pool_engine(tiny_llama, fold)
     abi = engine.base_abi
     assert abi is not None
     handles = {name: slots.load(name, load_peft_adapter(path, abi, 8))
@@ -87,6 +93,13 @@ def test_pool_resident_adapters_match_hf_on_cuda(cuda_device: torch.device, tiny
 
     graphs = engine.runner.graphs
     assert graphs is not None and graphs.replays > 0  # type: ignore[attr-defined]
+    held = engine.model.lora_fold_slots
+    if fold:  # the swap's new slot was copied in again, by the batched copy
+        assert held is not None and held.batched and held.copied > len(handles)
+        assert all(linear.fold is not None and linear.fold.uses > 0
+                   for _l, _a, linear in engine.model.lora_linears())
+    else:
+        assert held is None
     counts = slots.pool.check()  # conservation, every page in exactly one state
     assert counts.free + counts.reserved + counts.adapter + counts.kv == PAGES
     assert engine.block_manager.num_held_blocks == counts.kv

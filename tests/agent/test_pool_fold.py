@@ -1,0 +1,142 @@
+"""The LoRA fold over the agent's unified pool (dataplane/pool/fold_source.py): fold slots
+are filled from the adapters' pages (batched copy jobs or torch gathers, the same bytes),
+emptied when their slot is published anew or reclaimed, and the pool agent's folded decode
+steps give HF + PEFT's greedy tokens."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from agent.config import AgentSettings
+from agent.engine_factory import MeteredEngine, build_engine
+from agent.metrics import AgentMetrics
+from agent.pool_slots import PoolSlots
+from dataplane.core import SamplingParams
+from dataplane.engine.adapters import LoadedAdapter, load_peft_adapter
+from dataplane.layers.lora_fold_slots import FoldSlots
+from dataplane.models.llama import LORA_GROUPS
+
+from .assets import GreedyReference
+from .conftest import AGENT_MAX_RANK, AgentAssets
+
+BLOCK = 4
+PARAMS = SamplingParams(temperature=0, max_tokens=5, ignore_eos=True)
+
+
+def _engine(assets: AgentAssets, tmp_path: Path, **extra: object
+            ) -> tuple[MeteredEngine, PoolSlots, FoldSlots]:
+    settings = AgentSettings(model_dir=assets.base, max_slots=3, max_rank=AGENT_MAX_RANK,
+                             num_kv_blocks=64, block_size=BLOCK, cache_dir=tmp_path,
+                             max_num_seqs=2, max_num_batched_tokens=32,
+                             **extra)  # type: ignore[arg-type]
+    engine = build_engine(settings, AgentMetrics())
+    slots, fold = engine.slots, engine.model.lora_fold_slots
+    assert isinstance(slots, PoolSlots) and fold is not None
+    return engine, slots, fold
+
+
+def _load(engine: MeteredEngine, slots: PoolSlots, assets: AgentAssets,
+          name: str) -> tuple[LoadedAdapter, int]:
+    assert engine.base_abi is not None
+    adapter = load_peft_adapter(assets.adapters[name], engine.base_abi, AGENT_MAX_RANK)
+    return adapter, slots.load(name, adapter).slot
+
+
+def _assert_fold_slot_holds(engine: MeteredEngine, fold_slot: int,
+                            adapter: LoadedAdapter) -> None:
+    """Every projection's fold slot holds the adapter's PEFT factors (A rows, B
+    transposed, scale), zero past each slice's rank and in slices it does not adapt."""
+    modules = {(m.layer, m.module): m for m in adapter.modules}
+    for layer, attr, linear in engine.model.lora_linears():
+        store = linear.fold
+        assert store is not None
+        tail = store.weight_aug[store.base_rows:].view(store.hot_slots, len(store.widths),
+                                                       store.rank, -1)
+        for k, name in enumerate(LORA_GROUPS[attr]):
+            a, b, scale = tail[fold_slot, k], store.b[k][fold_slot], store.scale[fold_slot, k]
+            m = modules.get((layer, name))
+            r = 0 if m is None else m.a.shape[0]
+            if m is not None:
+                assert torch.equal(a[:r], m.a.to(a.dtype)), (layer, name)
+                assert torch.equal(b[:r], m.b.t().to(b.dtype)), (layer, name)
+            assert not a[r:].any() and not b[r:].any(), (layer, name)
+            assert float(scale) == (0.0 if m is None else float(m.scale)), (layer, name)
+
+
+def test_pool_agent_folds_decode_steps_and_matches_hf_peft(
+        agent_assets: AgentAssets, reference: GreedyReference, tmp_path: Path) -> None:
+    """`lora_fold=auto` folds with the pool backend too: two fold slots for three
+    resident adapters, so decode steps keep copying adapters in from their pages."""
+    engine, slots, fold = _engine(agent_assets, tmp_path)
+    assert fold.fold_slots == 2 and engine.model.lora_fold_rows == 2
+    handles = {n: slots.load(n, load_peft_adapter(agent_assets.adapters[n], engine.base_abi,  # type: ignore[arg-type]
+                                                  AGENT_MAX_RANK)) for n in ("a", "b", "c")}
+    prompts = [[21, 22, 23], [40, 41, 42, 43], [7, 8, 9, 10, 11], [99, 98], [5, 6, 7],
+               [60, 61]]
+    names: list[str | None] = ["a", "b", "c", None, "c", "a"]
+    got = engine.generate(prompts, PARAMS, [handles[n] if n else None for n in names])
+    for prompt, name, out in zip(prompts, names, got, strict=True):
+        assert list(out.token_ids) == reference.greedy(prompt, 5, name), name
+    assert fold.copied > len(handles)  # fold slots were taken over
+    assert all(linear.fold is not None and linear.fold.uses > 0
+               for _l, _a, linear in engine.model.lora_linears())
+    assert engine.adapters.kernel_family.endswith("+fold")
+
+
+@pytest.mark.parametrize("batched", [False, True])
+def test_fold_slots_hold_the_pages_factors(agent_assets: AgentAssets, tmp_path: Path,
+                                           batched: bool) -> None:
+    """Torch gathers and the batched copy jobs (the Triton interpreter here) copy the
+    same bytes: each adapter's factors, exact, over whatever the fold slot held."""
+    engine, slots, fold = _engine(agent_assets, tmp_path)
+    fold.batched = batched
+    loaded = [_load(engine, slots, agent_assets, n) for n in ("b", "a", "c")]
+    by_slot = {slot: adapter for adapter, slot in loaded}
+    b, a, c = (slot for _adapter, slot in loaded)
+    for step in ([b, -1, a], [c], [a, b], [c, a]):
+        rows = fold.rows(step)
+        for table_slot, fold_slot in zip(step, rows, strict=True):
+            if table_slot >= 0:
+                _assert_fold_slot_holds(engine, fold_slot, by_slot[table_slot])
+    assert fold.copied >= 5
+
+
+def test_a_slot_published_anew_is_copied_in_again(
+        agent_assets: AgentAssets, reference: GreedyReference, tmp_path: Path) -> None:
+    """The fold holds a's slot; a is unloaded and d is published in the same slot: the
+    fold slot is emptied, so d's request reads d's factors, not a's."""
+    engine, slots, fold = _engine(agent_assets, tmp_path)
+    assert engine.base_abi is not None
+    handles = {n: slots.load(n, load_peft_adapter(agent_assets.adapters[n], engine.base_abi,
+                                                  AGENT_MAX_RANK)) for n in ("a", "b", "c")}
+    prompt = [30, 31, 32]
+    out = engine.generate([prompt], PARAMS, [handles["a"]])[0]
+    assert list(out.token_ids) == reference.greedy(prompt, 5, "a")
+    held = fold.holder(handles["a"].slot)
+    assert held >= 0
+    slots.unload(handles["a"])
+    assert fold.holder(handles["a"].slot) == -1  # reclaimed: the fold let it go
+    d = slots.load("d", load_peft_adapter(agent_assets.adapters["d"], engine.base_abi,
+                                          AGENT_MAX_RANK))
+    assert d.slot == handles["a"].slot
+    copied = fold.copied
+    out = engine.generate([prompt], PARAMS, [d])[0]
+    assert list(out.token_ids) == reference.greedy(prompt, 5, "d")
+    assert fold.copied == copied + 1
+
+
+def test_fold_off_and_after_loads(agent_assets: AgentAssets, tmp_path: Path) -> None:
+    settings = AgentSettings(model_dir=agent_assets.base, max_slots=3,
+                             max_rank=AGENT_MAX_RANK, num_kv_blocks=64, block_size=BLOCK,
+                             cache_dir=tmp_path, lora_fold="off")
+    engine = build_engine(settings, AgentMetrics())
+    slots = engine.slots
+    assert isinstance(slots, PoolSlots) and engine.model.lora_fold_slots is None
+    _load(engine, slots, agent_assets, "a")
+    with pytest.raises(ValueError, match="before loading adapters"):
+        slots.enable_fold()
+    assert engine.model.lora_fold_slots is None
+    assert all(linear.fold is None for _l, _a, linear in engine.model.lora_linears())
