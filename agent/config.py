@@ -74,7 +74,9 @@ class AgentSettings(BaseSettings):
     """Serve Compress-then-Serve members natively: basis blocks (one per resident collection
     cluster) in the engine's collection tables; an alias whose artifact is a verified
     member of a fitted collection is served from the shared bases plus its core. 0: off
-    (members are ordinary LoRAs). `residency_backend=engine` and one GPU only."""
+    (members are ordinary LoRAs). One GPU only. With the unified pool (default), members
+    take `max_slots` slots of their own beside the pool's (they hold no pages); with
+    `residency_backend=engine` they share the engine's `max_slots`."""
     collection_rank: int = Field(default=32, ge=1)
     """Shared rank R of every basis block (collections fitted at a larger R are served as
     ordinary LoRAs)."""

@@ -171,10 +171,9 @@ def build_engine(settings: AgentSettings, metrics: AgentMetrics,
                  max_num_seqs=settings.max_num_seqs,
                  max_num_batched_tokens=settings.max_num_batched_tokens)
     engine: MeteredEngine
-    if settings.collection_blocks and (settings.tp_degree > 1
-                                       or settings.residency_backend != "engine"):
-        raise ValueError("collection_blocks needs residency_backend='engine' on one GPU "
-                         "(the collection tables live beside the engine's factor tables)")
+    if settings.collection_blocks and settings.tp_degree > 1:
+        raise ValueError("collection_blocks needs one GPU (the collection tables are not "
+                         "sharded)")
     if settings.tp_degree > 1:
         engine = _build_tp_engine(settings, sizes)
     elif settings.residency_backend == "engine":
@@ -192,13 +191,21 @@ def build_engine(settings: AgentSettings, metrics: AgentMetrics,
         abi = read_base_abi(path)
         tokenizer = (Tokenizer.from_dir(path) if (path / "tokenizer.json").is_file()
                      else None)
+        # natively served collection members take `max_slots` slots of their own above
+        # the pool's (they hold no pages)
+        members = settings.max_slots if settings.collection_blocks else 0
         slots = PoolSlots.for_model(model, num_pages=settings.num_kv_blocks,
                                     block_size=settings.block_size,
                                     max_slots=settings.max_slots, max_rank=settings.max_rank,
-                                    faults=faults or FaultInjector.from_env())
+                                    faults=faults or FaultInjector.from_env(),
+                                    member_slots=members)
         # graphs are captured after the linears point at the pool's address tables
-        config = EngineConfig(**sizes, enable_cuda_graphs=False,  # type: ignore[arg-type]
-                              enable_piecewise_graphs=settings.piecewise_graphs)
+        config = EngineConfig(**{**sizes, "max_slots": settings.max_slots + members},  # type: ignore[arg-type]
+                              enable_cuda_graphs=False,
+                              enable_piecewise_graphs=settings.piecewise_graphs,
+                              external_factors=True,
+                              collection_blocks=settings.collection_blocks,
+                              collection_rank=settings.collection_rank)
         engine = MeteredEngine(model, config, abi.h_base, abi, tokenizer,
                                kv_pages=slots.kv_view, kv_cache=slots.kv_cache)
         slots.attach(engine)

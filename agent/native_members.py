@@ -14,11 +14,16 @@ artifact as an ordinary LoRA.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 
 from dataplane.collections.bundle import MANIFEST_FILE, TENSORS_FILE, CollectionBundle
-from dataplane.engine.adapters import LoadedAdapter, projection_of
+from dataplane.engine.adapters import AdapterHandle, LoadedAdapter, projection_of
+from dataplane.engine.collection_slots import CollectionHandle
+
+if TYPE_CHECKING:
+    from dataplane.engine.engine import Engine
 
 BUNDLE_FILES = frozenset({MANIFEST_FILE, TENSORS_FILE})
 
@@ -58,3 +63,39 @@ def member_mismatch(bundle: CollectionBundle, index: int, adapter: LoadedAdapter
                 m.b.float(), ref, rtol=4 * eps, atol=4 * eps * float(ref.abs().max())):
             return f"{names[key]}: B is not the collection's U Σ_{index}"
     return None
+
+
+class NativeSlots:
+    """The members a slot backend serves natively, by slot: each one a one-member
+    `CollectionHandle` in the engine's collection tables (shared by both backends)."""
+
+    def __init__(self) -> None:
+        self.held: dict[int, CollectionHandle] = {}
+
+    def load(self, engine: Engine, adapter: LoadedAdapter) -> AdapterHandle | None:
+        """Serve `adapter` natively if it is a `NativeMember` with its bundle and the
+        engine has collection tables; None: load it as an ordinary adapter."""
+        if not (isinstance(adapter, NativeMember) and adapter.bundle is not None
+                and engine.runner.collections):
+            return None
+        held = engine.load_collection(adapter.bundle, [adapter.member],
+                                      {adapter.member: adapter})
+        member = held.members[0]
+        self.held[member.slot] = held
+        return member
+
+    def holds(self, handle: AdapterHandle) -> bool:
+        held = self.held.get(handle.slot)
+        return held is not None and held.members[0] == handle
+
+    def unload(self, engine: Engine, handle: AdapterHandle) -> bool:
+        """Unload `handle` if it is a native member (True), else leave it (False)."""
+        if not self.holds(handle):
+            return False
+        engine.unload_collection(self.held.pop(handle.slot))
+        return True
+
+    def collection_of(self, slot: int) -> str | None:
+        """H_collection of the collection serving `slot` natively, else None."""
+        held = self.held.get(slot)
+        return held.h_collection if held is not None else None

@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from agent.native_members import NativeSlots
 from dataplane.engine.adapters import AdapterHandle, LoadedAdapter
 from dataplane.kernels.base import LoraModuleWeights
 from dataplane.layers.lora_fold_slots import FoldSlots
@@ -69,7 +70,8 @@ class PoolSlots:
 
     def __init__(self, model: LlamaForCausalLM, layout: UnifiedLayout, max_slots: int,
                  max_rank: int, host_bytes: int = 1 << 30, *, kv_growth: int = 1,
-                 guard: int = 0, faults: FaultInjector | None = None) -> None:
+                 guard: int = 0, faults: FaultInjector | None = None,
+                 member_slots: int = 0) -> None:
         self.model, self.layout = model, layout
         self.dtype = model.dtype
         self.max_rank = max_rank
@@ -88,7 +90,12 @@ class PoolSlots:
         groups = [ModuleGroup(layer, attr, names, shapes[names[0]][1],
                               tuple(shapes[n][0] for n in names))
                   for layer in range(cfg.num_layers) for attr, names in LORA_GROUPS.items()]
-        self.tables = KernelTables(self.pool.storage, groups, max_slots, max_rank)
+        self.max_slots, self.member_slots = max_slots, member_slots
+        """The pool's slots are [0, max_slots); natively served collection members take
+        [max_slots, max_slots + member_slots) (the engine's collection tables, no pages)."""
+        self.native = NativeSlots()
+        self.tables = KernelTables(self.pool.storage, groups, max_slots + member_slots,
+                                   max_rank)
         self.pool.listeners.extend([self.tables, self])
         self._engine: Engine | None = None
         self._handles: dict[int, tuple[SlotHandle, str, int, AdapterHandle]] = {}
@@ -113,6 +120,17 @@ class PoolSlots:
             raise ValueError("the engine must draw its KV blocks from this pool's kv_view")
         if engine.runner.cache is not self.kv_cache:
             raise ValueError("the engine's KV cache must be this pool's kv_cache")
+        if engine.config.max_slots > 0 and not engine.config.external_factors:
+            raise ValueError("build the engine with external_factors=True: its projections "
+                             "read the pool's tables, not factor tables of its own")
+        if engine.config.max_slots != self.max_slots + self.member_slots:
+            raise ValueError(f"the engine needs {self.max_slots} pool slots + "
+                             f"{self.member_slots} member slots")
+        if self.member_slots:
+            if not engine.runner.collections:
+                raise ValueError("member slots need an engine with collection blocks")
+            engine.collections.slots = range(self.max_slots,
+                                             self.max_slots + self.member_slots)
         self._engine = engine
         for layer, attr, linear in self.model.lora_linears():
             linear.attach_factors(_PoolFactors(self.tables.weights(layer, attr)))
@@ -140,7 +158,12 @@ class PoolSlots:
     def load(self, key: str, adapter: LoadedAdapter, kv_pages: int = 0) -> AdapterHandle:
         """Host image (verified once), then one admission transaction that also proves
         room for `kv_pages` of the waiting requests' initial KV plus the growth reserve
-        and guard. Raises a PoolError with nothing changed when it does not fit."""
+        and guard. Raises a PoolError with nothing changed when it does not fit. A
+        `NativeMember` (agent/native_members.py) is served from the engine's collection
+        tables in a member slot instead (no pages)."""
+        member = self.native.load(self.engine, adapter)
+        if member is not None:
+            return member
         packed = self.host.peek(key)
         if packed is None:
             packed = pack_adapter(key, factors_from_modules(adapter.modules),
@@ -172,6 +195,8 @@ class PoolSlots:
 
     def unload(self, handle: AdapterHandle) -> None:
         """Retire the residency; it is reclaimed once no launch or reference holds it."""
+        if self.native.unload(self.engine, handle):
+            return
         entry = self._handles.pop(handle.slot, None)
         if entry is None or entry[3] != handle:
             return
@@ -184,12 +209,13 @@ class PoolSlots:
 
     def hold(self, handle: AdapterHandle) -> None:
         """A request bound to `handle` entered the engine: never a victim until unhold."""
-        self.pool.acquire(self._residency(handle))
+        if not self.native.holds(handle):
+            self.pool.acquire(self._residency(handle))
 
     def unhold(self, handle: AdapterHandle) -> None:
         entry = self._handles.get(handle.slot)
         if entry is None or entry[3] != handle:
-            return  # unloaded already (retired residency keeps its own fences)
+            return  # unloaded already, or a native member (no residency)
         self.pool.release_ref(self._residency(handle))
 
     def pool_handle(self, handle: AdapterHandle) -> SlotHandle:
@@ -236,7 +262,7 @@ class PoolSlots:
 
     # ---- launches ----------------------------------------------------------------------
     def begin_launch(self, row_slots: tuple[int, ...]) -> LaunchSnapshot | None:
-        used = {s for s in row_slots if s >= 0}
+        used = {s for s in row_slots if 0 <= s < self.max_slots}  # not base rows, not members
         if not used:
             return None
         return self.pool.begin_launch(self._handles[s][0] for s in sorted(used))
@@ -251,6 +277,9 @@ class PoolSlots:
             event = cuda_event
         self.pool.end_launch(snap, event)
         self.pool.reclaim_retired()
+
+    def collection_of(self, slot: int) -> str | None:
+        return self.native.collection_of(slot)
 
     def gauges(self) -> dict[str, dict[str, int]]:
         return {**self.pool.gauges(), "reclaimable": {"pages": self.pool.reclaimable_pages()},

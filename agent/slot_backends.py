@@ -17,10 +17,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from agent.native_members import NativeMember
+from agent.native_members import NativeSlots
 from agent.pool_slots import PoolSlots
 from dataplane.engine.adapters import AdapterHandle, LoadedAdapter
-from dataplane.engine.collection_slots import CollectionHandle
 from dataplane.engine.engine import Engine
 
 __all__ = ["EngineSlots", "PoolSlots", "SlotBackend"]
@@ -50,31 +49,18 @@ class EngineSlots:
 
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
-        self.native: dict[int, CollectionHandle] = {}
-        """Slot -> the one-member collection handle that holds it."""
+        self.native = NativeSlots()
 
     def load(self, key: str, adapter: LoadedAdapter, kv_pages: int = 0) -> AdapterHandle:
-        if isinstance(adapter, NativeMember) and adapter.bundle is not None and \
-                self.engine.runner.collections:
-            held = self.engine.load_collection(adapter.bundle, [adapter.member],
-                                               {adapter.member: adapter})
-            member = held.members[0]
-            self.native[member.slot] = held
-            return member
-        return self.engine.register_loaded_adapter(adapter)
+        member = self.native.load(self.engine, adapter)
+        return member if member is not None else self.engine.register_loaded_adapter(adapter)
 
     def unload(self, handle: AdapterHandle) -> None:
-        held = self.native.get(handle.slot)
-        if held is not None and held.members[0] == handle:
-            self.engine.unload_collection(held)
-            del self.native[handle.slot]
-            return
-        self.engine.unregister_adapter(handle)
+        if not self.native.unload(self.engine, handle):
+            self.engine.unregister_adapter(handle)
 
     def collection_of(self, slot: int) -> str | None:
-        """H_collection of the collection serving `slot` natively, else None."""
-        held = self.native.get(slot)
-        return held.h_collection if held is not None else None
+        return self.native.collection_of(slot)
 
     def hold(self, handle: AdapterHandle) -> None:
         return None

@@ -87,8 +87,9 @@ def pool_engine(model: LlamaForCausalLM, cfg: EngineConfig, args: argparse.Names
     slots = PoolSlots.for_model(model, num_pages=cfg.num_kv_blocks, block_size=cfg.block_size,
                                 max_slots=max(cfg.max_slots, 1), max_rank=cfg.max_rank,
                                 host_bytes=args.pool_host_gib << 30)
-    engine = Engine(model, dataclasses.replace(cfg, lora_fold=False, enable_cuda_graphs=False),
-                    DIGEST, kv_pages=slots.kv_view, kv_cache=slots.kv_cache)
+    own = dataclasses.replace(cfg, lora_fold=False, enable_cuda_graphs=False,
+                              external_factors=True)
+    engine = Engine(model, own, DIGEST, kv_pages=slots.kv_view, kv_cache=slots.kv_cache)
     slots.attach(engine)
     if cfg.lora_fold:
         slots.enable_fold()

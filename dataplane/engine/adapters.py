@@ -238,6 +238,9 @@ class AdapterRegistry:
     def register(self, adapter: LoadedAdapter) -> AdapterHandle:
         if self.runner.max_slots == 0:
             raise AdapterError("this engine has LoRA disabled (max_slots=0)")
+        if getattr(self.runner, "external_factors", False):
+            raise AdapterError("this engine's LoRA factors live with its owner (the agent's "
+                               "unified pool): load adapters through it")
         for handle in self._by_slot.values():
             if handle.digest == adapter.digest:
                 return handle

@@ -78,6 +78,9 @@ class CollectionRegistry:
         self.tables = runner.collections
         self.adapters = adapters
         self.h_base = h_base
+        self.slots: range | None = None
+        """The adapter slots members may take (None: any free one). The agent's unified
+        pool allocates slots below its own count and gives members the ones above."""
         self._resident: dict[str, _Resident] = {}
         any_table = next(iter(self.tables.values()), None)
         self.blocks = any_table.blocks if any_table is not None else 0
@@ -143,7 +146,8 @@ class CollectionRegistry:
         clusters = sorted({bundle.assignment[i] for i in new} - set(resident.blocks))
         used = {b for r in self._resident.values() for b in r.blocks.values()}
         free_blocks = [b for b in range(self.blocks) if b not in used]
-        free_slots = self.adapters.free_slots()
+        free_slots = [s for s in self.adapters.free_slots()
+                      if self.slots is None or s in self.slots]
         if len(free_blocks) < len(clusters) or len(free_slots) < len(new):
             raise CollectionError("not enough free basis blocks or adapter slots",
                                   blocks_needed=len(clusters), blocks_free=len(free_blocks),

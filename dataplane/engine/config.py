@@ -35,8 +35,14 @@ class EngineConfig:
     decode graphs are captured (CUDA, `enable_cuda_graphs`, one rank)."""
     lora_fold: bool = False
     """Decode steps (up to `max_num_seqs` rows) fold the LoRA into the base GEMMs and their
-    consumer ops (`ModelRunner.enable_lora_fold`): no LoRA launch, one more copy of every
-    slot's factors. Needs the engine's own factor tables (not the unified pool's)."""
+    consumer ops (`ModelRunner.enable_lora_fold`): no LoRA launch, one more copy of the
+    factors of `min(max_slots, max_num_seqs)` adapters. From the engine's own factor tables;
+    an owner of external factors enables it itself (`PoolSlots.enable_fold`)."""
+    external_factors: bool = False
+    """The LoRA factors live outside the engine: its owner (the agent's unified pool,
+    agent/pool_slots.py) points the projections at its own tables and binds adapters with
+    `AdapterRegistry.bind_external`. The runner allocates no factor tables, and
+    `register_adapter` is refused (it would bind a slot no projection reads)."""
     collection_blocks: int = 0
     """Compress-then-Serve members served natively (engine/collection_slots.py): basis
     blocks resident at once (one per loaded collection cluster); 0 = off. Each member still

@@ -100,8 +100,9 @@ class Engine(StepLoop):
                                   attention_backend=config.attention_backend,
                                   ops_backend=config.ops_backend, kv_cache=kv_cache,
                                   collection_blocks=config.collection_blocks,
-                                  collection_rank=config.collection_rank)
-        if config.lora_fold and config.max_slots > 0:
+                                  collection_rank=config.collection_rank,
+                                  external_factors=config.external_factors)
+        if config.lora_fold and config.max_slots > 0 and not config.external_factors:
             self.runner.enable_lora_fold(config.max_num_seqs)
         self.adapters = AdapterRegistry(self.runner)
         self.collections = CollectionRegistry(self.runner, self.adapters, base_digest)

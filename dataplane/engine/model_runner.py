@@ -87,6 +87,8 @@ class ModelRunner:
         kv_cache: an externally built cache (e.g. page-major views of the agent's unified
             pool, `PagedKVCache.in_pages`) of exactly this model's geometry, the model's
             dtype and `num_kv_blocks` x `block_size`; None allocates a private one.
+        external_factors: the projections' factors are attached by an owner (the agent's
+            unified pool): `linears` lists them but no `LoraFactorTable` is allocated.
 
     A LoRA linear with a true attribute `owns_lora_tables` (tensor-parallel projections
     holding their own sharded tables) gets no `LoraFactorTable` from the runner and its
@@ -98,7 +100,8 @@ class ModelRunner:
                  max_rows: int, max_slots: int, max_rank: int,
                  lora_backend: str | None = None, attention_backend: str | None = None,
                  ops_backend: str | None = None, kv_cache: PagedKVCache | None = None,
-                 collection_blocks: int = 0, collection_rank: int = 0) -> None:
+                 collection_blocks: int = 0, collection_rank: int = 0,
+                 external_factors: bool = False) -> None:
         claim_model(model, self)
         self.model = model
         self.config = model.config
@@ -156,11 +159,14 @@ class ModelRunner:
             self.workspace = LoraWorkspace(
                 self.backend.workspace_numel(max_rows, 3, max(max_rank, 1)), self.device)
             for layer, attr, linear in own if max_rank > 0 else ():
-                table = LoraFactorTable(max_slots, linear.in_features, linear.out_features,
-                                        max_rank, self.dtype, self.device)
-                linear.factors = table
-                self.tables[(layer, attr)] = table
                 self.linears[(layer, attr)] = linear
+                if not external_factors:
+                    table = LoraFactorTable(max_slots, linear.in_features,
+                                            linear.out_features, max_rank, self.dtype,
+                                            self.device)
+                    linear.factors = table
+                    self.tables[(layer, attr)] = table
+        self.external_factors = external_factors and max_slots > 0 and max_rank > 0
 
     def enable_lora_fold(self, max_rows: int, width_unit: int | None = None,
                          paged: PagedFold | None = None) -> None:

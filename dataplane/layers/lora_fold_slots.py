@@ -7,14 +7,16 @@ So a fold holds ``F = min(resident slots, rows a folded step may have)`` fold sl
 `FoldSlots` maps table slots to them, least recently used first out:
 
 * `rows` gives a step's rows their fold slots. A slot the fold does not hold yet is copied
-  in from every attached factor table into a fold slot that no row of this step uses —
+  in from every attached factor source into a fold slot that no row of this step uses —
   first the empty ones, then the least recently used. On CUDA all of a step's copies go in
-  one launch (dataplane/ops/triton/copy_jobs.py over `FoldStore.copy_ranges`), elsewhere
-  as torch copies (`FoldStore.copy_in`).
+  one launch (dataplane/ops/triton/copy_jobs.py over the sources' `fold_jobs`), elsewhere
+  as torch copies (`copy_to_fold`). A source is a stacked factor table
+  (`StackedFoldSource`) or the agent's unified pool's pages (dataplane/pool/fold_source.py).
   The copies are queued on the stream before the step, so a step already in flight still
   reads what it was given.
-* A table slot's later writes and clears reach the fold slot holding it through the
-  table's mirror (`LoraFactorTable.mirror`), so a fold slot always equals its table slot.
+* A stacked table's later writes and clears reach the fold slot holding its slot through
+  the table's mirror (`LoraFactorTable.mirror`); the pool empties the fold slot of a slot
+  it publishes anew or reclaims (`forget`). Either way a fold slot always equals its slot.
 * Fold width. Few live adapters per step (a popular few serving most requests) should not
   pay for reading ``F`` slots' ``A``. Holdings stay below a capacity, one of `widths`
   (multiples of `width_unit`, up to ``F``): it grows to the next width when a step brings

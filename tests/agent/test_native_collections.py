@@ -2,12 +2,12 @@
 
 Two real PEFT adapters are fitted into a lossless collection by the control plane's
 worker; each member is pushed as an artifact and published under its own alias. An agent
-with collection blocks (engine residency) finds the link in its desired state, downloads
-the bundle, checks the member's factors against it and serves each alias from the shared
-bases: greedy tokens equal HF + PEFT on the source adapters, and `/v1/agent/state` names
-the collection for both slots. The deployment's ordinary agent serves the
-same aliases as plain LoRAs with the same tokens; an artifact without a link (alias `a`)
-stays a plain LoRA on the native agent.
+with collection blocks (engine residency, or the unified pool) finds the link in its
+desired state, downloads the bundle, checks the member's factors against it and serves
+each alias from the shared bases: greedy tokens equal HF + PEFT on the source adapters,
+and `/v1/agent/state` names the collection for both slots. The deployment's ordinary
+agent serves the same aliases as plain LoRAs with the same tokens; an artifact without a
+link (alias `a`) stays a plain LoRA on the native agent.
 """
 
 from __future__ import annotations
@@ -65,11 +65,14 @@ def members(deployment: Deployment, agent_assets: AgentAssets,
     return {"sources": sources, "collection": fit, "artifacts": artifacts}
 
 
-@pytest.fixture(scope="module")
-def native_agent(deployment: Deployment, members: dict[str, Any],
+@pytest.fixture(scope="module", params=["engine", "pool"])
+def native_agent(request: pytest.FixtureRequest, deployment: Deployment,
+                 members: dict[str, Any],
                  tmp_path_factory: pytest.TempPathFactory) -> Iterator[AgentProcess]:
-    with extra_agent(deployment, tmp_path_factory, "agent-native", {
-            "ADAPTERPLANE_AGENT_RESIDENCY_BACKEND": "engine",
+    """An agent with collection blocks, its LoRA factors in the engine's tables or in the
+    unified pool (the default: members then take slots of their own above the pool's)."""
+    with extra_agent(deployment, tmp_path_factory, f"agent-native-{request.param}", {
+            "ADAPTERPLANE_AGENT_RESIDENCY_BACKEND": request.param,
             "ADAPTERPLANE_AGENT_COLLECTION_BLOCKS": "2",
             "ADAPTERPLANE_AGENT_COLLECTION_RANK": "8"}) as agent:
         yield agent
@@ -110,9 +113,10 @@ def test_members_are_served_from_their_collection(
         assert native["kernel_local"] != plain["kernel_local"]
     # the control plane hears it through the heartbeat (`adapterctl agents show`)
     coll = members["collection"]["digest"]
+    name = native_agent.env["ADAPTERPLANE_AGENT_NAME"]
     native_agent.wait_for(lambda _s: set(digests) <= {
         x["artifact_digest"] for x in {a["name"]: a for a in deployment.admin.call(
-            "GET", "/v1/agents")}["agent-native"]["slots"] if x.get("collection") == coll},
+            "GET", "/v1/agents")}[name]["slots"] if x.get("collection") == coll},
         timeout_s=15)
     metrics = httpx.get(f"{native_agent.url}/metrics", timeout=10).text
     assert 'adapter_collection_blocks{state="used"} 1.0' in metrics

@@ -93,19 +93,29 @@ def test_fetcher_serves_natively_or_falls_back_with_a_reason(
     assert not isinstance(off.load(_info(members[1], base, link)), NativeMember)
 
 
-def test_collection_blocks_need_engine_residency(
+def test_collection_blocks_with_either_residency_on_one_gpu(
         fitted: tuple[Path, Path, list[Path], list[Path]]) -> None:
+    """The pool agent gives members `max_slots` slots of their own above the pool's; the
+    engine-residency agent shares its slots; tensor parallelism is refused."""
     from agent.config import AgentSettings
     from agent.engine_factory import build_engine
     from agent.metrics import AgentMetrics
+    from agent.pool_slots import PoolSlots
 
     base = fitted[0]
-    pool = AgentSettings(model_dir=base, device="cpu", dtype="float32",  # type: ignore[arg-type]
-                         collection_blocks=2)
-    with pytest.raises(ValueError, match="residency_backend='engine'"):
-        build_engine(pool, AgentMetrics())
+    pool = build_engine(AgentSettings(model_dir=base, device="cpu",  # type: ignore[arg-type]
+                                      dtype="float32", max_slots=3, collection_blocks=2,
+                                      collection_rank=4), AgentMetrics())
+    assert isinstance(pool.slots, PoolSlots) and pool.slots.pool.slots.num_slots == 3
+    assert pool.config.max_slots == 6 and pool.collections.slots == range(3, 6)
+    assert {t.blocks for t in pool.runner.collections.values()} == {2}
     engine = build_engine(AgentSettings(model_dir=base, device="cpu",  # type: ignore[arg-type]
                                         dtype="float32", residency_backend="engine",
                                         collection_blocks=2, collection_rank=4),
                           AgentMetrics())
     assert {t.blocks for t in engine.runner.collections.values()} == {2}
+    assert engine.collections.slots is None
+    with pytest.raises(ValueError, match="one GPU"):
+        build_engine(AgentSettings(model_dir=base, device="cpu",  # type: ignore[arg-type]
+                                   dtype="float32", residency_backend="engine", tp_degree=2,
+                                   collection_blocks=2), AgentMetrics())

@@ -9,6 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import torch
 
 from agent.config import AgentSettings
 from agent.engine_factory import MeteredEngine, build_engine
@@ -16,6 +17,8 @@ from agent.metrics import AgentMetrics
 from agent.pool_slots import PoolSlots
 from dataplane.core import SamplingParams
 from dataplane.engine.adapters import AdapterError, AdapterHandle, load_peft_adapter
+from dataplane.engine.engine import Engine, EngineConfig
+from dataplane.models import load_model
 from dataplane.pool.errors import AdmissionRefused
 from dataplane.pool.page_pool import KvOwner, PageClass
 
@@ -157,3 +160,23 @@ def test_one_buffer_holds_kv_and_adapters(agent_assets: AgentAssets,
     for prompt, name, g, w in zip(prompts, names, got, want, strict=True):
         assert list(g.token_ids) == list(w.token_ids) == reference.greedy(prompt, 5, name)
     _kv_pages_are_engine_blocks(engine, slots)
+
+
+def test_pool_engine_has_no_factor_tables_of_its_own(agent_assets: AgentAssets,
+                                                     tmp_path: Path) -> None:
+    """The pool's engine allocates no factor tables (`external_factors`): an adapter
+    registered with the engine directly would bind a slot no projection reads, so it is
+    refused, and the pool refuses an engine that keeps tables of its own."""
+    engine, _slots = _engine(agent_assets, tmp_path, pages=24)
+    assert engine.runner.tables == {} and len(engine.runner.linears) > 0
+    with pytest.raises(AdapterError, match="unified pool"):
+        engine.register_adapter(agent_assets.adapters["a"])
+    assert engine.adapters.free_slots() == [0, 1, 2]
+    model = load_model(agent_assets.base, torch.float32, torch.device("cpu"))
+    other = PoolSlots.for_model(model, num_pages=24, block_size=BLOCK, max_slots=3,
+                                max_rank=AGENT_MAX_RANK)
+    own_tables = Engine(model, EngineConfig(max_slots=3, max_rank=AGENT_MAX_RANK,
+                                            num_kv_blocks=24, block_size=BLOCK),
+                        "0" * 64, kv_pages=other.kv_view, kv_cache=other.kv_cache)
+    with pytest.raises(ValueError, match="external_factors"):
+        other.attach(own_tables)

@@ -45,7 +45,8 @@ def _pool_engine(model_dir: Path, fold: bool) -> tuple[Engine, PoolSlots]:
     abi = read_base_abi(model_dir)
     slots = PoolSlots.for_model(model, num_pages=PAGES, block_size=4, max_slots=4, max_rank=8)
     config = EngineConfig(max_num_seqs=8, max_num_batched_tokens=64, num_kv_blocks=PAGES,
-                          block_size=4, max_slots=4, max_rank=8, enable_cuda_graphs=False)
+                          block_size=4, max_slots=4, max_rank=8, enable_cuda_graphs=False,
+                          external_factors=True)
     engine = Engine(model, config, abi.h_base, abi, kv_pages=slots.kv_view,
                     kv_cache=slots.kv_cache)
     slots.attach(engine)
