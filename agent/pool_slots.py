@@ -123,9 +123,9 @@ class PoolSlots:
         if engine.config.max_slots > 0 and not engine.config.external_factors:
             raise ValueError("build the engine with external_factors=True: its projections "
                              "read the pool's tables, not factor tables of its own")
-        if engine.config.max_slots != self.max_slots + self.member_slots:
+        if engine.config.max_slots not in (0, self.max_slots + self.member_slots):
             raise ValueError(f"the engine needs {self.max_slots} pool slots + "
-                             f"{self.member_slots} member slots")
+                             f"{self.member_slots} member slots (or none: no LoRA)")
         if self.member_slots:
             if not engine.runner.collections:
                 raise ValueError("member slots need an engine with collection blocks")

@@ -12,6 +12,7 @@ reclaimed (rank 0 = exact zero delta). Register it as a
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -19,6 +20,7 @@ import numpy as np
 import torch
 
 from dataplane.kernels.base import LoraModuleWeights
+from dataplane.kernels.factor_table import power_of_two_divisor
 from dataplane.pool.errors import LayoutError
 from dataplane.pool.packing import row_offsets
 from dataplane.pool.page_demand import ModuleRows
@@ -69,6 +71,13 @@ class KernelTables:
         (physical rank; 0: slice absent): what a LoRA fold copies from
         (dataplane/pool/fold_source.py)."""
         self._weights: dict[tuple[int, str], LoraModuleWeights] = {}
+        # Every rank row starts at page * page_elems + the widths of the rows before it in
+        # its page (dataplane/pool/page_demand.py, plan_rows), and only rows of these
+        # groups' widths are published: their gcd with the page size divides every address,
+        # so the kernels may use wide vector loads as on stacked tables.
+        align = power_of_two_divisor(math.gcd(storage.geometry.page_elems, *(
+            w for g in self.groups.values() for w in (g.in_features, *g.out_features))), 16)
+        self.addr_align = align
         for key, g in self.groups.items():
             lo, hi = self._base[key], self._base[key] + len(g.slices)
             self._weights[key] = LoraModuleWeights(
@@ -80,6 +89,7 @@ class KernelTables:
                 in_features=g.in_features,
                 out_features=g.out_features,
                 max_rank=max_rank,
+                addr_align=align,
             )
 
     def weights(self, layer: int, name: str) -> LoraModuleWeights:

@@ -96,3 +96,37 @@ def test_adapter_module_without_a_kernel_call_site_is_never_published() -> None:
     assert int(tables.weights(0, "qkv").ranks.abs().sum()) == 0
     assert pool.pages.num_free == 64
     pool.check()
+
+
+@pytest.mark.parametrize(("slices", "page_elems", "align"), [
+    (SLICES, 20, 4), (SLICES, 48, 4), (("q_proj",), 20, 4), (("q_proj",), 32, 8),
+    (("q_proj",), 48, 8)])
+def test_row_addresses_keep_the_alignment_the_tables_promise(
+        slices: tuple[str, ...], page_elems: int, align: int) -> None:
+    """`addr_align` (the kernels' licence for wide vector loads) is the largest power of
+    two up to 16 dividing the page size and every slice width (gcd(page, 8, 4, 4) with
+    q/k/v, gcd(page, 8) with q alone). Every published rank row's address is a multiple of
+    it, on every page."""
+    geo = PageGeometry(page_elems=page_elems, elem_bytes=4)
+    host = HostTier(1 << 20, pin_memory=False)
+    specs = {"x": factors(1, 3, slices), "y": factors(2, 4, slices[:1]),
+             "z": factors(3, 1, slices[-1:])}
+    for key, f in specs.items():
+        host.put(pack_adapter(key, f, geo, torch.float32))
+    pool = DevicePool(geo, 64, 4, torch.float32, host_tier=host)
+    widths = tuple(WIDTHS[SLICES.index(n)] for n in slices)
+    groups = [ModuleGroup(layer, "qkv", slices, D_IN, widths) for layer in range(2)]
+    tables = KernelTables(pool.storage, groups, 4, max_rank=4)
+    pool.listeners.append(tables)
+    for key in specs:
+        admit(pool, LoadRequest(key))
+    assert tables.addr_align == align
+    live = 0
+    for layer in range(2):
+        w = tables.weights(layer, "qkv")
+        assert w.addr_align == align
+        for rows in (w.a_rows, w.b_rows):
+            used = torch.arange(4)[None, None, :] < w.ranks[:, :, None]
+            live += int(used.sum())
+            assert not (rows[used] % align).any()
+    assert live > 0
