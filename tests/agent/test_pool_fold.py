@@ -140,3 +140,37 @@ def test_fold_off_and_after_loads(agent_assets: AgentAssets, tmp_path: Path) -> 
         slots.enable_fold()
     assert engine.model.lora_fold_slots is None
     assert all(linear.fold is None for _l, _a, linear in engine.model.lora_linears())
+
+
+def test_an_adapter_evicted_for_kv_leaves_the_fold(
+        agent_assets: AgentAssets, reference: GreedyReference, tmp_path: Path) -> None:
+    """KV growth evicts idle adapters the fold still holds: their fold slots are emptied
+    with the reclaim, and an adapter loaded into a freed slot serves its own tokens."""
+    engine, slots, fold = _engine(agent_assets, tmp_path)
+    assert engine.base_abi is not None
+    evicted: list[str] = []
+    slots.set_eviction_listener(evicted.append)
+    handles = {n: slots.load(n, load_peft_adapter(agent_assets.adapters[n], engine.base_abi,
+                                                  AGENT_MAX_RANK)) for n in ("a", "b", "c")}
+    prompt = [30, 31, 32]
+    got = engine.generate([prompt, prompt], PARAMS, [handles["a"], handles["c"]])
+    assert [list(o.token_ids) for o in got] == [reference.greedy(prompt, 5, n)
+                                                for n in ("a", "c")]
+    held = {n: fold.holder(h.slot) for n, h in handles.items()}
+    assert held["a"] >= 0 and held["c"] >= 0
+    adapter_pages = slots.pool.pages.counts().adapter
+    need = slots.pool.pages.total - 2  # a base request whose KV needs nearly every page
+    long = [(7 * i) % 250 + 3 for i in range(BLOCK * need - 4)]
+    out = engine.generate([long], SamplingParams(temperature=0, max_tokens=2,
+                                                 ignore_eos=True))[0]
+    assert list(out.token_ids) == reference.greedy(long, 2, None)
+    assert evicted and slots.pool.pages.counts().adapter < adapter_pages
+    for name in evicted:
+        assert fold.holder(handles[name].slot) == -1
+    d = slots.load("d", load_peft_adapter(agent_assets.adapters["d"], engine.base_abi,
+                                          AGENT_MAX_RANK))
+    assert d.slot in {handles[n].slot for n in evicted}  # a slot an evicted adapter freed
+    slots.hold(d)  # as the agent does while a request runs: never a victim meanwhile
+    out = engine.generate([prompt], PARAMS, [d])[0]
+    slots.unhold(d)
+    assert list(out.token_ids) == reference.greedy(prompt, 5, "d")
