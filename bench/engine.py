@@ -418,12 +418,34 @@ def random_adapter(
     return LoadedAdapter(tuple(modules), digest, f"random:{seed}")
 
 
+def pool_engine(model: LlamaForCausalLM, cfg: EngineConfig, digest: str, host_gib: int
+                ) -> tuple[Engine, Any]:
+    """The agent's default residency (agent/engine_factory.py): KV blocks and LoRA factors
+    in one unified page pool of `cfg.num_kv_blocks` pages, `cfg.lora_fold` filling the
+    fold from the pages, graphs captured after the projections point at the pool. Returns
+    the engine and its `PoolSlots` (load adapters with `slots.load(key, adapter)`)."""
+    from agent.pool_slots import PoolSlots
+
+    slots = PoolSlots.for_model(model, num_pages=cfg.num_kv_blocks, block_size=cfg.block_size,
+                                max_slots=max(cfg.max_slots, 1), max_rank=cfg.max_rank,
+                                host_bytes=host_gib << 30)
+    own = replace(cfg, lora_fold=False, enable_cuda_graphs=False, external_factors=True)
+    engine = Engine(model, own, digest, kv_pages=slots.kv_view, kv_cache=slots.kv_cache)
+    slots.attach(engine)
+    if cfg.lora_fold and cfg.max_slots:
+        slots.enable_fold()
+    if cfg.enable_cuda_graphs:
+        engine.capture_cuda_graphs()
+    return engine, slots
+
+
 def trace_config(args: argparse.Namespace, slots: int, max_len: int) -> EngineConfig:
     """The random-weights trace's engine sizes (``slots`` = 0: LoRA disabled)."""
     return EngineConfig(
         max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_batched_tokens,
         num_kv_blocks=args.kv_blocks, block_size=16, max_slots=slots, max_rank=16,
         max_model_len=max_len, enable_piecewise_graphs=args.piecewise,
+        lora_fold=bool(args.fold and slots),
     )
 
 
@@ -440,19 +462,27 @@ def cuda_main(args: argparse.Namespace) -> list[dict]:
         return ab_rounds(args, model, config, digest, max_len)
     for n in [] if args.only_hf else args.adapters:
         trace = make_trace(args, config.vocab_size, n)
-        engine = Engine(model, trace_config(args, n, max_len), digest)
-        handles = [
-            engine.register_loaded_adapter(random_adapter(config, 16, i, dev, dtype))
-            for i in range(n)
-        ]
+        pool = None
+        if args.pool:  # 16 distinct contents made on the host, one digest per adapter
+            engine, pool = pool_engine(model, trace_config(args, n, max_len), digest,
+                                       args.pool_host_gib)
+            contents = [random_adapter(config, 16, i, "cpu", dtype) for i in range(min(n, 16))]
+            handles = [pool.load(f"a{i}", replace(contents[i % 16], digest=hashlib.sha256(
+                f"random-adapter-{i}".encode()).hexdigest())) for i in range(n)]
+        else:
+            engine = Engine(model, trace_config(args, n, max_len), digest)
+            handles = [
+                engine.register_loaded_adapter(random_adapter(config, 16, i, dev, dtype))
+                for i in range(n)
+            ]
         res = run_engine("engine+lora", engine, trace, handles, dev)
-        results.append({**res, "adapters": n})
+        results.append({**res, "adapters": n, "pool": args.pool, "fold": args.fold})
         if args.profile:
             profile_trace(engine, trace, handles, dev, Path(args.out or ".") / f"trace_n{n}.txt")
         if args.split_eager:
             split_eager(engine, trace, handles, Path(args.out or ".") / f"split_n{n}.txt",
                         args.host_profile)
-        del engine, handles
+        del engine, handles, pool
         if dev == "cuda":
             torch.cuda.empty_cache()
         if n == args.adapters[0]:
@@ -906,6 +936,12 @@ def main() -> None:
                    help="cuda mode: mixed steps as piecewise CUDA graphs (both engines; the "
                         "engine's default)")
     p.add_argument("--no-graphs", action="store_true", help="disable CUDA graphs")
+    p.add_argument("--pool", action="store_true",
+                   help="cuda mode: LoRA factors and KV in the agent's unified page pool")
+    p.add_argument("--pool-host-gib", type=int, default=16,
+                   help="--pool: host tier bytes for the adapters' packed images")
+    p.add_argument("--fold", action="store_true",
+                   help="cuda mode: decode steps fold the LoRA into the base GEMMs")
     p.add_argument("--scheduling", nargs="+", choices=("auto", "sync", "async"),
                    default=["auto"], help="decode-step mode: engine loop(s) to measure "
                    "(auto: the engine default, async with CUDA graphs)")

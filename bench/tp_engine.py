@@ -41,7 +41,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from bench.engine import random_adapter, start_decoding, step_intervals
+from bench.engine import pool_engine, random_adapter, start_decoding, step_intervals
 from bench.tp import DTYPES, SHAPES, model_args, run_ranks
 from dataplane.engine.adapters import LoadedAdapter
 from dataplane.engine.engine import Engine, EngineConfig
@@ -77,27 +77,6 @@ def time_steps(engine: Engine, args: argparse.Namespace, handles: list[Any]) -> 
     return step_intervals(engine, args.steps, args.device)
 
 
-def pool_engine(model: LlamaForCausalLM, cfg: EngineConfig, args: argparse.Namespace
-                ) -> tuple[Engine, Any]:
-    """The agent's pool-backed engine (agent/engine_factory.py): KV blocks and factors in
-    one pool of `--kv-blocks` pages, the fold (if any) filled from the pages, graphs
-    captured after the linears point at the pool."""
-    from agent.pool_slots import PoolSlots
-
-    slots = PoolSlots.for_model(model, num_pages=cfg.num_kv_blocks, block_size=cfg.block_size,
-                                max_slots=max(cfg.max_slots, 1), max_rank=cfg.max_rank,
-                                host_bytes=args.pool_host_gib << 30)
-    own = dataclasses.replace(cfg, lora_fold=False, enable_cuda_graphs=False,
-                              external_factors=True)
-    engine = Engine(model, own, DIGEST, kv_pages=slots.kv_view, kv_cache=slots.kv_cache)
-    slots.attach(engine)
-    if cfg.lora_fold:
-        slots.enable_fold()
-    if cfg.enable_cuda_graphs:
-        engine.capture_cuda_graphs()
-    return engine, slots
-
-
 def bench_rank(rank: int, tp: int, init_file: str, args: argparse.Namespace,
                results_dir: str) -> None:
     torch.set_num_threads(max(1, (os.cpu_count() or 2) // max(tp, 1)))
@@ -115,7 +94,7 @@ def bench_rank(rank: int, tp: int, init_file: str, args: argparse.Namespace,
             built = time.perf_counter()
             pool = None
             if group is None and args.pool:
-                engine, pool = pool_engine(global_model, cfg, args)
+                engine, pool = pool_engine(global_model, cfg, DIGEST, args.pool_host_gib)
             elif group is None:
                 engine = Engine(global_model, cfg, DIGEST)
             else:

@@ -87,6 +87,10 @@ for s in "$@"; do
                 --requests 256 --rate inf --prompt-min 64 --prompt-max 512 --output-min 64 \
                 --output-max 128 --max-num-seqs 128 --max-batched-tokens 4096 \
                 --kv-blocks 8192 --skip-hf --out "$OUT/trace128" ;;  # `trace`, 128 adapters only
+    trace128pool) section trace128pool 420 python3 bench/engine.py --mode cuda --adapters 128 \
+                   --pool --fold --requests 256 --rate inf --prompt-min 64 --prompt-max 512 \
+                   --output-min 64 --output-max 128 --max-num-seqs 128 --max-batched-tokens 4096 \
+                   --kv-blocks 16384 --skip-hf --out "$OUT/trace128pool" ;;  # trace128 as a pool agent serves it: unified pool + fold
     trace128w) section trace128w 420 python3 bench/engine.py --mode cuda --adapters 128 \
                  --requests 1024 --rate inf --prompt-min 64 --prompt-max 512 --output-min 64 \
                  --output-max 128 --max-num-seqs 256 --max-batched-tokens 8192 \
