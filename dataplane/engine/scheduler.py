@@ -246,7 +246,7 @@ class Scheduler:
                 continuing < self.config.max_num_seqs
                 and any(self.adapter_ready(s) for s in self.waiting)))):
             return None
-        if sum(bm.blocks_needed(s) for s in decodes) > bm.num_free_blocks:
+        if not bm.can_take(sum(bm.blocks_needed(s) for s in decodes)):
             return None  # the synchronous step would preempt
         for seq in decodes:
             if bm.blocks_needed(seq):

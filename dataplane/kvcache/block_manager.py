@@ -43,6 +43,13 @@ class BlockManager:
         """Blocks obtainable now: free pool pages plus evictable cached blocks."""
         return self.pool.num_free + self.cache.num_evictable
 
+    def can_take(self, n: int) -> bool:
+        """`n <= num_free_blocks`, asked of the pool as `can_allocate`: a pool whose free
+        count is costly (the agent's unified pool adds the pages of idle adapters it could
+        evict, a scan of every resident) answers the common case, enough free pages, at
+        once. The scheduler asks this for every sequence that grows a block."""
+        return self.pool.can_allocate(max(0, n - self.cache.num_evictable))
+
     @property
     def num_held_blocks(self) -> int:
         return len(self._refs)
@@ -94,7 +101,7 @@ class BlockManager:
     # ----- allocation -------------------------------------------------------------------
     def _take(self, n: int) -> list[int]:
         """n held-by-us pages: free pool pages first, then recycled LRU cached blocks."""
-        from_pool = min(n, self.pool.num_free)
+        from_pool = n if self.pool.can_allocate(n) else min(n, self.pool.num_free)
         pages = self.pool.allocate(from_pool, PageKind.KV)
         while len(pages) < n:
             block = self.cache.pop_lru()
@@ -113,7 +120,7 @@ class BlockManager:
         return new + sum(1 for b in hits if self.cache.is_evictable(b))
 
     def can_allocate(self, seq: Sequence) -> bool:
-        return self._needs(seq, self._lookup(seq)) <= self.num_free_blocks
+        return self.can_take(self._needs(seq, self._lookup(seq)))
 
     def allocate(self, seq: Sequence) -> None:
         """Give `seq` a block table for all its tokens, reusing verified cached prefix blocks.
@@ -124,7 +131,7 @@ class BlockManager:
         if seq.block_table:
             raise InvalidPageOperation("sequence already has blocks", request_id=seq.request_id)
         hits = self._lookup(seq)
-        if self._needs(seq, hits) > self.num_free_blocks:
+        if not self.can_take(self._needs(seq, hits)):
             raise PoolExhausted("not enough KV blocks", request_id=seq.request_id,
                                 free=self.num_free_blocks)
         for b in hits:
@@ -143,12 +150,12 @@ class BlockManager:
         return max(0, self.blocks_for(seq.num_tokens) - len(seq.block_table))
 
     def can_append(self, seq: Sequence) -> bool:
-        return self.blocks_needed(seq) <= self.num_free_blocks
+        return self.can_take(self.blocks_needed(seq))
 
     def may_append(self, seq: Sequence) -> None:
         """Grow the block table to cover every token of `seq` (PoolExhausted: no change)."""
         need = self.blocks_needed(seq)
-        if need > self.num_free_blocks:
+        if not self.can_take(need):
             raise PoolExhausted("not enough KV blocks", request_id=seq.request_id,
                                 free=self.num_free_blocks)
         fresh = self._take(need)

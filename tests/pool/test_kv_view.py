@@ -58,6 +58,10 @@ def test_kv_growth_reclaims_idle_adapters_but_never_held_ones() -> None:
     fired: list[int] = []
     view.on_evict.append(lambda: fired.append(pool.stats.evictions))
     assert view.num_free == 8 + 4  # free + a's pages (b is referenced)
+    # can_allocate answers from free pages alone when they suffice, and counts the idle
+    # adapter's pages only beyond them (never the held one's)
+    assert view.can_allocate(8) and view.can_allocate(12) and not view.can_allocate(13)
+    assert not view.can_allocate(-1) and pool.visible("a") is not None  # asking evicts nothing
     got = view.allocate(10, PageKind.KV)
     assert fired == [1] and pool.visible("a") is None and pool.visible("b") is not None
     assert set(got).isdisjoint(held.adapter_pages)
