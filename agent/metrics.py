@@ -140,8 +140,9 @@ class AgentMetrics:
         """Export the LoRA fold's slots (read at scrape time): `adapter_lora_fold_slots`
         (adapters the fold holds at most), `adapter_lora_fold_copies_total` (adapters
         copied into it on a decode step that needed one it lacked: its churn),
-        `adapter_lora_fold_capacity` (fold slots in use) and
-        `adapter_lora_fold_width_steps_total{width}` (steps by fold slots read)."""
+        `adapter_lora_fold_capacity` (fold slots in use),
+        `adapter_lora_fold_width_steps_total{width}` (steps by fold slots read) and
+        `adapter_lora_fold_resident_bytes` (device bytes of the fold's own copies)."""
         self.registry.register(_FoldCollector(slots))
 
     def observe_collections(self, blocks_used: int, blocks_total: int, members: int,
@@ -202,10 +203,14 @@ class _FoldCollector:
                                      labels=["width"])
         for width, steps in self.slots.width_steps.items():
             widths.add_metric([str(width)], steps)
+        resident = GaugeMetricFamily("adapter_lora_fold_resident_bytes",
+                                     "Device bytes of the LoRA fold's copies of factors.")
+        resident.add_metric([], self.slots.resident_bytes)
         yield held
         yield copies
         yield capacity
         yield widths
+        yield resident
 
 
 class _CollectiveCollector:

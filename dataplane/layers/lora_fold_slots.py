@@ -123,6 +123,12 @@ class FoldSlots:
         if held is not None:
             self._holder[held] = -1
 
+    @property
+    def resident_bytes(self) -> int:
+        """Device bytes of the fold's own copies (every attached store's `A` rows below the
+        base weight, its `B` and scales): memory beyond the factors' home."""
+        return sum(source.store.nbytes for source in self._pairs)
+
     def holder(self, table_slot: int) -> int:
         """The fold slot holding `table_slot`, or -1."""
         return self._where.get(table_slot, -1)

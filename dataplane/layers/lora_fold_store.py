@@ -54,6 +54,14 @@ class FoldStore:
         self.uses = 0
         """Host-side count of folded forwards (eager steps and graph captures)."""
 
+    @property
+    def nbytes(self) -> int:
+        """Device bytes of the fold slots: the ``A`` rows under the base weight, ``B`` and
+        the scales (the base rows are the projection's own weight)."""
+        es = self.weight_aug.element_size()
+        return (self.cols * self.weight_aug.shape[1] * es
+                + sum(b.numel() for b in self.b) * es + self.scale.numel() * 4)
+
     def _tail(self, slot: int, k: int) -> torch.Tensor:
         start = self.base_rows + (slot * len(self.widths) + k) * self.rank
         return self.weight_aug[start:start + self.rank]

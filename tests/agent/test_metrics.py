@@ -20,7 +20,7 @@ REQUIRED = {
     "adapter_slot_generation_mismatch_total", "adapter_page_reservations",
     "adapter_pages_reclaimable", "adapter_publication_generation",
     "adapter_lora_fold_slots", "adapter_lora_fold_copies_total",
-    "adapter_lora_fold_width_steps_total",
+    "adapter_lora_fold_width_steps_total", "adapter_lora_fold_resident_bytes",
 }
 BOUNDED = {
     "phase": {"prefill", "decode"},

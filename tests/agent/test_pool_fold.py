@@ -84,6 +84,12 @@ def test_pool_agent_folds_decode_steps_and_matches_hf_peft(
     assert all(linear.fold is not None and linear.fold.uses > 0
                for _l, _a, linear in engine.model.lora_linears())
     assert engine.adapters.kernel_family.endswith("+fold")
+    # its own device bytes: per projection, 2 fold slots x slices x rank-8 rows of A
+    # (d_in wide) and of B (the slice's width), and one float32 scale per slot and slice
+    want = sum(2 * 8 * (len(linear.out_features) * linear.in_features
+                        + sum(linear.out_features)) * 4 + 2 * len(linear.out_features) * 4
+               for _l, _a, linear in engine.model.lora_linears())
+    assert fold.resident_bytes == want
 
 
 @pytest.mark.parametrize("batched", [False, True])
