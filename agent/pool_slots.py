@@ -20,6 +20,11 @@ the agent through ``eviction_listener``.
 
 Host tier: an adapter's packed image is verified (bytes digest, zero padding) once,
 when it enters the host tier; device loads from it only copy and compare on device.
+
+The engine is built with `external_factors=True` (it allocates no factor tables: its
+projections read the pool's). `enable_fold` folds decode steps' LoRA into the base GEMMs
+from the pages (dataplane/pool/fold_source.py). With `member_slots`, natively served
+collection members take the slots above the pool's (no pages; agent/native_members.py).
 """
 
 from __future__ import annotations
