@@ -55,3 +55,28 @@ def test_rounds_alternate_keep_adapters_live_and_never_reuse_a_prefix(tmp_path: 
         assert {k: (c["plans"], c["rows"]) for k, c in lora.items()} == {
             k: (c["plans"], c["rows"]) for k, c in base.items()}
         assert lora["decode"]["slots"] > 0 and base["decode"]["slots"] == 0
+
+
+def test_pool_fold_trace_generates_the_engine_tables_tokens(tmp_path: Path) -> None:
+    """`bench/engine.py --pool --fold`: the trace served the way a pool agent serves it
+    (factors in the unified pool's pages, decode steps folded) generates exactly the greedy
+    tokens of the engine's own tables with the launches."""
+    def run(*extra: str) -> list[dict]:
+        out = tmp_path / ("pool" if extra else "tables")
+        done = subprocess.run(
+            [sys.executable, str(ROOT / "bench" / "engine.py"), "--mode", "cuda", "--shape",
+             "tiny", "--device", "cpu", "--dtype", "float32", "--adapters", "3",
+             "--requests", "6", "--prompt-min", "20", "--prompt-max", "40", "--output-min",
+             "3", "--output-max", "5", "--max-num-seqs", "4", "--max-batched-tokens", "64",
+             "--kv-blocks", "256", "--skip-hf", "--threads", "1", "--no-piecewise",
+             "--pool-host-gib", "1", *extra, "--out", str(out)],
+            cwd=ROOT, capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stdout + done.stderr
+        return list(json.loads((out / "engine_results.json").read_text())["results"])
+
+    pool, tables = run("--pool", "--fold"), run()
+    assert [(r["system"], r.get("pool"), r.get("fold")) for r in pool] == [
+        ("engine+lora", True, True), ("engine-base", None, None)]
+    assert pool[0]["tokens_sha256"] == tables[0]["tokens_sha256"]
+    assert pool[0]["tokens_sha256"] != pool[1]["tokens_sha256"]  # the adapters matter
+    assert pool[1]["tokens_sha256"] == tables[1]["tokens_sha256"]

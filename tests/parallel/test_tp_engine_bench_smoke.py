@@ -27,3 +27,31 @@ def test_tp_engine_bench_tiny_cpu(tmp_path: Path) -> None:
         if r["tp"] == 2:
             assert r["token_broadcasts"] == r["overlapped_steps"]
         assert r["step_ms_p50"] > 0
+
+
+def test_tp_engine_bench_pool_fold_tiny_cpu(tmp_path: Path) -> None:
+    """`--pool --fold` (TP=1): the agent's unified pool, with and without adapters; the
+    adapter rows fold (the baseline row has no LoRA at all)."""
+    cmd = [sys.executable, str(ROOT / "bench" / "tp_engine.py"), "--shape", "tiny",
+           "--device", "cpu", "--tp", "1", "--pool", "--fold", "--adapters", "0", "2",
+           "--batch", "4", "--context", "16", "--steps", "4", "--kv-blocks", "256",
+           "--scheduling", "sync", "--pool-host-gib", "1", "--out", str(tmp_path)]
+    done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=240)
+    assert done.returncode == 0, done.stderr[-2000:]
+    rows = json.loads((tmp_path / "tp_engine.json").read_text())
+    assert [(r["adapters"], r["pool"], r["fold"]) for r in rows] == [(0, True, False),
+                                                                      (2, True, True)]
+    assert all(r["step_ms_p50"] > 0 for r in rows)
+
+
+def test_kv_capacity_bench_cpu(tmp_path: Path) -> None:
+    """`bench/kv_capacity.py`: both page sources run the same checks; the pool's ratio to
+    the free list is reported."""
+    cmd = [sys.executable, str(ROOT / "bench" / "kv_capacity.py"), "--residents", "8",
+           "--seqs", "8", "--rounds", "2", "--repeats", "1", "--out", str(tmp_path)]
+    done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=240)
+    assert done.returncode == 0, done.stderr[-2000:]
+    rows = json.loads((tmp_path / "kv_capacity.json").read_text())
+    assert [r["pages"] for r in rows] == ["unified pool", "free list"]
+    assert all(r["checks"] == 24 and r["total_ms"] > 0 for r in rows)
+    assert rows[0]["vs_free_list"] == rows[0]["total_ms"] / rows[1]["total_ms"]
