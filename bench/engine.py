@@ -418,6 +418,16 @@ def random_adapter(
     return LoadedAdapter(tuple(modules), digest, f"random:{seed}")
 
 
+def adapters_for(config: ModelConfig, n: int, dtype: torch.dtype, tag: str
+                 ) -> list[LoadedAdapter]:
+    """`n` rank-16 adapters made on the host: 16 distinct random contents (seeds 0..15, as
+    `random_adapter`), each adapter under its own digest (`tag`, index)."""
+    contents = [random_adapter(config, 16, i, "cpu", dtype) for i in range(min(n, 16))]
+    return [LoadedAdapter(contents[i % 16].modules,
+                          hashlib.sha256(f"{tag}-{i}".encode()).hexdigest(), f"random:{i}")
+            for i in range(n)]
+
+
 def pool_engine(model: LlamaForCausalLM, cfg: EngineConfig, digest: str, host_gib: int
                 ) -> tuple[Engine, Any]:
     """The agent's default residency (agent/engine_factory.py): KV blocks and LoRA factors
@@ -466,9 +476,8 @@ def cuda_main(args: argparse.Namespace) -> list[dict]:
         if args.pool:  # 16 distinct contents made on the host, one digest per adapter
             engine, pool = pool_engine(model, trace_config(args, n, max_len), digest,
                                        args.pool_host_gib)
-            contents = [random_adapter(config, 16, i, "cpu", dtype) for i in range(min(n, 16))]
-            handles = [pool.load(f"a{i}", replace(contents[i % 16], digest=hashlib.sha256(
-                f"random-adapter-{i}".encode()).hexdigest())) for i in range(n)]
+            handles = [pool.load(a.digest, a)
+                       for a in adapters_for(config, n, dtype, "random-adapter")]
         else:
             engine = Engine(model, trace_config(args, n, max_len), digest)
             handles = [

@@ -41,9 +41,8 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from bench.engine import pool_engine, random_adapter, start_decoding, step_intervals
+from bench.engine import adapters_for, pool_engine, start_decoding, step_intervals
 from bench.tp import DTYPES, SHAPES, model_args, run_ranks
-from dataplane.engine.adapters import LoadedAdapter
 from dataplane.engine.engine import Engine, EngineConfig
 from dataplane.models import LlamaForCausalLM, ModelConfig, init_random
 from dataplane.parallel import init_tp_group
@@ -51,14 +50,6 @@ from dataplane.parallel.llama_tp import TPLlamaForCausalLM
 from dataplane.parallel.tp_engine import TPEngine
 
 DIGEST = hashlib.sha256(b"bench-tp-engine-random-base").hexdigest()
-
-
-def adapters_for(config: ModelConfig, n: int, dtype: torch.dtype) -> list[LoadedAdapter]:
-    """`n` adapters: 16 distinct random contents, each under its own digest."""
-    contents = [random_adapter(config, 16, i, "cpu", dtype) for i in range(min(n, 16))]
-    return [LoadedAdapter(contents[i % 16].modules,
-                          hashlib.sha256(f"bench-tp-engine-{i}".encode()).hexdigest(),
-                          f"random:{i}") for i in range(n)]
 
 
 def engine_config(args: argparse.Namespace, n: int, mode: str) -> EngineConfig:
@@ -105,9 +96,9 @@ def bench_rank(rank: int, tp: int, init_file: str, args: argparse.Namespace,
                     del engine, model
                     continue
             built = time.perf_counter() - built
-            handles = ([engine.register_loaded_adapter(a) for a in adapters_for(config, n, dtype)]
-                       if pool is None else
-                       [pool.load(a.digest, a) for a in adapters_for(config, n, dtype)])
+            loaded = adapters_for(config, n, dtype, "bench-tp-engine")
+            handles = ([engine.register_loaded_adapter(a) for a in loaded] if pool is None
+                       else [pool.load(a.digest, a) for a in loaded])
             if group is not None:
                 group.counter.reset()  # this engine's token broadcasts only
             times = time_steps(engine, args, handles)
