@@ -22,12 +22,11 @@ from agent.artifacts import ArtifactFetcher
 from agent.catalog import AgentCatalog, LoadFailed, ServingError
 from agent.metrics import AgentMetrics
 from agent.residents import Resident, ResidentSet
-from agent.slot_backends import SlotBackend
 from agent.tickets import Ticket
 from dataplane.core import EngineError
 from dataplane.engine.adapters import AdapterHandle, LoadedAdapter
 from dataplane.engine.engine import Engine
-from dataplane.pool.errors import AdmissionRefused, InjectedFault, PoolError, ValidationFailed
+from dataplane.pool.errors import AdmissionRefused, InjectedFault, ValidationFailed
 
 PREFETCH_RETRY_S = 30.0
 """A prefetch that failed is not retried by placement for this long."""
@@ -37,7 +36,6 @@ class AdapterLoading:
     """Loads, placement, eviction, reclamation and prefetch (see module docstring)."""
 
     engine: Engine
-    slots: SlotBackend
     fetcher: ArtifactFetcher
     catalog: AgentCatalog
     metrics: AgentMetrics
@@ -106,23 +104,21 @@ class AdapterLoading:
             self._unload(victim)
             self.metrics.evictions.inc()
         try:
-            res.handle = self.slots.load(res.info.digest, res.loaded,
-                                         kv_pages=self._kv_pages(res.waiting))
+            res.handle = self.engine.register_loaded_adapter(
+                res.loaded, key=res.info.digest, kv_pages=self._kv_pages(res.waiting),
+                evictable=True)
         except AdmissionRefused as exc:
             if self._live:
                 return  # KV (or a held adapter) frees when a live request ends: retried then
             self._load_failed(res, LoadFailed(f"adapter load refused: {exc}"), "admission")
             return
-        except (EngineError, PoolError) as exc:
+        except EngineError as exc:
             stage = ("validate" if isinstance(exc, ValidationFailed)
                      else str(exc.detail.get("point", "engine"))
                      if isinstance(exc, InjectedFault) else "engine")
             self._load_failed(res, LoadFailed(f"adapter load refused: {exc}"), stage)
             return
         self.metrics.h2d_bytes.inc(res.factor_bytes)
-        ranks = getattr(self.engine, "slot_ranks", None)
-        if ranks is not None:
-            ranks[res.handle.slot] = res.info.max_rank
         self.metrics.load_latency.labels("ok").observe(time.monotonic() - res.started)
         waiting, res.waiting = res.waiting, []
         for t in waiting:
@@ -145,19 +141,18 @@ class AdapterLoading:
             total += -(-(n + 1) // bs)
         return total
 
-    def _evicted(self, digest: str) -> None:
-        """The slot backend evicted an idle adapter (KV growth or another load's victim)."""
-        res = self.residents.get(digest)
+    def adapter_evicted(self, key: str) -> None:
+        """The engine's pool evicted an idle adapter (KV growth or another load's victim):
+        an engine observer event (dataplane/engine/observer.py)."""
+        res = self.residents.get(key)
         if res is None or res.handle is None:
             return
-        getattr(self.engine, "slot_ranks", {}).pop(res.handle.slot, None)
-        self.residents.remove(digest)
+        self.residents.remove(key)
         self.metrics.evictions.inc()
 
     def _unload(self, res: Resident) -> None:
         if res.handle is not None:
-            self.slots.unload(res.handle)
-            getattr(self.engine, "slot_ranks", {}).pop(res.handle.slot, None)
+            self.engine.unregister_adapter(res.handle)
         self.residents.remove(res.info.digest)
 
     def _reclaim(self) -> None:

@@ -21,7 +21,6 @@ from agent.metrics import rank_bucket
 from agent.tickets import BadPrompt, Ticket
 from dataplane.core import EngineError
 from dataplane.engine.adapters import AdapterHandle
-from dataplane.pool.errors import PoolError
 
 
 class Admission(AdapterLoading):
@@ -59,12 +58,9 @@ class Admission(AdapterLoading):
             self._place(res)
 
     def _enter_engine(self, t: Ticket, handle: AdapterHandle | None) -> None:
-        try:
-            if handle is not None:
-                self.slots.hold(handle)  # never an eviction victim while this request runs
-                t.held = handle
+        try:  # the engine holds `handle` (never an eviction victim) until the request ends
             self.engine.add_request(t.request_id, t.prompt, t.params, handle)
-        except (EngineError, PoolError) as exc:
+        except EngineError as exc:
             self._release(t)
             t.sink(BadPrompt(str(exc), code=exc.code))
             return
@@ -90,9 +86,6 @@ class Admission(AdapterLoading):
 
     def _release(self, t: Ticket) -> None:
         """Drop the request's reference; reclaim or place what that unblocks."""
-        if t.held is not None:
-            self.slots.unhold(t.held)
-            t.held = None
         if t.generation is not None and t.generation.artifact is not None:
             res = self.residents.get(t.generation.artifact.digest)
             if res is not None:

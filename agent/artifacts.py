@@ -25,11 +25,11 @@ from urllib.parse import unquote, urlparse
 import httpx
 
 from agent.catalog import ArtifactInfo, CollectionLink, LoadFailed
-from agent.native_members import BUNDLE_FILES, NativeMember, member_mismatch
 from dataplane.artifacts import BaseModelABI
 from dataplane.collections import CollectionError, read_bundle
 from dataplane.collections.bundle import CollectionBundle
 from dataplane.engine.adapters import AdapterError, LoadedAdapter, load_peft_adapter
+from dataplane.engine.native_members import BUNDLE_FILES, NativeMember, member_mismatch
 from dataplane.identity import h_adapter_semantic
 from dataplane.pool.errors import PoolError
 from dataplane.pool.faults import FaultInjector
@@ -44,14 +44,13 @@ class ArtifactFetcher:
     """Fetch + verify + load; safe to call from several loader threads at once."""
 
     def __init__(self, cache_dir: Path, base: BaseModelABI, max_rank: int,
-                 fail_download: bool = False, delay_load_s: float = 0.0,
+                 delay_load_s: float = 0.0,
                  faults: FaultInjector | None = None, native_collections: bool = False
                  ) -> None:
         self.cache = DiskCache(cache_dir / "blobs", faults)
         self.dirs = cache_dir / "adapters"
         self.base = base
         self.max_rank = max_rank
-        self.fail_download = fail_download
         self.delay_load_s = delay_load_s
         self.native_collections = native_collections
         """Return collection members as `NativeMember`s (the engine has collection blocks)."""
@@ -82,8 +81,6 @@ class ArtifactFetcher:
                 cached = self.cache.get(sha)
                 if cached is None:
                     self.cache_misses += 1
-                    if self.fail_download:
-                        raise LoadFailed("download refused by fault injection", file=name)
                     cached = self.cache.put_stream(sha, self._stream(str(meta["url"])))
                     self.downloaded_bytes += cached.stat().st_size
                 else:

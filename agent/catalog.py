@@ -1,7 +1,8 @@
 """The agent's view of the catalog: `namespace/alias` generations from desired state.
 
 The control plane is the source of truth; this is a read-only replica refreshed from
-`GET /v1/agents/{id}/desired-state` (see controlplane/agents). Each alias keeps its
+`GET /v1/agents/{id}/desired-state` (a `controlplane.contracts.DesiredState`; see
+controlplane/agents). Each alias keeps its
 recent generations so a request may pin one (`namespace/alias@generation`).
 
 Resolution (`resolve`) is the admission-time step of seed §0x07H: it returns one
@@ -18,6 +19,9 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
+from pydantic import ValidationError
+
+from controlplane.contracts import DesiredArtifact, DesiredCollection, DesiredState
 from dataplane.artifacts import ArtifactRejected, ValidatedArtifact
 
 
@@ -100,13 +104,17 @@ class CollectionLink:
     files: Mapping[str, Mapping[str, Any]]
 
     @classmethod
-    def from_wire(cls, doc: Mapping[str, Any] | None) -> CollectionLink | None:
-        if not doc:
-            return None
-        try:
-            return cls(str(doc["digest"]), int(doc["member"]), dict(doc["files"]))
-        except (KeyError, TypeError, ValueError):
-            return None  # malformed link: the artifact is still served as a plain LoRA
+    def from_wire(cls, doc: DesiredCollection | Mapping[str, Any] | None
+                  ) -> CollectionLink | None:
+        if doc is not None and not isinstance(doc, DesiredCollection):
+            try:
+                doc = DesiredCollection.model_validate(doc) if doc else None
+            except ValidationError:
+                doc = None
+        if doc is None or doc.digest is None:
+            return None  # no (usable) link: the artifact is served as a plain LoRA
+        return cls(doc.digest, doc.member,
+                   {name: f.model_dump() for name, f in doc.files.items()})
 
 
 @dataclass(frozen=True)
@@ -126,20 +134,21 @@ class ArtifactInfo:
     with collection blocks, after checking its factors against the bundle)."""
 
     @classmethod
-    def from_wire(cls, doc: Mapping[str, Any]) -> ArtifactInfo:
-        record = doc.get("validated_record")
+    def from_wire(cls, doc: DesiredArtifact | Mapping[str, Any]) -> ArtifactInfo:
+        """From desired state's artifact (a mapping is validated into the model first)."""
+        art = doc if isinstance(doc, DesiredArtifact) else DesiredArtifact.model_validate(doc)
         try:
-            validated = ValidatedArtifact.from_record(record or {})
+            validated = ValidatedArtifact.from_record(art.validated_record or {})
         except ArtifactRejected as exc:
-            raise LoadFailed(f"artifact {doc.get('id')}: {exc}") from exc
-        if validated.h_artifact != doc.get("digest"):
-            raise LoadFailed(f"artifact {doc.get('id')}: record digest differs",
-                             digest=doc.get("digest"))
-        return cls(id=int(doc["id"]), digest=validated.h_artifact, files=dict(doc["files"]),
+            raise LoadFailed(f"artifact {art.id}: {exc}") from exc
+        if validated.h_artifact != art.digest:
+            raise LoadFailed(f"artifact {art.id}: record digest differs", digest=art.digest)
+        return cls(id=art.id, digest=validated.h_artifact,
+                   files={name: f.model_dump() for name, f in art.files.items()},
                    max_rank=validated.max_rank,
                    roles=frozenset(m.role for m in validated.modules),
                    total_bytes=int(validated.total_bytes),
-                   collection=CollectionLink.from_wire(doc.get("collection")))
+                   collection=CollectionLink.from_wire(art.collection))
 
 
 @dataclass(frozen=True)
@@ -229,27 +238,27 @@ class AgentCatalog:
         return {g.artifact.digest for g in self.current() if g.artifact is not None}
 
 
-def parse_desired_state(doc: Mapping[str, Any]) -> tuple[int, list[AliasState]]:
-    """Wire format of the control plane's desired state -> (version, alias states).
+def parse_desired_state(doc: DesiredState | Mapping[str, Any]
+                        ) -> tuple[int, list[AliasState]]:
+    """The control plane's desired state -> (version, alias states); a mapping (the wire
+    JSON) is validated into :class:`DesiredState` first.
 
     An artifact whose record does not re-derive its digest makes that generation
     unservable (it raises at load time), never silently another one.
     """
+    state = doc if isinstance(doc, DesiredState) else DesiredState.model_validate(doc)
     states = []
-    for item in doc["aliases"]:
+    for item in state.aliases:
         gens: dict[int, Generation] = {}
-        for g in item["generations"]:
-            art = g.get("artifact")
+        for g in item.generations:
             info, error = None, None
-            if art is not None:
+            if g.artifact is not None:
                 try:
-                    info = ArtifactInfo.from_wire(art)
+                    info = ArtifactInfo.from_wire(g.artifact)
                 except LoadFailed as exc:
                     error = exc.message
-            gens[int(g["generation"])] = Generation(item["namespace"], item["alias"],
-                                                    int(g["generation"]), g["action"], info,
-                                                    error)
-        current = int(item["current_generation"])
-        if current in gens:
-            states.append(AliasState(current, gens, bool(item.get("prefetch", False))))
-    return int(doc["version"]), states
+            gens[g.generation] = Generation(item.namespace, item.alias, g.generation,
+                                            g.action, info, error)
+        if item.current_generation in gens:
+            states.append(AliasState(item.current_generation, gens, item.prefetch))
+    return state.version, states

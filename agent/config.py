@@ -24,6 +24,8 @@ class AgentSettings(BaseSettings):
                                       use_attribute_docstrings=True)
 
     control_plane_url: str = "http://127.0.0.1:8400"
+    """Base URL of the control plane's admin API (registration, heartbeats, desired
+    state, token checks)."""
     token: SecretStr = SecretStr("")
     """Agent token (`is_agent`) used for registration, heartbeats and desired state."""
     name: str = "agent-0"
@@ -33,25 +35,37 @@ class AgentSettings(BaseSettings):
     served_model_name: str = ""
     """`model` value that selects the base model alone; default: the model dir's name."""
     device: str = "cpu"
+    """torch device of the engine (`cpu`, `cuda`, `cuda:N`); with `tp_degree > 1` rank r
+    uses `cuda:(N + r)`."""
     dtype: Literal["float32", "float16", "bfloat16"] = "float32"
+    """dtype of the base weights, adapter factors and KV cache."""
     host: str = "127.0.0.1"
+    """Address the agent's HTTP server binds."""
     port: int = Field(default=8500, ge=0, le=65535)
+    """Port the agent's HTTP server listens on."""
     advertise_url: str = ""
     """URL other processes use to reach this agent; default `http://host:port`."""
     cache_dir: Path = Path("./var/agent-cache")
+    """Content-addressed download cache of adapter files (re-verified on restart)."""
 
-    residency_backend: Literal["pool", "engine"] = "pool"
-    """Adapter factors in the unified page pool (transactional loads, generation-fenced
-    launches) or in the engine's own per-slot tables."""
     max_slots: int = Field(default=8, ge=1)
+    """Adapters resident at once (worst case: `max_rank` on every target module)."""
     max_rank: int = Field(default=16, ge=1)
+    """Largest LoRA rank this agent loads (advertised to the control plane)."""
     num_kv_blocks: int = Field(default=512, ge=1)
+    """Pages of the unified pool, each one KV block of `block_size` tokens, shared by KV
+    blocks and adapter factors."""
     block_size: int = Field(default=16, ge=1)
+    """Tokens per KV block (one pool page)."""
     max_num_seqs: int = Field(default=32, ge=1)
+    """Sequences scheduled in one engine step (decode batch size)."""
     max_num_batched_tokens: int = Field(default=1024, ge=1)
+    """Token budget of one engine step (prefill chunks plus decode rows)."""
     max_queued_requests: int = Field(default=256, ge=1)
     """Live requests (queued + running) above which new ones get 429."""
     tp_degree: int = Field(default=1, ge=1)
+    """Tensor-parallel ranks (GPUs of this node) serving the base model; this agent is
+    rank 0."""
     tp_lora_layout: Literal["auto", "no_extra_collectives", "paper"] = "auto"
     """LoRA layout of every projection under TP; `auto`: per projection by the cost model
     (`dataplane.parallel.cost_model`: an extra collective vs replicated factor reads)."""
@@ -74,9 +88,8 @@ class AgentSettings(BaseSettings):
     """Serve Compress-then-Serve members natively: basis blocks (one per resident collection
     cluster) in the engine's collection tables; an alias whose artifact is a verified
     member of a fitted collection is served from the shared bases plus its core. 0: off
-    (members are ordinary LoRAs). One GPU only. With the unified pool (default), members
-    take `max_slots` slots of their own beside the pool's (they hold no pages); with
-    `residency_backend=engine` they share the engine's `max_slots`."""
+    (members are ordinary LoRAs). One GPU only. Members take `max_slots` slots of their
+    own beside the pool's (they hold no pages)."""
     collection_rank: int = Field(default=32, ge=1)
     """Shared rank R of every basis block (collections fitted at a larger R are served as
     ordinary LoRAs)."""
@@ -84,7 +97,9 @@ class AgentSettings(BaseSettings):
     """Target roles this agent serves (default: every projection the model adapts)."""
 
     heartbeat_interval_s: float = Field(default=2.0, gt=0)
+    """Seconds between heartbeats (slot states, load failures) to the control plane."""
     long_poll_s: float = Field(default=10.0, gt=0)
+    """Longest wait of one desired-state long-poll before it is sent again."""
     auth_cache_s: float = Field(default=5.0, ge=0)
     """How long a token's read permission on a namespace is cached."""
     require_auth: bool = True
@@ -92,7 +107,6 @@ class AgentSettings(BaseSettings):
 
     fault_delay_load_s: float = Field(default=0.0, ge=0)
     """Sleep this long inside every adapter load, after download, before the engine copy."""
-    fault_fail_download: bool = False
     fault_step_delay_s: float = Field(default=0.0, ge=0)
     """Sleep this long before every engine step (slows generation to widen races)."""
 

@@ -29,16 +29,18 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from pydantic import ValidationError
+
 from agent.artifacts import ArtifactFetcher
 from agent.catalog import AgentCatalog, parse_desired_state
 from agent.config import AgentSettings
-from agent.engine_factory import build_engine
+from agent.engine_factory import agent_engine
 from agent.metrics import AgentMetrics
-from agent.pool_slots import PoolSlots
 from agent.server import ServingContext, create_agent_app
 from agent.serving import EngineLoop
 from agent.sync import ControlPlaneClient, ControlPlaneError
-from dataplane.models.llama import LORA_GROUPS
+from controlplane.contracts import Capabilities, HeartbeatRequest, RegisterRequest
+from dataplane.engine.adapters import ADAPTABLE_MODULES
 from dataplane.pool.faults import FaultInjector
 
 log = logging.getLogger("adapterplane.agent")
@@ -53,14 +55,13 @@ class AgentDaemon:
         self.metrics = AgentMetrics()
         self.faults = FaultInjector.from_env()
         """`ADAPTERPLANE_FAULTS` (off unless set): pool copy/validate/publish + download."""
-        self.engine = build_engine(settings, self.metrics, self.faults)
+        self.engine, self.tp_ranks = agent_engine(settings, self.metrics, self.faults)
         abi = self.engine.base_abi
         if abi is None:
             raise RuntimeError("the engine has no base ABI")
         self.abi = abi
         self.catalog = AgentCatalog()
         self.fetcher = ArtifactFetcher(settings.cache_dir, abi, settings.max_rank,
-                                       fail_download=settings.fault_fail_download,
                                        delay_load_s=settings.fault_delay_load_s,
                                        faults=self.faults,
                                        native_collections=bool(self.engine.runner.collections))
@@ -70,7 +71,7 @@ class AgentDaemon:
         self.client = ControlPlaneClient(settings.control_plane_url,
                                          settings.token.get_secret_value(),
                                          settings.auth_cache_s)
-        every = frozenset(m for mods in LORA_GROUPS.values() for m in mods)
+        every = ADAPTABLE_MODULES
         self.targets = frozenset(settings.adapter_targets) & every or every
         self.ctx = ServingContext(
             catalog=self.catalog, loop=self.loop, metrics=self.metrics, client=self.client,
@@ -83,7 +84,7 @@ class AgentDaemon:
         self.ctx.state["lora_fold_rows"] = self.engine.model.lora_fold_rows
         if self.engine.model.lora_fold_slots is not None:
             self.metrics.watch_fold(self.engine.model.lora_fold_slots)
-        ranks = getattr(self.engine, "tp_ranks", None)
+        ranks = self.tp_ranks
         if ranks is not None:  # this agent is rank 0 of a TP group
             self.ctx.state["tp_follower_pids"] = ranks.follower_pids()
             self.ctx.state["tp_lora_layouts"] = dict(ranks.engine.tp_model.lora_layouts)
@@ -93,34 +94,34 @@ class AgentDaemon:
         """monotonic time by which the next poll asks for a full desired state"""
 
     # ---- control-plane protocol ------------------------------------------------------
-    def capabilities(self) -> dict[str, Any]:
-        """Pool geometry in KV-block pages. `pool` backend: one unified pool of
-        `num_kv_blocks` pages for KV and adapters, of which placement may fill at most
-        `max_slots` worst-case (max rank, every module) adapters; `engine` backend: the
-        KV blocks plus a fixed adapter area."""
+    def capabilities(self) -> Capabilities:
+        """Pool geometry in KV-block pages. One GPU: one unified pool of `num_kv_blocks`
+        pages for KV and adapters, of which placement may fill at most `max_slots`
+        worst-case (max rank, every module) adapters; a TP group: the KV blocks plus each
+        rank's fixed area of sharded adapter tables."""
         s, c = self.settings, self.engine.model.config
         elem = self.engine.model.embed_tokens.weight.element_size()
         page_bytes = 2 * c.num_layers * s.block_size * c.num_kv_heads * c.head_dim * elem
         slot_bytes = sum(s.max_rank * (d_in + d_out) * elem
                          for d_out, d_in in c.module_shapes.values()) * c.num_layers
         slot_pages = -(-slot_bytes // page_bytes)
-        slots = getattr(self.engine, "slots", None)
-        if isinstance(slots, PoolSlots):
-            pool_pages, page_bytes = slots.layout.total_pages, slots.layout.geometry.page_bytes
+        pool = self.engine.pool
+        if pool.max_slots > 0:
+            pool_pages, page_bytes = pool.layout.total_pages, pool.layout.geometry.page_bytes
             slot_pages = -(-slot_bytes // page_bytes)
             reserve = max(0, pool_pages - s.max_slots * slot_pages)
         else:
             pool_pages, reserve = s.num_kv_blocks + s.max_slots * slot_pages, s.num_kv_blocks
-        return {"base": self.abi.h_base, "dtypes": [s.dtype], "max_rank": s.max_rank,
-                "targets": sorted(self.targets), "adapter_slots": s.max_slots,
-                "pool_pages": pool_pages, "page_bytes": page_bytes,
-                "kv_reserve_pages": reserve, "tp_degree": s.tp_degree}
+        return Capabilities(base=self.abi.h_base, dtypes=[s.dtype], max_rank=s.max_rank,
+                            targets=sorted(self.targets), adapter_slots=s.max_slots,
+                            pool_pages=pool_pages, page_bytes=page_bytes,
+                            kv_reserve_pages=reserve, tp_degree=s.tp_degree)
 
     def register(self) -> None:
-        doc = self.client.register({"name": self.settings.name, "url": self.settings.url,
-                                    "capabilities": self.capabilities()})
-        self.ctx.state.update(agent_id=int(doc["id"]), worker_epoch=int(doc["worker_epoch"]))
-        log.info("registered as agent %s epoch %s", doc["id"], doc["worker_epoch"])
+        me = self.client.register(RegisterRequest(name=self.settings.name, url=self.settings.url,
+                                                  capabilities=self.capabilities()))
+        self.ctx.state.update(agent_id=me.id, worker_epoch=me.worker_epoch)
+        log.info("registered as agent %s epoch %s", me.id, me.worker_epoch)
 
     def sync_once(self, wait_s: float) -> None:
         """One long-poll. Incremental (`since` = the replica's version) once a full state
@@ -132,11 +133,11 @@ class AgentDaemon:
         doc = self.client.desired_state(state["agent_id"], state["worker_epoch"], after, wait_s,
                                         since=-1 if full else self.catalog.version)
         version, aliases = parse_desired_state(doc)
-        if doc.get("full", True):
+        if doc.full:
             self.catalog.update(version, aliases)
-            self._full_due = now + float(doc.get("url_ttl_s", 3600)) / 2
+            self._full_due = now + doc.url_ttl_s / 2
         else:  # also when nothing changed: placement may move
-            self.catalog.merge(version, aliases, set(doc.get("prefetch", [])))
+            self.catalog.merge(version, aliases, set(doc.prefetch))
         self.loop.reconcile()
         state["ready"] = True
 
@@ -160,10 +161,15 @@ class AgentDaemon:
         state, status = self.ctx.state, self.loop.status
         if state["agent_id"] is None:
             return
-        self.client.heartbeat(state["agent_id"], {
-            "worker_epoch": state["worker_epoch"], "catalog_version": self.catalog.version,
-            "live_requests": status.get("live", 0), "slots": status.get("slots", []),
-            "load_failures": status.get("load_failures", [])})
+        try:  # the agent's own report; extra keys (kernel_local) are not part of it
+            report = HeartbeatRequest.model_validate({
+                "worker_epoch": state["worker_epoch"], "catalog_version": self.catalog.version,
+                "live_requests": status.get("live", 0), "slots": status.get("slots", []),
+                "load_failures": status.get("load_failures", [])})
+        except ValidationError as exc:
+            raise ControlPlaneError(f"heartbeat report does not fit the contract: {exc}",
+                                    422, "VALIDATION_ERROR") from exc
+        self.client.heartbeat(state["agent_id"], report)
 
     def _heartbeat_loop(self) -> None:
         while not self._stop.wait(self.settings.heartbeat_interval_s):
@@ -189,9 +195,8 @@ class AgentDaemon:
         log.error("%s: the TP group is broken; this agent stops serving and exits (%d)",
                   reason, EXIT_TP_RANK_LOST)
         self.ctx.state["ready"] = False
-        ranks = getattr(self.engine, "tp_ranks", None)
-        if ranks is not None:
-            ranks.kill_followers()
+        if self.tp_ranks is not None:
+            self.tp_ranks.kill_followers()
         logging.shutdown()
         os._exit(EXIT_TP_RANK_LOST)
 
@@ -204,9 +209,8 @@ class AgentDaemon:
     def stop(self) -> None:
         self._stop.set()
         self.loop.stop()
-        ranks = getattr(self.engine, "tp_ranks", None)
-        if ranks is not None:  # tensor-parallel follower processes of this node
-            ranks.shutdown()
+        if self.tp_ranks is not None:  # tensor-parallel follower processes of this node
+            self.tp_ranks.shutdown()
         self.client.close()
 
     def serve(self) -> None:

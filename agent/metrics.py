@@ -13,21 +13,35 @@ admission, service at iteration completion.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from typing import TYPE_CHECKING
+from collections.abc import Iterator, Mapping
+from typing import TYPE_CHECKING, Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 if TYPE_CHECKING:
     from agent.residents import ResidentSet
-    from dataplane.layers.lora_fold_slots import FoldSlots
     from dataplane.parallel.collectives import CollectiveCounter
 
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
                    10.0, 30.0)
 ROW_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
 RANK_BUCKETS = (4, 8, 16, 32, 64, 128, 256)
+
+
+class FoldSlots(Protocol):
+    """What the metrics read of an engine's LoRA fold slots (`model.lora_fold_slots`)."""
+
+    @property
+    def fold_slots(self) -> int: ...
+    @property
+    def copied(self) -> int: ...
+    @property
+    def capacity(self) -> int: ...
+    @property
+    def width_steps(self) -> Mapping[int, int]: ...
+    @property
+    def resident_bytes(self) -> int: ...
 
 
 def rank_bucket(rank: int | None) -> str:

@@ -18,8 +18,8 @@ import time
 from dataclasses import dataclass, field
 
 from agent.catalog import ArtifactInfo
-from agent.native_members import NativeMember
 from dataplane.engine.adapters import AdapterHandle, LoadedAdapter
+from dataplane.engine.native_members import NativeMember
 
 
 class ResidentState(enum.StrEnum):

@@ -30,10 +30,10 @@ from agent.artifacts import ArtifactFetcher
 from agent.catalog import AgentCatalog, ServingError
 from agent.metrics import AgentMetrics
 from agent.residents import ResidentSet
-from agent.slot_backends import EngineSlots, SlotBackend
 from agent.tickets import BadPrompt, Event, InternalError, Ticket
 from dataplane.engine.adapters import AdapterHandle
 from dataplane.engine.engine import Engine
+from dataplane.engine.observer import EngineObserver
 
 __all__ = ["PREFETCH_RETRY_S", "BadPrompt", "EngineLoop", "Event", "InternalError",
            "ServingError", "Ticket"]
@@ -41,14 +41,13 @@ __all__ = ["PREFETCH_RETRY_S", "BadPrompt", "EngineLoop", "Event", "InternalErro
 log = logging.getLogger("adapterplane.agent.serving")
 
 
-class EngineLoop(Admission):
+class EngineLoop(Admission, EngineObserver):
     """Single owner of `engine` (see module docstring)."""
 
     def __init__(self, engine: Engine, fetcher: ArtifactFetcher, catalog: AgentCatalog,
                  metrics: AgentMetrics, max_slots: int, max_live: int,
                  step_delay_s: float = 0.0) -> None:
         self.engine = engine
-        self.slots: SlotBackend = getattr(engine, "slots", None) or EngineSlots(engine)
         self.fetcher = fetcher
         self.catalog = catalog
         self.metrics = metrics
@@ -64,7 +63,7 @@ class EngineLoop(Admission):
         self._loader = ThreadPoolExecutor(max_workers=2, thread_name_prefix="adapter-load")
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="engine-loop", daemon=True)
-        self.slots.set_eviction_listener(self._evicted)
+        engine.observers.append(self)  # `adapter_evicted`: the pool evicted an idle adapter
 
     # ---- thread-safe API -------------------------------------------------------------
     def start(self) -> None:
@@ -130,8 +129,7 @@ class EngineLoop(Admission):
     # ---- status ----------------------------------------------------------------------------
     def _native_collection(self, handle: AdapterHandle | None) -> str | None:
         """H_collection when `handle`'s slot is served from a collection's shared bases."""
-        lookup = getattr(self.slots, "collection_of", None)
-        return lookup(handle.slot) if handle is not None and lookup is not None else None
+        return None if handle is None else self.engine.pool.collection_of(handle.slot)
 
     def _publish_status(self) -> None:
         # each bound slot's H_kernel_local (one per TP rank under TP; AdapterRegistry)
@@ -145,7 +143,7 @@ class EngineLoop(Admission):
                   "collection": self._native_collection(r.handle),
                   "prefetch": r.prefetch, "waiting": len(r.waiting)}
                  for r in self.residents.by_digest.values()]
-        pool = self.slots.gauges()
+        pool = self.engine.pool.gauges()
         self.status = {"slots": slots, "live": len(self._live),
                        "load_failures": list(self.failures), "pool": pool}
         kv = self.engine.block_manager.pool

@@ -5,6 +5,10 @@ state (long-poll). Client-token calls: `can_read` asks the control plane whether
 client's bearer token may read a namespace, cached for `auth_cache_s` per
 (token digest, namespace) so the hot path does not hit the control plane on every
 request; a refusal is cached too, a revoked token stops working within that TTL.
+
+Bodies and answers are the shared wire models of `controlplane.contracts` (the only
+control-plane module the agent may import): every answer is validated into its model,
+and one that does not fit raises :class:`ControlPlaneError` like a failed call.
 """
 
 from __future__ import annotations
@@ -12,9 +16,20 @@ from __future__ import annotations
 import hashlib
 import threading
 import time
-from typing import Any
+from typing import Any, TypeVar
 
 import httpx
+from pydantic import BaseModel, ValidationError
+
+from controlplane.contracts import (
+    AgentOut,
+    DesiredState,
+    HeartbeatOut,
+    HeartbeatRequest,
+    RegisterRequest,
+)
+
+M = TypeVar("M", bound=BaseModel)
 
 
 class ControlPlaneError(Exception):
@@ -53,33 +68,35 @@ class ControlPlaneClient:
         for client in (self._http, self._poll, self._auth):
             client.close()
 
-    def _call(self, client: httpx.Client, method: str, path: str, **kw: Any) -> Any:
+    def _call(self, client: httpx.Client, method: str, path: str, answer: type[M],
+              **kw: Any) -> M:
         try:
             response = client.request(method, path, **kw)
         except httpx.HTTPError as exc:
             raise ControlPlaneError(f"{method} {path}: {exc}") from exc
         _raise_for(response)
-        return response.json()
+        try:
+            return answer.model_validate_json(response.content)
+        except ValidationError as exc:
+            raise ControlPlaneError(f"{method} {path}: the answer is not a {answer.__name__}: "
+                                    f"{exc}", response.status_code) from exc
 
-    def register(self, body: dict[str, Any]) -> dict[str, Any]:
-        result: dict[str, Any] = self._call(self._http, "POST", "/v1/agents/register", json=body)
-        return result
+    def register(self, body: RegisterRequest) -> AgentOut:
+        return self._call(self._http, "POST", "/v1/agents/register", AgentOut,
+                          json=body.model_dump(mode="json"))
 
-    def heartbeat(self, agent_id: int, body: dict[str, Any]) -> dict[str, Any]:
-        result: dict[str, Any] = self._call(self._http, "POST",
-                                            f"/v1/agents/{agent_id}/heartbeat", json=body)
-        return result
+    def heartbeat(self, agent_id: int, body: HeartbeatRequest) -> HeartbeatOut:
+        return self._call(self._http, "POST", f"/v1/agents/{agent_id}/heartbeat", HeartbeatOut,
+                          json=body.model_dump(mode="json"))
 
     def desired_state(self, agent_id: int, worker_epoch: int, after: int,
-                      wait_s: float, since: int = -1) -> dict[str, Any]:
+                      wait_s: float, since: int = -1) -> DesiredState:
         """Long-poll past catalog version `after`; `since` >= 0 asks for the aliases
         changed after that version only (incremental), -1 for the full state."""
         params = {"worker_epoch": worker_epoch, "after": after, "wait": wait_s,
                   "since": since}
-        result: dict[str, Any] = self._call(self._poll, "GET",
-                                            f"/v1/agents/{agent_id}/desired-state",
-                                            params=params)
-        return result
+        return self._call(self._poll, "GET", f"/v1/agents/{agent_id}/desired-state",
+                          DesiredState, params=params)
 
     def can_read(self, token: str, namespace: str) -> int:
         """HTTP status of the read check: 200 allowed, 401 bad token, 403 no scope."""

@@ -14,7 +14,6 @@ from dataclasses import dataclass, field
 
 from agent.catalog import Generation, ServingError
 from dataplane.core import SamplingParams
-from dataplane.engine.adapters import AdapterHandle
 from dataplane.engine.engine import RequestOutput
 
 Event = RequestOutput | ServingError
@@ -40,5 +39,3 @@ class Ticket:
     created: float = field(default_factory=time.monotonic)
     residency: str = "base"
     last_token_at: float | None = None
-    held: AdapterHandle | None = None
-    """The slot handle this request holds in the backend (from engine entry to its end)."""

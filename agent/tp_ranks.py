@@ -2,8 +2,9 @@
 
 `launch_tp_ranks(spec)` spawns ranks 1..N-1 with torch.multiprocessing (spawn), joins the
 TP group as rank 0 in the calling (agent) process and returns a `TPRanks` whose `engine`
-is rank 0's `TPEngine` — an `Engine`, so the agent's serving code uses it unchanged.
-Every rank loads its shard of the same checkpoint and builds the same engine; each step
+is rank 0's engine — an `Engine`, so the agent's serving code uses it unchanged.
+Every rank builds its engine with the same `build_engine` spec (its shard of the same
+checkpoint, `EngineSpec.tp_group`); each step
 rank 0 schedules, broadcasts the `BatchPlan`, all ranks execute it (same collectives, same
 CUDA graph), and only rank 0 samples and returns tokens. Adapter (un)loads follow the same
 path and publish only when all ranks validated their shard (dataplane.parallel.tp_engine).
@@ -33,6 +34,7 @@ from typing import Any
 import torch
 import torch.multiprocessing as mp
 
+from dataplane.engine import EngineConfig, EngineSpec, build_engine
 from dataplane.parallel import TPGroup, destroy_tp_group, init_tp_group
 from dataplane.parallel.errors import ProcessGroupError
 from dataplane.parallel.tp_engine import TPEngine
@@ -40,10 +42,11 @@ from dataplane.parallel.tp_engine import TPEngine
 
 @dataclass(frozen=True)
 class TPLaunchSpec:
-    """What every rank builds. `engine_sizes` are `EngineConfig` fields (same on all ranks).
+    """What every rank builds: the same `EngineConfig` on all ranks.
 
     `lora_layouts`: fused projection -> LoRA layout (default no_extra_collectives);
-    `lora_fold`: decode steps fold the default-layout LoRA into the base GEMMs.
+    `lora_fold`: "auto" | "on" | "off" (`EngineSpec.lora_fold`); `extra_resident_bytes`:
+    the fold copies' budget per rank (`EngineSpec.extra_resident_bytes`).
     """
 
     model_dir: str
@@ -51,8 +54,9 @@ class TPLaunchSpec:
     device: str = "cuda"
     dtype: str = "bfloat16"
     lora_layouts: dict[str, str] | None = None
-    lora_fold: bool = False
-    engine_sizes: dict[str, Any] = field(default_factory=dict)
+    lora_fold: str = "off"
+    engine: EngineConfig = field(default_factory=EngineConfig)
+    extra_resident_bytes: int | None = None
     torch_threads: int | None = None
     timeout_s: float = 600.0
 
@@ -73,14 +77,15 @@ def _rank_device(spec: TPLaunchSpec, rank: int) -> torch.device:
     return torch.device("cpu") if first is None else torch.device("cuda", first + rank)
 
 
-def _build(spec: TPLaunchSpec, rank: int, init_method: str,
-           engine_cls: type[TPEngine] = TPEngine) -> TPEngine:
+def _build(spec: TPLaunchSpec, rank: int, init_method: str) -> TPEngine:
     group: TPGroup = init_tp_group(rank, spec.tp_size, init_method=init_method,
                                    device=_rank_device(spec, rank), timeout_s=spec.timeout_s)
-    return engine_cls.from_global_model_dir(spec.model_dir, group, dtype=spec.dtype,
-                                            lora_layouts=spec.lora_layouts,
-                                            lora_fold=spec.lora_fold,
-                                            **spec.engine_sizes)
+    engine = build_engine(EngineSpec(spec.model_dir, spec.engine, dtype=spec.dtype,
+                                     lora_fold=spec.lora_fold, tp_group=group,
+                                     lora_layouts=spec.lora_layouts,
+                                     extra_resident_bytes=spec.extra_resident_bytes))
+    assert isinstance(engine, TPEngine)
+    return engine
 
 
 def _follower_main(index: int, spec: TPLaunchSpec, init_method: str) -> None:
@@ -168,13 +173,8 @@ class TPRanks:
             self._tmp.cleanup()
 
 
-def launch_tp_ranks(spec: TPLaunchSpec, engine_cls: type[TPEngine] = TPEngine) -> TPRanks:
-    """Start a TP group of `spec.tp_size` ranks on this node; this process is rank 0.
-
-    `engine_cls` is rank 0's engine class (a `TPEngine` subclass, e.g. the agent's metered
-    engine mixed in: ``class MeteredTPEngine(MeteredEngine, TPEngine)``); followers are
-    plain `TPEngine`s (they only execute plans, so host-side extras do not matter).
-    """
+def launch_tp_ranks(spec: TPLaunchSpec) -> TPRanks:
+    """Start a TP group of `spec.tp_size` ranks on this node; this process is rank 0."""
     if spec.tp_size < 1:
         raise ProcessGroupError("tp_size must be >= 1")
     first = first_cuda_index(spec.device)
@@ -192,7 +192,7 @@ def launch_tp_ranks(spec: TPLaunchSpec, engine_cls: type[TPEngine] = TPEngine) -
                                      nprocs=spec.tp_size - 1, join=False,
                                      start_method="spawn")
     try:
-        engine = _build(spec, 0, init_method, engine_cls)
+        engine = _build(spec, 0, init_method)
     except BaseException:
         if context is not None:
             for proc in context.processes:

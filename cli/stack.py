@@ -30,7 +30,7 @@ from typing import IO
 
 import httpx
 
-ENTRYPOINT = [sys.executable, "-m", "controlplane.entrypoint"]
+ENTRYPOINT = [sys.executable, "-m", "cli.launcher"]
 TOKEN_FILE = "admin.token"
 STORE_ENV_VARS = (
     "ADAPTERPLANE_DATABASE_URL",

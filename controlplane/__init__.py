@@ -1,6 +1,6 @@
 """Adapterplane control plane: registry, catalog, admin REST API, validation jobs.
 
-Entry points (what the `adapterplane` console command wires up):
+Entry points (what the `adapterplane` console command, `cli.launcher`, wires up):
 
 - `controlplane.app.create_app(settings) -> FastAPI` — the admin API (`adapterplane api`,
   e.g. `uvicorn.run(create_app(Settings()), host=settings.api_host, port=settings.api_port)`).
@@ -13,4 +13,8 @@ Entry points (what the `adapterplane` console command wires up):
   `celery_app` — `celery -A controlplane.worker.celery_app worker -Q <settings.celery_queue>`
   (`adapterplane worker`).
 - `controlplane.config.Settings` — every setting, env prefix `ADAPTERPLANE_`.
+- `controlplane.contracts` — the wire models shared with agents (pydantic and the standard
+  library only: the one control-plane module an agent may import).
+
+The control plane never imports `agent` or `cli` (import-linter, pyproject.toml).
 """

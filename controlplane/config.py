@@ -31,42 +31,65 @@ class InsecureSettings(Exception):
 class Settings(BaseSettings):
     """All knobs of the control plane (API, worker, migrations)."""
 
-    model_config = SettingsConfigDict(env_prefix="ADAPTERPLANE_", extra="ignore")
+    model_config = SettingsConfigDict(env_prefix="ADAPTERPLANE_", extra="ignore",
+                                      use_attribute_docstrings=True)
 
     environment: Environment = "development"
+    """Deployment environment; outside `development`/`test` default secrets are refused at
+    start-up and `file://` imports are off unless `allow_file_uri_import` is set."""
     data_dir: Path = Path("./var")
+    """Directory of the embedded stores: the default database, object store and Celery
+    broker/result backend all live under it (created on first use)."""
 
     database_url: str = ""
     """SQLAlchemy URL; default `sqlite:///<data_dir>/adapterplane.db`. Postgres:
     `postgresql+psycopg://user:pass@host/db` (`postgresql://` is accepted too)."""
     database_pool_size: int = Field(default=20, ge=1)
+    """Connection pool size of the API's database engine (as many again may overflow);
+    SQLite ignores it."""
 
     storage_url: str = ""
     """`file:///abs/dir` or `s3://bucket[/prefix]`; default `file://<data_dir>/objects`."""
     s3_bucket: str = ""
     """Convenience: when set and `storage_url` is empty, storage is `s3://<s3_bucket>`."""
     s3_endpoint_url: str | None = None
+    """S3 endpoint for S3-compatible stores (MinIO, moto; path-style addressing when set);
+    unset: AWS."""
     s3_region: str = "us-east-1"
+    """Region of the S3 client."""
     s3_access_key_id: str | None = None
+    """S3 access key id; unset: boto3's default credential chain."""
     s3_secret_access_key: SecretStr | None = None
+    """S3 secret access key (with `s3_access_key_id`); refused outside development/test
+    when it is a well-known default."""
     s3_retry_mode: Literal["standard", "adaptive"] = "standard"
+    """botocore retry mode of the S3 client (exponential backoff; `adaptive` adds
+    client-side rate limiting)."""
     s3_max_attempts: int = Field(default=5, ge=1)
+    """Attempts per S3 call, the first included (botocore `max_attempts`)."""
     s3_multipart_chunk_bytes: int = Field(default=8 * 1024 * 1024, ge=5 * 1024 * 1024)
+    """Part size of multipart uploads to S3 (S3's minimum part is 5 MiB)."""
 
     celery_broker_url: str = ""
     """Default `sqla+sqlite:///<data_dir>/celery-broker.db`; e.g. `redis://host:6379/0`."""
     celery_result_backend: str = ""
     """Default `db+sqlite:///<data_dir>/celery-results.db`."""
     celery_queue: str = "adapterplane"
+    """Celery queue the API sends jobs to and the worker consumes."""
     celery_task_always_eager: bool = False
     """Run jobs inline in the sending process (tests/debugging only)."""
     validation_max_retries: int = Field(default=8, ge=0)
+    """Retries of a job (artifact validation, collection fit) after a transient storage
+    error, before it fails."""
     validation_retry_backoff_s: int = Field(default=1, ge=1)
+    """First retry delay in seconds; doubles per retry (`backoff_s * 2**retries`)."""
     validation_retry_backoff_max_s: int = Field(default=60, ge=1)
+    """Cap on the retry delay in seconds."""
 
     max_artifact_bytes: int = Field(default=2 * 1024**3, ge=1)
     """Upper bound on the sum of an artifact's file sizes (push and validation)."""
     max_rank: int = Field(default=256, ge=1)
+    """Largest LoRA rank validation accepts; a higher-rank artifact is rejected."""
     allow_file_uri_import: bool | None = None
     """Whether pushes may name `file://` URIs the API server reads; default: only in
     development/test (the server would otherwise read any local directory)."""
@@ -76,7 +99,9 @@ class Settings(BaseSettings):
     at info)."""
 
     api_host: str = "127.0.0.1"
+    """Address `adapterplane api` binds (its `--host` overrides it)."""
     api_port: int = 8400
+    """Port `adapterplane api` listens on (its `--port` overrides it)."""
 
     @model_validator(mode="after")
     def _derive_defaults(self) -> Settings:

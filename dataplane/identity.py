@@ -1,4 +1,5 @@
-"""Content identities of the serving system (DESIGN.md §3, seed §0x01G). Stdlib + rfc8785 only.
+"""Content identities of the serving system (DESIGN.md §3, seed §0x01G). Stdlib + rfc8785 only
+(and the stdlib-only `dataplane.errors`).
 
 Every digest is SHA-256 (lowercase hex) over RFC 8785 canonical JSON: sorted keys, no
 whitespace, integers within ±2^53, and *no floats at all* — scales are exact fractions
@@ -35,6 +36,8 @@ from typing import Any
 
 import rfc8785
 
+from dataplane.errors import EngineError
+
 JSONValue = None | bool | int | str | list["JSONValue"] | dict[str, "JSONValue"]
 
 SCALING_ALPHA_OVER_R = "alpha/r"
@@ -51,13 +54,15 @@ B_STORED_AXES = ("rank", "output")
 _HEX64 = re.compile(r"[0-9a-f]{64}")
 
 
-class IdentityError(ValueError):
-    """A record cannot be given a content identity. `code` is stable, lowercase."""
+class IdentityError(EngineError):
+    """A record cannot be given a content identity. `code` (per instance) is stable,
+    lowercase; `str(exc)` is `"<code>: <message>"`."""
+
+    code_in_str = True
 
     def __init__(self, code: str, message: str) -> None:
-        super().__init__(f"{code}: {message}")
         self.code = code
-        self.message = message
+        super().__init__(message)
 
 
 def _check_json(value: object, where: str) -> None:

@@ -13,4 +13,5 @@ ADAPTERPLANE_DATABASE_URL="$ADAPTERPLANE_TEST_DATABASE_URL" .venv/bin/adapterpla
 .venv/bin/ruff check .
 .venv/bin/mypy controlplane agent dataplane cli
 .venv/bin/lint-imports
+.venv/bin/python -m cli.config_docs --check
 exec .venv/bin/python -m pytest "$@"

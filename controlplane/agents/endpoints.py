@@ -11,12 +11,14 @@ learns of a publish within a fraction of a second without polling slowly itself.
 
 `GET /v1/agents/authorize?namespace=NS` is called by agents *with a client's token*:
 200 when that token may read NS, 401/403 otherwise.
+
+Bodies and answers are the wire models the agent shares (controlplane/contracts.py).
 """
 
 from __future__ import annotations
 
 import time
-from typing import Annotated, Any
+from typing import Annotated
 
 from fastapi import APIRouter, Path, Query, Request, status
 from fastapi.concurrency import run_in_threadpool
@@ -24,13 +26,6 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from controlplane.agents.notify import CatalogWaiter
 from controlplane.agents.repository import AgentRepository
-from controlplane.agents.schemas import (
-    AgentOut,
-    AuthorizeOut,
-    HeartbeatOut,
-    HeartbeatRequest,
-    RegisterRequest,
-)
 from controlplane.agents.service import (
     agent_state,
     check_epoch,
@@ -41,6 +36,14 @@ from controlplane.agents.service import (
 )
 from controlplane.auth.dependencies import CurrentPrincipal
 from controlplane.auth.scopes import Principal, Role
+from controlplane.contracts import (
+    AgentOut,
+    AuthorizeOut,
+    DesiredState,
+    HeartbeatOut,
+    HeartbeatRequest,
+    RegisterRequest,
+)
 from controlplane.errors import Forbidden
 from controlplane.kit.deps import SessionDep
 from controlplane.models.agent import Agent
@@ -65,10 +68,12 @@ def _require_agent(principal: Principal) -> None:
 
 
 def agent_out(a: Agent) -> AgentOut:
-    return AgentOut(id=a.id, name=a.name, url=a.url, base=a.h_base, capabilities=a.capabilities,
-                    worker_epoch=a.worker_epoch, registered_at=a.registered_at,
-                    last_heartbeat_at=a.last_heartbeat_at, catalog_version=a.catalog_version,
-                    slots=a.slots, load_failures=a.load_failures, state=agent_state(a))
+    return AgentOut.model_validate({
+        "id": a.id, "name": a.name, "url": a.url, "base": a.h_base,
+        "capabilities": a.capabilities, "worker_epoch": a.worker_epoch,
+        "registered_at": a.registered_at, "last_heartbeat_at": a.last_heartbeat_at,
+        "catalog_version": a.catalog_version, "slots": a.slots,
+        "load_failures": a.load_failures, "state": agent_state(a)})
 
 
 @router.post("/register", status_code=status.HTTP_201_CREATED, response_model=AgentOut)
@@ -112,14 +117,14 @@ def post_heartbeat(agent_id: AgentId, body: HeartbeatRequest, principal: Current
     return HeartbeatOut(worker_epoch=agent.worker_epoch, catalog_version=version)
 
 
-@router.get("/{agent_id}/desired-state")
+@router.get("/{agent_id}/desired-state", response_model=DesiredState)
 async def get_desired_state(
     request: Request, agent_id: AgentId, principal: CurrentPrincipal,
     worker_epoch: Annotated[int, Query(ge=1, le=2**31 - 1)],
     after: Annotated[int, Query(ge=-1, le=2**63 - 1)] = -1,
     wait: Annotated[float, Query(ge=0, le=30)] = 0,
     since: Annotated[int, Query(ge=-1, le=2**63 - 1)] = -1,
-) -> dict[str, Any]:
+) -> DesiredState:
     """Long-poll for the agent's desired state (see module docstring)."""
     _require_agent(principal)
     factory: sessionmaker[Session] = request.app.state.session_factory
@@ -138,7 +143,7 @@ async def get_desired_state(
             break
         await waiter.wait(remaining)
 
-    def build() -> dict[str, Any]:
+    def build() -> DesiredState:
         with factory() as session:
             return desired_state(session, store, get_agent(session, agent_id),
                                  since if since >= 0 else None)

@@ -23,11 +23,20 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from controlplane.agents.repository import AgentRepository
-from controlplane.agents.schemas import HeartbeatRequest, RegisterRequest
 from controlplane.audit.service import record_audit
+from controlplane.contracts import (
+    DesiredAlias,
+    DesiredArtifact,
+    DesiredCollection,
+    DesiredFile,
+    DesiredGeneration,
+    DesiredState,
+    HeartbeatRequest,
+    RegisterRequest,
+)
 from controlplane.db import begin_write
 from controlplane.errors import AdapterplaneError, NotFound
-from controlplane.models import Artifact, CatalogGeneration, CollectionMember, utcnow
+from controlplane.models import Alias, Artifact, CatalogGeneration, CollectionMember, utcnow
 from controlplane.models.agent import Agent
 from controlplane.placement.policy import AdapterDemand, capacity_from_record, place
 from controlplane.storage import ObjectStore
@@ -93,21 +102,22 @@ def heartbeat(session: Session, agent_id: int, body: HeartbeatRequest) -> Agent:
     return agent
 
 
+def _files(store: ObjectStore, files: Mapping[str, Any]) -> dict[str, DesiredFile]:
+    return {name: DesiredFile(sha256=f["sha256"], size=f["size"],
+                              url=object_url(store, str(f["key"])))
+            for name, f in files.items()}
+
+
 def _artifact_doc(store: ObjectStore, a: Artifact,
-                  links: Mapping[int, CollectionMember]) -> dict[str, Any]:
-    files = {name: {"sha256": f["sha256"], "size": f["size"],
-                    "url": object_url(store, str(f["key"]))} for name, f in a.files.items()}
-    doc: dict[str, Any] = {"id": a.id, "digest": a.digest, "files": files,
-                           "validated_record": a.validated_record}
+                  links: Mapping[int, CollectionMember]) -> DesiredArtifact:
     link = links.get(a.id)
+    collection = None
     if link is not None and link.collection.files:
-        doc["collection"] = {
-            "id": link.collection_id, "digest": link.collection.digest,
-            "member": link.member_index,
-            "files": {name: {"sha256": f["sha256"], "size": f["size"],
-                             "url": object_url(store, str(f["key"]))}
-                      for name, f in link.collection.files.items()}}
-    return doc
+        collection = DesiredCollection(id=link.collection_id, digest=link.collection.digest,
+                                       member=link.member_index,
+                                       files=_files(store, link.collection.files))
+    return DesiredArtifact(id=a.id, digest=a.digest, files=_files(store, a.files),
+                           validated_record=a.validated_record, collection=collection)
 
 
 def _collection_links(session: Session, artifact_ids: set[int]) -> dict[int, CollectionMember]:
@@ -135,24 +145,17 @@ def _demand(a: Artifact, h_base: str) -> AdapterDemand | None:
 
 
 def desired_state(session: Session, store: ObjectStore, agent: Agent,
-                  since: int | None = None) -> dict[str, Any]:
+                  since: int | None = None) -> DesiredState:
     """The agent's desired state, all aliases or (``since``) those changed after it."""
     repo = AgentRepository(session)
     version = repo.catalog_version()
-    aliases = repo.aliases_for_base(agent.h_base)
-    items: list[dict[str, Any]] = []
     demands: list[AdapterDemand] = []
     current_digest: dict[int, str | None] = {}
-    sent: list[tuple[int, dict[str, Any]]] = []
-    to_send: list[tuple[dict[str, Any], list[CatalogGeneration]]] = []
-    for alias in aliases:
+    to_send: list[tuple[Alias, list[CatalogGeneration]]] = []
+    for alias in repo.aliases_for_base(agent.h_base):
         gens = repo.recent_generations(alias.id, HISTORY_LIMIT)
         if since is None or max((g.id for g in gens), default=0) > since:
-            item = {"namespace": alias.namespace.name, "alias": alias.name,
-                    "current_generation": alias.current_generation}
-            to_send.append((item, list(gens)))
-            items.append(item)
-            sent.append((alias.id, item))
+            to_send.append((alias, list(gens)))
         current = next((g for g in gens if g.generation == alias.current_generation), None)
         art = current.artifact if current is not None else None
         current_digest[alias.id] = art.digest if art is not None else None
@@ -161,22 +164,23 @@ def desired_state(session: Session, store: ObjectStore, agent: Agent,
             demands.append(demand)
     links = _collection_links(session, {g.artifact.id for _, gens in to_send for g in gens
                                         if g.artifact is not None})
-    for item, gens in to_send:
-        item["generations"] = [_generation_doc(store, g, links) for g in gens]
     placed = place(demands, _live_capacities(repo, agent)).get(agent.id, frozenset())
-    for alias_id, item in sent:
-        item["prefetch"] = current_digest[alias_id] in placed
+    items = [DesiredAlias(namespace=alias.namespace.name, alias=alias.name,
+                          current_generation=alias.current_generation,
+                          generations=[_generation_doc(store, g, links) for g in gens],
+                          prefetch=current_digest[alias.id] in placed)
+             for alias, gens in to_send]
     prefetch = sorted({d for d in current_digest.values() if d is not None and d in placed})
-    return {"version": version, "agent_id": agent.id, "worker_epoch": agent.worker_epoch,
-            "full": since is None, "since": since, "url_ttl_s": URL_TTL_S,
-            "prefetch": prefetch, "aliases": items}
+    return DesiredState(version=version, agent_id=agent.id, worker_epoch=agent.worker_epoch,
+                        full=since is None, since=since, url_ttl_s=URL_TTL_S,
+                        prefetch=prefetch, aliases=items)
 
 
 def _generation_doc(store: ObjectStore, g: CatalogGeneration,
-                    links: Mapping[int, CollectionMember]) -> dict[str, Any]:
-    return {"generation": g.generation, "action": g.action,
-            "artifact": (_artifact_doc(store, g.artifact, links) if g.artifact is not None
-                         else None)}
+                    links: Mapping[int, CollectionMember]) -> DesiredGeneration:
+    return DesiredGeneration(
+        generation=g.generation, action=g.action,
+        artifact=_artifact_doc(store, g.artifact, links) if g.artifact is not None else None)
 
 
 def agent_state(agent: Agent) -> str:

@@ -130,10 +130,12 @@ def _fit_and_store(claim: Claim, root: Path, store: ObjectStore) -> Fitted | Ref
     from dataplane.core import EngineError
 
     spec = claim.spec
+    # outside the try: a stored base record that no longer parses is a fault (recorded,
+    # retried), not a refusal of this collection's sources
+    base = BaseModelABI.from_record(claim.base_abi)
     try:
         bundle = compress_collection(
-            [root / f"member-{i}" for i in range(len(claim.members))],
-            BaseModelABI.from_record(claim.base_abi),
+            [root / f"member-{i}" for i in range(len(claim.members))], base,
             sources_h_artifact=[digest for digest, _ in claim.members],
             spec=CompressionSpec(
                 method=spec["method"], rank=spec["rank"], clusters=spec["clusters"],

@@ -1,8 +1,14 @@
-"""Typed rejection of adapter artifacts and base checkpoints: one exception, stable codes."""
+"""Typed rejection of adapter artifacts and base checkpoints: one exception, stable codes.
+
+Torch-free (the control plane imports it); `ArtifactRejected` derives from
+`dataplane.errors.EngineError`, which is stdlib only.
+"""
 
 from __future__ import annotations
 
 from enum import StrEnum
+
+from dataplane.errors import EngineError
 
 
 class RejectionCode(StrEnum):
@@ -42,16 +48,20 @@ class RejectionCode(StrEnum):
     """A stored record whose digests do not re-derive from its fields."""
 
 
-class ArtifactRejected(Exception):
+class ArtifactRejected(EngineError):
     """An artifact or base checkpoint failed validation.
 
-    `code` is a RejectionCode, `message` a human sentence, `detail` JSON-able context
-    (module name, tensor key, expected/actual values). Raising changes nothing on disk.
+    `code` is a RejectionCode (set per instance; it is a str, so it fits the root's
+    `code: str`), `message` a human sentence, `detail` JSON-able context (module name,
+    tensor key, expected/actual values); `str(exc)` is `"<code>: <message>"`. Raising
+    changes nothing on disk.
     """
+
+    code: RejectionCode
+    code_in_str = True
 
     def __init__(self, code: RejectionCode, message: str,
                  detail: dict[str, object] | None = None) -> None:
-        super().__init__(f"{code.value}: {message}")
         self.code = code
-        self.message = message
-        self.detail: dict[str, object] = dict(detail or {})
+        super().__init__(message)
+        self.detail = dict(detail or {})

@@ -12,7 +12,7 @@ import hashlib
 import itertools
 import json
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -57,19 +57,21 @@ def _malformed(path: Path, message: str, **detail: object) -> ArtifactRejected:
                             {"file": path.name, **detail})
 
 
-class DuplicateKeyError(ValueError):
-    def __init__(self, key: str) -> None:
-        super().__init__(key)
-        self.key = key
+def _no_duplicates(path: Path) -> Callable[[list[tuple[str, object]]], dict[str, object]]:
+    """A JSON object hook that refuses a key named twice (DUPLICATE_MODULE)."""
 
+    def hook(pairs: list[tuple[str, object]]) -> dict[str, object]:
+        out: dict[str, object] = {}
+        for key, value in pairs:
+            if key in out:
+                raise ArtifactRejected(
+                    RejectionCode.DUPLICATE_MODULE,
+                    f"{path.name}: tensor {key!r} appears twice in the header",
+                    {"file": path.name, "key": key})
+            out[key] = value
+        return out
 
-def _no_duplicates(pairs: list[tuple[str, object]]) -> dict[str, object]:
-    out: dict[str, object] = {}
-    for key, value in pairs:
-        if key in out:
-            raise DuplicateKeyError(key)
-        out[key] = value
-    return out
+    return hook
 
 
 def read_header(path: Path) -> tuple[dict[str, TensorInfo], dict[str, str]]:
@@ -88,12 +90,8 @@ def read_header(path: Path) -> tuple[dict[str, TensorInfo], dict[str, str]]:
             raise _malformed(path, f"header length {n} impossible for a {size}-byte file")
         raw = f.read(n)
     try:
-        header = json.loads(raw.decode("utf-8"), object_pairs_hook=_no_duplicates)
-    except DuplicateKeyError as exc:
-        raise ArtifactRejected(RejectionCode.DUPLICATE_MODULE,
-                               f"{path.name}: tensor {exc.key!r} appears twice in the header",
-                               {"file": path.name, "key": exc.key}) from exc
-    except (UnicodeDecodeError, ValueError) as exc:
+        header = json.loads(raw.decode("utf-8"), object_pairs_hook=_no_duplicates(path))
+    except (UnicodeDecodeError, ValueError) as exc:  # the hook's ArtifactRejected passes
         raise _malformed(path, f"header is not JSON ({exc})") from exc
     if not isinstance(header, dict):
         raise _malformed(path, "header is not a JSON object")

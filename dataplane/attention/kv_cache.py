@@ -23,9 +23,13 @@ from __future__ import annotations
 
 import torch
 
+from dataplane.errors import EngineError
 
-class KVCacheLayoutError(ValueError):
-    """A KV cache tensor or buffer does not have the geometry asked for."""
+
+class KVCacheLayoutError(EngineError, ValueError):
+    """A KV cache tensor or buffer does not have the geometry asked for. Still a
+    `ValueError`: `ModelRunner` turns a `ValueError` from `check_geometry` into
+    `InvalidRequest`."""
 
     code = "KV_CACHE_LAYOUT"
 

@@ -1,4 +1,4 @@
-"""Register PEFT LoRA adapters into engine slots.
+"""PEFT LoRA adapters in memory, and which adapter occupies which engine slot.
 
 `load_peft_adapter` validates a PEFT directory against the base ABI with
 `dataplane.artifacts.validate_peft_dir` (shapes, ranks, dtypes, finiteness, the exact
@@ -7,9 +7,9 @@ the factors `A [r, d_in]`, `B [d_out, r]` as stored by PEFT and takes each modul
 from its `ModuleSpec` (alpha / r, or alpha / sqrt(r) for rsLoRA). The adapter's identity is
 its semantic digest `H_adapter_semantic(H_base, H_artifact)` — what the prefix cache keys on.
 
-`write_adapter_to_slot` places the factors in the runner's per-(layer, fused projection)
-`LoraFactorTable`s at one slot; a projection the adapter does not target gets rank 0
-(exact zero delta). Everything is validated before the first write.
+`AdapterRegistry` binds handles to slots; the factors themselves are placed by the slot's
+owner (the engine's unified pool, dataplane/engine/pool_slots.py; a collection member's
+core in the collection tables; a tensor-parallel rank's sharded tables).
 """
 
 from __future__ import annotations
@@ -33,9 +33,8 @@ from dataplane.artifacts import (
     validate_peft_dir,
 )
 from dataplane.core import EngineError, Sequence
-from dataplane.engine.kernel_identity import PAGED, STACKED, single_device_kernel_local
+from dataplane.engine.kernel_identity import PAGED, single_device_kernel_local
 from dataplane.identity import ModuleSpec, h_adapter_semantic
-from dataplane.kernels import LoraFactorTable
 from dataplane.layers.lora_linear import LoRALinear
 from dataplane.models.config import ModelConfig
 from dataplane.models.llama import LORA_GROUPS
@@ -43,6 +42,10 @@ from dataplane.models.llama import LORA_GROUPS
 _MODULE = re.compile(
     r"^model\.layers\.(\d+)\.(?:self_attn|mlp)\."
     r"(q_proj|k_proj|v_proj|o_proj|gate_proj|up_proj|down_proj)$")
+
+
+ADAPTABLE_MODULES = frozenset(m for names in LORA_GROUPS.values() for m in names)
+"""Every PEFT module name a LoRA adapter may target (q/k/v/o and gate/up/down)."""
 
 
 def projection_of(name: str) -> tuple[int, str] | None:
@@ -74,7 +77,6 @@ class ModelRunnerLike(Protocol):
     config: ModelConfig
     max_slots: int
     max_rank: int
-    tables: dict[tuple[int, str], LoraFactorTable]
     linears: dict[tuple[int, str], LoRALinear]
 
 
@@ -136,39 +138,6 @@ def load_peft_adapter(peft_dir: Path, base: BaseModelABI, max_rank: int) -> Load
                          tuple(sorted(artifact.modules, key=lambda m: m.name)))
 
 
-def write_adapter_to_slot(tables: dict[tuple[int, str], LoraFactorTable], slot: int,
-                          adapter: LoadedAdapter | None, max_rank: int,
-                          linears: dict[tuple[int, str], LoRALinear] | None = None) -> None:
-    """Write `adapter` (None = clear) into `slot` of every (layer, fused projection) table.
-
-    `linears` (same keys) get their host-side `has_factors` flag refreshed.
-    """
-    by_key: dict[tuple[int, str], ModuleFactors] = {}
-    for m in adapter.modules if adapter is not None else ():
-        if m.rank > max_rank:
-            raise AdapterError(f"adapter rank {m.rank} exceeds max_rank {max_rank}")
-        if not any(m.module in LORA_GROUPS[attr] for (layer, attr) in tables
-                   if layer == m.layer):
-            raise AdapterError(f"layer {m.layer} {m.module} does not exist in the model")
-        by_key[(m.layer, m.module)] = m
-    for (layer, attr), table in tables.items():
-        factors = {}
-        for k, module in enumerate(LORA_GROUPS[attr]):
-            found = by_key.get((layer, module))
-            if found is not None:
-                width = table.out_features[k]
-                if tuple(found.a.shape) != (found.rank, table.in_features) or \
-                        tuple(found.b.shape) != (width, found.rank):
-                    raise AdapterError(f"layer {layer} {module}: factor shapes do not fit")
-                factors[k] = (found.a, found.b, found.scale)
-        if factors:
-            table.set_slot(slot, factors)
-        else:
-            table.clear_slot(slot)
-        if linears is not None:
-            linears[(layer, attr)].has_factors = bool((table.ranks > 0).any())
-
-
 @dataclass(frozen=True)
 class AdapterHandle:
     """A registered adapter: its slot, semantic digest and the slot's load generation."""
@@ -189,10 +158,10 @@ def _kernel_local_digest(semantic: str, specs: tuple[ModuleSpec, ...], family: s
 
 
 class AdapterRegistry:
-    """Which adapter occupies which slot of a ModelRunner's factor tables.
+    """Which adapter handle is bound to which slot of one engine.
 
-    The same semantic digest registered twice returns the existing handle. A handle is
-    valid while its slot still holds the same load generation.
+    A handle is valid while its slot is still bound to it (same slot generation); the
+    scheduler's readiness predicate and `add_request` check handles here.
     """
 
     def __init__(self, runner: ModelRunnerLike) -> None:
@@ -235,67 +204,41 @@ class AdapterRegistry:
         if adapter is not None and adapter.specs:
             self._placed[slot] = (adapter.digest, tuple(adapter.specs), packing, family)
 
-    def register(self, adapter: LoadedAdapter) -> AdapterHandle:
-        if self.runner.max_slots == 0:
-            raise AdapterError("this engine has LoRA disabled (max_slots=0)")
-        if getattr(self.runner, "external_factors", False):
-            raise AdapterError("this engine's LoRA factors live with its owner (the agent's "
-                               "unified pool): load adapters through it")
-        for handle in self._by_slot.values():
-            if handle.digest == adapter.digest:
-                return handle
-        free = self.free_slots()
-        if not free:
-            raise AdapterError("no free adapter slot", max_slots=self.runner.max_slots)
-        slot = free[0]
-        self._check_fits(adapter)
-        generation = self._generations.get(slot, 0) + 1
-        self._write_slot(slot, generation, adapter)
-        self._generations[slot] = generation
-        handle = AdapterHandle(slot, adapter.digest, generation, adapter.max_rank,
-                               adapter.source)
-        self._by_slot[slot] = handle
-        return handle
-
     def free_slots(self) -> list[int]:
         """Slots no handle is bound to, in order."""
         return [s for s in range(self.runner.max_slots) if s not in self._by_slot]
 
     def next_generation(self, slot: int) -> int:
-        """Count one more load of `slot` (for a handle bound with :meth:`bind_external`)."""
+        """Count one more load of `slot` (for a handle its owner binds with :meth:`bind`)."""
         self._generations[slot] = self._generations.get(slot, 0) + 1
         return self._generations[slot]
 
-    def _write_slot(self, slot: int, generation: int, adapter: LoadedAdapter) -> None:
-        """Place `adapter`'s factors in `slot` (load `generation`); raises AdapterError and
-        leaves the slot empty when they cannot be placed."""
-        write_adapter_to_slot(self.runner.tables, slot, adapter, self.runner.max_rank,
-                              self.runner.linears)
-        self._note_placement(slot, adapter, STACKED)
-
-    def _check_fits(self, adapter: LoadedAdapter) -> None:
-        """All checks of write_adapter_to_slot, before any slot is touched."""
+    def check_fits(self, adapter: LoadedAdapter) -> None:
+        """AdapterError unless every module of `adapter` fits this model and rank limit."""
+        if self.runner.max_slots == 0:
+            raise AdapterError("this engine has LoRA disabled (max_slots=0)")
         shapes = self.runner.config.module_shapes
         for m in adapter.modules:
             if m.rank > self.runner.max_rank:
                 raise AdapterError(f"adapter rank {m.rank} exceeds max_rank "
                                    f"{self.runner.max_rank}", rank=m.rank)
+            if m.module not in shapes:
+                raise AdapterError(f"{m.module!r} is not a LoRA projection", module=m.module)
             d_out, d_in = shapes[m.module]
             if not 0 <= m.layer < self.runner.config.num_layers or \
                     tuple(m.a.shape) != (m.rank, d_in) or tuple(m.b.shape) != (d_out, m.rank):
                 raise AdapterError(f"layer {m.layer} {m.module}: factors do not fit the model")
 
-    def bind_external(self, handle: AdapterHandle, adapter: Placed | None = None,
-                      packing: str = PAGED, family: str | None = None) -> None:
-        """Bind `handle` to its slot for factors that live outside the runner's tables
-        (the agent's unified page pool writes the kernels' address tables itself; a
-        collection member's core sits in the collection tables).
+    def bind(self, handle: AdapterHandle, adapter: Placed | None = None,
+             packing: str = PAGED, family: str | None = None) -> None:
+        """Bind `handle` to its slot, whose factors its owner has placed (the unified
+        pool's address tables, a collection member's core in the collection tables).
 
-        The slot must be free and within `max_slots`; the runner's tables are not touched.
+        The slot must be free and within `max_slots`.
         `adapter` (its digest and module specs), `packing` and `family` (None: the engine's
         LoRA kernels) are what the slot's H_kernel_local records.
         After this, `add_request(adapter=handle)` and the scheduler's readiness check
-        accept the handle exactly as for `register`.
+        accept the handle.
         """
         if not 0 <= handle.slot < self.runner.max_slots:
             raise AdapterError("slot outside the engine's slots", slot=handle.slot,
@@ -305,25 +248,20 @@ class AdapterRegistry:
         self._by_slot[handle.slot] = handle
         self._note_placement(handle.slot, adapter, packing, family)
 
-    def release_external(self, handle: AdapterHandle) -> None:
-        """Undo :meth:`bind_external` (the caller fences requests that still use it)."""
+    def release(self, handle: AdapterHandle) -> None:
+        """Undo :meth:`bind` (the caller fences requests that still use it)."""
         self.check_handle(handle)
         del self._by_slot[handle.slot]
         self._note_placement(handle.slot, None, PAGED)
+
+    def bound(self) -> dict[int, AdapterHandle]:
+        """Slot -> the handle bound there (a copy)."""
+        return dict(self._by_slot)
 
     def check_handle(self, handle: AdapterHandle) -> None:
         if self._by_slot.get(handle.slot) != handle:
             raise AdapterError("adapter handle is not registered (stale or foreign)",
                                slot=handle.slot)
-
-    def unregister(self, handle: AdapterHandle, in_use: bool) -> None:
-        self.check_handle(handle)
-        if in_use:
-            raise AdapterError("adapter is used by live requests", slot=handle.slot)
-        write_adapter_to_slot(self.runner.tables, handle.slot, None, self.runner.max_rank,
-                              self.runner.linears)
-        del self._by_slot[handle.slot]
-        self._note_placement(handle.slot, None, PAGED)
 
     def is_ready(self, seq: Sequence) -> bool:
         """Scheduler predicate: base rows, or the slot holds the digest the request bound."""

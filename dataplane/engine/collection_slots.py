@@ -164,7 +164,7 @@ class CollectionRegistry:
         for i in new:  # publication: the bound handles make the new members reachable
             handle = AdapterHandle(slots[i], served[i], self.adapters.next_generation(slots[i]),
                                    self.rank, f"collection:{h_collection}:{i}")
-            self.adapters.bind_external(handle, given.get(i), packing=f"collection:{h_collection}",
+            self.adapters.bind(handle, given.get(i), packing=f"collection:{h_collection}",
                                         family=COLLECTION_FAMILY)
             resident.members[i] = handle
         resident.blocks = blocks
@@ -187,7 +187,7 @@ class CollectionRegistry:
             raise CollectionError("collection members are used by live requests",
                                   slots=busy)
         for i, member in zip(handle.indices, handle.members, strict=True):
-            self.adapters.release_external(member)
+            self.adapters.release(member)
             del resident.members[i]
         still = {resident.assignment[i] for i in resident.members}
         freed = [b for c, b in resident.blocks.items() if c not in still]

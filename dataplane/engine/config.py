@@ -1,6 +1,6 @@
 """EngineConfig: the sizes and switches of one `Engine`, validated on construction.
 
-Torch-free. `Engine.from_model_dir(**sizes)` accepts exactly these fields.
+Torch-free. `EngineSpec` (engine/builder.py) carries one, with the model and device.
 """
 
 from __future__ import annotations
@@ -35,18 +35,15 @@ class EngineConfig:
     decode graphs are captured (CUDA, `enable_cuda_graphs`, one rank)."""
     lora_fold: bool = False
     """Decode steps (up to `max_num_seqs` rows) fold the LoRA into the base GEMMs and their
-    consumer ops (`ModelRunner.enable_lora_fold`): no LoRA launch, one more copy of the
-    factors of `min(max_slots, max_num_seqs)` adapters. From the engine's own factor tables;
-    an owner of external factors enables it itself (`PoolSlots.enable_fold`)."""
-    external_factors: bool = False
-    """The LoRA factors live outside the engine: its owner (the agent's unified pool,
-    agent/pool_slots.py) points the projections at its own tables and binds adapters with
-    `AdapterRegistry.bind_external`. The runner allocates no factor tables, and
-    `register_adapter` is refused (it would bind a slot no projection reads)."""
+    consumer ops: no LoRA launch, one more copy of the factors of
+    `min(max_slots, max_num_seqs)` adapters, filled from the pool's pages
+    (`PoolSlots.enable_fold`). `build_engine` decides it by the fold cost model unless
+    told."""
     collection_blocks: int = 0
     """Compress-then-Serve members served natively (engine/collection_slots.py): basis
-    blocks resident at once (one per loaded collection cluster); 0 = off. Each member still
-    takes one of `max_slots`. Costs three small GEMMs per projection on every step that
+    blocks resident at once (one per loaded collection cluster); 0 = off. Members take
+    `max_slots` slots of their own, above the pool's LoRA slots (they hold no pages).
+    Costs three small GEMMs per projection on every step that
     can read a member (all graph-captured steps once it is on)."""
     collection_rank: int = 32
     """The shared rank R of every basis block (a collection fitted at a smaller R fits)."""
@@ -63,6 +60,9 @@ class EngineConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < low:
                 raise InvalidRequest(f"{name} must be an int >= {low}", **{name: value})
+        if self.max_slots > 0 and self.max_rank == 0 and self.collection_blocks == 0:
+            raise InvalidRequest("max_rank 0 holds no LoRA factors: only collection members "
+                                 "(collection_blocks > 0) can use the slots")
         if self.async_scheduling not in (None, True, False):
             raise InvalidRequest("async_scheduling must be None, True or False",
                                  async_scheduling=self.async_scheduling)

@@ -1,17 +1,17 @@
-"""The public multi-adapter `Engine`: register adapters, add requests, step, generate.
+"""The public multi-adapter `Engine`: load adapters, add requests, step, generate.
 
 One step = scheduler.schedule() -> build_batch_plan -> ModelRunner.execute (logits of the
-sampled rows) -> Sampler -> scheduler.postprocess (docs/ENGINE_CONTRACT.md); the stepping
-lives in engine/step_loop.py. With async scheduling (engine/async_steps.py) the next
+sampled rows) -> Sampler -> scheduler.postprocess (docs/ARCHITECTURE.md, "The step"); the
+stepping lives in engine/step_loop.py. With async scheduling (engine/async_steps.py) the next
 decode-only step is launched before this one's tokens reach the host, so host work hides
-behind the device. `EngineConfig` (engine/config.py) and `RequestOutput`
-(engine/request_output.py) are re-exported here. Every adapter
-lives in one slot of the runner's factor tables; requests bind to an adapter by handle,
-and the scheduler gives model rows only to requests whose adapter slot is loaded.
+behind the device. Adapter factors and KV blocks live in one unified page pool
+(engine/pool_slots.py); requests bind to an adapter by handle, and the scheduler gives model
+rows only to requests whose adapter slot is published. Build engines with
+`dataplane.engine.build_engine` (engine/builder.py).
 
 Usage::
 
-    engine = Engine.from_model_dir(path, dtype="float32", device="cpu", max_slots=4)
+    engine = build_engine(EngineSpec.of(model_dir, max_slots=4))
     h = engine.register_adapter(peft_dir)
     outs = engine.generate([[1, 2, 3], "hello"], SamplingParams(temperature=0), [h, None])
 """
@@ -21,11 +21,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from collections.abc import Sequence as SequenceOf
 from pathlib import Path
+from typing import cast
 
-import torch
-
-from dataplane.artifacts import BaseModelABI, read_base_abi
-from dataplane.attention.kv_cache import PagedKVCache
+from dataplane.artifacts import BaseModelABI
 from dataplane.collections.bundle import CollectionBundle
 from dataplane.collections.errors import CollectionError
 from dataplane.core import (
@@ -48,19 +46,20 @@ from dataplane.engine.async_steps import Launched, has_live_rows
 from dataplane.engine.collection_slots import CollectionHandle, CollectionRegistry
 from dataplane.engine.config import EngineConfig
 from dataplane.engine.model_runner import ModelRunner
+from dataplane.engine.observer import EngineObserver
+from dataplane.engine.pool_slots import PoolSlots
 from dataplane.engine.request_output import RequestOutput
 from dataplane.engine.scheduler import ScheduleOutput, Scheduler, SchedulerConfig
 from dataplane.engine.step_loop import StepLoop
-from dataplane.kvcache import BlockManager, CacheABI, FreeListPagePool
-from dataplane.kvcache.page_pool import PagePool
-from dataplane.models import load_model
+from dataplane.kvcache import BlockManager, CacheABI
 from dataplane.models.llama import LlamaForCausalLM
+from dataplane.pool.errors import StaleGeneration
+from dataplane.pool.faults import FaultInjector
+from dataplane.pool.slot_table import LaunchSnapshot
 from dataplane.sampling.sampler import Sampler, TokenLogprobs
 from dataplane.tokenizer import Tokenizer
 
 __all__ = ["Engine", "EngineConfig", "EngineStalled", "RequestOutput"]
-
-_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
 
 class EngineStalled(EngineError):
@@ -72,20 +71,21 @@ class EngineStalled(EngineError):
 class Engine(StepLoop):
     """Continuous-batching multi-LoRA engine over one Llama-family base model.
 
-    Stepping (`step`, the plan hooks `on_plan_launched` / `on_plan_retired`) comes from
-    `StepLoop`; subclasses override those hooks and `build_plan` as before."""
+    Stepping (`step`) comes from `StepLoop`; this class holds construction, adapters and
+    requests. Observers (`observers`, engine/observer.py) hear each launched plan and the
+    pool's evictions."""
 
     def __init__(self, model: LlamaForCausalLM, config: EngineConfig, base_digest: str,
                  base_abi: BaseModelABI | None = None, tokenizer: Tokenizer | None = None,
-                 kv_pages: PagePool | None = None, kv_cache: PagedKVCache | None = None
-                 ) -> None:
+                 *, faults: FaultInjector | None = None,
+                 host_bytes: int | None = None) -> None:
         """`base_digest` is H_base (keys the prefix cache); `base_abi` validates PEFT dirs
-        (None: only pre-loaded adapters via `register_loaded_adapter`). `kv_pages` is where
-        KV blocks come from (None: a private free list of `num_kv_blocks`; the agent passes
-        its unified pool's KV view, whose page ids must index this engine's KV cache, so it
-        must hold no more than `num_kv_blocks` pages). `kv_cache` is the KV storage (None: a
-        private one; the agent passes page-major views of its unified pool, so KV block i's
-        bytes are pool page i's — one buffer for KV and adapters)."""
+        (None: only pre-loaded adapters via `register_loaded_adapter`). The unified pool
+        has `num_kv_blocks` pages for KV blocks and adapter factors; `faults` injects
+        failures into its load transactions (tests); `host_bytes` caps its host tier.
+
+        A tensor-parallel model (projections that own their sharded tables) keeps its KV in
+        the pool and its adapters in those tables (dataplane/parallel/tp_engine.py)."""
         self.config = config
         self.base_abi = base_abi
         self.model = model
@@ -93,22 +93,30 @@ class Engine(StepLoop):
         mc = model.config
         max_len = config.max_model_len or mc.max_position_embeddings
         self.max_model_len = max_len
+        sharded = any(getattr(linear, "owns_lora_tables", False)
+                      for _l, _a, linear in model.lora_linears())
+        lora_slots = config.max_slots if config.max_rank > 0 else 0
+        member_slots = config.max_slots if config.collection_blocks else 0
+        self.pool = PoolSlots.for_model(
+            model, num_pages=config.num_kv_blocks, block_size=config.block_size,
+            max_slots=0 if sharded else lora_slots, max_rank=config.max_rank, faults=faults,
+            member_slots=member_slots,
+            **({} if host_bytes is None else {"host_bytes": host_bytes}))
+        """KV blocks and adapter factors in one device buffer (engine/pool_slots.py)."""
         self.runner = ModelRunner(model, config.num_kv_blocks, config.block_size,
                                   max_rows=max(config.max_num_batched_tokens, config.max_num_seqs),
-                                  max_slots=config.max_slots, max_rank=config.max_rank,
+                                  max_slots=lora_slots + member_slots,
+                                  max_rank=config.max_rank,
                                   lora_backend=config.lora_backend,
                                   attention_backend=config.attention_backend,
-                                  ops_backend=config.ops_backend, kv_cache=kv_cache,
+                                  ops_backend=config.ops_backend, kv_cache=self.pool.kv_cache,
                                   collection_blocks=config.collection_blocks,
-                                  collection_rank=config.collection_rank,
-                                  external_factors=config.external_factors)
-        if config.lora_fold and config.max_slots > 0 and not config.external_factors:
-            self.runner.enable_lora_fold(config.max_num_seqs)
+                                  collection_rank=config.collection_rank)
         self.adapters = AdapterRegistry(self.runner)
         self.collections = CollectionRegistry(self.runner, self.adapters, base_digest)
         kv_dtype = str(model.dtype).removeprefix("torch.")
         self.block_manager = BlockManager(
-            kv_pages if kv_pages is not None else FreeListPagePool(config.num_kv_blocks),
+            self.pool.kv_view,
             CacheABI(base_digest=base_digest, kv_dtype=kv_dtype, block_size=config.block_size),
             enable_prefix_caching=config.enable_prefix_caching)
         self.scheduler = Scheduler(
@@ -121,7 +129,15 @@ class Engine(StepLoop):
             detokenizer_factory=(None if tokenizer is None
                                  else lambda seq: tokenizer.detokenizer(seq.prompt_token_ids)))
         self.sampler = Sampler(config.sampler_seed)
+        self.observers: list[EngineObserver] = []
+        """Notified of launched plans and evictions (engine/observer.py)."""
+        self.pool.attach(self)
+        self.pool.eviction_listener = self._adapter_evicted
+        if config.lora_fold and lora_slots > 0 and not sharded:
+            self.pool.enable_fold()
         self._seqs: dict[str, Sequence] = {}
+        self._held: dict[str, AdapterHandle] = {}
+        """Live request -> the adapter it holds in the pool (never an eviction victim)."""
         self._logprobs: dict[str, list[TokenLogprobs]] = {}
         self._generation = 0
         self._generate_calls = 0
@@ -131,9 +147,7 @@ class Engine(StepLoop):
         """Requests preempted (by recompute) so far: a counter for tests and metrics."""
         # Plans built for a continuation carry placeholder input ids, so a subclass that
         # overrides build_plan (e.g. to ship plans) keeps the synchronous loop; the TP
-        # leader ships them from `execute_plan`, with the deferred tokens. Observers and
-        # launch fences use on_plan_launched / on_plan_retired instead, which both loops
-        # call (agent metering).
+        # leader ships them from `execute_plan`, with the deferred tokens.
         plain = type(self).build_plan is Engine.build_plan
         if config.async_scheduling and not plain:
             raise InvalidRequest("async_scheduling is not supported by "
@@ -141,21 +155,20 @@ class Engine(StepLoop):
         self._async_allowed = plain
         self.async_scheduling = bool(plain and config.async_scheduling)
         """Decided here and again when CUDA graphs are captured (None: on with graphs)."""
-        if config.enable_cuda_graphs:
-            self.capture_cuda_graphs()
         self._inflight: Launched | None = None
         """The launched step whose tokens are not applied yet (async scheduling only)."""
         self.num_overlapped_steps = 0
         """Steps launched before the previous step's tokens reached the host (async)."""
         self.num_discarded_rows = 0
         """Rows of overlapped steps whose request had finished before their tokens came."""
+        if config.enable_cuda_graphs and not sharded:
+            self.capture_cuda_graphs()
 
     def capture_cuda_graphs(self) -> bool:
         """Capture the decode-step CUDA graphs, and with `enable_piecewise_graphs` the
-        mixed steps' piecewise graphs (done by the constructor when `enable_cuda_graphs`).
-        An owner that re-points the LoRA linears at other factor tables (the agent's
-        unified pool) builds the engine with graphs off, attaches, then calls this: graphs
-        record the tables' addresses, whose contents change in place.
+        mixed steps' piecewise graphs (done by the constructor when `enable_cuda_graphs`,
+        after the projections point at the pool's address tables: graphs record the tables'
+        addresses, whose contents change in place at publication).
         Returns False (nothing captured) off CUDA or when the LoRA path is not graph-safe.
         With `async_scheduling=None` a capture turns async scheduling on (call it before
         the first step)."""
@@ -179,41 +192,46 @@ class Engine(StepLoop):
             self.async_scheduling = True
         return True
 
-    @classmethod
-    def from_model_dir(cls, path: str | Path, *, dtype: str = "float32", device: str = "cpu",
-                       **sizes: object) -> Engine:
-        """Load config.json + safetensors from `path`; `sizes` are EngineConfig fields."""
-        if dtype not in _DTYPES:
-            raise InvalidRequest(f"dtype must be one of {sorted(_DTYPES)}", dtype=dtype)
-        unknown = set(sizes) - set(EngineConfig.__dataclass_fields__)
-        if unknown:
-            raise InvalidRequest(f"unknown engine options {sorted(unknown)}")
-        config = EngineConfig(**sizes)  # type: ignore[arg-type]
-        model = load_model(Path(path), _DTYPES[dtype], torch.device(device))
-        abi = read_base_abi(Path(path))
-        tokenizer = (Tokenizer.from_dir(path) if (Path(path) / "tokenizer.json").is_file()
-                     else None)
-        return cls(model, config, abi.h_base, abi, tokenizer)
-
     # ----- adapters -------------------------------------------------------------------
     def register_adapter(self, peft_dir: str | Path) -> AdapterHandle:
-        """Load a PEFT LoRA dir into a free slot (the same content returns the same handle)."""
+        """Validate a PEFT LoRA dir and load it into the pool (the same content returns
+        the same handle)."""
         if self.base_abi is None:
             raise AdapterError("this engine has no base ABI to validate PEFT dirs against")
-        return self.adapters.register(
+        return self.register_loaded_adapter(
             load_peft_adapter(Path(peft_dir), self.base_abi, self.config.max_rank))
 
-    def register_loaded_adapter(self, adapter: LoadedAdapter) -> AdapterHandle:
-        """Register factors already in memory (benchmarks with synthetic adapters)."""
-        return self.adapters.register(adapter)
+    def register_loaded_adapter(self, adapter: LoadedAdapter, *, key: str | None = None,
+                                kv_pages: int = 0, evictable: bool = False
+                                ) -> AdapterHandle:
+        """Load factors already in memory into a pool slot under `key` (default: the
+        adapter's semantic digest; the same key returns the live handle). The admission
+        also proves room for `kv_pages` of KV the caller is about to need. Raises a typed
+        error (AdapterError, or a PoolError such as AdmissionRefused) with nothing
+        changed when it does not fit.
+
+        Pinned unless `evictable`: an evictable adapter that no live request holds may be
+        evicted by KV growth or by another load (LRU among the eligible); its handle then
+        goes stale and observers hear `adapter_evicted(key)` (the agent loads adapters
+        this way and reloads them on demand)."""
+        return self.pool.load(key or adapter.digest, adapter, kv_pages, evictable=evictable)
 
     def unregister_adapter(self, handle: AdapterHandle) -> None:
-        """Free the adapter's slot; refused while a live request uses it."""
-        if handle.slot in self.collections.member_slots():
+        """Retire the adapter's slot (reclaimed once no launch reads it); refused while a
+        live request uses it."""
+        if handle.slot in self.collections.member_slots() and not self.pool.native.holds(
+                handle):
             self.adapters.check_handle(handle)
             raise CollectionError("a collection member is freed with its collection "
                                   "(unload_collection)", slot=handle.slot)
-        self.adapters.unregister(handle, in_use=handle.slot in self._live_slots())
+        self.adapters.check_handle(handle)
+        if handle.slot in self._live_slots():
+            raise AdapterError("adapter is used by live requests", slot=handle.slot)
+        self.pool.unload(handle)
+
+    def _adapter_evicted(self, key: str) -> None:
+        for observer in self.observers:
+            observer.adapter_evicted(key)
 
     def _live_slots(self) -> set[int]:
         return {s.adapter_slot for s in self._seqs.values() if not s.is_finished}
@@ -255,8 +273,17 @@ class Engine(StepLoop):
             slot, digest = adapter.slot, adapter.digest
         seq = Sequence(request_id, tuple(prompt_ids), sampling_params or SamplingParams(),
                        adapter_slot=slot, adapter_digest=digest)
-        self.scheduler.add(seq)
+        if adapter is not None:
+            self.pool.hold(adapter)  # never an eviction victim while this request lives
+        try:
+            self.scheduler.add(seq)
+        except BaseException:
+            if adapter is not None:
+                self.pool.unhold(adapter)
+            raise
         self._seqs[request_id] = seq
+        if adapter is not None:
+            self._held[request_id] = adapter
         self._logprobs[request_id] = []
 
     def _encode(self, text: str) -> list[int]:
@@ -269,16 +296,42 @@ class Engine(StepLoop):
         seq = self.scheduler.abort(request_id)
         if seq is None:
             return False
-        self._seqs.pop(request_id, None)
-        self._logprobs.pop(request_id, None)
+        self._forget(request_id)
         if self._inflight is not None and not has_live_rows(self._inflight):
             self._drop_inflight()  # nothing left to apply: retire its plan now, not later
         return True
+
+    def _forget(self, request_id: str) -> None:
+        """A request ended (finished or aborted): drop it and its hold on the adapter."""
+        self._seqs.pop(request_id, None)
+        self._logprobs.pop(request_id, None)
+        held = self._held.pop(request_id, None)
+        if held is not None:
+            self.pool.unhold(held)
 
     def has_unfinished(self) -> bool:
         return self.scheduler.has_unfinished()
 
     # ----- plans and generate ---------------------------------------------------------
+    def on_plan_launched(self, plan: BatchPlan) -> LaunchSnapshot | None:
+        """Observers hear the plan; then its launch fence opens (refusing slot generations
+        that are no longer published), closed by `on_plan_retired`."""
+        if self.observers:
+            ranks = {s: h.max_rank for s, h in self.adapters.bound().items()}
+            for observer in self.observers:
+                observer.plan_launched(plan, ranks)
+        try:
+            return self.pool.begin_launch(plan.row_slot)
+        except StaleGeneration as exc:
+            for observer in self.observers:
+                observer.launch_refused(exc)
+            raise
+
+    def on_plan_retired(self, token: object) -> None:
+        """The plan's last use of its slots is now: close its fence (reclaims retired
+        slots no launch reads any more)."""
+        self.pool.end_launch(cast("LaunchSnapshot | None", token))
+
     def build_plan(self, out: ScheduleOutput) -> BatchPlan:
         self._generation += 1
         return build_batch_plan(out.prefills, out.decodes, block_size=self.config.block_size,

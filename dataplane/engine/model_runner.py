@@ -1,10 +1,11 @@
 """Runs one BatchPlan through the model: plan -> device tensors -> forward -> sampled logits.
 
-Owns the model, the paged KV cache, the LoRA backend with its per-step metadata buffers
-and workspace, and one `LoraFactorTable` per (layer, fused projection) holding every
-slot's factors. One plan per step is converted once into attention metadata and a LoRA
-row grouping that every layer shares (seed §0x03G). On CUDA, decode-only steps replay
-captured graphs (engine/cuda_graphs.py).
+Owns the model, the paged KV cache (views of the engine's unified pool), the LoRA backend
+with its per-step metadata buffers and workspace. The LoRA factors themselves live in the
+pool (dataplane/engine/pool_slots.py points every projection at its address tables); the
+runner allocates none. One plan per step is converted once into attention metadata and a
+LoRA row grouping that every layer shares. On CUDA, decode-only steps replay captured
+graphs (engine/cuda_graphs.py) and mixed steps piecewise graphs (engine/piecewise_graphs.py).
 """
 
 from __future__ import annotations
@@ -22,7 +23,6 @@ from dataplane.core import BatchPlan, InvalidBatchPlan, InvalidRequest, ModelInU
 from dataplane.engine.deferred import DeferredTokens, check_no_placeholders, patch_input_ids
 from dataplane.h2d import to_device
 from dataplane.kernels import (
-    LoraFactorTable,
     LoraMetaBuffers,
     LoraModuleWeights,
     LoraWorkspace,
@@ -66,8 +66,8 @@ def claim_model(model: LlamaForCausalLM, runner: ModelRunner) -> None:
 
 
 PagedFold = Callable[[FoldSlots, dict[tuple[int, str], FoldStore]], None]
-"""Fills the fold stores (per layer, fused projection) from factors the runner does not
-own, and keeps them in step (`ModelRunner.enable_lora_fold(paged=)`)."""
+"""Fills the fold stores (per layer, fused projection) from the pool's pages and keeps them
+in step (`ModelRunner.enable_lora_fold(paged=)`, dataplane/pool/fold_source.py)."""
 
 
 class ModelRunner:
@@ -84,24 +84,21 @@ class ModelRunner:
         ops_backend: fused elementwise ops (dataplane.ops): "auto" (Triton on CUDA, torch
             on CPU), "torch" or "triton" (on CPU only under TRITON_INTERPRET=1, tests);
             None leaves the model's setting.
-        kv_cache: an externally built cache (e.g. page-major views of the agent's unified
-            pool, `PagedKVCache.in_pages`) of exactly this model's geometry, the model's
-            dtype and `num_kv_blocks` x `block_size`; None allocates a private one.
-        external_factors: the projections' factors are attached by an owner (the agent's
-            unified pool): `linears` lists them but no `LoraFactorTable` is allocated.
+        kv_cache: the KV storage (page-major views of the engine's unified pool,
+            `PagedKVCache.in_pages`) of exactly this model's geometry, the model's dtype and
+            `num_kv_blocks` x `block_size`; None allocates a private one (TP ranks).
 
-    A LoRA linear with a true attribute `owns_lora_tables` (tensor-parallel projections
-    holding their own sharded tables) gets no `LoraFactorTable` from the runner and its
-    `factors` are left alone; it is not in `tables` / `linears`, so adapters are loaded
-    into it by its owner (e.g. `TPLlamaForCausalLM.load_adapter`).
+    `linears` lists the projections whose factors the engine's pool attaches. A LoRA linear
+    with a true attribute `owns_lora_tables` (tensor-parallel projections holding their own
+    sharded tables) is left alone and not listed: adapters are loaded into it by its owner
+    (e.g. `TPLlamaForCausalLM.load_adapter`).
     """
 
     def __init__(self, model: LlamaForCausalLM, num_kv_blocks: int, block_size: int,
                  max_rows: int, max_slots: int, max_rank: int,
                  lora_backend: str | None = None, attention_backend: str | None = None,
                  ops_backend: str | None = None, kv_cache: PagedKVCache | None = None,
-                 collection_blocks: int = 0, collection_rank: int = 0,
-                 external_factors: bool = False) -> None:
+                 collection_blocks: int = 0, collection_rank: int = 0) -> None:
         claim_model(model, self)
         self.model = model
         self.config = model.config
@@ -124,7 +121,6 @@ class ModelRunner:
             "triton" if self.device.type == "cuda" else "torch")
         if self.decode_kernel not in ("torch", "triton"):
             raise InvalidRequest(f"unknown attention backend {self.decode_kernel!r}")
-        self.tables: dict[tuple[int, str], LoraFactorTable] = {}
         self.linears: dict[tuple[int, str], LoRALinear] = {}
         self.graphs: object | None = None  # CudaGraphRunner, set by the engine on CUDA
         self.piecewise: object | None = None  # PiecewiseGraphRunner (mixed steps), likewise
@@ -160,44 +156,27 @@ class ModelRunner:
                 self.backend.workspace_numel(max_rows, 3, max(max_rank, 1)), self.device)
             for layer, attr, linear in own if max_rank > 0 else ():
                 self.linears[(layer, attr)] = linear
-                if not external_factors:
-                    table = LoraFactorTable(max_slots, linear.in_features,
-                                            linear.out_features, max_rank, self.dtype,
-                                            self.device)
-                    linear.factors = table
-                    self.tables[(layer, attr)] = table
-        self.external_factors = external_factors and max_slots > 0 and max_rank > 0
 
     def enable_lora_fold(self, max_rows: int, width_unit: int | None = None,
                          paged: PagedFold | None = None) -> None:
         """Steps of at most `max_rows` rows (decode steps) fold the LoRA into the base GEMMs
         and their consumer ops (dataplane/ops/lora_fold.py): the model's own fold under
-        tensor parallelism, else a fold per projection kept in step with this runner's
-        factor tables, or with `paged` (the agent's unified pool: it fills the projections'
-        fold stores from its pages, dataplane/pool/fold_source.py) with the pool's.
+        tensor parallelism, else a fold per projection that `paged` (the engine's pool,
+        dataplane/pool/fold_source.py) fills from the pool's pages and keeps in step.
         Before any adapter is loaded. `width_unit`: `FoldSlots`' (None: its default)."""
         tp_fold = getattr(self.model, "enable_lora_fold", None)
         if tp_fold is not None:
             tp_fold(max_rows, width_unit)
             return
-        if self.max_slots == 0 or max_rows <= 0 or self.max_rank == 0:
-            raise InvalidRequest("a LoRA fold needs LoRA slots, a rank and a row limit")
-        own = all(linear.factors is self.tables.get(key)
-                  for key, linear in self.linears.items()) and bool(self.tables)
-        if paged is None and not own:
-            raise InvalidRequest("a LoRA fold needs the runner's own factor tables, or the "
+        if self.max_slots == 0 or max_rows <= 0 or self.max_rank == 0 or paged is None:
+            raise InvalidRequest("a LoRA fold needs LoRA slots, a rank, a row limit and the "
                                  "pool's pages")
-        if any(bool((t.ranks > 0).any()) for t in self.tables.values()) \
-                or any(linear.has_factors for _l, _a, linear in self.model.lora_linears()):
+        if any(linear.has_factors for _l, _a, linear in self.model.lora_linears()):
             raise InvalidRequest("enable the LoRA fold before loading adapters")
         slots = FoldSlots(self.max_slots, min(self.max_slots, max_rows), width_unit=width_unit)
         stores = {(layer, attr): linear.enable_fold(slots.fold_slots, self.max_rank)
                   for layer, attr, linear in self.model.lora_linears()}
-        if paged is not None:
-            paged(slots, stores)
-        else:
-            for key, table in self.tables.items():
-                slots.attach(table, stores[key])
+        paged(slots, stores)
         self.model.lora_fold_rows = max_rows
         self.model.lora_fold_slots = slots
 

@@ -44,9 +44,14 @@ class StepLoop:
             """Engine.build_plan: the plan of one scheduled step."""
             ...
 
+        def _forget(self, request_id: str) -> None:
+            """Engine._forget: a request ended; drop it and its adapter hold."""
+            ...
+
     # ----- plan hooks ------------------------------------------------------------------
     def on_plan_launched(self, plan: BatchPlan) -> object:
-        """Hook for plan observers and launch fences (both loops, sync and async).
+        """The launch fence and plan observers (both loops, sync and async; the engine
+        implements it over its pool, engine.py).
 
         Called once per plan, after it is built and before its forward is enqueued
         (continuation plans too, whose decode input ids are still placeholders). The
@@ -172,8 +177,7 @@ class StepLoop:
                 self._logprobs[seq.request_id].append(lp)
             outputs.append(self._output(seq, (u.token_id,), u.text))
             if u.finished:
-                self._seqs.pop(seq.request_id, None)
-                self._logprobs.pop(seq.request_id, None)
+                self._forget(seq.request_id)
         return outputs
 
     def _output(self, seq: Sequence, new_ids: tuple[int, ...], new_text: str) -> RequestOutput:

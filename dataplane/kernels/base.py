@@ -328,6 +328,14 @@ class LoraBackend(ABC):
         return None
 
 
+def gather_rank_rows(storage: torch.Tensor, offsets: torch.Tensor, width: int) -> torch.Tensor:
+    """``storage[offsets[..., None] + arange(width)]``: the rank rows that start at element
+    `offsets` of the flat `storage`, shape ``[*offsets.shape, width]``, as one row gather
+    from an overlapping view of `storage` (no element-wise index tensor)."""
+    rows = storage.unfold(0, width, 1).index_select(0, offsets.reshape(-1).to(torch.int64))
+    return rows.view(*offsets.shape, width)
+
+
 def check_call(
     x: torch.Tensor | None, y: torch.Tensor | None, meta: LoraBatchMeta, w: LoraModuleWeights
 ) -> None:

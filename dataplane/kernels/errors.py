@@ -1,21 +1,21 @@
 """Typed errors of the LoRA kernel layer.
 
-Every error carries a stable ``code`` so callers (engine, agent) can map it to a
-response without parsing messages. Validation happens before any launch or
-write: a rejected call changes nothing.
+Every error carries a stable lowercase ``code`` so callers (engine, agent) can map it to
+a response without parsing messages, and derives from
+:class:`dataplane.errors.EngineError`; ``str(exc)`` is ``"<code>: <message>"``.
+Validation happens before any launch or write: a rejected call changes nothing.
 """
 
 from __future__ import annotations
 
+from dataplane.errors import EngineError
 
-class LoraKernelError(ValueError):
+
+class LoraKernelError(EngineError):
     """Base class: invalid input to a LoRA kernel entry point."""
 
     code = "lora_kernel_error"
-
-    def __init__(self, message: str) -> None:
-        super().__init__(f"{self.code}: {message}")
-        self.message = message
+    code_in_str = True
 
 
 class LoraShapeError(LoraKernelError):

@@ -49,6 +49,7 @@ from dataplane.kernels.base import (
     LoraModuleWeights,
     LoraWorkspace,
     check_call,
+    gather_rank_rows,
 )
 from dataplane.kernels.errors import LoraShapeError
 
@@ -73,12 +74,6 @@ def build_meta_torch(row_slot: torch.Tensor, buffers: LoraMetaBuffers) -> LoraBa
     meta.slot_counts.copy_(counts)
     meta.slot_starts.copy_(torch.cumsum(counts, 0) - counts)
     return meta
-
-
-def _factor_rows(storage: torch.Tensor, homes: torch.Tensor, width: int) -> torch.Tensor:
-    """``storage[homes[..., None] + arange(width)]``: rank rows at element offsets."""
-    cols = torch.arange(width, device=homes.device, dtype=torch.int64)
-    return storage[homes.unsqueeze(-1) + cols]
 
 
 @dataclass(frozen=True)
@@ -147,12 +142,12 @@ class TorchLoraBackend(LoraBackend):
     def _a(self, w: LoraModuleWeights, k: int, s: int, r: int) -> torch.Tensor:
         if w.stacked is not None:
             return w.stacked[k][0][s, :r]
-        return _factor_rows(w.storage, w.a_rows[k, s, :r], w.in_features)
+        return gather_rank_rows(w.storage, w.a_rows[k, s, :r], w.in_features)
 
     def _bt(self, w: LoraModuleWeights, k: int, s: int, r: int) -> torch.Tensor:
         if w.stacked is not None:
             return w.stacked[k][1][s, :r]
-        return _factor_rows(w.storage, w.b_rows[k, s, :r], w.out_features[k])
+        return gather_rank_rows(w.storage, w.b_rows[k, s, :r], w.out_features[k])
 
     def _split(self, act: _ActiveRows) -> tuple[list[tuple[int, torch.Tensor]], _ActiveRows | None]:
         """(loop groups ``(slot, rows)``, active rows of the batched slots or None)."""
@@ -223,7 +218,7 @@ class TorchLoraBackend(LoraBackend):
             return w.stacked[k][which].flatten(0, 1).index_select(0, bl.flat)
         table = w.a_rows if which == 0 else w.b_rows
         homes = table[k].flatten().index_select(0, bl.flat)
-        return _factor_rows(w.storage, homes, width)
+        return gather_rank_rows(w.storage, homes, width)
 
     def _shrink_batched(
         self, x: torch.Tensor, z: torch.Tensor, act: _ActiveRows, w: LoraModuleWeights

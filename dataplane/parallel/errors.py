@@ -1,20 +1,21 @@
 """Typed errors of the tensor-parallel data plane.
 
-Every error carries a stable lowercase ``code``. Validation happens before anything is
-written: a rejected shard, load or forward changes no table and issues no collective.
+Every error carries a stable lowercase ``code`` and derives from
+:class:`dataplane.errors.EngineError`; ``str(exc)`` is ``"<code>: <message>"``. Validation
+happens before anything is written: a rejected shard, load or forward changes no table and
+issues no collective.
 """
 
 from __future__ import annotations
 
+from dataplane.errors import EngineError
 
-class ParallelError(ValueError):
+
+class ParallelError(EngineError):
     """Base class: invalid tensor-parallel input or state."""
 
     code = "parallel_error"
-
-    def __init__(self, message: str) -> None:
-        super().__init__(f"{self.code}: {message}")
-        self.message = message
+    code_in_str = True
 
 
 class ProcessGroupError(ParallelError):

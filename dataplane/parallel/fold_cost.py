@@ -1,4 +1,5 @@
-"""Whether a TP rank should fold its LoRA into the base GEMMs for decode steps.
+"""Whether an engine (one GPU or a TP rank) should fold its LoRA into the base GEMMs for
+decode steps.
 
 The fold (dataplane/layers/lora_fold_store.py) replaces a decode step's four LoRA
 launches per layer with work inside the base GEMMs and their consumer ops, but its GEMMs
@@ -13,6 +14,9 @@ own adapter, as `cost_model` assumes), per decode step:
 and the fold pays when ``extra < saved``: with 8B-shaped TP=2 rank-16 adapters, up to ~100
 idle fold slots. Its copies of the fold slots' factors (`fold_resident_bytes`) must also
 fit the agent's per-rank budget for extra resident factor bytes, when one is set.
+
+On the CPU a step has no kernel launches to save, so the fold only widens the GEMMs: it is
+off there (docs/PERFORMANCE.md, "CPU engine").
 """
 
 from __future__ import annotations
@@ -24,12 +28,12 @@ from dataplane.models.config import ModelConfig
 from dataplane.parallel.cost_model import HBM_BYTES_PER_S
 
 LAUNCH_S = 9.4e-6
-"""Median fused LoRA launch of a TP=2 decode step (docs/PERFORMANCE.md, Tensor parallel,
-sessions 13-14: 128 per step, 16 live slots)."""
+"""Median fused LoRA launch of a TP=2 decode step on an H200 (128 per step, 16 live slots;
+docs/PERFORMANCE.md, "Tensor parallel")."""
 FOLD_CONSUMER_S = 13.3e-6
 """What the fold adds per layer beyond the factor bytes: RoPE, the two add-RMSNorms and
-SiLU·mul with the expand folded in (same doc, session 15: +426 µs of "other" kernels per
-32-layer TP=2 decode step)."""
+SiLU·mul with the expand folded in (+426 µs of such kernels per 32-layer TP=2 decode step
+on an H200; docs/PERFORMANCE.md, "Tensor parallel")."""
 
 
 @dataclass(frozen=True)
@@ -65,8 +69,11 @@ def fold_resident_bytes(config: ModelConfig, tp_size: int, rank: int, fold_slots
 
 def decide_fold(config: ModelConfig, tp_size: int, *, rank: int, max_slots: int,
                 max_num_seqs: int, active: int | None = None, dtype_bytes: int = 2,
-                extra_resident_budget_bytes: int | None = None) -> FoldDecision:
-    """The module docstring's rule."""
+                extra_resident_budget_bytes: int | None = None, device: str = "cuda"
+                ) -> FoldDecision:
+    """The module docstring's rule (`device`: the engine's device type)."""
+    if device != "cuda":
+        return FoldDecision(False, f"no kernel launches to save on {device}", 0.0, 0.0)
     fold_slots = min(max_slots, max_num_seqs)
     if extra_resident_budget_bytes is not None:
         resident = fold_resident_bytes(config, tp_size, rank, fold_slots, dtype_bytes)

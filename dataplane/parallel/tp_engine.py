@@ -49,7 +49,6 @@ from dataplane.engine.adapters import (
 )
 from dataplane.engine.deferred import DeferredTokens
 from dataplane.engine.engine import Engine, EngineConfig, RequestOutput
-from dataplane.kvcache.page_pool import PagePool
 from dataplane.models.llama import LORA_GROUPS
 from dataplane.parallel.collectives import TPGroup
 from dataplane.parallel.control import ControlChannel
@@ -71,7 +70,8 @@ class TPAdapterRegistry(AdapterRegistry):
     """Slot bookkeeping of `AdapterRegistry`; factors sharded by the TP model.
 
     Validates adapters against the model's *global* config (the runner's config is the
-    per-rank one) and writes through `TPLlamaForCausalLM.load_adapter`.
+    per-rank one) and writes through `TPLlamaForCausalLM.load_adapter`; a load is
+    published only when every rank validated its shard.
     """
 
     def __init__(self, engine: TPEngine) -> None:
@@ -81,7 +81,28 @@ class TPAdapterRegistry(AdapterRegistry):
         self.backend_family = backend.name if backend is not None else "none"
         """The LoRA backend's name; the model adds `+fold` (`kernel_local_identity`)."""
 
-    def _check_fits(self, adapter: LoadedAdapter) -> None:
+    def register(self, adapter: LoadedAdapter) -> AdapterHandle:
+        """Shard `adapter` into the lowest free slot on every rank (the same content
+        returns the existing handle); AdapterError with nothing published otherwise."""
+        if self.runner.max_slots == 0:
+            raise AdapterError("this engine has LoRA disabled (max_slots=0)")
+        for handle in self._by_slot.values():
+            if handle.digest == adapter.digest:
+                return handle
+        free = self.free_slots()
+        if not free:
+            raise AdapterError("no free adapter slot", max_slots=self.runner.max_slots)
+        slot = free[0]
+        self.check_fits(adapter)
+        generation = self._generations.get(slot, 0) + 1
+        self._write_slot(slot, generation, adapter)
+        self._generations[slot] = generation
+        handle = AdapterHandle(slot, adapter.digest, generation, adapter.max_rank,
+                               adapter.source)
+        self._by_slot[slot] = handle
+        return handle
+
+    def check_fits(self, adapter: LoadedAdapter) -> None:
         shapes = self.model.global_config.module_shapes
         for m in adapter.modules:
             if m.rank > self.runner.max_rank:
@@ -101,10 +122,9 @@ class TPAdapterRegistry(AdapterRegistry):
         if not outcome.published:
             raise AdapterError(f"adapter not published: {outcome.reason}", slot=slot)
 
-    def unregister(self, handle: AdapterHandle, in_use: bool) -> None:
+    def unregister(self, handle: AdapterHandle) -> None:
+        """Clear `handle`'s slot on every rank (the engine refuses it while in use)."""
         self.check_handle(handle)
-        if in_use:
-            raise AdapterError("adapter is used by live requests", slot=handle.slot)
         self.channel.send((LOAD, handle.slot, handle.slot_generation, None))
         self.load_local(handle.slot, handle.slot_generation, None)
         del self._by_slot[handle.slot]
@@ -169,16 +189,18 @@ class TPEngine(Engine):
     """
 
     def __init__(self, model: TPLlamaForCausalLM, config: EngineConfig, base_digest: str,
-                 base_abi: BaseModelABI | None = None, tokenizer: Tokenizer | None = None,
-                 kv_pages: PagePool | None = None) -> None:
+                 base_abi: BaseModelABI | None = None, tokenizer: Tokenizer | None = None
+                 ) -> None:
         super().__init__(model, dataclasses.replace(config, enable_cuda_graphs=False),
-                         base_digest, base_abi, tokenizer, kv_pages)
+                         base_digest, base_abi, tokenizer)
         self.config = config
         self.tp_model = model
         self.group: TPGroup = model.group
         self.channel = ControlChannel(model.group)
         self.adapters = TPAdapterRegistry(self)
         self.scheduler.adapter_ready = self.adapters.is_ready
+        if config.lora_fold and config.max_slots > 0:
+            self.runner.enable_lora_fold(config.max_num_seqs)
         self._stopped = False
         # One leader message + its collectives at a time: a step and an adapter load from
         # two threads must not interleave their collectives (ranks would mismatch).
@@ -196,30 +218,6 @@ class TPEngine(Engine):
                 attach_tp_piecewise(self.runner, self.group, config.max_num_batched_tokens)
             if config.async_scheduling is None:  # as `Engine`: on with graphs
                 self.async_scheduling = True
-
-    @classmethod
-    def from_global_model_dir(cls, path: str | Path, group: TPGroup, *,
-                              dtype: str = "float32",
-                              lora_layouts: dict[str, str] | None = None,
-                              lora_fold: bool = False, **sizes: object) -> TPEngine:
-        """Load the global checkpoint on CPU, keep this rank's shard on `group.device`.
-        `lora_fold`: decode steps (up to `max_num_seqs` rows) fold the LoRA of every
-        default-layout projection into its base GEMM and consumer op (`enable_lora_fold`)."""
-        from dataplane.artifacts import read_base_abi
-        from dataplane.engine.engine import _DTYPES
-        from dataplane.models import load_model
-
-        config = EngineConfig(**sizes)  # type: ignore[arg-type]
-        if lora_fold:
-            config = dataclasses.replace(config, lora_fold=True)
-        global_model = load_model(Path(path), _DTYPES[dtype], torch.device("cpu"))
-        model = TPLlamaForCausalLM(global_model, group, lora_layouts=lora_layouts,
-                                   max_slots=config.max_slots, max_rank=config.max_rank)
-        del global_model
-        abi = read_base_abi(Path(path))
-        tokenizer = (Tokenizer.from_dir(path) if (Path(path) / "tokenizer.json").is_file()
-                     else None)
-        return cls(model, config, abi.h_base, abi, tokenizer)
 
     @property
     def is_leader(self) -> bool:
@@ -261,13 +259,25 @@ class TPEngine(Engine):
         with self._lock:
             return super().register_adapter(peft_dir)
 
-    def register_loaded_adapter(self, adapter: LoadedAdapter) -> AdapterHandle:
+    def register_loaded_adapter(self, adapter: LoadedAdapter, *, key: str | None = None,
+                                kv_pages: int = 0, evictable: bool = False
+                                ) -> AdapterHandle:
+        """Shard `adapter` into a slot on every rank (its KV is not admitted jointly, and
+        nothing evicts it: under TP the factors live in each rank's sharded tables, not
+        in the pool)."""
         with self._lock:
-            return super().register_loaded_adapter(adapter)
+            registry = self.adapters
+            assert isinstance(registry, TPAdapterRegistry)
+            return registry.register(adapter)
 
     def unregister_adapter(self, handle: AdapterHandle) -> None:
         with self._lock:
-            super().unregister_adapter(handle)
+            self.adapters.check_handle(handle)
+            if handle.slot in self._live_slots():
+                raise AdapterError("adapter is used by live requests", slot=handle.slot)
+            registry = self.adapters
+            assert isinstance(registry, TPAdapterRegistry)
+            registry.unregister(handle)
 
     def serve(self) -> int:
         """Follower: execute the leader's messages until ("stop",); returns plans run."""

@@ -1,4 +1,4 @@
-"""Unified adapter + KV page pool, residency transactions, host tier, leases and hotswap.
+"""Unified adapter + KV page pool, residency transactions and the host tier.
 
 Layers (seed §0x04–0x05, §0x07F–0x07I, DESIGN.md §5):
 
@@ -14,8 +14,10 @@ Layers (seed §0x04–0x05, §0x07F–0x07I, DESIGN.md §5):
   :mod:`host_tier` (pinned LRU + digest-keyed disk cache);
 * orchestration: :mod:`device_pool` (state + small ops; :mod:`pool_invariants` its
   conservation checks, :mod:`pool_reporting` its stats and gauges), :mod:`transactions`
-  (reserve -> copy -> validate -> publish, compensating rollback), :mod:`leases`
-  (alias leases, hotswap).
+  (reserve -> copy -> validate -> publish, compensating rollback). Requests bind to
+  exact generations through the engine's ``dataplane.engine.pool_slots``.
+
+Errors: :mod:`errors` (``PoolError``, under ``dataplane.errors.EngineError``).
 """
 
 from __future__ import annotations

@@ -2,12 +2,12 @@
 
 One object per worker device, owned by the engine loop (single-threaded mutation;
 other threads read :attr:`slots.table` snapshots). Load transactions
-(:mod:`dataplane.pool.transactions`) and leases (:mod:`dataplane.pool.leases`) act on
-it; this module holds the shared state and the small operations both need: KV
-allocation with eviction, references and pins, retirement and reclamation, launch
-snapshots. The cross-structure invariant lives in :mod:`dataplane.pool.pool_invariants`
-(:meth:`DevicePool.check`, :meth:`DevicePool.audit`); counters, gauges and slot listeners
-in :mod:`dataplane.pool.pool_reporting`.
+(:mod:`dataplane.pool.transactions`) and the engine's slot binding
+(``dataplane.engine.pool_slots``) act on it; this module holds the shared state and the
+small operations both need: KV allocation with eviction, references and pins,
+retirement and reclamation, launch snapshots. The cross-structure invariant lives in
+:mod:`dataplane.pool.pool_invariants` (:meth:`DevicePool.check`, :meth:`DevicePool.audit`);
+counters, gauges and slot listeners in :mod:`dataplane.pool.pool_reporting`.
 """
 
 from __future__ import annotations

@@ -1,25 +1,23 @@
-"""Typed errors of the page pool, residency and lease layer.
+"""Typed errors of the page pool, residency and host tier.
 
 Every error carries a stable machine-readable ``code`` (the agent maps codes to
-HTTP responses and metric ``reason`` labels without parsing messages). A call
+HTTP responses and metric ``reason`` labels without parsing messages) and derives
+from :class:`dataplane.errors.EngineError` through :class:`PoolError`. A call
 that raises one of these before its visibility point changes nothing; a
 transaction that fails after reserving pages rolls back first, then raises.
 """
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from dataplane.errors import EngineError
 
 
-class PoolError(Exception):
-    """Base class; ``code`` is stable, ``detail`` holds structured context."""
+class PoolError(EngineError):
+    """Base of the pool's errors; ``str(exc)`` is ``"<code>: <message>"``, ``detail`` holds
+    structured context."""
 
-    code: ClassVar[str] = "POOL_ERROR"
-
-    def __init__(self, message: str, **detail: Any) -> None:
-        super().__init__(f"{self.code}: {message}")
-        self.message = message
-        self.detail = detail
+    code = "POOL_ERROR"
+    code_in_str = True
 
 
 class ConservationError(PoolError):
@@ -80,34 +78,6 @@ class NotResident(PoolError):
     """The adapter generation named is not published on this worker."""
 
     code = "ADAPTER_NOT_RESIDENT"
-
-
-class Retiring(PoolError):
-    """The adapter generation is retiring: new binds must use a newer generation."""
-
-    code = "ADAPTER_RETIRING"
-
-
-class UnknownAlias(PoolError):
-    code = "UNKNOWN_ALIAS"
-
-
-class AliasRetired(PoolError):
-    """The alias was retired on this worker (HTTP 410 upstream), never a fallback."""
-
-    code = "ALIAS_RETIRED"
-
-
-class CatalogConflict(PoolError):
-    """compare-and-publish saw a different current generation than expected."""
-
-    code = "CATALOG_GENERATION_CONFLICT"
-
-
-class LeaseError(PoolError):
-    """A lease was released twice or never taken."""
-
-    code = "LEASE_INVALID"
 
 
 class HostTierError(PoolError):

@@ -26,6 +26,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from dataplane.kernels.base import gather_rank_rows
 from dataplane.kernels.errors import LoraShapeError
 from dataplane.layers.lora_fold_slots import FoldSlots
 from dataplane.layers.lora_fold_store import FoldStore
@@ -104,7 +105,7 @@ class PagedFoldSource:
             for k, width in enumerate(self.out_features):
                 live, a, b = (torch.as_tensor(x, device=dev) for x in self._offsets(k, s))
                 for dst, off, w in ((tail[:, k], a, self.in_features), (store.b[k], b, width)):
-                    rows = flat[off[..., None] + torch.arange(w, device=dev)]
+                    rows = gather_rank_rows(flat, off, w)
                     dst[f] = torch.where(live[..., None], rows, torch.zeros((), dtype=rows.dtype,
                                                                             device=dev))
                 store.scale[f, k] = self.tables.scales[self.lo + k,

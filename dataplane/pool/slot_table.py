@@ -76,8 +76,8 @@ class SlotTable:
 
     def __init__(self, num_slots: int,
                  generations: Mapping[int, tuple[int, int]] | None = None) -> None:
-        if num_slots <= 0:
-            raise IllegalTransition(f"num_slots must be > 0, got {num_slots}")
+        if num_slots < 0:
+            raise IllegalTransition(f"num_slots must be >= 0, got {num_slots}")
         self.num_slots = num_slots
         self._state = [SlotState.FREE] * num_slots
         self._slot_gen = [0] * num_slots

@@ -1,4 +1,4 @@
-"""The agent's engine (MeteredEngine, unified-pool slot backend) under async scheduling.
+"""The agent's engine (its unified pool and launch fences) under async scheduling.
 
 Async is forced on CPU (the agent's default there is synchronous). Launch fences are
 counted through the real :class:`PoolSlots`, wrapped only to record its calls: every
@@ -17,11 +17,12 @@ import pytest
 import torch
 
 from agent.config import AgentSettings
-from agent.engine_factory import MeteredEngine, build_engine
+from agent.engine_factory import agent_engine
 from agent.metrics import AgentMetrics
-from agent.pool_slots import PoolSlots
 from dataplane.core import SamplingParams
-from dataplane.engine.adapters import AdapterHandle, load_peft_adapter
+from dataplane.engine.adapters import AdapterError, AdapterHandle, load_peft_adapter
+from dataplane.engine.engine import Engine
+from dataplane.engine.pool_slots import PoolSlots
 from dataplane.pool.errors import StaleGeneration
 from dataplane.pool.residency import ResidencyState
 from dataplane.pool.slot_table import LaunchSnapshot
@@ -68,25 +69,25 @@ class CountingSlots:
 
 
 def _engine(assets: AgentAssets, tmp_path: Path, *, async_on: bool
-            ) -> tuple[MeteredEngine, PoolSlots, CountingSlots]:
+            ) -> tuple[Engine, PoolSlots, CountingSlots]:
     settings = AgentSettings(model_dir=assets.base, max_slots=3, max_rank=AGENT_MAX_RANK,
                              num_kv_blocks=64, block_size=4, max_num_seqs=4,
                              max_num_batched_tokens=32, cache_dir=tmp_path)
-    engine = build_engine(settings, AgentMetrics())
+    engine, _ = agent_engine(settings, AgentMetrics())
     assert engine.async_scheduling is False  # the agent's default on CPU
-    real = engine.slots
-    assert isinstance(real, PoolSlots)
+    real = engine.pool
     counting = CountingSlots(real)
-    engine.slots = counting
+    engine.pool = counting  # type: ignore[assignment]
     engine.async_scheduling = async_on
     return engine, real, counting
 
 
-def _load(engine: MeteredEngine, slots: PoolSlots, assets: AgentAssets,
+def _load(engine: Engine, slots: PoolSlots, assets: AgentAssets,
           name: str) -> AdapterHandle:
     abi = engine.base_abi
     assert abi is not None
-    return slots.load(name, load_peft_adapter(assets.adapters[name], abi, AGENT_MAX_RANK))
+    return engine.register_loaded_adapter(
+        load_peft_adapter(assets.adapters[name], abi, AGENT_MAX_RANK), key=name, evictable=True)
 
 
 def _balanced(counting: CountingSlots, slots: PoolSlots) -> None:
@@ -100,7 +101,7 @@ def _balanced(counting: CountingSlots, slots: PoolSlots) -> None:
 GREEDY = SamplingParams(temperature=0, max_tokens=10, ignore_eos=True)
 
 
-def _drive(engine: MeteredEngine, handles: dict[str, AdapterHandle],
+def _drive(engine: Engine, handles: dict[str, AdapterHandle],
            reqs: list[tuple[str, list[int], SamplingParams, str | None, int]],
            abort: tuple[str, int] | None) -> dict[str, Any]:
     """Add requests at their step call, abort one, step until done; finals + streams."""
@@ -161,7 +162,7 @@ def test_async_agent_engine_matches_sync_and_fences_every_launch(
         assert 0 < len(part) < 10 and part == victim[:len(part)]
 
 
-def _step_until_in_flight(engine: MeteredEngine, counting: CountingSlots,
+def _step_until_in_flight(engine: Engine, counting: CountingSlots,
                           generations: set[tuple[str, int]]) -> list[int]:
     """Step until a launched, unretired plan reads every generation in `generations`."""
     tokens: list[int] = []
@@ -204,8 +205,13 @@ def test_hot_swap_during_async_steps_never_reclaims_an_in_flight_slot(
         if {gen["a"], gen["b"]} <= counting.open_generations():
             break
     assert {gen["a"], gen["b"]} <= counting.open_generations()
-    # No request holds a pool reference here: only the launch fence protects the slots.
+    # Only the launch fence protects the slots here: R's pool reference on a is dropped and
+    # a is unloaded through the pool itself (the engine refuses to unregister an adapter a
+    # live request uses).
     stale = slots.pool_handle(handles["a"])
+    with pytest.raises(AdapterError, match="live requests"):
+        engine.unregister_adapter(handles["a"])
+    slots.unhold(handles["a"])
     slots.unload(handles["a"])  # hot swap, step 1: unload while R runs
     assert slots.pool.residents[gen["a"]].state is ResidencyState.RETIRING  # not reclaimed
     # A load under slot pressure may evict only the idle adapter: c, never a (retiring
@@ -255,8 +261,8 @@ def test_aborts_mid_flight_leak_no_fence(agent_assets: AgentAssets,
     # (the agent's loop stops stepping once nothing is unfinished).
     assert not engine.has_unfinished() and counting.open == []
     assert slots.pool.live_generations() == frozenset()
-    slots.unload(handles["a"])
-    slots.unload(handles["b"])
+    engine.unregister_adapter(handles["a"])
+    engine.unregister_adapter(handles["b"])
     assert _gone(slots, gen["a"]) and _gone(slots, gen["b"])  # reclaimed at once
     assert engine.block_manager.num_free_blocks == free
     out = engine.generate([[90, 91, 92]], SamplingParams(temperature=0, max_tokens=5,
@@ -277,12 +283,11 @@ def test_agent_engine_is_async_by_default_on_cuda(agent_assets: AgentAssets,
                              max_rank=AGENT_MAX_RANK, num_kv_blocks=64, block_size=4,
                              max_num_seqs=4, max_num_batched_tokens=32, cache_dir=tmp_path,
                              device="cuda")
-    engine = build_engine(settings, AgentMetrics())
+    engine, _ = agent_engine(settings, AgentMetrics())
     assert engine.runner.graphs is not None and engine.async_scheduling is True
-    real = engine.slots
-    assert isinstance(real, PoolSlots)
+    real = engine.pool
     counting = CountingSlots(real)
-    engine.slots = counting
+    engine.pool = counting  # type: ignore[assignment]
     handles = {n: _load(engine, real, agent_assets, n) for n in ("a", "b", "c")}
     gen_a = _generation(real, "a")
     prompts = {"R": [21, 22, 23], "S": [30, 31, 32, 33], "T": [40, 41]}
@@ -299,7 +304,7 @@ def test_agent_engine_is_async_by_default_on_cuda(agent_assets: AgentAssets,
         if gen_a in counting.open_generations():
             break
     assert gen_a in counting.open_generations()
-    real.unload(handles["a"])
+    engine.unregister_adapter(handles["a"])
     assert not _gone(real, gen_a)  # fenced by the in-flight step
     for _ in range(3):
         step()

@@ -46,7 +46,7 @@ def test_model_ref_parsing() -> None:
 
 def test_resolve_current_pinned_retired_unknown(agent_assets: AgentAssets) -> None:
     art = wire_artifact(agent_assets.adapters["a"], agent_assets.base)
-    doc = {"version": 5, "aliases": [
+    doc = {"version": 5, "agent_id": 1, "worker_epoch": 1, "aliases": [
         {"namespace": "ns", "alias": "live", "current_generation": 2, "prefetch": True,
          "generations": [{"generation": 2, "action": "publish", "artifact": art},
                          {"generation": 1, "action": "publish", "artifact": art}]},

@@ -101,8 +101,8 @@ def test_serving_agent_reports_its_slots(deployment: Deployment) -> None:
 
     deployment.agent.wait_for(lambda _s: reported())
     # each bound slot records its H_kernel_local: the adapter whole on one device, in the
-    # unified page pool ("paged"), read by the torch kernels and, decode steps folding
-    # the LoRA into the base GEMMs by default (`lora_fold=auto`), the fold (CPU, float32)
+    # unified page pool ("paged"), read by the torch kernels (CPU, float32; `lora_fold=auto`
+    # keeps the launches on the CPU)
     from dataplane.identity import digest, h_adapter_semantic
 
     by_digest = {a["digest"]: a for a in deployment.artifacts.values()}
@@ -113,7 +113,7 @@ def test_serving_agent_reports_its_slots(deployment: Deployment) -> None:
         names = sorted(m["name"] for m in artifact["validated_record"]["modules"])
         assert slot["kernel_local"] == [digest({
             "h_adapter_semantic": h_adapter_semantic(deployment.h_base, artifact["digest"]),
-            "kernel_family": "torch+fold", "conversion_revision": 1, "dtype": "float32",
+            "kernel_family": "torch", "conversion_revision": 1, "dtype": "float32",
             "packing": "paged",
             "local_module_layouts": [{"name": n, "a_axes": ["rank", "input"],
                                       "b_axes": ["rank", "output"], "a_shard": None,

@@ -19,9 +19,9 @@ REQUIRED = {
     "adapter_rank_padding_ratio", "adapter_ttft_seconds", "adapter_token_latency_seconds",
     "adapter_slot_generation_mismatch_total", "adapter_page_reservations",
     "adapter_pages_reclaimable", "adapter_publication_generation",
-    "adapter_lora_fold_slots", "adapter_lora_fold_copies_total",
-    "adapter_lora_fold_width_steps_total", "adapter_lora_fold_resident_bytes",
 }
+"""The default CPU agent keeps its LoRA launches (`lora_fold=auto` is off on the CPU); the
+fold's metrics are checked where an agent folds (test_tp_agent_process.py)."""
 BOUNDED = {
     "phase": {"prefill", "decode"},
     "state": {"loading", "active", "idle", "retiring", "used", "free", "reserved",
@@ -32,7 +32,6 @@ BOUNDED = {
     "residency": {"base", "resident", "cold"},
     "residency_state": {"active", "loading"},
     "rank_bucket": {"base", "le4", "le8", "le16", "le32", "le64", "le128", "le256", "gt256"},
-    "width": {"3"},  # the fold's one width: min(3 slots, 32 rows per step)
 }
 
 

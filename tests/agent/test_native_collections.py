@@ -65,14 +65,12 @@ def members(deployment: Deployment, agent_assets: AgentAssets,
     return {"sources": sources, "collection": fit, "artifacts": artifacts}
 
 
-@pytest.fixture(scope="module", params=["engine", "pool"])
-def native_agent(request: pytest.FixtureRequest, deployment: Deployment,
-                 members: dict[str, Any],
+@pytest.fixture(scope="module")
+def native_agent(deployment: Deployment, members: dict[str, Any],
                  tmp_path_factory: pytest.TempPathFactory) -> Iterator[AgentProcess]:
-    """An agent with collection blocks, its LoRA factors in the engine's tables or in the
-    unified pool (the default: members then take slots of their own above the pool's)."""
-    with extra_agent(deployment, tmp_path_factory, f"agent-native-{request.param}", {
-            "ADAPTERPLANE_AGENT_RESIDENCY_BACKEND": request.param,
+    """An agent with collection blocks (members take slots of their own above the unified
+    pool's)."""
+    with extra_agent(deployment, tmp_path_factory, "agent-native", {
             "ADAPTERPLANE_AGENT_COLLECTION_BLOCKS": "2",
             "ADAPTERPLANE_AGENT_COLLECTION_RANK": "8"}) as agent:
         yield agent

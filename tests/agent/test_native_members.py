@@ -13,7 +13,6 @@ import pytest
 
 from agent.artifacts import ArtifactFetcher
 from agent.catalog import ArtifactInfo, CollectionLink
-from agent.native_members import NativeMember, member_mismatch
 from dataplane.artifacts import ArtifactLimits, read_base_abi, validate_peft_dir
 from dataplane.assets import make_peft_adapter, make_tiny_llama
 from dataplane.collections import write_bundle
@@ -21,6 +20,7 @@ from dataplane.collections.bundle import CollectionBundle, read_bundle
 from dataplane.collections.compress import CompressionSpec, compress_collection
 from dataplane.collections.member_peft import write_member_peft
 from dataplane.engine.adapters import load_peft_adapter
+from dataplane.engine.native_members import NativeMember, member_mismatch
 
 
 def _files(directory: Path) -> dict[str, dict[str, object]]:
@@ -93,29 +93,22 @@ def test_fetcher_serves_natively_or_falls_back_with_a_reason(
     assert not isinstance(off.load(_info(members[1], base, link)), NativeMember)
 
 
-def test_collection_blocks_with_either_residency_on_one_gpu(
+def test_collection_blocks_on_one_gpu(
         fitted: tuple[Path, Path, list[Path], list[Path]]) -> None:
-    """The pool agent gives members `max_slots` slots of their own above the pool's; the
-    engine-residency agent shares its slots; tensor parallelism is refused."""
+    """The agent's engine gives members `max_slots` slots of their own above the pool's;
+    tensor parallelism is refused."""
     from agent.config import AgentSettings
-    from agent.engine_factory import build_engine
+    from agent.engine_factory import agent_engine
     from agent.metrics import AgentMetrics
-    from agent.pool_slots import PoolSlots
 
     base = fitted[0]
-    pool = build_engine(AgentSettings(model_dir=base, device="cpu",  # type: ignore[arg-type]
-                                      dtype="float32", max_slots=3, collection_blocks=2,
-                                      collection_rank=4), AgentMetrics())
-    assert isinstance(pool.slots, PoolSlots) and pool.slots.pool.slots.num_slots == 3
-    assert pool.config.max_slots == 6 and pool.collections.slots == range(3, 6)
-    assert {t.blocks for t in pool.runner.collections.values()} == {2}
-    engine = build_engine(AgentSettings(model_dir=base, device="cpu",  # type: ignore[arg-type]
-                                        dtype="float32", residency_backend="engine",
-                                        collection_blocks=2, collection_rank=4),
-                          AgentMetrics())
+    engine, _ = agent_engine(AgentSettings(model_dir=base, device="cpu",  # type: ignore[arg-type]
+                                           dtype="float32", max_slots=3, collection_blocks=2,
+                                           collection_rank=4), AgentMetrics())
+    assert engine.pool.pool.slots.num_slots == 3
+    assert engine.runner.max_slots == 6 and engine.collections.slots == range(3, 6)
     assert {t.blocks for t in engine.runner.collections.values()} == {2}
-    assert engine.collections.slots is None
     with pytest.raises(ValueError, match="one GPU"):
-        build_engine(AgentSettings(model_dir=base, device="cpu",  # type: ignore[arg-type]
-                                   dtype="float32", residency_backend="engine", tp_degree=2,
-                                   collection_blocks=2), AgentMetrics())
+        agent_engine(AgentSettings(model_dir=base, device="cpu",  # type: ignore[arg-type]
+                                   dtype="float32", tp_degree=2, collection_blocks=2),
+                     AgentMetrics())

@@ -11,11 +11,18 @@ import pytest
 import torch
 
 from agent.config import AgentSettings
-from agent.engine_factory import MeteredEngine, build_engine
+from agent.engine_factory import agent_engine
 from agent.metrics import AgentMetrics
-from agent.pool_slots import PoolSlots
 from dataplane.core import SamplingParams
-from dataplane.engine.adapters import LoadedAdapter, load_peft_adapter
+from dataplane.engine.adapters import (
+    AdapterError,
+    AdapterHandle,
+    LoadedAdapter,
+    load_peft_adapter,
+)
+from dataplane.engine.engine import Engine
+from dataplane.engine.observer import EngineObserver
+from dataplane.engine.pool_slots import PoolSlots
 from dataplane.layers.lora_fold_slots import FoldSlots
 from dataplane.models.llama import LORA_GROUPS
 
@@ -27,25 +34,39 @@ PARAMS = SamplingParams(temperature=0, max_tokens=5, ignore_eos=True)
 
 
 def _engine(assets: AgentAssets, tmp_path: Path, **extra: object
-            ) -> tuple[MeteredEngine, PoolSlots, FoldSlots]:
+            ) -> tuple[Engine, PoolSlots, FoldSlots]:
     settings = AgentSettings(model_dir=assets.base, max_slots=3, max_rank=AGENT_MAX_RANK,
                              num_kv_blocks=64, block_size=BLOCK, cache_dir=tmp_path,
                              max_num_seqs=2, max_num_batched_tokens=32,
-                             **extra)  # type: ignore[arg-type]
-    engine = build_engine(settings, AgentMetrics())
-    slots, fold = engine.slots, engine.model.lora_fold_slots
-    assert isinstance(slots, PoolSlots) and fold is not None
-    return engine, slots, fold
+                             **{"lora_fold": "on", **extra})  # type: ignore[arg-type]
+    engine, _ = agent_engine(settings, AgentMetrics())
+    fold = engine.model.lora_fold_slots
+    assert fold is not None
+    return engine, engine.pool, fold
 
 
-def _load(engine: MeteredEngine, slots: PoolSlots, assets: AgentAssets,
-          name: str) -> tuple[LoadedAdapter, int]:
+def _put(engine: Engine, assets: AgentAssets, name: str) -> AdapterHandle:
+    """As the agent loads: under the artifact's key, evictable."""
     assert engine.base_abi is not None
     adapter = load_peft_adapter(assets.adapters[name], engine.base_abi, AGENT_MAX_RANK)
-    return adapter, slots.load(name, adapter).slot
+    return engine.register_loaded_adapter(adapter, key=name, evictable=True)
 
 
-def _assert_fold_slot_holds(engine: MeteredEngine, fold_slot: int,
+def _load(engine: Engine, assets: AgentAssets, name: str) -> tuple[LoadedAdapter, int]:
+    assert engine.base_abi is not None
+    adapter = load_peft_adapter(assets.adapters[name], engine.base_abi, AGENT_MAX_RANK)
+    return adapter, engine.register_loaded_adapter(adapter, key=name, evictable=True).slot
+
+
+class _Evictions(EngineObserver):
+    def __init__(self) -> None:
+        self.keys: list[str] = []
+
+    def adapter_evicted(self, key: str) -> None:
+        self.keys.append(key)
+
+
+def _assert_fold_slot_holds(engine: Engine, fold_slot: int,
                             adapter: LoadedAdapter) -> None:
     """Every projection's fold slot holds the adapter's PEFT factors (A rows, B
     transposed, scale), zero past each slice's rank and in slices it does not adapt."""
@@ -68,12 +89,11 @@ def _assert_fold_slot_holds(engine: MeteredEngine, fold_slot: int,
 
 def test_pool_agent_folds_decode_steps_and_matches_hf_peft(
         agent_assets: AgentAssets, reference: GreedyReference, tmp_path: Path) -> None:
-    """`lora_fold=auto` folds with the pool backend too: two fold slots for three
-    resident adapters, so decode steps keep copying adapters in from their pages."""
-    engine, slots, fold = _engine(agent_assets, tmp_path)
+    """`lora_fold=on`: two fold slots for three resident adapters, so decode steps keep
+    copying adapters in from their pages."""
+    engine, _slots, fold = _engine(agent_assets, tmp_path)
     assert fold.fold_slots == 2 and engine.model.lora_fold_rows == 2
-    handles = {n: slots.load(n, load_peft_adapter(agent_assets.adapters[n], engine.base_abi,  # type: ignore[arg-type]
-                                                  AGENT_MAX_RANK)) for n in ("a", "b", "c")}
+    handles = {n: _put(engine, agent_assets, n) for n in ("a", "b", "c")}
     prompts = [[21, 22, 23], [40, 41, 42, 43], [7, 8, 9, 10, 11], [99, 98], [5, 6, 7],
                [60, 61]]
     names: list[str | None] = ["a", "b", "c", None, "c", "a"]
@@ -97,9 +117,9 @@ def test_fold_slots_hold_the_pages_factors(agent_assets: AgentAssets, tmp_path: 
                                            batched: bool) -> None:
     """Torch gathers and the batched copy jobs (the Triton interpreter here) copy the
     same bytes: each adapter's factors, exact, over whatever the fold slot held."""
-    engine, slots, fold = _engine(agent_assets, tmp_path)
+    engine, _slots, fold = _engine(agent_assets, tmp_path)
     fold.batched = batched
-    loaded = [_load(engine, slots, agent_assets, n) for n in ("b", "a", "c")]
+    loaded = [_load(engine, agent_assets, n) for n in ("b", "a", "c")]
     by_slot = {slot: adapter for adapter, slot in loaded}
     b, a, c = (slot for _adapter, slot in loaded)
     for step in ([b, -1, a], [c], [a, b], [c, a]):
@@ -114,19 +134,17 @@ def test_a_slot_published_anew_is_copied_in_again(
         agent_assets: AgentAssets, reference: GreedyReference, tmp_path: Path) -> None:
     """The fold holds a's slot; a is unloaded and d is published in the same slot: the
     fold slot is emptied, so d's request reads d's factors, not a's."""
-    engine, slots, fold = _engine(agent_assets, tmp_path)
+    engine, _slots, fold = _engine(agent_assets, tmp_path)
     assert engine.base_abi is not None
-    handles = {n: slots.load(n, load_peft_adapter(agent_assets.adapters[n], engine.base_abi,
-                                                  AGENT_MAX_RANK)) for n in ("a", "b", "c")}
+    handles = {n: _put(engine, agent_assets, n) for n in ("a", "b", "c")}
     prompt = [30, 31, 32]
     out = engine.generate([prompt], PARAMS, [handles["a"]])[0]
     assert list(out.token_ids) == reference.greedy(prompt, 5, "a")
     held = fold.holder(handles["a"].slot)
     assert held >= 0
-    slots.unload(handles["a"])
+    engine.unregister_adapter(handles["a"])
     assert fold.holder(handles["a"].slot) == -1  # reclaimed: the fold let it go
-    d = slots.load("d", load_peft_adapter(agent_assets.adapters["d"], engine.base_abi,
-                                          AGENT_MAX_RANK))
+    d = _put(engine, agent_assets, "d")
     assert d.slot == handles["a"].slot
     copied = fold.copied
     out = engine.generate([prompt], PARAMS, [d])[0]
@@ -138,11 +156,11 @@ def test_fold_off_and_after_loads(agent_assets: AgentAssets, tmp_path: Path) -> 
     settings = AgentSettings(model_dir=agent_assets.base, max_slots=3,
                              max_rank=AGENT_MAX_RANK, num_kv_blocks=64, block_size=BLOCK,
                              cache_dir=tmp_path, lora_fold="off")
-    engine = build_engine(settings, AgentMetrics())
-    slots = engine.slots
-    assert isinstance(slots, PoolSlots) and engine.model.lora_fold_slots is None
-    _load(engine, slots, agent_assets, "a")
-    with pytest.raises(ValueError, match="before loading adapters"):
+    engine, _ = agent_engine(settings, AgentMetrics())
+    slots = engine.pool
+    assert engine.model.lora_fold_slots is None
+    _load(engine, agent_assets, "a")
+    with pytest.raises(AdapterError, match="before loading adapters"):
         slots.enable_fold()
     assert engine.model.lora_fold_slots is None
     assert all(linear.fold is None for _l, _a, linear in engine.model.lora_linears())
@@ -154,10 +172,10 @@ def test_an_adapter_evicted_for_kv_leaves_the_fold(
     with the reclaim, and an adapter loaded into a freed slot serves its own tokens."""
     engine, slots, fold = _engine(agent_assets, tmp_path)
     assert engine.base_abi is not None
-    evicted: list[str] = []
-    slots.set_eviction_listener(evicted.append)
-    handles = {n: slots.load(n, load_peft_adapter(agent_assets.adapters[n], engine.base_abi,
-                                                  AGENT_MAX_RANK)) for n in ("a", "b", "c")}
+    log = _Evictions()
+    engine.observers.append(log)
+    evicted = log.keys
+    handles = {n: _put(engine, agent_assets, n) for n in ("a", "b", "c")}
     prompt = [30, 31, 32]
     got = engine.generate([prompt, prompt], PARAMS, [handles["a"], handles["c"]])
     assert [list(o.token_ids) for o in got] == [reference.greedy(prompt, 5, n)
@@ -173,8 +191,7 @@ def test_an_adapter_evicted_for_kv_leaves_the_fold(
     assert evicted and slots.pool.pages.counts().adapter < adapter_pages
     for name in evicted:
         assert fold.holder(handles[name].slot) == -1
-    d = slots.load("d", load_peft_adapter(agent_assets.adapters["d"], engine.base_abi,
-                                          AGENT_MAX_RANK))
+    d = _put(engine, agent_assets, "d")
     assert d.slot in {handles[n].slot for n in evicted}  # a slot an evicted adapter freed
     slots.hold(d)  # as the agent does while a request runs: never a victim meanwhile
     out = engine.generate([prompt], PARAMS, [d])[0]

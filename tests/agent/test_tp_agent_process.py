@@ -23,7 +23,7 @@ from .test_inference_api import MAX_TOKENS, prompts
 def test_tp_agent_serves_then_exits_when_a_rank_dies(
         deployment: Deployment, reference: GreedyReference,
         tmp_path_factory: pytest.TempPathFactory) -> None:
-    env = {"ADAPTERPLANE_AGENT_TP_DEGREE": "2", "ADAPTERPLANE_AGENT_RESIDENCY_BACKEND": "engine",
+    env = {"ADAPTERPLANE_AGENT_TP_DEGREE": "2",
            "ADAPTERPLANE_AGENT_DEVICE": "cpu", "ADAPTERPLANE_AGENT_LORA_FOLD": "on"}
     with extra_agent(deployment, tmp_path_factory, "agent-tp", env) as agent:
         state = agent.state()
@@ -71,7 +71,7 @@ def test_tp_followers_do_not_outlive_a_killed_agent(
         deployment: Deployment, tmp_path_factory: pytest.TempPathFactory) -> None:
     """SIGKILL of the agent (rank 0): its follower ranks end too, not orphaned holding a
     GPU and its memory until a collective times out."""
-    env = {"ADAPTERPLANE_AGENT_TP_DEGREE": "2", "ADAPTERPLANE_AGENT_RESIDENCY_BACKEND": "engine",
+    env = {"ADAPTERPLANE_AGENT_TP_DEGREE": "2",
            "ADAPTERPLANE_AGENT_DEVICE": "cpu"}
     with extra_agent(deployment, tmp_path_factory, "agent-tp-orphan", env) as agent:
         [follower] = agent.state()["tp_follower_pids"]

@@ -18,7 +18,7 @@ from agent.tp_ranks import TPLaunchSpec, launch_tp_ranks
 from dataplane.artifacts import read_base_abi, validate_peft_dir
 from dataplane.assets import make_peft_adapter, make_tiny_llama
 from dataplane.core import SamplingParams
-from dataplane.engine import Engine
+from dataplane.engine import Engine, EngineConfig, EngineSpec, build_engine
 from dataplane.parallel.layout_identity import tp_kernel_local_identity
 from dataplane.parallel.shard import COLUMN, LAYOUT_LOCAL, ROW
 
@@ -60,19 +60,19 @@ def test_gloo_ranks_match_tp1_greedy(assets: tuple[Path, dict[str, Path]],
                                      one_thread: None, tp_size: int) -> None:
     """TP=2 splits the tiny model's two kv heads; TP=4 replicates each on two ranks."""
     base, adapters = assets
-    reference = greedy(Engine.from_model_dir(base, dtype="float32", device="cpu", **SIZES),
+    reference = greedy(build_engine(EngineSpec.of(base, dtype="float32", device="cpu", **SIZES)),
                        adapters)
     assert reference[0] != reference[1]  # the adapter changes the tokens: parity not vacuous
     assert all(len(t) == PARAMS.max_tokens for t in reference)
 
     ranks = launch_tp_ranks(TPLaunchSpec(str(base), tp_size, device="cpu", dtype="float32",
-                                         engine_sizes=SIZES, torch_threads=1,
+                                         engine=EngineConfig(**SIZES), torch_threads=1,
                                          timeout_s=120.0))
     try:
         engine = ranks.engine
         assert ranks.tp_size == tp_size and engine.group.rank == 0
         assert engine.runner.config.num_kv_heads == 1  # 2 kv heads: split, or replicated
-        assert engine.runner.tables == {}  # parallel linears own their sharded tables
+        assert engine.pool.max_slots == 0  # KV in the pool; parallel linears own the factors
         engine.group.counter.reset()
         assert greedy(engine, adapters) == reference
         counter = engine.group.counter
@@ -139,12 +139,12 @@ def test_async_tp2_matches_sync_tp1(assets: tuple[Path, dict[str, Path]],
     one adapter, copied in again on both ranks whenever the next request's differs."""
     base, adapters = assets
     sizes = {**SIZES, "max_num_seqs": max_num_seqs}
-    reference = sampled(Engine.from_model_dir(base, dtype="float32", device="cpu",
-                                              **{**sizes, "async_scheduling": False}),
+    reference = sampled(build_engine(EngineSpec.of(base, dtype="float32", device="cpu",
+                                              **{**sizes, "async_scheduling": False})),
                         adapters)
     ranks = launch_tp_ranks(TPLaunchSpec(str(base), 2, device="cpu", dtype="float32",
-                                         engine_sizes={**sizes, "async_scheduling": True},
-                                         lora_fold=lora_fold, torch_threads=1,
+                                         engine=EngineConfig(**{**sizes, "async_scheduling": True}),
+                                         lora_fold="on" if lora_fold else "off", torch_threads=1,
                                          timeout_s=120.0))
     try:
         engine = ranks.engine
@@ -166,27 +166,31 @@ def test_async_tp2_matches_sync_tp1(assets: tuple[Path, dict[str, Path]],
 
 def test_agent_build_engine_launches_tp_ranks(assets: tuple[Path, dict[str, Path]],
                                               one_thread: None) -> None:
-    """`tp_degree=2` in the agent's settings: build_engine spawns the follower and returns
-    a metered rank-0 engine whose greedy tokens equal the single-device engine's."""
+    """`tp_degree=2` in the agent's settings: agent_engine spawns the follower and returns
+    rank 0's engine, metrics subscribed, whose greedy tokens equal the single-device
+    engine's."""
     from agent.config import AgentSettings
-    from agent.engine_factory import MeteredTPEngine, build_engine
+    from agent.engine_factory import agent_engine
     from agent.metrics import AgentMetrics
+    from agent.plan_metrics import PlanMetrics
+    from dataplane.parallel.tp_engine import TPEngine
 
     base, adapters = assets
     small = {k: SIZES[k] for k in ("max_num_seqs", "max_num_batched_tokens", "num_kv_blocks",
                                    "block_size", "max_slots", "max_rank")}
-    reference = greedy(Engine.from_model_dir(base, dtype="float32", device="cpu", **small),
+    reference = greedy(build_engine(EngineSpec.of(base, dtype="float32", device="cpu", **small)),
                        adapters)
     settings = AgentSettings(model_dir=base, device="cpu", dtype="float32",
-                             residency_backend="engine", tp_degree=2, piecewise_graphs=False,
-                             **small)
-    engine = build_engine(settings, AgentMetrics())
+                             tp_degree=2, piecewise_graphs=False, **small)
+    engine, ranks = agent_engine(settings, AgentMetrics())
+    assert ranks is not None
     try:
-        assert isinstance(engine, MeteredTPEngine) and engine.group.size == 2
+        assert isinstance(engine, TPEngine) and engine.group.size == 2
+        assert any(isinstance(o, PlanMetrics) for o in engine.observers)
         assert engine.config.enable_piecewise_graphs is False  # the agent's setting reaches it
         assert greedy(engine, adapters) == reference
     finally:
-        engine.tp_ranks.shutdown(timeout_s=60.0)  # type: ignore[attr-defined]
+        ranks.shutdown(timeout_s=60.0)
 
 
 def test_agent_picks_tp_lora_layouts_by_cost_model(assets: tuple[Path, dict[str, Path]],
@@ -196,16 +200,16 @@ def test_agent_picks_tp_lora_layouts_by_cost_model(assets: tuple[Path, dict[str,
     every projection takes the paper layout, and the agent's TP engine then serves the
     same greedy tokens with one LoRA collective per projection."""
     from agent.config import AgentSettings
-    from agent.engine_factory import MeteredTPEngine, build_engine, lora_fold, tp_lora_layouts
+    from agent.engine_factory import agent_engine, tp_lora_layouts
     from agent.metrics import AgentMetrics
     from dataplane.models.llama import LORA_GROUPS
     from dataplane.parallel import LAYOUT_LOCAL, LAYOUT_PAPER
+    from dataplane.parallel.tp_engine import TPEngine
 
     base, adapters = assets
     small = {k: SIZES[k] for k in ("max_num_seqs", "max_num_batched_tokens", "num_kv_blocks",
                                    "block_size", "max_slots", "max_rank")}
-    common = dict(model_dir=base, device="cpu", dtype="float32", residency_backend="engine",
-                  tp_degree=2, **small)
+    common = dict(model_dir=base, device="cpu", dtype="float32", tp_degree=2, **small)
     auto = tp_lora_layouts(AgentSettings(**common))  # type: ignore[arg-type]
     assert {getattr(d, "layout", d) for d in auto.values()} == {LAYOUT_LOCAL}
     assert set(auto) == set(LORA_GROUPS)
@@ -215,31 +219,19 @@ def test_agent_picks_tp_lora_layouts_by_cost_model(assets: tuple[Path, dict[str,
     budgeted = tp_lora_layouts(settings)
     assert {getattr(d, "layout", d) for d in budgeted.values()} == {LAYOUT_PAPER}
     assert all("budget" in getattr(d, "reason", "") for d in budgeted.values())
-    # the fold: on by the fold cost model (no idle slot here), or as set
-    assert lora_fold(AgentSettings(**common))  # type: ignore[arg-type]
-    assert not lora_fold(AgentSettings(**common, lora_fold="off"))  # type: ignore[arg-type]
 
-    reference = greedy(Engine.from_model_dir(base, dtype="float32", device="cpu", **small),
+    reference = greedy(build_engine(EngineSpec.of(base, dtype="float32", device="cpu", **small)),
                        adapters)
-    engine = build_engine(settings, AgentMetrics())
+    engine, ranks = agent_engine(settings, AgentMetrics())
+    assert ranks is not None
     try:
-        assert isinstance(engine, MeteredTPEngine)
+        assert isinstance(engine, TPEngine)
         assert engine.tp_model.lora_layouts == dict.fromkeys(LORA_GROUPS, LAYOUT_PAPER)
         engine.group.counter.reset()
         assert greedy(engine, adapters) == reference
         assert engine.group.counter.calls("lora") > 0
     finally:
-        engine.tp_ranks.shutdown(timeout_s=60.0)  # type: ignore[attr-defined]
-
-
-def test_agent_tp_needs_engine_residency(assets: tuple[Path, dict[str, Path]]) -> None:
-    from agent.config import AgentSettings
-    from agent.engine_factory import build_engine
-    from agent.metrics import AgentMetrics
-
-    settings = AgentSettings(model_dir=assets[0], residency_backend="pool", tp_degree=2)
-    with pytest.raises(ValueError, match="residency_backend='engine'"):
-        build_engine(settings, AgentMetrics())
+        ranks.shutdown(timeout_s=60.0)
 
 
 def test_adapter_a_rank_cannot_shard_is_refused_on_every_rank(
@@ -254,7 +246,7 @@ def test_adapter_a_rank_cannot_shard_is_refused_on_every_rank(
                             target_modules=["q_proj", "v_proj"])
     ranks = launch_tp_ranks(TPLaunchSpec(str(base), 2, device="cpu", dtype="float32",
                                          lora_layouts={"qkv_proj": "paper"},
-                                         engine_sizes=SIZES, torch_threads=1,
+                                         engine=EngineConfig(**SIZES), torch_threads=1,
                                          timeout_s=120.0))
     try:
         engine = ranks.engine
@@ -282,7 +274,7 @@ def test_tp_devices_start_at_the_agents_gpu(assets: tuple[Path, dict[str, Path]]
             first_cuda_index(bad)
     visible = torch.cuda.device_count()
     spec = TPLaunchSpec(str(assets[0]), 2, device=f"cuda:{visible}", dtype="float32",
-                        engine_sizes=SIZES)
+                        engine=EngineConfig(**SIZES))
     with pytest.raises(ProcessGroupError, match=f"needs GPUs {visible}..{visible + 1}"):
         launch_tp_ranks(spec)
 
@@ -294,7 +286,7 @@ def test_watch_is_silent_through_a_normal_shutdown(assets: tuple[Path, dict[str,
     import threading
 
     ranks = launch_tp_ranks(TPLaunchSpec(str(assets[0]), 2, device="cpu", dtype="float32",
-                                         engine_sizes=SIZES, torch_threads=1))
+                                         engine=EngineConfig(**SIZES), torch_threads=1))
     lost = threading.Event()
     assert len(ranks.follower_pids()) == 1
     ranks.watch(lambda _reason: lost.set())

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from agent.tp_ranks import TPLaunchSpec, launch_tp_ranks
-from dataplane.engine import Engine
+from dataplane.engine import EngineConfig, EngineSpec, build_engine
 
 from .test_tp_ranks import SIZES, assets, greedy, one_thread  # noqa: F401 - fixtures
 
@@ -31,7 +31,8 @@ def tp2_tokens(base: Path, adapters: dict[str, Path], graphs: bool, fold: bool =
               f"{time.perf_counter() - start:.1f} s", flush=True)
 
     ranks = launch_tp_ranks(TPLaunchSpec(str(base), 2, device="cuda", dtype="float32",
-                                         engine_sizes=sizes, lora_fold=fold,
+                                         engine=EngineConfig(**sizes),
+                                         lora_fold="on" if fold else "off",
                                          timeout_s=300.0))
     stage("ranks up")
     assert ranks.engine.tp_model.lora_fold_rows == (GPU_SIZES["max_num_seqs"] if fold else 0)
@@ -51,8 +52,8 @@ def tp2_tokens(base: Path, adapters: dict[str, Path], graphs: bool, fold: bool =
 def test_tp2_graphs_equal_eager_and_tp1(assets: tuple[Path, dict[str, Path]],  # noqa: F811
                                         one_thread: None) -> None:  # noqa: F811
     base, adapters = assets
-    reference = greedy(Engine.from_model_dir(base, dtype="float32", device="cuda",
-                                             **{**GPU_SIZES, "enable_cuda_graphs": False}),
+    reference = greedy(build_engine(EngineSpec.of(base, dtype="float32", device="cuda",
+                                             **{**GPU_SIZES, "enable_cuda_graphs": False})),
                        adapters)
     eager, eager_replays, eager_pieces = tp2_tokens(base, adapters, graphs=False)
     graphed, replays, pieces = tp2_tokens(base, adapters, graphs=True)

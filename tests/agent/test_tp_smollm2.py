@@ -10,6 +10,7 @@ from pathlib import Path
 
 from agent.tp_ranks import TPLaunchSpec, launch_tp_ranks
 from dataplane.core import SamplingParams
+from dataplane.engine import EngineConfig
 from tests.engine.helpers import HFReference
 from tests.engine.test_smollm2_parity import REQUESTS, smollm2_adapters
 
@@ -26,7 +27,7 @@ def test_smollm2_on_three_tp_ranks_matches_hf(smollm2: Path, tmp_path: Path,
     requests = REQUESTS
     new_tokens = 5
     ranks = launch_tp_ranks(TPLaunchSpec(str(smollm2), 3, device="cpu", dtype="float32",
-                                         engine_sizes=SIZES, torch_threads=1,
+                                         engine=EngineConfig(**SIZES), torch_threads=1,
                                          timeout_s=300.0))
     try:
         engine = ranks.engine

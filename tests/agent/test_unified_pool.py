@@ -1,24 +1,23 @@
-"""One pool for KV blocks and adapter factors, through the real engine (seed §0x0C:
-"fill the pool with adapters then grow KV", "fill with KV then request a cold adapter").
+"""One pool for KV blocks and adapter factors, through the agent's engine ("fill the pool
+with adapters then grow KV", "fill with KV then request a cold adapter").
 
-The agent's engine draws KV blocks from the same DevicePool its adapters live in:
-engine KV block i is pool page i, and conservation holds across both classes."""
+The engine draws KV blocks from the same DevicePool its adapters live in: engine KV block
+i is pool page i, and conservation holds across both classes."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 import pytest
-import torch
 
 from agent.config import AgentSettings
-from agent.engine_factory import MeteredEngine, build_engine
+from agent.engine_factory import agent_engine
 from agent.metrics import AgentMetrics
-from agent.pool_slots import PoolSlots
 from dataplane.core import SamplingParams
-from dataplane.engine.adapters import AdapterError, AdapterHandle, load_peft_adapter
-from dataplane.engine.engine import Engine, EngineConfig
-from dataplane.models import load_model
+from dataplane.engine.adapters import AdapterError, AdapterHandle, LoadedAdapter, load_peft_adapter
+from dataplane.engine.engine import Engine
+from dataplane.engine.observer import EngineObserver
+from dataplane.engine.pool_slots import PoolSlots
 from dataplane.pool.errors import AdmissionRefused
 from dataplane.pool.page_pool import KvOwner, PageClass
 
@@ -28,16 +27,29 @@ from .conftest import AGENT_MAX_RANK, AgentAssets
 BLOCK = 4
 
 
-def _engine(assets: AgentAssets, tmp_path: Path, pages: int) -> tuple[MeteredEngine, PoolSlots]:
+def _engine(assets: AgentAssets, tmp_path: Path, pages: int) -> tuple[Engine, PoolSlots]:
     settings = AgentSettings(model_dir=assets.base, max_slots=3, max_rank=AGENT_MAX_RANK,
                              num_kv_blocks=pages, block_size=BLOCK, cache_dir=tmp_path)
-    engine = build_engine(settings, AgentMetrics())
-    slots = engine.slots
-    assert isinstance(slots, PoolSlots)
-    return engine, slots
+    engine, _ = agent_engine(settings, AgentMetrics())
+    return engine, engine.pool
 
 
-def _kv_pages_are_engine_blocks(engine: MeteredEngine, slots: PoolSlots) -> None:
+def _load(engine: Engine, name: str, adapter: LoadedAdapter, kv_pages: int = 0
+          ) -> AdapterHandle:
+    """As the agent loads: under the artifact's key, evictable, with its waiting KV."""
+    return engine.register_loaded_adapter(adapter, key=name, kv_pages=kv_pages,
+                                          evictable=True)
+
+
+class _Evictions(EngineObserver):
+    def __init__(self) -> None:
+        self.keys: list[str] = []
+
+    def adapter_evicted(self, key: str) -> None:
+        self.keys.append(key)
+
+
+def _kv_pages_are_engine_blocks(engine: Engine, slots: PoolSlots) -> None:
     """Every page the engine's block manager holds is a KV page of the pool, and the
     pool's page ids are the engine's KV block ids (same count)."""
     pool = slots.pool
@@ -54,12 +66,13 @@ def test_fill_with_adapters_then_grow_kv(agent_assets: AgentAssets,
     engine, slots = _engine(agent_assets, tmp_path, pages=48)
     abi = engine.base_abi
     assert abi is not None
-    evicted: list[str] = []
-    slots.set_eviction_listener(evicted.append)
+    log = _Evictions()
+    engine.observers.append(log)
+    evicted = log.keys
     handles: dict[str, AdapterHandle] = {}
     for name in ("b", "a", "c"):
-        handles[name] = slots.load(name, load_peft_adapter(agent_assets.adapters[name], abi,
-                                                           AGENT_MAX_RANK))
+        handles[name] = _load(engine, name, load_peft_adapter(agent_assets.adapters[name], abi,
+                                                              AGENT_MAX_RANK))
     slots.hold(handles["b"])  # a live request holds b: never a victim
     counts = slots.pool.pages.counts()
     b_pages = len(slots.pool.visible("b").pages)  # type: ignore[union-attr]
@@ -100,7 +113,7 @@ def test_fill_with_kv_then_request_a_cold_adapter(agent_assets: AgentAssets,
     engine.step()  # prefill: 20 of 24 pages are this request's KV
     before = (slots.pool.pages.counts(), dict(slots.pool.residents), slots.pool.slots.table)
     with pytest.raises(AdmissionRefused):
-        slots.load("b", b, kv_pages=1)
+        _load(engine, "b", b, kv_pages=1)
     assert (slots.pool.pages.counts(), dict(slots.pool.residents),
             slots.pool.slots.table) == before
     _kv_pages_are_engine_blocks(engine, slots)
@@ -110,7 +123,7 @@ def test_fill_with_kv_then_request_a_cold_adapter(agent_assets: AgentAssets,
     assert list(outs[0].token_ids) == reference.greedy(prompt, 6, None)
     # the finished request's blocks sit in the prefix cache (KV pages); the cold load
     # returns just enough of them to the pool and then fits
-    handle = slots.load("b", b, kv_pages=1)
+    handle = _load(engine, "b", b, kv_pages=1)
     assert slots.pool.pages.counts().adapter == len(slots.pool.visible("b").pages)  # type: ignore[union-attr]
     got = engine.generate([[21, 22, 23]], SamplingParams(temperature=0, max_tokens=3,
                                                          ignore_eos=True), [handle])
@@ -121,8 +134,7 @@ def test_fill_with_kv_then_request_a_cold_adapter(agent_assets: AgentAssets,
 def test_one_buffer_holds_kv_and_adapters(agent_assets: AgentAssets,
                                           reference: GreedyReference, tmp_path: Path) -> None:
     """The engine's KV cache is page-major views of the pool's storage: a prefill writes
-    exactly its KV pages' bytes (no adapter page), and a mixed batch on the pool engine
-    equals the plain engine (private KV cache, engine-held factors) and HF + PEFT."""
+    exactly its KV pages' bytes (no adapter page), and a mixed batch equals HF + PEFT."""
     engine, slots = _engine(agent_assets, tmp_path, pages=40)
     abi = engine.base_abi
     assert abi is not None
@@ -133,8 +145,8 @@ def test_one_buffer_holds_kv_and_adapters(agent_assets: AgentAssets,
     for t in (cache.k, cache.v):
         assert t.untyped_storage().data_ptr() == storage.untyped_storage().data_ptr()
         assert lo <= t.data_ptr() and t[-1, -1, -1, -1, -1].data_ptr() < hi
-    handles = {n: slots.load(n, load_peft_adapter(agent_assets.adapters[n], abi,
-                                                  AGENT_MAX_RANK)) for n in ("a", "b", "c")}
+    handles = {n: _load(engine, n, load_peft_adapter(agent_assets.adapters[n], abi,
+                                                     AGENT_MAX_RANK)) for n in ("a", "b", "c")}
     adapter_pages = {p for n in handles for p in slots.pool.visible(n).pages}  # type: ignore[union-attr]
     before = storage.clone()
     prompt = [(3 * i) % 250 + 5 for i in range(2 * BLOCK + 1)]
@@ -151,32 +163,6 @@ def test_one_buffer_holds_kv_and_adapters(agent_assets: AgentAssets,
     names: list[str | None] = [None, "a", "b", "c"]
     params = SamplingParams(temperature=0, max_tokens=5, ignore_eos=True)
     got = engine.generate(prompts, params, [handles[n] if n else None for n in names])
-    plain = MeteredEngine.from_model_dir(agent_assets.base, max_slots=3,
-                                         max_rank=AGENT_MAX_RANK, num_kv_blocks=40,
-                                         block_size=BLOCK)
-    assert plain.runner.cache.pages is None  # private KV cache
-    plain_handles = {n: plain.register_adapter(agent_assets.adapters[n]) for n in handles}
-    want = plain.generate(prompts, params, [plain_handles[n] if n else None for n in names])
-    for prompt, name, g, w in zip(prompts, names, got, want, strict=True):
-        assert list(g.token_ids) == list(w.token_ids) == reference.greedy(prompt, 5, name)
+    for prompt, name, g in zip(prompts, names, got, strict=True):
+        assert list(g.token_ids) == reference.greedy(prompt, 5, name)
     _kv_pages_are_engine_blocks(engine, slots)
-
-
-def test_pool_engine_has_no_factor_tables_of_its_own(agent_assets: AgentAssets,
-                                                     tmp_path: Path) -> None:
-    """The pool's engine allocates no factor tables (`external_factors`): an adapter
-    registered with the engine directly would bind a slot no projection reads, so it is
-    refused, and the pool refuses an engine that keeps tables of its own."""
-    engine, _slots = _engine(agent_assets, tmp_path, pages=24)
-    assert engine.runner.tables == {} and len(engine.runner.linears) > 0
-    with pytest.raises(AdapterError, match="unified pool"):
-        engine.register_adapter(agent_assets.adapters["a"])
-    assert engine.adapters.free_slots() == [0, 1, 2]
-    model = load_model(agent_assets.base, torch.float32, torch.device("cpu"))
-    other = PoolSlots.for_model(model, num_pages=24, block_size=BLOCK, max_slots=3,
-                                max_rank=AGENT_MAX_RANK)
-    own_tables = Engine(model, EngineConfig(max_slots=3, max_rank=AGENT_MAX_RANK,
-                                            num_kv_blocks=24, block_size=BLOCK),
-                        "0" * 64, kv_pages=other.kv_view, kv_cache=other.kv_cache)
-    with pytest.raises(ValueError, match="external_factors"):
-        other.attach(own_tables)

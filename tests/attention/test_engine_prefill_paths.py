@@ -13,7 +13,7 @@ import torch
 
 from dataplane.assets import make_tiny_llama
 from dataplane.core import SamplingParams
-from dataplane.engine.engine import Engine
+from dataplane.engine import EngineSpec, build_engine
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 PROMPTS = [[5, 17, 33, 9, 100, 7, 8, 1, 4, 66, 12, 3, 90], [42], list(range(3, 23)),
@@ -32,10 +32,10 @@ def model_dir(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathF
 
 
 def _run(model_dir: Path, attention: str) -> list[tuple[list[int], list[float]]]:
-    engine = Engine.from_model_dir(model_dir, max_num_seqs=4, max_num_batched_tokens=8,
+    engine = build_engine(EngineSpec.of(model_dir, max_num_seqs=4, max_num_batched_tokens=8,
                                    num_kv_blocks=48, block_size=4, max_slots=0,
                                    attention_backend=attention, enable_cuda_graphs=False,
-                                   device=DEVICE)
+                                   device=DEVICE))
     windows = engine.model.config.layer_windows
     assert set(windows) == ({6} if "mistral" in (model_dir / "config.json").read_text()
                             else {None})

@@ -18,8 +18,10 @@ from dataplane.collections.bundle import CollectionBundle, read_bundle
 from dataplane.collections.compress import CompressionSpec, compress_collection
 from dataplane.collections.member_peft import write_member_peft
 from dataplane.core import InvalidRequest, SamplingParams
+from dataplane.engine import EngineSpec, build_engine
 from dataplane.engine.adapters import AdapterError
 from dataplane.engine.engine import Engine
+from dataplane.kvcache import PageKind
 from dataplane.layers.collection_table import CollectionTable
 from tests.engine.helpers import HFReference, hf_logits, plan_for_chunk
 
@@ -56,17 +58,24 @@ def clustered(collection_base: Path, collection_members: list[Path],
 
 
 def _engine(base: Path, **overrides: object) -> Engine:
-    return Engine.from_model_dir(base, **{**SIZES, **overrides})  # type: ignore[arg-type]
+    return build_engine(EngineSpec.of(base, **{**SIZES, **overrides}))  # type: ignore[arg-type]
 
 
 def _prompt_logits(engine: Engine, slot: int) -> torch.Tensor:
-    plan = plan_for_chunk(PROMPT, 0, (0,), 8, slot=slot, sample_all=True)
-    return engine.runner.execute(plan)
+    """The prompt's logits in one prefill chunk, its KV in a block the pool gives for KV
+    (any other page may hold an adapter's factors)."""
+    kv = engine.block_manager.pool
+    [block] = kv.allocate(1, PageKind.KV)
+    try:
+        return engine.runner.execute(plan_for_chunk(PROMPT, 0, (block,), 8, slot=slot,
+                                                    sample_all=True))
+    finally:
+        kv.free([block], PageKind.KV)
 
 
 def _untouched(engine: Engine) -> None:
     """No slot bound, every basis block and core zero, no table marked active."""
-    assert engine.adapters.free_slots() == list(range(engine.config.max_slots))
+    assert engine.adapters.free_slots() == list(range(engine.runner.max_slots))
     assert engine.collections.loaded == {}
     for table in engine.runner.collections.values():
         assert not table.active
@@ -114,8 +123,8 @@ def test_two_clusters_serve_like_their_written_back_members(
     outs = engine.generate([PROMPT] * len(loaded.members), GREEDY, list(loaded.members))
     for i, out in enumerate(outs):  # decode steps: folded when `fold`
         assert list(out.token_ids) == ref.greedy(PROMPT, 5, f"c{i}")[0]
-    if mode == "collections-only":  # no LoRA factor tables: LoRA adapters are refused
-        assert engine.runner.tables == {}
+    if mode == "collections-only":  # no LoRA slots in the pool: LoRA adapters are refused
+        assert engine.pool.max_slots == 0 and not engine.runner.linears
         with pytest.raises(AdapterError, match="rank 5 > 0"):
             engine.register_adapter(written["c0"])
 
@@ -202,7 +211,7 @@ def test_members_come_and_go_sharing_their_cluster_block(
         engine.unregister_adapter(first)
     more = engine.load_collection(lossless, [0, 1])  # adds member 0 to the resident block
     assert more.members[1] == first and more.blocks == loaded.blocks == {0: 0}
-    assert len(engine.adapters.free_slots()) == engine.config.max_slots - 3
+    assert len(engine.adapters.free_slots()) == engine.runner.max_slots - 3
     c = engine.model.config  # resident: one block of rank 16 and three members' cores
     shapes = [(c.hidden_size, (c.q_size, c.kv_size, c.kv_size)), (c.q_size, (c.hidden_size,)),
               (c.hidden_size, (c.intermediate_size,) * 2),

@@ -17,7 +17,7 @@ from dataplane.collections import ReleaseRefused
 from dataplane.collections.compress import CompressionSpec, compress_collection
 from dataplane.collections.member_peft import write_member_peft
 from dataplane.core import SamplingParams
-from dataplane.engine.engine import Engine
+from dataplane.engine import EngineSpec, build_engine
 from tests.engine.helpers import HFReference, hf_logits
 
 PROMPT = [1, 504, 3458, 314, 260, 1167, 30]
@@ -49,9 +49,9 @@ def test_lossless_collection_serves_like_its_sources(smollm2: Path, members: lis
         got, _ = ref.greedy(PROMPT, 4, f"c{i}")
         assert got == want
     # our engine serves the written-back members like any adapter: the sources' tokens
-    engine = Engine.from_model_dir(smollm2, max_num_seqs=4, max_num_batched_tokens=32,
+    engine = build_engine(EngineSpec.of(smollm2, max_num_seqs=4, max_num_batched_tokens=32,
                                    num_kv_blocks=32, block_size=8, max_slots=3,
-                                   max_rank=sum(RANKS))
+                                   max_rank=sum(RANKS)))
     handles = [engine.register_adapter(written[f"m{i}"]) for i in range(len(members))]
     outs = engine.generate([PROMPT] * len(members),
                            SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True),
@@ -62,9 +62,9 @@ def test_lossless_collection_serves_like_its_sources(smollm2: Path, members: lis
     as_lora = engine.generate(["Hello"], greedy, [handles[0]])[0]
     del engine
     # and natively: one basis resident, three cores (the README's collections-only engine)
-    native = Engine.from_model_dir(smollm2, max_num_seqs=4, max_num_batched_tokens=32,
+    native = build_engine(EngineSpec.of(smollm2, max_num_seqs=4, max_num_batched_tokens=32,
                                    num_kv_blocks=32, block_size=8, max_slots=3, max_rank=0,
-                                   collection_blocks=1, collection_rank=sum(RANKS))
+                                   collection_blocks=1, collection_rank=sum(RANKS)))
     loaded = native.load_collection(bundle)
     outs = native.generate([PROMPT] * len(members),
                            SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True),

@@ -15,6 +15,8 @@ import pytest
 from cp_helpers import Api, Assets, push_dir, setup_namespace
 from test_cp_catalog_flows import push_validated
 
+from controlplane.contracts import DesiredState
+
 ROOT = "/v1/namespaces/acme/collections"
 
 
@@ -94,6 +96,8 @@ def test_fit_emits_a_bundle_and_members_become_artifacts(api: Api, assets: Asset
     assert me.status_code == 201, me.text
     state = api.client.get(f"/v1/agents/{me.json()['id']}/desired-state", headers=agent,
                            params={"worker_epoch": me.json()["worker_epoch"]}).json()
+    # the shared contract is the whole wire format, with and without a collection link
+    assert DesiredState.model_validate(state).model_dump(mode="json") == state
     docs = {i["alias"]: i["generations"][0]["artifact"] for i in state["aliases"]
             if i["namespace"] == "acme"}
     link = docs["compressed"]["collection"]

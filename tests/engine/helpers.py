@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -99,3 +100,47 @@ class HFReference:
                                  pad_token_id=0)
         tokens = out.sequences[0, len(prompt):].tolist()
         return tokens, torch.stack([x[0] for x in out.logits]).float()
+
+
+def attach_stacked_tables(runner: Any, slots: Mapping[int, Any]) -> None:
+    """Place adapters (slot -> `LoadedAdapter`) in per-projection stacked factor tables
+    (`LoraFactorTable`) attached to the runner's projections, for runner tests without an
+    engine: the kernels' stacked layout, independent of the engine's pool placement."""
+    from dataplane.kernels import LoraFactorTable
+    from dataplane.models.llama import LORA_GROUPS
+
+    for (layer, attr), linear in runner.linears.items():
+        table = LoraFactorTable(runner.max_slots, linear.in_features, linear.out_features,
+                                runner.max_rank, runner.dtype, runner.device)
+        adapted = False
+        for slot, adapter in slots.items():
+            factors = {k: (m.a, m.b, m.scale) for m in adapter.modules if m.layer == layer
+                       for k, name in enumerate(LORA_GROUPS[attr]) if m.module == name}
+            if factors:
+                table.set_slot(slot, factors)
+                adapted = True
+        linear.attach_factors(table)
+        linear.set_adapted(adapted)
+
+
+def adapter_pages(model_dir: Path, adapters: Mapping[str, Path], block_size: int,
+                  max_rank: int = 8) -> int:
+    """Pages of the unified pool the adapters take together (one page = one KV block of
+    `block_size` tokens): a test that wants exactly N KV blocks beside them sizes its pool
+    N + this."""
+    return _adapter_pages(model_dir, tuple(sorted(adapters.values())), block_size, max_rank)
+
+
+@functools.lru_cache(maxsize=32)
+def _adapter_pages(model_dir: Path, adapters: tuple[Path, ...], block_size: int,
+                   max_rank: int) -> int:
+    from dataplane.engine import EngineSpec, build_engine
+
+    if not adapters:
+        return 0
+    engine = build_engine(EngineSpec.of(model_dir, num_kv_blocks=4096, block_size=block_size,
+                                        max_slots=len(adapters), max_rank=max_rank,
+                                        enable_cuda_graphs=False))
+    for path in adapters:
+        engine.register_adapter(path)
+    return int(engine.pool.pool.pages.counts().adapter)

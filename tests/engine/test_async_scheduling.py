@@ -27,6 +27,8 @@ from dataplane.engine.engine import Engine, EngineConfig, RequestOutput
 from dataplane.models import load_model
 from dataplane.tokenizer import Tokenizer
 
+from .helpers import adapter_pages
+
 VOCAB = 256
 ADAPTERS = ("attn_r4", "all_r8", "mlp_rs2")
 
@@ -40,8 +42,9 @@ def _tokenizer() -> Tokenizer:
 
 def _engine(model_dir: Path, adapters: dict[str, Path], *, async_on: bool, graphs: bool,
             num_kv_blocks: int, cls: type[Engine] = Engine) -> tuple[Engine, dict[str, object]]:
+    pages = num_kv_blocks + adapter_pages(model_dir, adapters, block_size=4)  # KV + adapters
     config = EngineConfig(max_num_seqs=4, max_num_batched_tokens=16,
-                          num_kv_blocks=num_kv_blocks, block_size=4, max_slots=3, max_rank=8,
+                          num_kv_blocks=pages, block_size=4, max_slots=3, max_rank=8,
                           sampler_seed=5, async_scheduling=async_on)
     abi = read_base_abi(model_dir)
     model = load_model(model_dir, torch.float32, torch.device("cpu"))
@@ -246,13 +249,16 @@ class Hooked(Engine):
             assert plan.num_prefills == 0  # a continuation: decode rows only
             self.refused.append(self.calls)
             raise Refused(self.calls)
+        fence = super().on_plan_launched(plan)  # the engine's own fence over its pool
         self.launched.append(self.calls)
         self.max_open = max(self.max_open, len(self.open))
-        return self.calls
+        return self.calls, fence
 
     def on_plan_retired(self, token):  # type: ignore[no-untyped-def]
-        assert token in self.launched and token not in self.retired
-        self.retired.append(token)
+        number, fence = token
+        assert number in self.launched and number not in self.retired
+        self.retired.append(number)
+        super().on_plan_retired(fence)
 
 
 class FailingRunner:
@@ -322,6 +328,7 @@ def test_plan_hooks_once_per_plan_in_order_also_when_a_launch_is_refused(
         assert (engine.num_overlapped_steps > 0) is async_on
         bm = engine.block_manager  # no leaked blocks: held ones are evictable cache entries
         assert bm.num_free_blocks == 12 and bm.num_held_blocks == bm.cache.num_evictable
+        assert not engine.pool.pool.launches.live_generations()  # every fence closed
 
 
 def test_abort_retires_the_in_flight_plan_at_once(tiny_llama: Path) -> None:

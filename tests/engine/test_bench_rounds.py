@@ -1,5 +1,6 @@
-"""`bench/engine.py --rounds`: both engines side by side, alternating rounds on the trace
-with rotated prompts (tiny random Llama on CPU, float32, a real subprocess)."""
+"""`bench/trace.py`: `--rounds` runs both engines side by side, alternating rounds on the
+trace with rotated prompts; `--fold on` serves the same greedy tokens as `--fold off`
+(tiny random Llama on CPU, float32, a real subprocess)."""
 
 from __future__ import annotations
 
@@ -13,12 +14,11 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def test_rounds_alternate_keep_adapters_live_and_never_reuse_a_prefix(tmp_path: Path) -> None:
     done = subprocess.run(
-        [sys.executable, str(ROOT / "bench" / "engine.py"), "--mode", "cuda", "--shape", "tiny",
+        [sys.executable, str(ROOT / "bench" / "trace.py"), "--mode", "cuda", "--shape", "tiny",
          "--device", "cpu", "--dtype", "float32", "--adapters", "3", "--requests", "6",
          "--prompt-min", "20", "--prompt-max", "40", "--output-min", "3", "--output-max", "5",
          "--max-num-seqs", "4", "--max-batched-tokens", "64", "--kv-blocks", "64",
-         "--skip-hf", "--rounds", "3", "--threads", "1", "--workdir", str(tmp_path / "work"),
-         "--out", str(tmp_path)],
+         "--skip-hf", "--rounds", "3", "--threads", "1", "--out", str(tmp_path)],
         cwd=ROOT, capture_output=True, text=True, timeout=300,
     )
     assert done.returncode == 0, done.stdout + done.stderr
@@ -26,7 +26,7 @@ def test_rounds_alternate_keep_adapters_live_and_never_reuse_a_prefix(tmp_path: 
     assert [line.split(" (")[1].split(")")[0] for line in rounds] == [
         "engine+lora then engine-base", "engine-base then engine+lora",
         "engine+lora then engine-base"]
-    results = json.loads((tmp_path / "engine_results.json").read_text())["results"]
+    results = json.loads((tmp_path / "trace_results.json").read_text())["results"]
     assert [(r["system"], r["round"], r["adapters"]) for r in results] == [
         (system, i, n) for i in range(3) for system, n in (("engine+lora", 3),
                                                             ("engine-base", 0))]
@@ -57,26 +57,32 @@ def test_rounds_alternate_keep_adapters_live_and_never_reuse_a_prefix(tmp_path: 
         assert lora["decode"]["slots"] > 0 and base["decode"]["slots"] == 0
 
 
-def test_pool_fold_trace_generates_the_engine_tables_tokens(tmp_path: Path) -> None:
-    """`bench/engine.py --pool --fold`: the trace served the way a pool agent serves it
-    (factors in the unified pool's pages, decode steps folded) generates exactly the greedy
-    tokens of the engine's own tables with the launches."""
-    def run(*extra: str) -> list[dict]:
-        out = tmp_path / ("pool" if extra else "tables")
+def test_fold_trace_generates_the_launched_lora_tokens(tmp_path: Path) -> None:
+    """`--fold on`: decode steps fold the LoRA into the base GEMMs from the pool's pages; the
+    trace's greedy tokens are exactly those of `--fold off` (LoRA launched), and the LoRA
+    arm's pool holds `--kv-blocks` KV pages beside its adapters' pages."""
+    def run(fold: str) -> list[dict]:
+        out = tmp_path / fold
         done = subprocess.run(
-            [sys.executable, str(ROOT / "bench" / "engine.py"), "--mode", "cuda", "--shape",
+            [sys.executable, str(ROOT / "bench" / "trace.py"), "--mode", "cuda", "--shape",
              "tiny", "--device", "cpu", "--dtype", "float32", "--adapters", "3",
              "--requests", "6", "--prompt-min", "20", "--prompt-max", "40", "--output-min",
              "3", "--output-max", "5", "--max-num-seqs", "4", "--max-batched-tokens", "64",
-             "--kv-blocks", "256", "--skip-hf", "--threads", "1", "--no-piecewise",
-             "--pool-host-gib", "1", *extra, "--out", str(out)],
+             "--kv-blocks", "64", "--skip-hf", "--threads", "1", "--no-piecewise",
+             "--fold", fold, "--out", str(out)],
             cwd=ROOT, capture_output=True, text=True, timeout=300)
         assert done.returncode == 0, done.stdout + done.stderr
-        return list(json.loads((out / "engine_results.json").read_text())["results"])
+        return list(json.loads((out / "trace_results.json").read_text())["results"])
 
-    pool, tables = run("--pool", "--fold"), run()
-    assert [(r["system"], r.get("pool"), r.get("fold")) for r in pool] == [
-        ("engine+lora", True, True), ("engine-base", None, None)]
-    assert pool[0]["tokens_sha256"] == tables[0]["tokens_sha256"]
-    assert pool[0]["tokens_sha256"] != pool[1]["tokens_sha256"]  # the adapters matter
-    assert pool[1]["tokens_sha256"] == tables[1]["tokens_sha256"]
+    folded, launched = run("on"), run("off")
+    assert [(r["system"], r["fold"]) for r in folded] == [("engine+lora", True),
+                                                          ("engine-base", False)]
+    assert [r["fold"] for r in launched] == [False, False]
+    assert folded[0]["folded_steps"] > 0  # decode steps did fold
+    assert [r["folded_steps"] for r in (*launched, folded[1])] == [0, 0, 0]
+    assert folded[0]["tokens_sha256"] == launched[0]["tokens_sha256"]
+    assert folded[0]["tokens_sha256"] != folded[1]["tokens_sha256"]  # the adapters matter
+    assert folded[1]["tokens_sha256"] == launched[1]["tokens_sha256"]
+    lora, base = folded
+    assert lora["adapter_pages"] > 0 and lora["pool_pages"] == 64 + lora["adapter_pages"]
+    assert (base["pool_pages"], base["adapter_pages"]) == (64, 0)

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from dataplane.core import InvalidRequest, SamplingParams
-from dataplane.engine.engine import Engine
+from dataplane.engine import EngineSpec, build_engine
 
 SIZES = dict(max_num_seqs=4, max_num_batched_tokens=32, num_kv_blocks=16, block_size=4,
              max_slots=1, max_rank=8)
@@ -15,15 +15,15 @@ SIZES = dict(max_num_seqs=4, max_num_batched_tokens=32, num_kv_blocks=16, block_
 
 def test_bad_options_are_refused(tiny_llama: Path) -> None:
     with pytest.raises(InvalidRequest, match="dtype"):
-        Engine.from_model_dir(tiny_llama, dtype="int8", **SIZES)
+        build_engine(EngineSpec.of(tiny_llama, dtype="int8", **SIZES))
     with pytest.raises(InvalidRequest, match="unknown engine options"):
-        Engine.from_model_dir(tiny_llama, max_num_sequences=4)
+        build_engine(EngineSpec.of(tiny_llama, max_num_sequences=4))
     with pytest.raises(InvalidRequest, match="max_slots"):
-        Engine.from_model_dir(tiny_llama, **{**SIZES, "max_slots": -1})
+        build_engine(EngineSpec.of(tiny_llama, **{**SIZES, "max_slots": -1}))
 
 
 def test_bad_requests_change_nothing(tiny_llama: Path) -> None:
-    engine = Engine.from_model_dir(tiny_llama, **SIZES)
+    engine = build_engine(EngineSpec.of(tiny_llama, **SIZES))
     with pytest.raises(InvalidRequest):
         engine.add_request("a", [1, 2, 256])  # vocab is 256
     with pytest.raises(InvalidRequest, match="tokenizer"):
@@ -37,7 +37,7 @@ def test_bad_requests_change_nothing(tiny_llama: Path) -> None:
 
 
 def test_streaming_and_abort(tiny_llama: Path) -> None:
-    engine = Engine.from_model_dir(tiny_llama, **SIZES)
+    engine = build_engine(EngineSpec.of(tiny_llama, **SIZES))
     greedy = SamplingParams(temperature=0, max_tokens=5, ignore_eos=True)
     engine.add_request("keep", [5, 6, 7], greedy)
     engine.add_request("drop", [8, 9, 10, 11], greedy)
@@ -55,5 +55,5 @@ def test_streaming_and_abort(tiny_llama: Path) -> None:
     assert final is not None and final.finished and final.finish_reason == "length"
     assert len(seen["keep"]) == 5 and len(seen["drop"]) == 1
     assert engine.block_manager.num_free_blocks == SIZES["num_kv_blocks"]  # nothing leaked
-    alone = Engine.from_model_dir(tiny_llama, **SIZES).generate([[5, 6, 7]], greedy)[0]
+    alone = build_engine(EngineSpec.of(tiny_llama, **SIZES)).generate([[5, 6, 7]], greedy)[0]
     assert list(alone.token_ids) == seen["keep"]

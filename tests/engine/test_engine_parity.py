@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from dataplane.engine.engine import Engine
+from dataplane.engine import EngineSpec, build_engine
 
-from .helpers import HFReference, serve_arrivals
+from .helpers import HFReference, adapter_pages, serve_arrivals
 
 # (prompt, adapter name or None, max_tokens, arrival step)
 REQUESTS = [
@@ -38,9 +38,11 @@ LOGPROB_TOL = dict(atol=5e-5, rtol=1e-4)
 @pytest.mark.parametrize("lora_fold", [False, True])
 def test_mixed_batch_matches_hf_peft_alone(tiny_llama: Path, tiny_adapters: dict[str, Path],
                                            lora_fold: bool) -> None:
-    engine = Engine.from_model_dir(tiny_llama, dtype="float32", device="cpu", max_num_seqs=6,
-                                   max_num_batched_tokens=16, num_kv_blocks=14, block_size=4,
-                                   max_slots=4, max_rank=8, lora_fold=lora_fold)
+    engine = build_engine(EngineSpec.of(tiny_llama, dtype="float32", device="cpu", max_num_seqs=6,
+                                   max_num_batched_tokens=16,
+                                   num_kv_blocks=14 + adapter_pages(tiny_llama, tiny_adapters, 4),
+                                   block_size=4,
+                                   max_slots=4, max_rank=8, lora_fold=lora_fold))
     handles = {name: engine.register_adapter(path) for name, path in tiny_adapters.items()}
     assert len({h.slot for h in handles.values()}) == 3
     outputs = serve_arrivals(engine, REQUESTS, handles, logprobs=20)

@@ -10,16 +10,16 @@ import pytest
 import torch
 
 from dataplane.core import SamplingParams
-from dataplane.engine.engine import Engine
+from dataplane.engine import EngineSpec, build_engine
 from dataplane.ops import OpsError
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
 
 def _run(model_dir: Path, adapters: dict[str, Path], ops: str) -> list[tuple]:
-    engine = Engine.from_model_dir(model_dir, max_num_seqs=4, max_num_batched_tokens=16,
-                                   num_kv_blocks=32, block_size=4, max_slots=3, max_rank=8,
-                                   ops_backend=ops, device=DEVICE, enable_cuda_graphs=False)
+    engine = build_engine(EngineSpec.of(model_dir, max_num_seqs=4, max_num_batched_tokens=16,
+                                   num_kv_blocks=160, block_size=4, max_slots=3, max_rank=8,
+                                   ops_backend=ops, device=DEVICE, enable_cuda_graphs=False))
     assert engine.model.layers[0].input_layernorm.ops_backend == ops  # type: ignore[union-attr]
     hs = [engine.register_adapter(adapters[n]) for n in ("all_r8", "mlp_rs2")]
     outs = engine.generate([[5, 17, 33, 9, 100, 7, 8, 1, 2], [1, 2, 3], [9] * 5],
@@ -38,5 +38,5 @@ def test_triton_ops_match_torch_ops(tiny_llama: Path, tiny_adapters: dict[str, P
 
 def test_unknown_ops_backend_is_rejected(tiny_llama: Path) -> None:
     with pytest.raises(OpsError):
-        Engine.from_model_dir(tiny_llama, max_num_seqs=2, num_kv_blocks=8, block_size=4,
-                              max_slots=0, ops_backend="cuda-magic")
+        build_engine(EngineSpec.of(tiny_llama, max_num_seqs=2, num_kv_blocks=8, block_size=4,
+                              max_slots=0, ops_backend="cuda-magic"))

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from dataplane.core import SamplingParams
+from dataplane.engine import EngineSpec, build_engine
 from dataplane.engine.engine import Engine
 from tests.kernels.lora_cases import enable_folded_silu
 
@@ -26,12 +27,12 @@ MAX_TOKENS = 8
 
 
 def _generate(model_dir: Path, adapters: dict[str, Path], dtype: str, graphs: bool,
-              lora_fold: bool = False, max_num_seqs: int = 8) -> tuple[Engine, list]:
-    engine = Engine.from_model_dir(model_dir, dtype=dtype, device="cuda",
+              lora_fold: str = "off", max_num_seqs: int = 8) -> tuple[Engine, list]:
+    engine = build_engine(EngineSpec.of(model_dir, dtype=dtype, device="cuda",
                                    max_num_seqs=max_num_seqs,
                                    max_num_batched_tokens=64, num_kv_blocks=64, block_size=4,
                                    max_slots=4, max_rank=8, enable_cuda_graphs=graphs,
-                                   lora_fold=lora_fold)
+                                   lora_fold=lora_fold))
     handles = {n: engine.register_adapter(p) for n, p in adapters.items()}
     params = SamplingParams(temperature=0, max_tokens=MAX_TOKENS, ignore_eos=True, logprobs=0)
     outs = engine.generate([p for p, _ in REQUESTS], params,
@@ -55,7 +56,8 @@ def test_fp32_cuda_graphs_match_hf(cuda_device: torch.device, tiny_llama: Path,
     if fused == "0":
         enable_folded_silu(monkeypatch)
     engine, outs = _generate(tiny_llama, tiny_adapters, "float32", graphs=True,
-                             lora_fold=fold, max_num_seqs=1 if fused == "lora-fold-1" else 8)
+                             lora_fold="on" if fold else "off",
+                             max_num_seqs=1 if fused == "lora-fold-1" else 8)
     graphs = engine.runner.graphs
     assert graphs is not None and graphs.replays > 0  # type: ignore[attr-defined]
     stores = [linear.fold for linear in engine.runner.linears.values()]
@@ -133,10 +135,10 @@ def test_fused_ops_match_torch_ops_fp32_on_cuda(cuda_device: torch.device, tiny_
     CUDA graphs on: same greedy tokens, logprobs within fp32 tolerance."""
     outs = {}
     for ops in ("triton", "torch"):
-        engine = Engine.from_model_dir(tiny_llama, dtype="float32", device="cuda",
+        engine = build_engine(EngineSpec.of(tiny_llama, dtype="float32", device="cuda",
                                        max_num_seqs=8, max_num_batched_tokens=64,
                                        num_kv_blocks=64, block_size=4, max_slots=4,
-                                       max_rank=8, ops_backend=ops)
+                                       max_rank=8, ops_backend=ops))
         handles = {n: engine.register_adapter(p) for n, p in tiny_adapters.items()}
         params = SamplingParams(temperature=0, max_tokens=MAX_TOKENS, ignore_eos=True,
                                 logprobs=0)
@@ -158,10 +160,10 @@ def test_async_scheduling_matches_sync_with_cuda_graphs(cuda_device: torch.devic
     """Async scheduling (default with graphs) vs the synchronous loop: identical tokens for
     greedy (+ logprobs), seeded sampling and a stop token that fires mid-batch."""
     def run(async_on: bool) -> tuple[Engine, list]:
-        engine = Engine.from_model_dir(tiny_llama, dtype=dtype, device="cuda", max_num_seqs=8,
+        engine = build_engine(EngineSpec.of(tiny_llama, dtype=dtype, device="cuda", max_num_seqs=8,
                                        max_num_batched_tokens=64, num_kv_blocks=64,
                                        block_size=4, max_slots=4, max_rank=8,
-                                       async_scheduling=async_on)
+                                       async_scheduling=async_on))
         assert engine.async_scheduling is async_on
         handles = {n: engine.register_adapter(p) for n, p in tiny_adapters.items()}
         params = [SamplingParams(temperature=0, max_tokens=12, ignore_eos=True, logprobs=1),
@@ -216,9 +218,9 @@ def test_warm_up_compiles_every_eager_lora_variant(cuda_device: torch.device, ti
     """After the engine's warm-up, steps of any row count (odd ones, mixed prefill and
     decode, every adapter; the first step has 570 rows: blocked metadata, two kernels)
     compile no LoRA kernel: no served step waits on Triton's JIT."""
-    engine = Engine.from_model_dir(tiny_llama, dtype="bfloat16", device="cuda", max_num_seqs=8,
+    engine = build_engine(EngineSpec.of(tiny_llama, dtype="bfloat16", device="cuda", max_num_seqs=8,
                                    max_num_batched_tokens=600, num_kv_blocks=512, block_size=4,
-                                   max_slots=4, max_rank=8)
+                                   max_slots=4, max_rank=8))
     handles = [engine.register_adapter(p) for p in tiny_adapters.values()]
     before = _compiled_variants()
     assert before["lora_fused_kernel"] and before["_build_meta_sort_kernel"], before

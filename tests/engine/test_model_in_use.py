@@ -19,7 +19,7 @@ from dataplane.models import load_model
 
 
 def config(slots: int) -> EngineConfig:
-    return EngineConfig(max_num_seqs=2, num_kv_blocks=16, block_size=4, max_rank=8,
+    return EngineConfig(max_num_seqs=2, num_kv_blocks=64, block_size=4, max_rank=8,
                         max_slots=slots)
 
 

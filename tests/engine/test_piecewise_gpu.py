@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from dataplane.core import SamplingParams
-from dataplane.engine.engine import Engine
+from dataplane.engine import EngineSpec, build_engine
 
 from .helpers import HFReference
 from .test_gpu import MAX_TOKENS, REQUESTS
@@ -20,10 +20,10 @@ pytestmark = pytest.mark.gpu
 
 def test_piecewise_graphs_match_hf(cuda_device: torch.device, tiny_llama: Path,
                                    tiny_adapters: dict[str, Path]) -> None:
-    engine = Engine.from_model_dir(tiny_llama, dtype="float32", device="cuda", max_num_seqs=4,
+    engine = build_engine(EngineSpec.of(tiny_llama, dtype="float32", device="cuda", max_num_seqs=4,
                                    max_num_batched_tokens=12, num_kv_blocks=64, block_size=4,
                                    max_slots=4, max_rank=8, enable_cuda_graphs=True,
-                                   enable_piecewise_graphs=True)
+                                   enable_piecewise_graphs=True))
     pieces = engine.runner.piecewise
     assert pieces is not None and pieces.captured  # type: ignore[attr-defined]
     handles = {n: engine.register_adapter(p) for n, p in tiny_adapters.items()}

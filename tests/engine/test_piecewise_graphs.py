@@ -11,7 +11,8 @@ import pytest
 import torch
 
 from dataplane.core import SamplingParams
-from dataplane.engine.engine import Engine, EngineConfig
+from dataplane.engine import EngineSpec, build_engine
+from dataplane.engine.engine import EngineConfig
 from dataplane.engine.piecewise_graphs import PiecewiseGraphRunner, row_buckets
 
 PROMPTS = [([5, 17, 33, 9, 100, 7, 8, 41, 3], "all_r8"), ([1, 2, 3], None),
@@ -36,8 +37,8 @@ def _run(model_dir: Path, adapters: dict[str, Path], *, pieces: bool, async_on: 
                           async_scheduling=async_on, lora_backend=backend,
                           attention_backend=backend,
                           ops_backend="triton" if backend == "triton" else None)
-    engine = Engine.from_model_dir(model_dir, dtype="float32", device="cpu",
-                                   **config.__dict__)
+    engine = build_engine(EngineSpec.of(model_dir, dtype="float32", device="cpu",
+                                   **config.__dict__))
     handles = {name: engine.register_adapter(path) for name, path in adapters.items()}
     runner = None
     if pieces:  # buckets of 8 and 16 rows: every step pads (max 16 batched tokens)

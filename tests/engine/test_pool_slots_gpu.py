@@ -1,7 +1,7 @@
-"""GPU: the agent's residency path on CUDA (marked `gpu`, skipped without CUDA).
+"""GPU: the engine's unified pool on CUDA (marked `gpu`, skipped without CUDA).
 
 One unified pool on the device holds KV blocks and adapter factors in one buffer (the
-engine's KV cache is page-major views of the pool's pages; agent/pool_slots.py);
+engine's KV cache is page-major views of the pool's pages; dataplane/engine/pool_slots.py);
 adapters are loaded by the pool's transactions (copy on a side stream + event, on-device
 validation, generation-stamped publication) and every LoRA linear reads the pool's
 address tables. Greedy tokens and logprobs must equal HF transformers + PEFT (fp32), for a
@@ -22,12 +22,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from agent.pool_slots import PoolSlots
-from dataplane.artifacts import read_base_abi
 from dataplane.core import SamplingParams
+from dataplane.engine import EngineSpec, build_engine
 from dataplane.engine.adapters import AdapterError, load_peft_adapter
-from dataplane.engine.engine import Engine, EngineConfig
-from dataplane.models import load_model
+from dataplane.engine.engine import Engine
 
 from .helpers import HFReference
 
@@ -40,30 +38,24 @@ MAX_TOKENS = 8
 PAGES = 96
 
 
-def _pool_engine(model_dir: Path, fold: bool) -> tuple[Engine, PoolSlots]:
-    model = load_model(model_dir, torch.float32, torch.device("cuda"))
-    abi = read_base_abi(model_dir)
-    slots = PoolSlots.for_model(model, num_pages=PAGES, block_size=4, max_slots=4, max_rank=8)
-    config = EngineConfig(max_num_seqs=8, max_num_batched_tokens=64, num_kv_blocks=PAGES,
-                          block_size=4, max_slots=4, max_rank=8, enable_cuda_graphs=False,
-                          external_factors=True)
-    engine = Engine(model, config, abi.h_base, abi, kv_pages=slots.kv_view,
-                    kv_cache=slots.kv_cache)
-    slots.attach(engine)
-    if fold:
-        slots.enable_fold()
-    assert engine.capture_cuda_graphs()  # after attach: graphs read the pool's tables
-    return engine, slots
+def _pool_engine(model_dir: Path, fold: bool) -> Engine:
+    engine = build_engine(EngineSpec.of(model_dir, device="cuda", max_num_seqs=8,
+                                        max_num_batched_tokens=64, num_kv_blocks=PAGES,
+                                        block_size=4, max_slots=4, max_rank=8,
+                                        lora_fold="on" if fold else "off"))
+    assert engine.runner.graphs is not None  # captured after the linears read the pool
+    return engine
 
 
 @pytest.mark.parametrize("fold", [False, True], ids=["launches", "fold"])
 def test_pool_resident_adapters_match_hf_on_cuda(cuda_device: torch.device, tiny_llama: Path,
                                                  tiny_adapters: dict[str, Path],
                                                  fold: bool) -> None:
-    engine, slots = _pool_engine(tiny_llama, fold)
+    engine = _pool_engine(tiny_llama, fold)
+    slots = engine.pool
     abi = engine.base_abi
     assert abi is not None
-    handles = {name: slots.load(name, load_peft_adapter(path, abi, 8))
+    handles = {name: engine.register_loaded_adapter(load_peft_adapter(path, abi, 8), key=name)
                for name, path in tiny_adapters.items()}
     params = SamplingParams(temperature=0, max_tokens=MAX_TOKENS, ignore_eos=True, logprobs=0)
 
@@ -82,9 +74,9 @@ def test_pool_resident_adapters_match_hf_on_cuda(cuda_device: torch.device, tiny
 
     # hot swap: a new slot generation for attn_r4; the stale handle is refused
     old = handles["attn_r4"]
-    slots.unload(old)
-    handles["attn_r4"] = slots.load("attn_r4", load_peft_adapter(tiny_adapters["attn_r4"],
-                                                                 abi, 8))
+    engine.unregister_adapter(old)
+    handles["attn_r4"] = engine.register_loaded_adapter(
+        load_peft_adapter(tiny_adapters["attn_r4"], abi, 8), key="attn_r4")
     assert (handles["attn_r4"].slot, handles["attn_r4"].slot_generation) != \
         (old.slot, old.slot_generation)
     with pytest.raises(AdapterError, match=r"stale"):

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from dataplane.core import SamplingParams
-from dataplane.engine.engine import Engine
+from dataplane.engine import EngineSpec, build_engine
 
 from .helpers import HFReference
 
@@ -14,8 +14,8 @@ PREFIX = [17, 4, 99, 23, 8, 150, 61, 2, 77, 31, 5, 12]  # three full blocks of 4
 
 
 def test_prefix_hits_match_hf(tiny_llama: Path, tiny_adapters: dict[str, Path]) -> None:
-    engine = Engine.from_model_dir(tiny_llama, max_num_seqs=4, max_num_batched_tokens=64,
-                                   num_kv_blocks=32, block_size=4, max_slots=2, max_rank=8)
+    engine = build_engine(EngineSpec.of(tiny_llama, max_num_seqs=4, max_num_batched_tokens=64,
+                                   num_kv_blocks=160, block_size=4, max_slots=2, max_rank=8))
     h = engine.register_adapter(tiny_adapters["all_r8"])
     other = engine.register_adapter(tiny_adapters["attn_r4"])
     params = SamplingParams(temperature=0, max_tokens=5, ignore_eos=True)

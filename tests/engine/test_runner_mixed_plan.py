@@ -18,12 +18,12 @@ import torch
 
 from dataplane.artifacts import read_base_abi
 from dataplane.core import Sequence, build_batch_plan
-from dataplane.engine.adapters import load_peft_adapter, write_adapter_to_slot
+from dataplane.engine.adapters import load_peft_adapter
 from dataplane.engine.cuda_graphs import CudaGraphRunner
 from dataplane.engine.model_runner import ModelRunner
 from dataplane.models import load_model
 
-from .helpers import HFReference
+from .helpers import HFReference, attach_stacked_tables
 
 BS = 4
 SLOTS = {"a": 0, "b": 1, "c": 2}
@@ -38,9 +38,9 @@ def _runner(model_dir: Path, adapters: dict[str, Path], max_slots: int = 3,
                          max_slots=max_slots, max_rank=8, attention_backend=attention)
     if max_slots:
         abi = read_base_abi(model_dir)
-        for key, slot in SLOTS.items():
-            loaded = load_peft_adapter(adapters[NAMES[key]], abi, max_rank=8)
-            write_adapter_to_slot(runner.tables, slot, loaded, 8, runner.linears)
+        attach_stacked_tables(runner, {
+            slot: load_peft_adapter(adapters[NAMES[key]], abi, max_rank=8)
+            for key, slot in SLOTS.items()})
     return runner
 
 

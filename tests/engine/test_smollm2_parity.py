@@ -7,7 +7,7 @@ from pathlib import Path
 
 from dataplane.assets import make_peft_adapter
 from dataplane.core import SamplingParams
-from dataplane.engine.engine import Engine
+from dataplane.engine import EngineSpec, build_engine
 
 from .helpers import HFReference
 
@@ -30,8 +30,8 @@ def smollm2_adapters(model_dir: Path, root: Path) -> dict[str, Path]:
 
 def test_smollm2_mixed_adapters_match_hf(smollm2: Path, tmp_path: Path) -> None:
     adapters = smollm2_adapters(smollm2, tmp_path)
-    engine = Engine.from_model_dir(smollm2, max_num_seqs=4, max_num_batched_tokens=32,
-                                   num_kv_blocks=32, block_size=8, max_slots=2, max_rank=8)
+    engine = build_engine(EngineSpec.of(smollm2, max_num_seqs=4, max_num_batched_tokens=32,
+                                   num_kv_blocks=160, block_size=8, max_slots=2, max_rank=8))
     handles = {n: engine.register_adapter(p) for n, p in adapters.items()}
     requests = REQUESTS
     params = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)

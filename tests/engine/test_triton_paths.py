@@ -10,17 +10,17 @@ import pytest
 import torch
 
 from dataplane.core import SamplingParams
-from dataplane.engine.engine import Engine
+from dataplane.engine import EngineSpec, build_engine
 from tests.kernels.lora_cases import enable_folded_silu
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
 
 def _run(model_dir: Path, adapters: dict[str, Path], backend: str) -> list[tuple]:
-    engine = Engine.from_model_dir(model_dir, max_num_seqs=4, max_num_batched_tokens=16,
-                                   num_kv_blocks=32, block_size=4, max_slots=3, max_rank=8,
+    engine = build_engine(EngineSpec.of(model_dir, max_num_seqs=4, max_num_batched_tokens=16,
+                                   num_kv_blocks=160, block_size=4, max_slots=3, max_rank=8,
                                    lora_backend=backend, attention_backend=backend,
-                                   device=DEVICE)
+                                   device=DEVICE))
     hs = [engine.register_adapter(adapters[n]) for n in ("all_r8", "attn_r4")]
     outs = engine.generate([[5, 17, 33, 9, 100, 7], [1, 2, 3], [9] * 5],
                            SamplingParams(temperature=0, max_tokens=3, ignore_eos=True,
@@ -55,10 +55,10 @@ def test_lora_warm_up_changes_nothing(tiny_llama: Path, tiny_adapters: dict[str,
     """The warm-up launches the Triton LoRA path once per row count and projection shape
     with no row on an adapter; generation after it equals generation without it."""
     want = _run(tiny_llama, tiny_adapters, "triton")
-    engine = Engine.from_model_dir(tiny_llama, max_num_seqs=4, max_num_batched_tokens=16,
-                                   num_kv_blocks=32, block_size=4, max_slots=3, max_rank=8,
+    engine = build_engine(EngineSpec.of(tiny_llama, max_num_seqs=4, max_num_batched_tokens=16,
+                                   num_kv_blocks=160, block_size=4, max_slots=3, max_rank=8,
                                    lora_backend="triton", attention_backend="triton",
-                                   device=DEVICE)
+                                   device=DEVICE))
     hs = [engine.register_adapter(tiny_adapters[n]) for n in ("all_r8", "attn_r4")]
     cache = engine.runner.cache
     k_before, v_before = cache.k.clone(), cache.v.clone()

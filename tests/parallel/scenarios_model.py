@@ -9,6 +9,7 @@ import torch
 
 from dataplane.core import Sequence, build_batch_plan
 from dataplane.engine.model_runner import ModelRunner
+from dataplane.kernels import LoraFactorTable
 from dataplane.models import ModelConfig, init_random
 from dataplane.models.llama import LORA_GROUPS, LlamaForCausalLM
 from dataplane.parallel import LAYOUT_LOCAL, LAYOUT_PAPER, TPGroup
@@ -87,11 +88,16 @@ def run(group: TPGroup, _payload: Any) -> dict[str, Any]:
     config = ModelConfig.from_dict(dict(CONFIG))
     model = init_random(LlamaForCausalLM(config, torch.float32, torch.device("cpu")), seed=5)
     factors = adapters(config)
-    reference = runner_for(model)
+    reference = runner_for(model)  # single-device, factors in stacked tables of its own
+    tables = {key: LoraFactorTable(2, linear.in_features, linear.out_features, MAX_RANK,
+                                   torch.float32, "cpu")
+              for key, linear in reference.linears.items()}
+    for key, table in tables.items():
+        reference.linears[key].attach_factors(table)
     for slot, per in factors.items():
         for key, slices in per.items():
-            reference.tables[key].set_slot(slot, slices)
-            reference.linears[key].has_factors = True
+            tables[key].set_slot(slot, slices)
+            reference.linears[key].set_adapted(True)
     ref_tokens, ref_logits = greedy(reference)
     out: dict[str, Any] = {"tp1_tokens": ref_tokens, "tp1_logits": ref_logits}
     for name, layouts in LAYOUT_SETS.items():

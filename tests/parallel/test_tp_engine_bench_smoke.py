@@ -1,6 +1,7 @@
-"""`bench/tp_engine.py` runs end to end on CPU (two gloo ranks, tiny shape): every TP and
-scheduling case is timed, and async TP steps hand the followers one token broadcast per
-overlapped step while the synchronous loop sends none."""
+"""`bench/tp_engine.py` runs end to end on CPU (two gloo ranks, tiny shape; the TP ranks
+build their engines from a model directory the bench writes): every TP and scheduling case
+is timed, and async TP steps hand the followers one token broadcast per overlapped step
+while the synchronous loop sends none."""
 
 from __future__ import annotations
 
@@ -15,9 +16,11 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_tp_engine_bench_tiny_cpu(tmp_path: Path) -> None:
     cmd = [sys.executable, str(ROOT / "bench" / "tp_engine.py"), "--shape", "tiny",
            "--device", "cpu", "--tp", "1", "2", "--adapters", "0", "2", "--batch", "4",
-           "--context", "16", "--steps", "4", "--kv-blocks", "64", "--out", str(tmp_path)]
+           "--context", "16", "--steps", "4", "--kv-blocks", "64",
+           "--workdir", str(tmp_path / "work"), "--out", str(tmp_path)]
     done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=240)
     assert done.returncode == 0, done.stderr[-2000:]
+    assert (tmp_path / "work" / "base-tiny-bfloat16" / "model.safetensors").is_file()
     rows = json.loads((tmp_path / "tp_engine.json").read_text())
     assert {(r["tp"], r["adapters"], r["scheduling"]) for r in rows} == {
         (tp, n, mode) for tp in (1, 2) for n in (0, 2) for mode in ("sync", "async")}
@@ -29,18 +32,18 @@ def test_tp_engine_bench_tiny_cpu(tmp_path: Path) -> None:
         assert r["step_ms_p50"] > 0
 
 
-def test_tp_engine_bench_pool_fold_tiny_cpu(tmp_path: Path) -> None:
-    """`--pool --fold` (TP=1): the agent's unified pool, with and without adapters; the
-    adapter rows fold (the baseline row has no LoRA at all)."""
+def test_tp_engine_bench_fold_tiny_cpu(tmp_path: Path) -> None:
+    """`--fold` (TP=1): the adapter rows fold (the baseline row has no LoRA at all); their
+    factors take pool pages beside the `--kv-blocks` KV blocks."""
     cmd = [sys.executable, str(ROOT / "bench" / "tp_engine.py"), "--shape", "tiny",
-           "--device", "cpu", "--tp", "1", "--pool", "--fold", "--adapters", "0", "2",
-           "--batch", "4", "--context", "16", "--steps", "4", "--kv-blocks", "256",
-           "--scheduling", "sync", "--pool-host-gib", "1", "--out", str(tmp_path)]
+           "--device", "cpu", "--tp", "1", "--fold", "--adapters", "0", "2",
+           "--batch", "4", "--context", "16", "--steps", "4", "--kv-blocks", "64",
+           "--scheduling", "sync", "--out", str(tmp_path)]
     done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=240)
     assert done.returncode == 0, done.stderr[-2000:]
     rows = json.loads((tmp_path / "tp_engine.json").read_text())
-    assert [(r["adapters"], r["pool"], r["fold"]) for r in rows] == [(0, True, False),
-                                                                      (2, True, True)]
+    assert [(r["adapters"], r["fold"]) for r in rows] == [(0, False), (2, True)]
+    assert rows[0]["pool_pages"] == 64 < rows[1]["pool_pages"]
     assert all(r["step_ms_p50"] > 0 for r in rows)
 
 

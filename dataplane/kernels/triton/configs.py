@@ -1,11 +1,26 @@
-"""Tile configurations per shape class, tuned offline on the H200.
+"""Tile configurations of the LoRA kernels per shape class.
 
-Shape class = (bucket of T, the rows in the step; bucket of R, the module's
-physical rank). Decode steps have small T (one row per request), prefill steps
-large T; ``T`` is static for a captured graph, so the choice costs nothing per
-step. ``bench/lora_kernels.py --tune`` times the candidates in
-``SHRINK_CANDIDATES`` / ``EXPAND_CANDIDATES`` on the device and prints the
-winning table, which is pasted into ``SHRINK_TABLE`` / ``EXPAND_TABLE``.
+Two-kernel path (shrink, then expand): class = (bucket of T, the rows in the step; bucket
+of R, the module's physical rank). Fused launch (shrink and expand in one kernel): (T
+class, module shape class, see ``fused_shape``). Gate/up expand folded into SiLU·mul: T
+class. Decode steps have small T (one row per request), prefill steps large T; ``T`` is
+static for a captured graph, so the choice costs nothing per step.
+
+The tables are data. At import ``tuned/h200.json`` (tuned on the H200, used on every
+device) is loaded, then each file named in ``ADAPTERPLANE_LORA_TUNED``
+(``os.pathsep``-separated) in order, a later file's entries replacing earlier ones
+(``load_tuned``). Every file has the same layout::
+
+    {"shrink": {"<T>/<R>": ShrinkConfig fields, ...},
+     "expand": {"<T>/<R>": ExpandConfig fields, ...},
+     "fused":  {"<T>/<shape>": FusedConfig fields, ...},
+     "silu":   {"<T>": ExpandConfig fields or null, ...}}
+
+``<T>`` is a ``T_BUCKETS`` edge (``FUSED_T_CLASSES`` for ``fused``), ``<R>`` an
+``R_BUCKETS`` edge, ``<shape>`` one of ``FUSED_SHAPES``; any section or key may be left
+out. The shipped file lists every key. ``bench/lora_kernels.py --tune`` writes the
+``shrink``, ``expand`` and ``fused`` sections of the tables it ran with,
+``bench/lora_silu.py --sweep`` the ``silu`` section (``$OUT/tuned_configs.json``).
 """
 
 from __future__ import annotations
@@ -17,6 +32,13 @@ from typing import Any
 
 T_BUCKETS = (16, 64, 256, 1024, 4096, 1 << 30)
 R_BUCKETS = (16, 32, 64, 128, 256)
+FUSED_SHAPES = ("square", "qkv", "wide", "deep")
+FUSED_T_CLASSES = (16, 64, 256, 1024, 4096)
+"""T classes a fused entry may have: steps above 4,096 rows always take two kernels."""
+FUSED_MAX_RANK = 128
+"""Steps with a higher rank take two kernels whatever ``FUSED_TABLE`` holds."""
+TUNED_FILE = os.path.join(os.path.dirname(__file__), "tuned", "h200.json")
+"""The shipped tables, loaded at import before ``ADAPTERPLANE_LORA_TUNED``."""
 
 
 @dataclass(frozen=True)
@@ -79,13 +101,13 @@ class FusedConfig:
     device picks the split; ``split_k`` is the most K splits. ``min_split``:
     the device never picks fewer K splits than this, even where that exceeds
     the ``per_sm`` bound (q/k/v with 64 live slots = 192 tiles would otherwise
-    get 1 split, each program streaming all of K alone, measured 68 µs vs 57
-    for two kernels). ``pipe``: 0 = the expand loop prefetches the next
-    column tile by hand; k >= 2 = Triton's software pipeline, k stages. ``pdl``: 1 =
-    programmatic dependent launch on Hopper and later (the launch and the shrink overlap
-    the end of the previous kernel; ``fused_kernel.py``). ``weighted``: 1 = a slice's
-    K splits / column shares scale with its factor bytes (q/k/v: the q slice, four
-    times as wide as k or v under GQA, gets more items) instead of the same for all.
+    get 1 split, each program streaming all of K alone). ``pipe``: 0 = the
+    expand loop prefetches the next column tile by hand; k >= 2 = Triton's
+    software pipeline, k stages. ``pdl``: 1 = programmatic dependent launch on
+    Hopper and later (the launch and the shrink overlap the end of the previous
+    kernel; ``fused_kernel.py``). ``weighted``: 1 = a slice's K splits / column
+    shares scale with its factor bytes (q/k/v: the q slice, four times as wide as
+    k or v under GQA, gets more items) instead of the same for all.
     """
 
     block_m: int
@@ -108,65 +130,27 @@ def bucket(value: int, edges: tuple[int, ...]) -> int:
     return edges[-1]
 
 
-# Winners of `bench/lora_kernels.py --tune` on the H200, 2026-11-29 (docs/PERFORMANCE.md):
-# swept per T class at r = 64, installed for every rank bucket with block_r capped at
-# the bucket. T classes 16 and > 4096 were not swept: they take the nearest swept
-# class; T <= 1024 keeps `default_*` (between decode and prefill, not swept yet).
-_TUNED_SHRINK = {
-    64: ShrinkConfig(16, 64, 256, 32, 4, 3),
-    256: ShrinkConfig(16, 64, 128, 32, 4, 3),
-    1024: ShrinkConfig(32, 64, 128, 16, 4, 3),  # = default_shrink: not swept yet
-    4096: ShrinkConfig(32, 64, 128, 8, 4, 3),
-}
-_TUNED_EXPAND = {
-    64: ExpandConfig(16, 256, 64, 4, 2, 1),
-    256: ExpandConfig(16, 256, 64, 4, 2, 1),
-    1024: ExpandConfig(32, 128, 64, 4, 3, 2),  # = default_expand: not swept yet
-    4096: ExpandConfig(64, 128, 64, 4, 3, 4),
-}
-# Per rank group (key: (T class, 16) for rank buckets <= 32, (T class, 64) above),
-# overriding `_TUNED_EXPAND` there. `--tune` sweeps prefill r = 16 and r = 64 apart.
-# Measured on the H200 (two runs, 2026-11-29): r = 16 prefill expand 24.7 µs with 32-row
-# tiles and 8 column tiles per program (no `y` prefetch) vs 28.3-28.6 for the 64-row
-# entry and 27.1-27.2 with the prefetch; r = 64 keeps `_TUNED_EXPAND` (34.4-34.7 µs,
-# every other candidate slower: 35.3-55.6).
-# T class 1024 at r = 16 (`--tune-sweeps mixed`, the mixed T=704 n=53 cases, H200
-# 2026-11-30): 16-row tiles, 4 column tiles per program, 38.4 µs add_lora geomean
-# against 46.7 for the default.
-EXPAND_BY_RANK: dict[tuple[int, int], ExpandConfig] = {
-    (1024, 16): ExpandConfig(16, 128, 64, 4, 3, 4, pdl=1),
-    (4096, 16): ExpandConfig(32, 128, 64, 4, 3, 8, pdl=1),
-}
-# Prefill shrink per rank group, overriding `_TUNED_SHRINK` (same keys as
-# `EXPAND_BY_RANK`). `--tune` sweeps `PREFILL_SHRINK_CANDIDATES` for r = 16 and
-# r = 64 at n = 4 and 32 (metric: the whole two-kernel add_lora, since the
-# number of K splits also sets the expand's z reads). Measured on the H200
-# (2026-11-29): r = 64 wins with the committed tile plus the evict-first hint on x
-# (54.07 µs add_lora geomean; r = 64 n = 4 shrink 17.9 µs vs 18.5); r = 16 keeps
-# `_TUNED_SHRINK` (39.0 µs geomean).
-# T class 1024 at r = 16 (same mixed sweep, with the expand above): 64-row tiles, up
-# to 8 K splits, 34.8 µs add_lora geomean against 38.4.
-# T class 4096 at r = 16 (mixed sweep on a 2,600-row mixed step's four modules plus
-# prefill T = 4096 n = 4 / 32, H200 2026-11-30): up to 16 K splits with 4 programs per
-# SM, 53.4 µs add_lora geomean against 56.1 (prefill n = 4 38.0 vs 39.4 µs).
-# `pdl=1` (programmatic dependent launch) on the r = 16 mixed classes: 34.25 vs 34.64 µs
-# (T class 1024), 52.74 vs 53.01 (4096). `pack=64` (q/k/v and gate/up: every slice in
-# one program, `x` read once; same run, same kernels with and without): prefill
-# T = 4096 n = 32 q/k/v 57.5 vs 73.6 µs (shrink 18.4 vs 33.7), mixed T = 704 q/k/v 28.5
-# vs 32.7, gate/up two-kernel 61.6 vs 64.6; single-slice modules unchanged.
-SHRINK_BY_RANK: dict[tuple[int, int], ShrinkConfig] = {
-    (1024, 16): ShrinkConfig(64, 64, 128, 8, 4, 3, 2, pdl=1, pack=64),
-    (4096, 16): ShrinkConfig(32, 64, 128, 16, 4, 3, 4, pdl=1, pack=64),
-    (4096, 64): ShrinkConfig(32, 64, 128, 8, 4, 3, 2, True),
-}
-# Candidates of that sweep, (block_m, block_r, block_k, split_k, warps, stages,
-# per_sm, evict_x); block_r is capped at the rank bucket when installed. At T = 4096 with
-# n = 4 (one tile per BLOCK_M rows) the device picks: BLOCK_M 16 -> 256 tiles,
-# 32 -> 128, 64 -> 64, 128 -> 32; splits = largest power of two <= split_k with
-# tiles * splits <= per_sm * 132. Larger BLOCK_M re-reads A less (A bytes per x
-# byte = rank / BLOCK_M from L2) but needs more splits (more z partials).
+# Filled at import (end of this module) from TUNED_FILE, then ADAPTERPLANE_LORA_TUNED.
+SHRINK_TABLE: dict[tuple[int, int], ShrinkConfig] = {}
+"""(T bucket, R bucket) -> shrink tile; a key it lacks takes ``default_shrink``."""
+EXPAND_TABLE: dict[tuple[int, int], ExpandConfig] = {}
+"""(T bucket, R bucket) -> expand tile; a key it lacks takes ``default_expand``."""
+FUSED_TABLE: dict[tuple[int, str], FusedConfig] = {}
+"""(T class, shape class) -> fused launch; a key it lacks takes the two kernels."""
+SILU_TABLE: dict[int, ExpandConfig | None] = {}
+"""T class -> tile of the gate/up expand folded into SiLU·mul (``expand_silu_kernel.py``);
+``None`` or no entry: not folded (two-kernel ``add_lora`` on gate/up, then the
+activation)."""
+
+# Candidates of the prefill shrink sweep (`bench/lora_tune.py`, T = 4096; the first is
+# timed first), (block_m, block_r, block_k, split_k, warps, stages, per_sm, evict_x);
+# block_r is capped at the rank bucket when installed. At T = 4096 with n = 4 (one tile
+# per BLOCK_M rows) the device picks: BLOCK_M 16 -> 256 tiles, 32 -> 128, 64 -> 64,
+# 128 -> 32; splits = largest power of two <= split_k with tiles * splits <= per_sm * 132.
+# Larger BLOCK_M re-reads A less (A bytes per x byte = rank / BLOCK_M from L2) but needs
+# more splits (more z partials).
 PREFILL_SHRINK_CANDIDATES: tuple[ShrinkConfig, ...] = (
-    ShrinkConfig(32, 64, 128, 8, 4, 3, 2),  # committed: 2 splits, 256 programs
+    ShrinkConfig(32, 64, 128, 8, 4, 3, 2),  # 2 splits, 256 programs
     ShrinkConfig(32, 64, 128, 8, 4, 4, 4),  # 4 splits, 512 programs
     ShrinkConfig(32, 64, 64, 8, 4, 5, 4),
     ShrinkConfig(16, 64, 128, 8, 4, 4, 4),  # 256 tiles, 2 splits
@@ -176,100 +160,11 @@ PREFILL_SHRINK_CANDIDATES: tuple[ShrinkConfig, ...] = (
     ShrinkConfig(64, 64, 256, 8, 8, 3, 2),
     ShrinkConfig(128, 64, 64, 16, 8, 4, 2),  # 8 splits
     ShrinkConfig(128, 64, 128, 16, 8, 3, 4),  # 16 splits
-    ShrinkConfig(32, 64, 128, 8, 4, 3, 2, True),  # committed + evict-first x
+    ShrinkConfig(32, 64, 128, 8, 4, 3, 2, True),  # the first + evict-first x
     ShrinkConfig(64, 64, 128, 8, 4, 4, 4, True),
 )
-# T class 1024 (257-1024 rows) is the engine's typical mixed step: a few prefill runs
-# plus ~100 one-row decode slots; `--tune --tune-sweeps mixed` sweeps it.
-_NEAREST = {16: 64, 64: 64, 256: 256, 1024: 1024, 4096: 4096, 1 << 30: 4096}
 
 
-def rank_group(r_bucket: int) -> int:
-    """Rank buckets sharing one expand entry: 16 (r <= 32) or 64 (r > 32)."""
-    return 16 if r_bucket <= 32 else 64
-
-
-# Keys: (T bucket, R bucket). Entries missing here fall back to `default_*`.
-SHRINK_TABLE: dict[tuple[int, int], ShrinkConfig] = {
-    (t, r): replace(
-        SHRINK_BY_RANK.get((src, rank_group(r)), _TUNED_SHRINK[src]), block_r=min(64, r)
-    )
-    for t, src in _NEAREST.items()
-    for r in R_BUCKETS
-}
-EXPAND_TABLE: dict[tuple[int, int], ExpandConfig] = {
-    (t, r): replace(
-        EXPAND_BY_RANK.get((src, rank_group(r)), _TUNED_EXPAND[src]), block_r=min(64, r)
-    )
-    for t, src in _NEAREST.items()
-    for r in R_BUCKETS
-}
-
-
-# Fused decode path (one launch): T classes up to 256; larger steps use two kernels.
-# Keyed by (T class, module shape class, see `fused_shape`): the modules of one model
-# want different grids (measured on the H200, 2026-11-29, 128-row steps over 50 slots,
-# rank 16: q/k/v is fastest unsplit, 25.1 µs vs 30.2 with 2 splits, while gate/up's
-# 14,336-wide B wants the software-pipelined expand, 32.4 µs vs 38.4 by hand).
-# `bench/lora_kernels.py --tune --tune-sweeps fused` sweeps every class and writes the
-# winners to tuned_configs.json (load it with ADAPTERPLANE_LORA_TUNED=path, or paste).
-FUSED_MAX_RANK = 128
-FUSED_SHAPES = ("square", "qkv", "wide", "deep")
-_FUSED_BASE = {
-    16: FusedConfig(16, 256, 16, 4, 3),
-    64: FusedConfig(16, 256, 16, 4, 3),
-    256: FusedConfig(16, 128, 32, 4, 3),
-}
-# Winners of that sweep (H200, 2026-11-30 01:10 UTC; rank 16, 128-row steps for the
-# T <= 256 class, 64-row for T <= 64): 256-column tiles (n_elems 4,096) everywhere but
-# gate/up, whose 14,336-wide slices keep 512 (31.8 vs 34.9 µs at 50 slots); q/k/v 21.6
-# µs at 50 slots (27.5 with 512-column tiles: now faster than two kernels, 24.8); down
-# with BLOCK_K 512 (19.3 vs 22.4). The one-slot square case is back to 7.0 µs (8.0 with
-# 512-column tiles). Ranks >= 64 keep 128-column tiles (see `fused_block_n`).
-# Then the depth sweep (`--tune-sweeps fuseddepth`, H200 2026-11-30 08:00 UTC, same
-# cases): programmatic dependent launch (`pdl`) wins in every class (1-3%: 9.64 vs 9.89
-# µs square, 22.42 vs 22.81 wide at T <= 256); four pipeline stages for the T <= 64
-# q/k/v and down and the T <= 256 square; `weighted` slices for the T <= 256 q/k/v
-# (14.54 vs 15.08 µs geomean: 17.6 vs 21.1 at 50 slots, 12.0 vs 10.8 at 16).
-_FUSED_TUNED: dict[tuple[int, str], dict[str, int]] = {
-    (256, "square"): {"per_sm": 2, "min_split": 1, "pipe": 3, "n_elems": 4096, "num_stages": 4},
-    (256, "qkv"): {"per_sm": 3, "min_split": 1, "pipe": 3, "n_elems": 4096, "weighted": 1},
-    (256, "wide"): {"per_sm": 2, "min_split": 1, "pipe": 3, "n_elems": 8192},
-    (256, "deep"): {"per_sm": 2, "min_split": 1, "pipe": 3, "n_elems": 4096, "block_k": 512},
-    (64, "square"): {"per_sm": 2, "min_split": 2, "pipe": 0, "n_elems": 4096},
-    (64, "qkv"): {"per_sm": 3, "min_split": 1, "pipe": 3, "n_elems": 4096, "num_stages": 4},
-    (64, "wide"): {"per_sm": 2, "min_split": 2, "pipe": 3, "n_elems": 8192},
-    (64, "deep"): {"per_sm": 2, "min_split": 1, "pipe": 3, "n_elems": 4096, "num_stages": 4},
-}
-FUSED_TABLE: dict[tuple[int, str], FusedConfig] = {
-    (t, shape): replace(cfg, pdl=1, **_FUSED_TUNED[(64 if t == 16 else t, shape)])
-    for t, cfg in _FUSED_BASE.items()
-    for shape in FUSED_SHAPES
-}
-# Mixed steps (T class 1,024, the mixed sweep on a 704-row step over 53 slots, H200
-# 2026-11-30): one fused launch beats the two kernels for the square (17.98 vs 19.69
-# µs), gate/up (49.49 vs 66.05) and down (31.38 vs 32.41) modules; q/k/v keeps the two
-# kernels (33.44 vs 33.65).
-FUSED_TABLE.update({
-    (1024, "square"): FusedConfig(16, 256, 32, 4, 3, 2, 4096, 1, 3),
-    (1024, "wide"): FusedConfig(16, 128, 32, 4, 3, 2, 4096, 2, 3),
-    (1024, "deep"): FusedConfig(16, 256, 32, 4, 3, 2, 4096, 1, 3),
-    # Prefill steps (T class 4,096, `--tune-sweeps prefillfused`, H200 2026-11-30 11:00
-    # UTC): one fused launch with 32-row tiles beats the two kernels for the square class
-    # over prefill n=4/32 at r16/r64 and a 2,600-row mixed o (39.51 vs 42.57 µs geomean;
-    # r=64 n=4 43.2 vs 52.1, i.e. 2.09x -> 1.75x the floor).
-    (4096, "square"): FusedConfig(32, 128, 16, 4, 3, 3, 4096, 1, 3),
-})
-# T classes a fused entry may have. Mixed steps (T class 1,024) use two kernels where
-# the mixed sweep (`bench/lora_kernels.py --tune --tune-sweeps mixed`) found no fused
-# config faster for the module class (q/k/v above); a tuned file may install one. T class
-# 4,096 has the square class only (`--tune-sweeps prefillfused` tries tall-tile ones).
-FUSED_T_CLASSES = (16, 64, 256, 1024, 4096)
-
-
-# TP=2 shards of gate/up (4,096 -> 2 x 7,168) and down (7,168 -> 4,096) used to fall in
-# the square class; in the wide / deep classes the TP=2 decode step with 128 adapters ran
-# 7.22 vs 7.36 ms (2 x H200, `bench/tp.py`, session 13; 16 adapters 6.50 vs 6.49).
 def fused_shape(in_features: int, out_features: tuple[int, ...]) -> str:
     """Module shape class: ``qkv`` (3+ slices), ``wide`` (2 slices: gate/up, whole or
     a tensor-parallel shard; or one slice over twice the input width), ``deep`` (input
@@ -297,24 +192,6 @@ def fused_config(
         return None
     k_tiles = max(1, -(-in_features // cfg.block_k))
     return replace(cfg, split_k=min(cfg.split_k, k_tiles))
-
-
-# The gate/up expand folded into SiLU·mul (`expand_silu_kernel.py`) per T class, or None:
-# do not fold (two-kernel `add_lora` on gate/up, then the activation). Measured on the
-# H200 (2026-11-30, Llama-8B gate/up, `bench/lora_silu.py --sweep`): with the plain
-# expand's tile (32 x 128) the fold took 299-327 µs per layer at T = 4,096 against 252
-# for add_lora + SiLU·mul; with 16-row tiles 216 vs 254 µs (32 adapters) and 239 vs 250
-# (4 adapters), so steps above 1,024 rows fold; at T = 1,024 (8 adapters, rank 16) the
-# best tile lost (99 vs 89 µs): no entry (gate/up steps of that class now take the fused
-# launch). Session 12 (`--sweep` with `y_prefetch` candidates: each column tile's gate,
-# up and factor tiles loaded one tile ahead): 16 x 64 tiles, 16 per program, prefetched,
-# 194.6 µs geomean at T = 4,096 vs 223.7 for the tile above (LoRA's own cost 99.5 /
-# 116.3 µs over SiLU·mul alone at n = 32 / 4, was ≈ 128). tuned_configs.json
-# (ADAPTERPLANE_LORA_TUNED) overrides per class.
-_SILU_TILE = ExpandConfig(16, 64, 64, 4, 3, 16, y_prefetch=True)
-SILU_TABLE: dict[int, ExpandConfig | None] = {
-    t: _SILU_TILE if t > 1024 else None for t in T_BUCKETS
-}
 
 
 def silu_config(num_rows: int, max_rank: int) -> ExpandConfig | None:
@@ -360,10 +237,10 @@ def _two_kernel_entries(path: str, data: dict[str, Any], name: str,
 
 
 def load_tuned(path: str) -> None:
-    """Install entries from a ``tuned_configs.json``: ``"fused"`` (written by
-    ``bench/lora_kernels.py --tune``, keys ``"<T class>/<shape>"``), ``"shrink"`` and
-    ``"expand"`` (the same, keys ``"<T class>/<rank bucket>"``) and ``"silu"``
-    (``bench/lora_silu.py --sweep``, keys ``"<T class>"``, null = do not fold).
+    """Install the entries of a tables file (layout: the module docstring) over the
+    current tables, key by key: ``"shrink"`` and ``"expand"`` (keys ``"<T class>/<rank
+    bucket>"``), ``"fused"`` (keys ``"<T class>/<shape>"``) and ``"silu"`` (keys
+    ``"<T class>"``, null = do not fold). Keys the file lacks keep their entries.
     Unknown keys or fields raise ``ValueError``: a stale file must not half-apply."""
     with open(path) as f:
         data = json.load(f)
@@ -393,6 +270,7 @@ def load_tuned(path: str) -> None:
 
 
 def default_shrink(t_bucket: int, r_bucket: int) -> ShrinkConfig:
+    """Shrink tile of a (T bucket, R bucket) key ``SHRINK_TABLE`` lacks."""
     block_r = min(r_bucket, 64)
     if t_bucket <= 256:
         return ShrinkConfig(16, block_r, 128, 32, 4, 3)
@@ -402,6 +280,7 @@ def default_shrink(t_bucket: int, r_bucket: int) -> ShrinkConfig:
 
 
 def default_expand(t_bucket: int, r_bucket: int) -> ExpandConfig:
+    """Expand tile of a (T bucket, R bucket) key ``EXPAND_TABLE`` lacks."""
     block_r = min(r_bucket, 64)
     if t_bucket <= 256:
         return ExpandConfig(16, 256, block_r, 4, 2, 1)
@@ -454,6 +333,8 @@ def fit_shrink_smem(cfg: ShrinkConfig, elem_bytes: int, limit: int = 200_000) ->
 
 
 def expand_config(num_rows: int, max_rank: int) -> ExpandConfig:
+    """Config for an expand over ``num_rows`` rows; ``block_r`` capped at the rank
+    bucket (at least 16)."""
     key = (bucket(num_rows, T_BUCKETS), bucket(max_rank, R_BUCKETS))
     cfg = EXPAND_TABLE.get(key) or default_expand(*key)
     block_r = min(cfg.block_r, max(16, key[1]))
@@ -469,5 +350,6 @@ def max_split_k() -> int:
     return max(splits)
 
 
+load_tuned(TUNED_FILE)
 for _tuned in filter(None, os.environ.get("ADAPTERPLANE_LORA_TUNED", "").split(os.pathsep)):
     load_tuned(_tuned)  # e.g. the fused sweep's file, then the folded-SiLU sweep's

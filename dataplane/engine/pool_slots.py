@@ -1,30 +1,34 @@
-"""Adapter slots in the agent's unified page pool (KV blocks and adapter factors).
+"""The engine's adapter slots and KV blocks in one unified page pool.
 
-One :class:`~dataplane.pool.device_pool.DevicePool` per engine, sized by
+Every `Engine` holds exactly one :class:`PoolSlots` (docs/ARCHITECTURE.md, "The unified
+pool"). It owns one :class:`~dataplane.pool.device_pool.DevicePool` sized by
 :func:`~dataplane.pool.unified.unified_layout`: ``num_kv_blocks`` pages, engine KV block
-``i`` == pool page ``i`` (see that module for the physical story). One device buffer: the
-pool's page storage holds the adapter factors *and* the engine's KV cache
-(:attr:`PoolSlots.kv_cache`, page-major views of the same pages, passed to the engine as
-``kv_cache``). The engine draws KV
-blocks through a reclaiming :class:`~dataplane.pool.kv_view.KvPageView`, so KV growth
-may evict idle adapters, and an adapter load is one
+``i`` == pool page ``i``. One device buffer holds the adapter factors *and* the engine's
+KV cache (:attr:`PoolSlots.kv_cache`, page-major views of the same pages). The engine
+draws KV blocks through a reclaiming :class:`~dataplane.pool.kv_view.KvPageView`, so KV
+growth may evict idle adapters, and an adapter load is one
 :func:`~dataplane.pool.transactions.admit` transaction whose admission counts the
 waiting requests' KV: ``free + reclaimable >= adapter incremental + KV initial +
 growth reserve + guard``.
 
-Ownership: a request holds one pool reference on its adapter's residency from the
-moment it enters the engine until it ends (:meth:`PoolSlots.hold` / :meth:`unhold`),
-so only adapters no request holds can be victims. When the pool evicts one (for KV
-growth or for another load) this backend drops the engine binding at once and tells
-the agent through ``eviction_listener``.
+Ownership: a request holds one pool reference on its adapter's residency from the moment
+it enters the engine until it ends (the engine calls :meth:`hold` / :meth:`unhold`), so
+only adapters no request holds can be victims. When the pool evicts one (for KV growth or
+for another load) the engine binding is dropped at once and ``eviction_listener`` hears
+the adapter's key.
 
-Host tier: an adapter's packed image is verified (bytes digest, zero padding) once,
-when it enters the host tier; device loads from it only copy and compare on device.
+Launch fence: the engine's step loop opens :meth:`begin_launch` for every plan it
+launches (refusing slot generations that are no longer published) and closes it with
+:meth:`end_launch` when the plan retires, recording the event that marks the plan's last
+use of its slots; a retired slot is reclaimed only after that event.
 
-The engine is built with `external_factors=True` (it allocates no factor tables: its
-projections read the pool's). `enable_fold` folds decode steps' LoRA into the base GEMMs
-from the pages (dataplane/pool/fold_source.py). With `member_slots`, natively served
-collection members take the slots above the pool's (no pages; agent/native_members.py).
+Host tier: an adapter's packed image is verified (bytes digest, zero padding) once, when
+it enters the host tier; device loads from it only copy and compare on device.
+
+The projections read the pool's address tables (:class:`KernelTables`); `enable_fold`
+folds decode steps' LoRA into the base GEMMs from the pages (dataplane/pool/
+fold_source.py). With `member_slots`, natively served collection members take the slots
+above the pool's (they hold no pages; dataplane/engine/native_members.py).
 """
 
 from __future__ import annotations
@@ -35,8 +39,8 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from agent.native_members import NativeSlots
-from dataplane.engine.adapters import AdapterHandle, LoadedAdapter
+from dataplane.engine.adapters import AdapterError, AdapterHandle, LoadedAdapter
+from dataplane.engine.native_members import NativeSlots
 from dataplane.kernels.base import LoraModuleWeights
 from dataplane.layers.lora_fold_slots import FoldSlots
 from dataplane.layers.lora_fold_store import FoldStore
@@ -57,6 +61,9 @@ from dataplane.pool.unified import KV_SPARE_PAGES, UnifiedLayout, kv_cache_on, u
 if TYPE_CHECKING:
     from dataplane.engine.engine import Engine
 
+DEFAULT_HOST_BYTES = 1 << 30
+"""Host tier capacity (verified packed images kept for reloads)."""
+
 
 @dataclass(frozen=True)
 class _PoolFactors:
@@ -65,16 +72,28 @@ class _PoolFactors:
     weights: LoraModuleWeights
 
 
+@dataclass(frozen=True)
+class _Bound:
+    """One adapter bound to a pool slot: the pool's handle, the key and generation of its
+    residency, and the engine's handle."""
+
+    pool_handle: SlotHandle
+    key: str
+    generation: int
+    handle: AdapterHandle
+    pinned: bool
+
+
 class PoolSlots:
     """Adapter slots + KV blocks in one :class:`DevicePool` (see module docstring).
 
-    Build with :meth:`for_model` *before* the engine (its ``kv_view`` is the engine's
-    ``kv_pages``, its ``kv_cache`` the engine's ``kv_cache``), then :meth:`attach` the
-    engine.
+    Built with :meth:`for_model` before the engine's runner (its ``kv_cache`` is the
+    runner's KV cache, its ``kv_view`` the block manager's pages), then attached to the
+    engine (:meth:`attach`).
     """
 
     def __init__(self, model: LlamaForCausalLM, layout: UnifiedLayout, max_slots: int,
-                 max_rank: int, host_bytes: int = 1 << 30, *, kv_growth: int = 1,
+                 max_rank: int, host_bytes: int = DEFAULT_HOST_BYTES, *, kv_growth: int = 1,
                  guard: int = 0, faults: FaultInjector | None = None,
                  member_slots: int = 0) -> None:
         self.model, self.layout = model, layout
@@ -100,10 +119,11 @@ class PoolSlots:
         [max_slots, max_slots + member_slots) (the engine's collection tables, no pages)."""
         self.native = NativeSlots()
         self.tables = KernelTables(self.pool.storage, groups, max_slots + member_slots,
-                                   max_rank)
+                                   max(max_rank, 1))
         self.pool.listeners.extend([self.tables, self])
         self._engine: Engine | None = None
-        self._handles: dict[int, tuple[SlotHandle, str, int, AdapterHandle]] = {}
+        self._bound: dict[int, _Bound] = {}
+        self._by_key: dict[str, AdapterHandle] = {}
         self._modules: dict[int, frozenset[tuple[int, str]]] = {}
         self._evicted: list[str] = []
         self.eviction_listener: Callable[[str], None] | None = None
@@ -120,38 +140,33 @@ class PoolSlots:
         return cls(model, layout, max_slots, max_rank, **kwargs)  # type: ignore[arg-type]
 
     def attach(self, engine: Engine) -> None:
-        """Point every LoRA linear of `engine` at the pool's address tables."""
-        if engine.block_manager.pool is not self.kv_view:
-            raise ValueError("the engine must draw its KV blocks from this pool's kv_view")
+        """Point every LoRA linear of `engine` at the pool's address tables (the engine's
+        constructor does this, after building its runner on :attr:`kv_cache`)."""
         if engine.runner.cache is not self.kv_cache:
             raise ValueError("the engine's KV cache must be this pool's kv_cache")
-        if engine.config.max_slots > 0 and not engine.config.external_factors:
-            raise ValueError("build the engine with external_factors=True: its projections "
-                             "read the pool's tables, not factor tables of its own")
-        if engine.config.max_slots not in (0, self.max_slots + self.member_slots):
-            raise ValueError(f"the engine needs {self.max_slots} pool slots + "
-                             f"{self.member_slots} member slots (or none: no LoRA)")
         if self.member_slots:
-            if not engine.runner.collections:
-                raise ValueError("member slots need an engine with collection blocks")
             engine.collections.slots = range(self.max_slots,
                                              self.max_slots + self.member_slots)
         self._engine = engine
+        if self.max_slots == 0 or self.max_rank == 0:
+            return
         for layer, attr, linear in self.model.lora_linears():
             linear.attach_factors(_PoolFactors(self.tables.weights(layer, attr)))
 
-    def enable_fold(self) -> None:
+    def enable_fold(self, width_unit: int | None = None) -> None:
         """Fold decode steps' LoRA into the base GEMMs (dataplane/pool/fold_source.py):
         fold slots filled from the pool's pages, emptied when their slot is published anew
-        or reclaimed. After `attach`, before any load and before graphs are captured."""
-        if self._handles:
-            raise ValueError("enable the LoRA fold before loading adapters")
+        or reclaimed. After `attach`, before any load and before graphs are captured (the
+        engine's constructor does this for `EngineConfig.lora_fold`). `width_unit`: the
+        fold widths' step (`FoldSlots`; None: its default)."""
+        if self._bound:
+            raise AdapterError("enable the LoRA fold before loading adapters")
         engine = self.engine
 
         def paged(slots: FoldSlots, stores: dict[tuple[int, str], FoldStore]) -> None:
             self.pool.listeners.append(attach_paged_folds(slots, self.tables, stores))
 
-        engine.runner.enable_lora_fold(engine.config.max_num_seqs, paged=paged)
+        engine.runner.enable_lora_fold(engine.config.max_num_seqs, width_unit, paged=paged)
 
     @property
     def engine(self) -> Engine:
@@ -160,15 +175,29 @@ class PoolSlots:
         return self._engine
 
     # ---- loads -----------------------------------------------------------------------
-    def load(self, key: str, adapter: LoadedAdapter, kv_pages: int = 0) -> AdapterHandle:
+    def handle_of(self, key: str) -> AdapterHandle | None:
+        """The live handle of the adapter loaded under `key`, if any."""
+        return self._by_key.get(key)
+
+    def load(self, key: str, adapter: LoadedAdapter, kv_pages: int = 0, *,
+             evictable: bool = False) -> AdapterHandle:
         """Host image (verified once), then one admission transaction that also proves
         room for `kv_pages` of the waiting requests' initial KV plus the growth reserve
         and guard. Raises a PoolError with nothing changed when it does not fit. A
-        `NativeMember` (agent/native_members.py) is served from the engine's collection
-        tables in a member slot instead (no pages)."""
+        `NativeMember` (dataplane/engine/native_members.py) is served from the engine's
+        collection tables in a member slot instead (no pages). The same key loaded twice
+        returns the live handle. Not `evictable`: pinned, never a victim of KV growth or
+        of another load, until unloaded."""
+        held = self._by_key.get(key)
+        if held is not None:
+            return held
         member = self.native.load(self.engine, adapter)
         if member is not None:
+            self._by_key[key] = member
             return member
+        if self.max_slots == 0 or self.max_rank == 0:
+            raise AdapterError("this engine has LoRA disabled (no slots or max_rank=0)")
+        self.engine.adapters.check_fits(adapter)
         packed = self.host.peek(key)
         if packed is None:
             packed = pack_adapter(key, factors_from_modules(adapter.modules),
@@ -185,8 +214,12 @@ class PoolSlots:
         slot = admission.handle.slot_id
         handle = AdapterHandle(slot, adapter.digest, admission.handle.slot_generation,
                                adapter.max_rank, adapter.source)
-        self.engine.adapters.bind_external(handle, adapter)
-        self._handles[slot] = (admission.handle, key, admission.generation, handle)
+        self.engine.adapters.bind(handle, adapter)
+        self._bound[slot] = _Bound(admission.handle, key, admission.generation, handle,
+                                   pinned=not evictable)
+        if not evictable:
+            self.pool.pin(self._residency(handle))
+        self._by_key[key] = handle
         self._modules[slot] = frozenset((m.layer, m.module) for m in adapter.modules)
         self._mark_linears()
         return handle
@@ -201,39 +234,53 @@ class PoolSlots:
     def unload(self, handle: AdapterHandle) -> None:
         """Retire the residency; it is reclaimed once no launch or reference holds it."""
         if self.native.unload(self.engine, handle):
+            self._forget_key(handle)
             return
-        entry = self._handles.pop(handle.slot, None)
-        if entry is None or entry[3] != handle:
-            return
+        bound = self._bound.get(handle.slot)
+        if bound is None or bound.handle != handle:
+            raise AdapterError("adapter handle is not loaded (stale or foreign)",
+                               slot=handle.slot)
+        res = self.pool.residents.get((bound.key, bound.generation))
+        del self._bound[handle.slot]
+        self._forget_key(handle)
         self._modules.pop(handle.slot, None)
         self._mark_linears()
-        self.engine.adapters.release_external(handle)
-        res = self.pool.residents.get((entry[1], entry[2]))
+        self.engine.adapters.release(handle)
         if res is not None:
+            if bound.pinned:
+                self.pool.unpin(res)
             self.pool.retire(res)
 
+    def _forget_key(self, handle: AdapterHandle) -> None:
+        for key, held in list(self._by_key.items()):
+            if held == handle:
+                del self._by_key[key]
+
     def hold(self, handle: AdapterHandle) -> None:
-        """A request bound to `handle` entered the engine: never a victim until unhold."""
-        if not self.native.holds(handle):
+        """A request bound to `handle` entered the engine: never a victim until unhold.
+        Handles whose factors hold no pages (native members, tensor-parallel shards) have
+        nothing to hold."""
+        bound = self._bound.get(handle.slot)
+        if bound is not None and bound.handle == handle:
             self.pool.acquire(self._residency(handle))
 
     def unhold(self, handle: AdapterHandle) -> None:
-        entry = self._handles.get(handle.slot)
-        if entry is None or entry[3] != handle:
-            return  # unloaded already, or a native member (no residency)
+        bound = self._bound.get(handle.slot)
+        if bound is None or bound.handle != handle:
+            return  # unloaded already, or no pages (see `hold`)
         self.pool.release_ref(self._residency(handle))
 
     def pool_handle(self, handle: AdapterHandle) -> SlotHandle:
         """The pool's generation-stamped handle behind an engine handle (KeyError: not
         bound here)."""
-        entry = self._handles[handle.slot]
-        if entry[3] != handle:
+        bound = self._bound[handle.slot]
+        if bound.handle != handle:
             raise KeyError(handle.slot)
-        return entry[0]
+        return bound.pool_handle
 
     def _residency(self, handle: AdapterHandle) -> Residency:
-        _, key, generation, _ = self._handles[handle.slot]
-        return self.pool.residents[(key, generation)]
+        bound = self._bound[handle.slot]
+        return self.pool.residents[(bound.key, bound.generation)]
 
     # ---- pool listener: evictions ------------------------------------------------------
     def on_publish(self, entry: PointerEntry) -> None:
@@ -242,23 +289,21 @@ class PoolSlots:
     def on_unpublish(self, slot: int) -> None:
         """The pool unpublished a slot this backend still binds: it evicted an idle
         adapter (KV growth or another load's victim). Drop the binding now."""
-        entry = self._handles.pop(slot, None)
-        if entry is None:
+        bound = self._bound.pop(slot, None)
+        if bound is None:
             return
+        self._forget_key(bound.handle)
         self._modules.pop(slot, None)
         self._mark_linears()
         if self._engine is not None:
-            self._engine.adapters.release_external(entry[3])
-        self._evicted.append(entry[1])
+            self._engine.adapters.release(bound.handle)
+        self._evicted.append(bound.key)
 
     def _notify_evicted(self) -> None:
         evicted, self._evicted = self._evicted, []
         if self.eviction_listener is not None:
             for key in evicted:
                 self.eviction_listener(key)
-
-    def set_eviction_listener(self, listener: Callable[[str], None]) -> None:
-        self.eviction_listener = listener
 
     def _mark_linears(self) -> None:
         adapted = set().union(*self._modules.values()) if self._modules else set()
@@ -267,12 +312,16 @@ class PoolSlots:
 
     # ---- launches ----------------------------------------------------------------------
     def begin_launch(self, row_slots: tuple[int, ...]) -> LaunchSnapshot | None:
+        """Fence a launch over `row_slots` (StaleGeneration when a slot it names is no
+        longer published at the bound generation); None when it reads no pool slot."""
         used = {s for s in row_slots if 0 <= s < self.max_slots}  # not base rows, not members
         if not used:
             return None
-        return self.pool.begin_launch(self._handles[s][0] for s in sorted(used))
+        return self.pool.begin_launch(self._bound[s].pool_handle for s in sorted(used))
 
     def end_launch(self, snap: LaunchSnapshot | None) -> None:
+        """Close a fence: the launch's last use of its slots is the event recorded now;
+        retired residencies whose launches all ended are reclaimed."""
         if snap is None:
             return
         event: CopyEvent = CompletedEvent()

@@ -1,4 +1,4 @@
-"""`adapterplane`: the server-side console script (`controlplane.entrypoint:main`).
+"""`adapterplane`: the server-side console script (`cli.launcher:main`).
 
 Subcommands: `migrate` (Alembic to head), `api` (uvicorn on `controlplane.app:create_app`),
 `worker` (Celery worker of `controlplane.worker`), `bootstrap-token` (first admin token,
@@ -9,6 +9,10 @@ Settings are `controlplane.config.Settings` (environment, prefix `ADAPTERPLANE_`
 embedded default keeps SQLite, file:// objects and a SQLite Celery broker under
 `ADAPTERPLANE_DATA_DIR` (default `./var`). Heavy imports happen inside the commands so
 `adapterplane --help` stays instant.
+
+The launcher sits above the control plane and the agent in the import graph (it starts
+both); neither imports it. From the agent it reaches only `agent.daemon.main` (pyproject's
+import-linter contracts).
 """
 
 from __future__ import annotations
@@ -22,8 +26,6 @@ from typing import TYPE_CHECKING, Any
 import typer
 
 if TYPE_CHECKING:
-    from fastapi import FastAPI
-
     from controlplane.config import Settings
 
 app = typer.Typer(
@@ -45,13 +47,6 @@ def _settings(**overrides: Any) -> Settings:
 def _fail(message: str, code: int = 1) -> typer.Exit:
     typer.echo(f"error: {message}", err=True)
     return typer.Exit(code)
-
-
-def create_api_app() -> FastAPI:
-    """Zero-argument factory for uvicorn (`--factory`): the app on environment settings."""
-    from controlplane.app import create_app
-
-    return create_app(_settings())
 
 
 @app.command("migrate")
@@ -87,7 +82,9 @@ def api_command(
 
     settings = _settings()
     uvicorn.run(
-        "controlplane.entrypoint:create_api_app",
+        # zero-argument factory (`--factory`): `create_app()` builds the app on environment
+        # settings in every uvicorn worker process
+        "controlplane.app:create_app",
         factory=True,
         host=host or settings.api_host,
         port=port or settings.api_port,

@@ -1,7 +1,7 @@
-"""Collection members served natively by an agent (`collection_blocks` > 0).
+"""Collection members served natively as adapters (`collection_blocks` > 0).
 
-An alias names an artifact; when that artifact materialises a member of a fitted
-collection (desired state's `artifact.collection`), an agent with collection blocks can
+An adapter artifact may materialise a member of a fitted collection (the agent learns it
+from the desired state's `artifact.collection`); an engine with collection blocks can
 serve it from the collection's shared bases: the cluster's `U, V` resident once, the
 member's core at its slot (dataplane/engine/collection_slots.py). It does so only after
 checking that the artifact's own factors are what the bundle materialises for that
@@ -66,8 +66,8 @@ def member_mismatch(bundle: CollectionBundle, index: int, adapter: LoadedAdapter
 
 
 class NativeSlots:
-    """The members a slot backend serves natively, by slot: each one a one-member
-    `CollectionHandle` in the engine's collection tables (shared by both backends)."""
+    """The members the engine's pool serves natively, by slot: each one a one-member
+    `CollectionHandle` in the engine's collection tables."""
 
     def __init__(self) -> None:
         self.held: dict[int, CollectionHandle] = {}

@@ -1,0 +1,204 @@
+"""Wire contracts between the control plane and its agents (pydantic v2 models).
+
+Both ends share these models: the control plane's `/v1/agents` routes declare them as
+request bodies and `response_model=` (so they are in its OpenAPI document), and the
+agent (agent/sync.py, agent/catalog.py, agent/daemon.py) builds its requests from them
+and validates every answer into them before reading it by attribute.
+
+* `POST /v1/agents/register`: :class:`RegisterRequest` (with :class:`Capabilities`) ->
+  :class:`AgentOut` (also what `GET /v1/agents[/{id}]` lists).
+* `POST /v1/agents/{id}/heartbeat`: :class:`HeartbeatRequest` (:class:`SlotReport`,
+  :class:`LoadFailureReport`) -> :class:`HeartbeatOut`.
+* `GET /v1/agents/{id}/desired-state`: :class:`DesiredState` (:class:`DesiredAlias` ->
+  :class:`DesiredGeneration` -> :class:`DesiredArtifact` -> :class:`DesiredFile`,
+  :class:`DesiredCollection`).
+* `GET /v1/agents/authorize`: :class:`AuthorizeOut`.
+
+This module imports only pydantic and the standard library, so an agent never pulls in
+the control plane's database or app; import-linter keeps it that way (pyproject.toml).
+Fields the agent has always tolerated missing keep their defaults (an agent still reads
+an older control plane's answer); the response models mark them required in the
+OpenAPI document (`json_schema_serialization_defaults_required`), since this control
+plane always sends them.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+AGENT_NAME_PATTERN = r"^[A-Za-z0-9]([A-Za-z0-9._-]{0,198}[A-Za-z0-9])?$"
+INT32 = 2**31 - 1
+"""Upper bound of counters stored in INTEGER columns."""
+HEX64 = r"^[0-9a-f]{64}$"
+
+
+# ---- registration ---------------------------------------------------------------------
+
+
+class Capabilities(BaseModel):
+    """What placement and validation need to know about one agent."""
+
+    base: str = Field(pattern=HEX64, description="H_base the agent serves.")
+    dtypes: list[str] = Field(min_length=1)
+    max_rank: int = Field(ge=1)
+    targets: list[str] = Field(description="Adapter target roles it can serve (q_proj, ...).")
+    adapter_slots: int = Field(ge=1)
+    pool_pages: int = Field(ge=1, description="Unified pool size in pages (KV + adapters).")
+    page_bytes: int = Field(ge=1)
+    kv_reserve_pages: int = Field(ge=0, description="Pages placement must leave for KV.")
+    tp_degree: int = Field(default=1, ge=1)
+
+
+class RegisterRequest(BaseModel):
+    """Body of `POST /v1/agents/register` (one per agent process start)."""
+
+    name: str = Field(pattern=AGENT_NAME_PATTERN)
+    url: str = Field(max_length=500, description="Where the agent's inference API listens.")
+    capabilities: Capabilities
+
+
+class SlotReport(BaseModel):
+    """One resident (or loading/retiring) adapter in an agent's heartbeat."""
+
+    artifact_digest: str
+    artifact_id: int | None = None
+    state: str
+    refcount: int = 0
+    slot: int | None = None
+    slot_generation: int | None = None
+    prefetch: bool = False
+    waiting: int = 0
+    collection: str | None = Field(default=None, pattern=HEX64)
+    """H_collection when the slot serves its artifact from a collection's shared bases."""
+
+
+class LoadFailureReport(BaseModel):
+    """A recent failed adapter load (download, copy, validate, publish, admission, engine)."""
+
+    artifact: str
+    error: str
+    stage: str
+    at: float
+
+
+class AgentOut(BaseModel):
+    """A registered agent: the answer to registration, and what `GET /v1/agents` lists."""
+
+    id: int
+    name: str
+    url: str
+    base: str
+    capabilities: Capabilities
+    worker_epoch: int = Field(description="Bumped by every registration; reports carrying "
+                              "an older epoch are refused (409 STALE_EPOCH).")
+    registered_at: datetime
+    last_heartbeat_at: datetime | None
+    catalog_version: int
+    slots: list[SlotReport]
+    load_failures: list[LoadFailureReport]
+    state: str = Field(description="live: heard from (registration or heartbeat) within the "
+                       "liveness window placement uses (60 s); stale: not.")
+
+
+# ---- heartbeat --------------------------------------------------------------------------
+
+
+class HeartbeatRequest(BaseModel):
+    """Body of `POST /v1/agents/{id}/heartbeat`: replaces the agent's slot report."""
+
+    worker_epoch: int = Field(ge=1, le=INT32)
+    catalog_version: int = Field(ge=0, le=INT32)
+    live_requests: int = Field(default=0, ge=0, le=INT32)
+    slots: list[SlotReport] = Field(default_factory=list, max_length=4096)
+    load_failures: list[LoadFailureReport] = Field(default_factory=list, max_length=256)
+
+
+class HeartbeatOut(BaseModel):
+    worker_epoch: int
+    catalog_version: int
+
+
+class AuthorizeOut(BaseModel):
+    """`GET /v1/agents/authorize`: the client token's role in the namespace."""
+
+    namespace: str
+    role: str
+    actor: str
+
+
+# ---- desired state ----------------------------------------------------------------------
+
+
+class DesiredFile(BaseModel):
+    """One file to download: its SHA-256, size and a file:// or presigned http(s) URL."""
+
+    sha256: str
+    size: int
+    url: str
+
+
+class DesiredCollection(BaseModel):
+    """The fitted Compress-then-Serve collection an artifact materialises a member of."""
+
+    id: int
+    digest: str | None = Field(description="H_collection.")
+    member: int = Field(description="The member's position in the collection.")
+    files: dict[str, DesiredFile] = Field(description="The bundle's files by name.")
+
+
+class DesiredArtifact(BaseModel):
+    """A validated artifact a generation publishes: what to fetch and how to check it."""
+
+    id: int
+    digest: str | None = Field(description="H_artifact (set for every validated artifact).")
+    files: dict[str, DesiredFile]
+    validated_record: dict[str, Any] | None = Field(
+        description="The validation record the agent re-derives `digest` from.")
+    collection: DesiredCollection | None = Field(
+        default=None, exclude_if=lambda value: value is None,
+        description="Present (never null) when the artifact is a collection member whose "
+                    "collection has a bundle.")
+
+
+class DesiredGeneration(BaseModel):
+    generation: int
+    action: str = Field(description="publish, retire or rollback.")
+    artifact: DesiredArtifact | None = Field(description="None for a retire.")
+
+
+class DesiredAlias(BaseModel):
+    model_config = ConfigDict(json_schema_serialization_defaults_required=True)
+
+    namespace: str
+    alias: str
+    current_generation: int
+    generations: list[DesiredGeneration] = Field(
+        description="The alias's most recent generations, newest first (at most 8).")
+    prefetch: bool = Field(default=False, description="Placement assigns the current "
+                           "generation's artifact to this agent: keep it resident.")
+
+
+class DesiredState(BaseModel):
+    """`GET /v1/agents/{id}/desired-state`: what the agent should serve and keep resident.
+
+    Full (`full`, every alias of the agent's base) or, with `since=V`, incremental (only
+    aliases with a generation newer than catalog version `V`); `prefetch` is always the
+    complete list of digests placement assigns to this agent.
+    """
+
+    model_config = ConfigDict(json_schema_serialization_defaults_required=True)
+
+    version: int = Field(description="Catalog change counter the state is complete at.")
+    agent_id: int
+    worker_epoch: int
+    full: bool = Field(default=True, description="Every alias (true) or the changed ones.")
+    since: int | None = Field(default=None,
+                              description="The `since` asked for (null: a full state).")
+    url_ttl_s: int = Field(default=3600, description="Lifetime of the presigned URLs: ask "
+                           "for a full state again before they expire.")
+    prefetch: list[str] = Field(default_factory=list,
+                                description="Digests placement assigns to this agent.")
+    aliases: list[DesiredAlias]
