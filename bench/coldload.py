@@ -1,10 +1,10 @@
 """Cold adapter loads through the real pool path, and a Zipf working set larger than the pool.
 
-Both experiments drive the library objects the agent uses (``dataplane.pool``):
+Both experiments drive the library objects of the engine's unified pool (``dataplane.pool``):
 ``HostTier`` (verified packed images, pinned on CUDA), ``DevicePool`` (page ledger,
-storage, slots; ``full_audit=False`` as in ``agent.pool_slots.PoolSlots``) and
-``LoadTransaction`` / ``LeaseManager``. Factors are random bf16 (values do not matter
-for timing); the page geometry is the agent's unified one
+storage, slots; ``full_audit=False`` as in ``dataplane.engine.pool_slots.PoolSlots``) and
+``LoadTransaction`` (``admit``). Factors are random bf16 (values do not matter
+for timing); the page geometry is the engine's unified one
 (``dataplane.pool.unified``: a page is one KV block of ``--block-size`` tokens, 2 MiB
 for 8B at 16 tokens, and holds ``floor(page_elems / width)`` factor rows).
 
@@ -18,7 +18,7 @@ for 8B at 16 tokens, and holds ``floor(page_elems / width)`` factor rows).
    recorded event; ``validate`` = layout + device-side content compare (+ host padding
    scan when ``rehash_on_load``); ``publish`` = pointer-table swap + commit + audit.
    Between loads the residency is evicted (not timed), so every load is cold.
-   Run twice: ``rehash_on_load=False`` (what the agent uses: verification happened at
+   Run twice: ``rehash_on_load=False`` (what the engine uses: verification happened at
    host-tier admission) and ``True`` (the pool's debug default). Floor = bytes /
    bandwidth, where the bandwidth is measured in the same run by a plain copy of a
    pinned host tensor of the payload's size (at least 64 MiB) to the device (CUDA
@@ -29,10 +29,10 @@ for 8B at 16 tokens, and holds ``floor(page_elems / width)`` factor rows).
 2. **Working set.** ``--adapters`` adapters (all in the host tier; distinct keys over
    one shared pinned random payload, verified on entry like any image), ``--requests``
    requests, adapter of each drawn Zipf(1.0) (p_i ∝ 1/i, seeded), served one at a time:
-   ``bind`` (resolve the alias, cold-load if not resident, take a reference) ->
-   ``begin_launch`` -> ``end_launch`` (an empty launch: a recorded event, no compute) ->
-   ``release``. Pool sized for ``--pool-adapters`` adapters versus one holding all;
-   both start with the last-published adapters resident. Reported: loads, hit rate,
+   ``admit`` (one load transaction for the request: cold-load if not resident, take a
+   reference) -> ``begin_launch`` -> ``end_launch`` (an empty launch: a recorded event, no
+   compute) -> ``release_ref``. Pool sized for ``--pool-adapters`` adapters versus one
+   holding all; both start with the last-staged adapters resident. Reported: loads, hit rate,
    evictions, H2D bytes and the total time of these sequences (a throughput proxy of
    residency management + cold loads only: it has no model compute, so it shows the
    cost cold loads add per request, not end-to-end tokens/s).
@@ -62,10 +62,9 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from dataplane.pool.device_pool import DevicePool
 from dataplane.pool.events import CompletedEvent, CopyEvent
 from dataplane.pool.host_tier import HostTier
-from dataplane.pool.leases import LeaseManager
 from dataplane.pool.packing import Factors, PackedAdapter, pack_adapter
 from dataplane.pool.page_demand import PageGeometry
-from dataplane.pool.transactions import LoadRequest, LoadTransaction
+from dataplane.pool.transactions import LoadRequest, LoadTransaction, admit
 from dataplane.pool.unified import unified_layout
 
 SHAPES: dict[str, dict[str, int]] = {
@@ -75,7 +74,7 @@ SHAPES: dict[str, dict[str, int]] = {
 MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 DTYPE = torch.bfloat16
 BLOCK_SIZE = 16
-"""KV block tokens of the agent's default engine: sets the unified page size."""
+"""KV block tokens of the default engine: sets the unified page size."""
 BANDWIDTH_MIN_BYTES = 64 << 20
 """The bandwidth copy is ``max(payload, 64 MiB)`` (tiny payloads would time call overhead)."""
 
@@ -89,7 +88,7 @@ def module_shapes(shape: dict[str, int]) -> dict[str, tuple[int, int]]:
 
 
 def geometry(shape: dict[str, int]) -> PageGeometry:
-    """The agent's unified geometry (``PoolSlots.for_model``): one KV block per page."""
+    """The engine's unified geometry (``PoolSlots.for_model``): one KV block per page."""
     elem = torch.tensor([], dtype=DTYPE).element_size()
     return unified_layout(1, num_layers=shape["layers"], block_size=BLOCK_SIZE,
                           num_kv_heads=shape["kv_heads"],
@@ -219,20 +218,21 @@ def working_set(host: HostTier, keys: list[str], pool_adapters: int, trace: list
     pool = DevicePool(first.plan.geometry, pool_adapters * (first.num_pages + 1),
                       pool_adapters, DTYPE, device, host_tier=host, rehash_on_load=False,
                       full_audit=False)
-    leases = LeaseManager(pool)
-    for i, key in enumerate(keys):  # publish every alias; the last pool_adapters stay
-        leases.publish(f"a{i}", key)
+    for key in keys:  # stage every adapter (no request); the last pool_adapters stay
+        admit(pool, LoadRequest(key))
     sync(device)
     ev0, bytes0 = pool.stats.evictions, pool.stats.h2d_bytes
     hits = 0
     t0 = time.perf_counter()
     for n, idx in enumerate(trace):
         hits += pool.visible(keys[idx]) is not None
-        lease = leases.bind(f"r{n}", f"a{idx}")
-        snap = leases.begin_launch([lease])
+        admission = admit(pool, LoadRequest(keys[idx], f"r{n}"))
+        snap = pool.begin_launch([admission.handle])
         event = launch_event(device)
-        leases.end_launch(snap, event)
-        leases.release(f"r{n}", event)
+        pool.end_launch(snap, event)
+        res = pool.residents[(admission.key, admission.generation)]
+        res.note_use(event)
+        pool.release_ref(res, event)
         pool.reclaim_retired()
     sync(device)
     total = time.perf_counter() - t0

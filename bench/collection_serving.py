@@ -3,7 +3,7 @@
 One engine per case, Llama-3-8B shape (random bf16 weights), `--batch` requests decoding at
 context ≈ `--context`, request i on member i % N (so min(N, batch) distinct members per
 step), decode steps replayed from CUDA graphs; the time of a step is the interval between
-consecutive `engine.step()` returns (bench/engine.py `step_intervals`). A synthetic
+consecutive `engine.step()` returns (bench/synthetic.py `step_intervals`). A synthetic
 collection: `--clusters` random bases (U, V) of shared rank `--rank` per all-linear module,
 a random R×R core per member. Cases:
 
@@ -14,7 +14,8 @@ a random R×R core per member. Cases:
 * `native+lora`: the same in an engine that also has rank-R LoRA tables (it could serve
   ordinary adapters beside the members, so its graphs launch the LoRA kernels too).
 * `lora`: the same members materialised (`B = U Σ_i`, `A = Vᵀ`, scale 1) and registered as
-  ordinary rank-R LoRAs (what `adapterctl collections member` serves).
+  ordinary rank-R LoRAs (what `adapterctl collections member` serves), pinned in the
+  engine's unified pool (`--kv-blocks` KV blocks plus their pages).
 
 Resident bytes are the members' own state: for `native` the collection tables (bases of
 every block, a float32 core per slot and module), for `lora` N × the rank-R factors.
@@ -40,13 +41,13 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from bench.engine import start_decoding, step_intervals, sync
+from bench.synthetic import pool_pages, start_decoding, step_intervals, sync
 from bench.tp import DTYPES, SHAPES
 from dataplane.collections.bundle import CollectionBundle, build_bundle
 from dataplane.collections.collection_fit import CollectionFit
 from dataplane.collections.joint_fit import JD_FULL
+from dataplane.engine import BaseModel, EngineConfig, EngineSpec, build_engine
 from dataplane.engine.adapters import LoadedAdapter, ModuleFactors
-from dataplane.engine.engine import Engine, EngineConfig
 from dataplane.models import LlamaForCausalLM, ModelConfig, init_random
 
 DIGEST = hashlib.sha256(b"bench-collection-serving-random-base").hexdigest()
@@ -98,15 +99,17 @@ def run_case(model: LlamaForCausalLM, args: argparse.Namespace, mode: str, membe
              bundle: CollectionBundle | None) -> dict[str, Any]:
     config, dtype = model.config, model.dtype
     native = mode.startswith("native")
+    loras = ([materialised(bundle, i, dtype, "cpu") for i in range(members)]
+             if mode == "lora" and bundle is not None else [])
     cfg = EngineConfig(max_num_seqs=args.batch, max_num_batched_tokens=max(args.batch, 2048),
-                       num_kv_blocks=args.kv_blocks, block_size=16,
+                       num_kv_blocks=pool_pages(model, loras, args.kv_blocks), block_size=16,
                        max_slots=0 if mode == "none" else members,
                        max_rank=0 if mode == "native" else args.rank,
                        max_model_len=args.context + args.steps + 32,
                        enable_cuda_graphs=args.device == "cuda",
                        collection_blocks=args.clusters if native else 0,
                        collection_rank=args.rank)
-    engine = Engine(model, cfg, DIGEST)
+    engine = build_engine(EngineSpec(BaseModel(model, DIGEST), cfg, lora_fold="off"))
     elem = torch.finfo(dtype).bits // 8
     per_module = sum(d_in + d_out for d_out, d_in in config.module_shapes.values())
     handles: list[Any] = []
@@ -116,9 +119,7 @@ def run_case(model: LlamaForCausalLM, args: argparse.Namespace, mode: str, membe
         handles = list(engine.load_collection(bundle).members)
         resident = sum(t.nbytes for t in engine.runner.collections.values())
     elif mode == "lora":
-        assert bundle is not None
-        handles = [engine.register_loaded_adapter(materialised(bundle, i, dtype, args.device))
-                   for i in range(members)]
+        handles = [engine.register_loaded_adapter(a) for a in loras]
         resident = members * args.rank * per_module * config.num_layers * elem
     start_decoding(engine, args, config.vocab_size, args.batch, args.context, handles)
     times = step_intervals(engine, args.steps, args.device)
@@ -129,7 +130,7 @@ def run_case(model: LlamaForCausalLM, args: argparse.Namespace, mode: str, membe
            "step_ms": 1e3 * step, "tokens_per_s": args.batch / step,
            "resident_mb": resident / 2**20}
     print(json.dumps(row), flush=True)
-    del engine, handles
+    del engine, handles, loras
     if args.device == "cuda":
         torch.cuda.empty_cache()
     return row

@@ -1,12 +1,12 @@
-"""Host cost of the scheduler's KV capacity checks over the agent's unified pool.
+"""Host cost of the scheduler's KV capacity checks over the engine's unified pool.
 
 Every step the scheduler asks the block manager whether each sequence that grows a block
 can get it (`can_append`), and whether each waiting request fits (`can_allocate`). Over the
-agent's unified pool a page count includes the pages of idle adapters that KV growth may
+unified pool a page count includes the pages of idle (evictable) adapters that KV growth may
 evict, and counting those scans every resident. This times admissions of `--seqs`
 requests and `--rounds` × `--seqs` append checks, with `--residents` idle adapters in the
-pool and plenty of free pages (the common case), against the same calls over the engine's
-private free list (the baseline, same run).
+pool and plenty of free pages (the common case), against the same calls over a plain free
+list (`FreeListPagePool`, the baseline, same run).
 
     python3 bench/kv_capacity.py --out /tmp/kvcap
 """

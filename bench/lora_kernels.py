@@ -20,9 +20,10 @@ index_add) and the base GEMM are timed in the same run.
 ``y``-prefetch loop; the prefill shrink per rank group: row tile, ``BLOCK_K``,
 stages, programs per SM = K splits, evict-first ``x``; the fused launch's grid
 (programs per SM, minimum split, expand pipelining) per module shape class;
-``--tune-sweeps`` picks among them) and prints the winners as Python to paste into
-``configs.py``; the fused table also goes to ``tuned_configs.json``, which
-``ADAPTERPLANE_LORA_TUNED=<file>`` installs in any process (engine, agent, bench).
+``--tune-sweeps`` picks among them) and writes the fused, shrink and expand tables it
+ends with to ``tuned_configs.json``, which ``ADAPTERPLANE_LORA_TUNED=<file>`` installs in
+any process (engine, agent, bench); its sections have the layout of
+``dataplane/kernels/triton/tuned/h200.json``, the shipped tables.
 The metadata section times every build method at T = 64 … 16384 and prints the
 auto edge. Results are appended to
 ``lora_bench.json`` after every row (a cut-off run keeps what it measured).
@@ -51,7 +52,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from bench.lora_cases import EXTRA, PEER, SCENARIOS, Scenario, build_ring, outs_label, ring_size
 from bench.lora_meta import META_CASES, meta_advice, time_meta
 from bench.lora_timing import copy_bandwidth, time_base_gemm, time_loop, time_ours
-from bench.lora_tune import ALL_SWEEPS, TUNE_SWEEPS, paste_block, tune
+from bench.lora_tune import ALL_SWEEPS, TUNE_SWEEPS, tune
 from dataplane.kernels import LoraWorkspace
 from dataplane.kernels.triton import configs
 from dataplane.kernels.triton.backend import TritonLoraBackend
@@ -93,7 +94,6 @@ def main() -> None:
         except Exception as exc:  # keep benchmarking with what we have
             log(f"tuning failed: {type(exc).__name__}: {exc}")
         log(f"tuning took {time.time() - t0:.0f} s")
-        log(paste_block())
         tuned = os.path.join(args.out, "tuned_configs.json")
         with open(tuned, "w") as f:  # ADAPTERPLANE_LORA_TUNED=<this file> installs it
             json.dump({"fused": configs.fused_table_json(), **configs.two_kernel_tables_json()},

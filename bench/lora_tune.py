@@ -1,8 +1,10 @@
 """``--tune``: sweeps of the LoRA kernel tables that are not settled.
 
 Each sweep installs candidates into :mod:`dataplane.kernels.triton.configs`, times them
-on rings of layers, and leaves the winner installed; :func:`paste_block` prints the
-tuned tables as Python to paste into ``configs.py``.
+on rings of layers, and leaves the winner installed; ``bench/lora_kernels.py --tune`` then
+writes the tables to ``tuned_configs.json`` (``configs.fused_table_json`` and
+``configs.two_kernel_tables_json``), the layout ``configs.load_tuned`` reads and
+``dataplane/kernels/triton/tuned/h200.json`` holds.
 """
 
 from __future__ import annotations
@@ -167,7 +169,7 @@ def _tune_prefill_shrink(
     the shrink writes are summed by the expand, so a shrink that wins alone by
     splitting more can lose overall. The shrink alone is logged too. Stops
     starting new candidates after ``budget_s`` (the committed entry is always
-    timed first). Winners stay installed and go to ``configs.SHRINK_BY_RANK``.
+    timed first). Winners stay installed.
     """
     t0 = time.time()
     chosen: dict[str, object] = {}
@@ -211,7 +213,6 @@ def _tune_prefill_shrink(
         if best is None:
             raise RuntimeError(f"no prefill shrink candidate ran for r={group}")
         put(best)
-        configs.SHRINK_BY_RANK[(4096, group)] = best  # type: ignore[assignment]
         log(f"tuned prefill shrink r-group {group}: {best} ({best_t:.2f} µs add_lora geomean)")
         chosen[f"shrink 4096 r{group}"] = repr(best)
         del built
@@ -244,8 +245,8 @@ def _tune_mixed(two: TritonLoraBackend, log: Callable[[str], None]) -> dict[str,
     modules of a 704-row step; T class 4096 (the trace's large mixed steps, 1025-4096
     rows) over a 2,600-row step's modules plus the square module's pure prefill T = 4096
     at n = 4 and 32 (the same class: a winner must not give prefill back). Metric: the
-    two-kernel add_lora (geomean). Winners go to ``EXPAND_BY_RANK`` / ``SHRINK_BY_RANK``
-    under ``(class, 16)``; then fused candidates for class 1024."""
+    two-kernel add_lora (geomean). Winners stay installed for rank buckets 16 and 32; then
+    fused candidates for class 1024."""
     chosen: dict[str, object] = {}
     for t_class, t_keys, cases in (
         (1024, (1024,), mixed_cases(704)),
@@ -253,16 +254,15 @@ def _tune_mixed(two: TritonLoraBackend, log: Callable[[str], None]) -> dict[str,
                                  *(Scenario("prefill", 4096, n, (16,)) for n in (4, 32))]),
     ):
         built = [(sc, build_ring(sc, "scattered")) for sc in cases]
-        for name, table, by_rank, cands in (
-            ("expand", configs.EXPAND_TABLE, configs.EXPAND_BY_RANK, MIXED_EXPAND_CANDIDATES),
-            ("shrink", configs.SHRINK_TABLE, configs.SHRINK_BY_RANK, MIXED_SHRINK_CANDIDATES),
+        for name, table, cands in (
+            ("expand", configs.EXPAND_TABLE, MIXED_EXPAND_CANDIDATES),
+            ("shrink", configs.SHRINK_TABLE, MIXED_SHRINK_CANDIDATES),
         ):
             put = _installer(table, t_keys, (16, 32))
             current = table[(t_class, 16)]
             others = [c for c in cands
                       if dataclasses.replace(c, block_r=current.block_r) != current]
             best, t = _sweep(put, [current, *others], built, two, "ours", log)
-            by_rank[(t_class, 16)] = best  # type: ignore[assignment]
             log(f"tuned mixed {name} (T<={t_class}, r<=32): {best} "
                 f"({t:.2f} µs add_lora geomean)")
             chosen[f"{name} {t_class} r16"] = repr(best)
@@ -281,12 +281,11 @@ def _tune_shrink_pack(t_class: int, t_keys: tuple[int, ...], built: list,
     """The class's shrink winner with every slice of q/k/v and gate/up in one program
     (``pack``: ``x`` streamed once per module instead of once per slice), kept where the
     add_lora geomean drops."""
-    winner = configs.SHRINK_BY_RANK[(t_class, 16)]
+    winner = configs.SHRINK_TABLE[(t_class, 16)]
     put = _installer(configs.SHRINK_TABLE, t_keys, (16, 32))
     cands = [dataclasses.replace(winner, pack=p) for p in (0, 64)]
     best, t = _sweep(put, cands, built, two, "ours", log)
     assert isinstance(best, configs.ShrinkConfig)
-    configs.SHRINK_BY_RANK[(t_class, 16)] = best
     log(f"mixed T<={t_class} shrink pack={best.pack} ({t:.2f} µs add_lora geomean)")
     return {f"shrink pack {t_class}": best.pack}
 
@@ -296,18 +295,15 @@ def _tune_two_kernel_pdl(t_class: int, t_keys: tuple[int, ...], built: list,
                          ) -> dict[str, object]:
     """The class's shrink and expand winners launched as programmatic dependent launches
     (both or neither), kept where the add_lora geomean drops."""
-    entries: dict[str, tuple[dict[tuple[int, int], Any], dict[tuple[int, int], Any]]] = {
-        "shrink": (configs.SHRINK_TABLE, configs.SHRINK_BY_RANK),
-        "expand": (configs.EXPAND_TABLE, configs.EXPAND_BY_RANK)}
-    winners = {n: by_rank[(t_class, 16)] for n, (_, by_rank) in entries.items()}
+    tables: dict[str, dict[tuple[int, int], Any]] = {
+        "shrink": configs.SHRINK_TABLE, "expand": configs.EXPAND_TABLE}
+    winners = {n: table[(t_class, 16)] for n, table in tables.items()}
 
     def put(pdl: object) -> None:
-        for n, (table, _) in entries.items():
+        for n, table in tables.items():
             _installer(table, t_keys, (16, 32))(dataclasses.replace(winners[n], pdl=pdl))
 
     best, t = _sweep(put, [0, 1], built, two, "ours", log)
-    for n, (_, by_rank) in entries.items():
-        by_rank[(t_class, 16)] = dataclasses.replace(winners[n], pdl=best)
     log(f"mixed T<={t_class} two-kernel pdl={best} ({t:.2f} µs add_lora geomean)")
     return {f"two-kernel pdl {t_class}": best}
 
@@ -396,7 +392,7 @@ def tune(
     log: Callable[[str], None],
     sweeps: tuple[str, ...] = TUNE_SWEEPS,
 ) -> dict[str, object]:
-    """Sweep the open choices, keep the winners installed, print them as Python.
+    """Sweep the open choices, keep the winners installed in the ``configs`` tables.
 
     1. Prefill expand (T = 4096, n in {4, 32}), rank groups 16 and 64 apart:
        ``Bt``- vs ``y``-prefetching column loop, row tile, column tile, tiles
@@ -442,7 +438,6 @@ def tune(
                  for sc in (Scenario("prefill", 4096, n, (group,)) for n in (4, 32))]  # fmt: skip
         put = _installer(configs.EXPAND_TABLE, (4096, 1 << 30), r_keys)
         best, t = _sweep(put, exp_c, built, two, "expand", log)
-        configs.EXPAND_BY_RANK[(4096, group)] = best  # type: ignore[assignment]
         log(f"tuned prefill expand r-group {group}: {best} ({t:.2f} µs)")
         chosen[f"expand 4096 r{group}"] = repr(best)
         del built
@@ -460,16 +455,3 @@ def tune(
     if "fusedtp" in sweeps:
         chosen.update(_tune_fused(backend, log, "classes", _class_candidates, tp_cases=True))
     return chosen
-
-
-def paste_block() -> str:
-    """The tuned tables as Python for ``configs.py``."""
-    by_rank = ",\n".join(f"    {k}: {v!r}" for k, v in sorted(configs.EXPAND_BY_RANK.items()))
-    shrink = ",\n".join(f"    {k}: {v!r}" for k, v in sorted(configs.SHRINK_BY_RANK.items()))
-    fused = ",\n".join(f"    {k!r}: {v!r}" for k, v in sorted(configs.FUSED_TABLE.items()))
-    return (
-        "# ---- paste into dataplane/kernels/triton/configs.py ----\n"
-        f"EXPAND_BY_RANK: dict[tuple[int, int], ExpandConfig] = {{\n{by_rank},\n}}\n"
-        f"SHRINK_BY_RANK: dict[tuple[int, int], ShrinkConfig] = {{\n{shrink},\n}}\n"
-        f"FUSED_TABLE: dict[tuple[int, str], FusedConfig] = {{\n{fused},\n}}"
-    )

@@ -66,7 +66,7 @@ def start_server(database_url: str, workers: int, port: int, log: Path) -> subpr
         [
             sys.executable,
             "-m",
-            "controlplane.entrypoint",
+            "cli.launcher",
             "api",
             "--port",
             str(port),

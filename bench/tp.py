@@ -6,9 +6,11 @@ For each (TP degree, LoRA layout, adapter count, phase) the script reports throu
 the median step time and the collective calls / payload bytes / ring bytes per step from
 `dataplane.parallel.collectives` (base path and LoRA branch separately).
 
-    TP=1 rows use the single-GPU `LlamaForCausalLM` + `ModelRunner` (no dataplane.parallel);
-    TP=2 rows use `TPLlamaForCausalLM` over NCCL, one process per GPU (spawned here), for
-    the layouts "no_extra_collectives" (default) and "paper" (seed §0x06F2–F3).
+    TP=1 rows use the single-GPU engine's `ModelRunner` (`build_engine` over the random
+    base; adapters pinned in its unified pool, the plans' KV blocks drawn from the same
+    pool; no dataplane.parallel); TP=2 rows use `TPLlamaForCausalLM` over NCCL and a
+    `ModelRunner` of its own, one process per GPU (spawned here), for the layouts
+    "no_extra_collectives" (default) and "paper" (seed §0x06F2–F3).
 
 Decode: `--batch` requests of `--context` prompt tokens, prefilled once, then `--steps`
 timed decode steps (adapter of request i = i % n, or with `--zipf S` drawn from
@@ -42,6 +44,7 @@ decode row also times copying adapters the fold lacks into it, "fold_fill_ms").
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import statistics
@@ -57,11 +60,15 @@ import torch.multiprocessing as mp
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from bench.synthetic import pool_pages
 from bench.tp_profile import BLOCK, profile_decode, sync
 from dataplane.core import Sequence, build_batch_plan
+from dataplane.engine import BaseModel, Engine, EngineConfig, EngineSpec, build_engine
+from dataplane.engine.adapters import LoadedAdapter, ModuleFactors
 from dataplane.engine.cuda_graphs import CudaGraphRunner
 from dataplane.engine.model_runner import ModelRunner
 from dataplane.engine.piecewise_graphs import PiecewiseGraphRunner
+from dataplane.kvcache.page_pool import PageKind
 from dataplane.models import ModelConfig, init_random
 from dataplane.models.llama import LORA_GROUPS, LlamaForCausalLM
 from dataplane.parallel import LAYOUT_LOCAL, LAYOUT_PAPER, TPGroup, init_tp_group
@@ -102,6 +109,7 @@ SHAPES: dict[str, dict[str, Any]] = {
     },
 }
 DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
+DIGEST = hashlib.sha256(b"bench-tp-random-base").hexdigest()
 
 
 def random_adapter(
@@ -129,6 +137,15 @@ def random_adapter(
                 for k, w in enumerate(widths)
             }
     return out
+
+
+def as_loaded(factors: dict[tuple[int, str], Any], index: int) -> LoadedAdapter:
+    """`random_adapter`'s factors as an engine adapter (per module, its own digest)."""
+    modules = tuple(ModuleFactors(layer, LORA_GROUPS[attr][k], a, b, scale)
+                    for (layer, attr), slices in factors.items()
+                    for k, (a, b, scale) in slices.items())
+    return LoadedAdapter(modules, hashlib.sha256(f"bench-tp-{index}".encode()).hexdigest(),
+                         f"random:{index}")
 
 
 def request_adapters(requests: int, n_adapters: int, zipf: float) -> list[int]:
@@ -163,25 +180,33 @@ def run_phase(
     args: argparse.Namespace,
     n_adapters: int,
     phase: str,
+    engine: Engine | None = None,
 ) -> dict[str, Any]:
     """Time one phase; returns step times and per-step collective ledgers (this rank).
 
     decode: the decode requests, one token each per step; prefill: the prompts, whole, per
-    step; mixed: both in one step (the prompts prefilled again every step)."""
+    step; mixed: both in one step (the prompts prefilled again every step). With `engine`
+    (TP=1: `runner` is its runner) request i's adapter is the engine's i-th loaded one and
+    the KV blocks come from the engine's pool; otherwise adapter k is slot k and block b
+    is KV block b of the runner's cache."""
     device = runner.device
     dec_n, context, pre_n, pre_len = phase_shape(args, phase)
     steps = args.steps if phase == "decode" else args.prefill_steps
     vocab = min(1003, runner.model.config.vocab_size)
     per_seq_blocks = -(-(max(context, pre_len) + steps + 2) // BLOCK)
     adapter_of = request_adapters(dec_n + pre_n, n_adapters, args.zipf)
+    slots = sorted(engine.adapters.bound()) if engine is not None else list(range(n_adapters))
+    count = (dec_n + pre_n) * per_seq_blocks
+    blocks = (engine.pool.kv_view.allocate(count, PageKind.KV) if engine is not None
+              else list(range(count)))
 
     def make(i: int, prompt_len: int) -> Sequence:
-        slot = adapter_of[i]
+        slot = slots[adapter_of[i]] if adapter_of[i] >= 0 else -1
         prompt = tuple((7 * i + 13 * t) % (vocab - 3) + 3 for t in range(prompt_len))
         seq = Sequence(
             f"r{i}", prompt, adapter_slot=slot, adapter_digest=None if slot < 0 else "0" * 64
         )
-        seq.block_table.extend(range(i * per_seq_blocks, (i + 1) * per_seq_blocks))
+        seq.block_table.extend(blocks[i * per_seq_blocks: (i + 1) * per_seq_blocks])
         return seq
 
     seqs = [make(i, context) for i in range(dec_n)]
@@ -237,6 +262,8 @@ def run_phase(
     kernels = None
     if phase == "decode" and args.profile and device.type == "cuda":  # every rank steps
         kernels = profile_decode(runner, group, seqs, args.profile, steps + 1)
+    if engine is not None:
+        engine.pool.kv_view.free(blocks, PageKind.KV)
     med = statistics.median(times)
     return {
         "phase": phase,
@@ -347,8 +374,23 @@ def bench_rank(
                               and layout == LAYOUT_LOCAL else (False,))]
         for layout, fold in cases:
             slots = max(n, 1)
-            if group is None:
+            where = torch.device("cpu") if group is None else device
+            for k in range(min(n, 16)):  # 16 distinct contents, generated once
+                if k not in contents:
+                    contents[k] = random_adapter(config, args.rank, k, where, dtype)
+            engine: Engine | None = None
+            if group is None:  # the engine's runner; adapters pinned in its pool
                 model: LlamaForCausalLM = global_model
+                loaded = [as_loaded(contents[slot % 16], slot) for slot in range(n)]
+                engine = build_engine(EngineSpec(BaseModel(model, DIGEST), EngineConfig(
+                    max_num_seqs=args.batch, max_num_batched_tokens=max_rows,
+                    num_kv_blocks=pool_pages(model, loaded, args.kv_blocks, BLOCK),
+                    block_size=BLOCK, max_slots=n, max_rank=args.rank,
+                    enable_cuda_graphs=False, attention_backend=args.attention),
+                    lora_fold="off"))
+                for adapter in loaded:
+                    engine.register_loaded_adapter(adapter)
+                runner = engine.runner
             else:
                 model = TPLlamaForCausalLM(
                     global_model,
@@ -357,26 +399,17 @@ def bench_rank(
                     max_slots=slots if n else 0,
                     max_rank=args.rank,
                 )
-            runner = ModelRunner(
-                model,
-                num_kv_blocks=args.kv_blocks,
-                block_size=BLOCK,
-                max_rows=max_rows,
-                max_slots=slots if n else 0,
-                max_rank=args.rank,
-                attention_backend=args.attention,
-            )
-            for slot in range(n):  # distinct storage per slot; 16 distinct contents
-                if slot % 16 not in contents:  # generated once, copied into each slot
-                    contents[slot % 16] = random_adapter(config, args.rank, slot % 16, device,
-                                                         dtype)
-                factors = contents[slot % 16]
-                if isinstance(model, TPLlamaForCausalLM):
-                    model.load_adapter(slot, factors)
-                else:
-                    for key, slices in factors.items():
-                        runner.tables[key].set_slot(slot, slices)
-                        runner.linears[key].has_factors = True
+                runner = ModelRunner(
+                    model,
+                    num_kv_blocks=args.kv_blocks,
+                    block_size=BLOCK,
+                    max_rows=max_rows,
+                    max_slots=slots if n else 0,
+                    max_rank=args.rank,
+                    attention_backend=args.attention,
+                )
+                for slot in range(n):  # distinct storage per slot
+                    model.load_adapter(slot, contents[slot % 16])
             if fold and isinstance(model, TPLlamaForCausalLM):  # decode steps only
                 model.enable_lora_fold(args.batch, args.fold_width_unit)
             runs = [("decode", mode) for mode in modes] + [("prefill", "eager"),
@@ -398,7 +431,7 @@ def bench_rank(
                 row: dict[str, Any] = (
                     {"phase": phase}
                     if "graphs_error" in extra
-                    else run_phase(runner, group, args, n, phase)
+                    else run_phase(runner, group, args, n, phase, engine)
                 )
                 replays = getattr(runner.graphs, "replays", None)
                 runner.graphs = None
@@ -430,7 +463,7 @@ def bench_rank(
             if runner.piecewise is not None:  # holds the NCCL communicator at TP > 1
                 runner.piecewise.release()  # type: ignore[attr-defined]
                 runner.piecewise = None
-            del runner, model
+            del runner, model, engine
             if device.type == "cuda":
                 torch.cuda.empty_cache()
     if rank == 0:

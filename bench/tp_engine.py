@@ -12,11 +12,14 @@ the host; at TP the tokens reach the followers by one device broadcast per step)
     python3 bench/tp_engine.py --tp 1 2 --adapters 0 16 --out $OUT     # 2 GPUs
     python3 bench/tp_engine.py --shape tiny --device cpu --tp 1 2 --adapters 0 2 \
         --batch 4 --context 16 --steps 4 --out /tmp/tpe                # smoke (CPU, gloo)
-    python3 bench/tp_engine.py --tp 1 --pool --adapters 0 16 --fold --out $OUT   # 1 GPU
+    python3 bench/tp_engine.py --tp 1 --adapters 0 16 --fold --out $OUT          # 1 GPU
 
-`--pool` (TP=1): the agent's default residency — adapters and KV blocks in one unified
-page pool (agent/pool_slots.py), the kernels reading factors from their pages, and with
-`--fold` the fold slots filled from the pages (dataplane/pool/fold_source.py).
+Every engine is built by `build_engine`: at TP=1 over the random base in memory, its
+adapters pinned in the engine's unified pool (`--kv-blocks` KV blocks plus their pages);
+a TP rank loads its shard of a random base of the same shape from a model directory
+(written once under `--workdir`; a TP row's `build_s` includes that load), its adapters
+in its sharded tables. `--fold` (bare: on; `auto`: the fold cost model) decides the LoRA
+fold of the adapter cases.
 
 `build_s`: the engine's construction, graph captures included (`--piecewise` adds the
 mixed-step pieces, as a serving agent captures them). Adapters: random rank-16 all-linear
@@ -27,10 +30,10 @@ distinct contents under distinct digests.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import hashlib
 import json
 import os
+import shutil
 import statistics
 import sys
 import time
@@ -41,25 +44,48 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from bench.engine import adapters_for, pool_engine, start_decoding, step_intervals
+from bench.synthetic import (
+    BLOCK_SIZE,
+    adapters_for,
+    pool_pages,
+    start_decoding,
+    step_intervals,
+    write_checkpoint,
+)
 from bench.tp import DTYPES, SHAPES, model_args, run_ranks
-from dataplane.engine.engine import Engine, EngineConfig
+from dataplane.engine import BaseModel, Engine, EngineConfig, EngineSpec, build_engine
+from dataplane.engine.builder import FOLD_CHOICES
 from dataplane.models import LlamaForCausalLM, ModelConfig, init_random
 from dataplane.parallel import init_tp_group
-from dataplane.parallel.llama_tp import TPLlamaForCausalLM
 from dataplane.parallel.tp_engine import TPEngine
 
 DIGEST = hashlib.sha256(b"bench-tp-engine-random-base").hexdigest()
 
 
-def engine_config(args: argparse.Namespace, n: int, mode: str) -> EngineConfig:
+def engine_config(args: argparse.Namespace, n: int, mode: str, pages: int) -> EngineConfig:
     return EngineConfig(max_num_seqs=args.batch, max_num_batched_tokens=max(args.batch, 2048),
-                        num_kv_blocks=args.kv_blocks, block_size=16, max_slots=n, max_rank=16,
+                        num_kv_blocks=pages, block_size=BLOCK_SIZE, max_slots=n, max_rank=16,
                         max_model_len=args.context + args.steps + 32,
                         enable_cuda_graphs=args.device == "cuda",
                         enable_piecewise_graphs=args.piecewise,
                         async_scheduling=mode == "async",
                         attention_backend="triton" if args.device == "cuda" else "torch")
+
+
+def checkpoint(args: argparse.Namespace) -> Path:
+    """The TP ranks' model directory: a random base of `--shape` in `--dtype` (made on the
+    CPU once, then reused)."""
+    dest = Path(args.workdir) / f"base-{args.shape}-{args.dtype}"
+    if (dest / "model.safetensors").is_file():
+        return dest
+    partial = dest.with_name(dest.name + ".partial")
+    shutil.rmtree(partial, ignore_errors=True)
+    config = ModelConfig.from_dict(dict(SHAPES[args.shape]))
+    model = init_random(LlamaForCausalLM(config, DTYPES[args.dtype], torch.device("cpu")),
+                        seed=0)
+    write_checkpoint(model, SHAPES[args.shape], partial)
+    partial.rename(dest)
+    return dest
 
 
 def time_steps(engine: Engine, args: argparse.Namespace, handles: list[Any]) -> list[float]:
@@ -76,36 +102,35 @@ def bench_rank(rank: int, tp: int, init_file: str, args: argparse.Namespace,
     dtype = DTYPES[args.dtype]
     group = (init_tp_group(rank, tp, init_method=f"file://{init_file}", device=device)
              if tp > 1 else None)
-    global_model = init_random(LlamaForCausalLM(config, dtype, device), seed=0)
+    base = (BaseModel(init_random(LlamaForCausalLM(config, dtype, device), seed=0), DIGEST)
+            if group is None else None)
     rows = []
     for n in args.adapters:
         for mode in args.scheduling:
-            cfg = dataclasses.replace(engine_config(args, n, mode), lora_fold=args.fold and n > 0)
-            engine: Engine
+            fold = args.fold if n else "off"
+            loaded = adapters_for(config, n, dtype, "bench-tp-engine") if rank == 0 else []
             built = time.perf_counter()
-            pool = None
-            if group is None and args.pool:
-                engine, pool = pool_engine(global_model, cfg, DIGEST, args.pool_host_gib)
-            elif group is None:
-                engine = Engine(global_model, cfg, DIGEST)
+            if base is not None:
+                pages = pool_pages(base.model, loaded, args.kv_blocks)
+                engine = build_engine(EngineSpec(base, engine_config(args, n, mode, pages),
+                                                 lora_fold=fold))
             else:
-                model = TPLlamaForCausalLM(global_model, group, max_slots=n, max_rank=16)
-                engine = TPEngine(model, cfg, DIGEST)
+                engine = build_engine(EngineSpec(
+                    args.model_dir, engine_config(args, n, mode, args.kv_blocks),
+                    dtype=args.dtype, lora_fold=fold, tp_group=group))
                 if rank > 0:  # follower: execute the leader's loads and plans until stop
                     engine.serve()
-                    del engine, model
+                    del engine
                     continue
             built = time.perf_counter() - built
-            loaded = adapters_for(config, n, dtype, "bench-tp-engine")
-            handles = ([engine.register_loaded_adapter(a) for a in loaded] if pool is None
-                       else [pool.load(a.digest, a) for a in loaded])
+            handles = [engine.register_loaded_adapter(a) for a in loaded]
             if group is not None:
                 group.counter.reset()  # this engine's token broadcasts only
             times = time_steps(engine, args, handles)
             row = {"tp": tp, "adapters": n, "scheduling": mode,
-                   "fold": bool(args.fold and n), "pool": pool is not None,
-                   "async_on": engine.async_scheduling,
+                   "fold": engine.config.lora_fold, "async_on": engine.async_scheduling,
                    "overlapped_steps": engine.num_overlapped_steps,
+                   "pool_pages": engine.pool.pool.pages.counts().total,
                    "build_s": built, "piecewise": args.piecewise,
                    "step_ms_p50": 1e3 * statistics.median(times),
                    "step_ms_mean": 1e3 * statistics.fmean(times),
@@ -115,7 +140,7 @@ def bench_rank(rank: int, tp: int, init_file: str, args: argparse.Namespace,
                 engine.shutdown()
             print(json.dumps(row), flush=True)
             rows.append(row)
-            del engine, handles, pool
+            del engine, handles
             if device.type == "cuda":
                 torch.cuda.synchronize(device)
                 torch.cuda.empty_cache()
@@ -136,21 +161,19 @@ def main() -> None:
     p.add_argument("--context", type=int, default=512)
     p.add_argument("--steps", type=int, default=30)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--kv-blocks", type=int, default=4096)
+    p.add_argument("--kv-blocks", type=int, default=4096,
+                   help="KV blocks (at TP=1 the pool adds the adapters' pages)")
     p.add_argument("--piecewise", action="store_true",
                    help="also capture mixed-step pieces (up to 2,048 rows) at build: its "
                         "time is in build_s; decode steps are timed either way")
-    p.add_argument("--fold", action="store_true",
-                   help="LoRA folded into the base GEMMs for decode steps (TP=1 and TP>1)")
-    p.add_argument("--pool", action="store_true",
-                   help="TP=1: factors and KV in the agent's unified page pool")
-    p.add_argument("--pool-host-gib", type=int, default=16,
-                   help="--pool: host tier bytes for the adapters' packed images")
+    p.add_argument("--fold", nargs="?", choices=FOLD_CHOICES, const="on", default="off",
+                   help="LoRA folded into the base GEMMs for decode steps (bare --fold: on)")
+    p.add_argument("--workdir", default="/tmp/adapterplane-bench-tp-engine",
+                   help="TP > 1: where the random base's model directory is kept")
     p.add_argument("--out", type=Path, default=Path("."))
     args = p.parse_args()
-    if args.pool and args.tp != [1]:
-        p.error("--pool is TP=1 only")
     args.out.mkdir(parents=True, exist_ok=True)
+    args.model_dir = str(checkpoint(args)) if any(tp > 1 for tp in args.tp) else None
     rows: list[dict[str, Any]] = []
     for tp in args.tp:
         rows += run_ranks(bench_rank, tp, args)

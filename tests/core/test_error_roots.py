@@ -24,7 +24,7 @@ from dataplane.artifacts.errors import ArtifactRejected, RejectionCode
 from dataplane.errors import EngineError
 from dataplane.identity import IdentityError
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("dataplane", "agent", "controlplane", "cli")
 
 INSTANCE_CODED: dict[type[EngineError], EngineError] = {
