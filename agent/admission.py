@@ -1,4 +1,4 @@
-"""Admission of the engine loop (seed §0x07H): a ticket enters the engine or waits.
+"""Admission of the engine loop: a ticket enters the engine or waits.
 
 The server resolves `model` to one immutable catalog :class:`~agent.catalog.Generation`
 and submits a :class:`~agent.tickets.Ticket` holding it. The loop takes a reference on

@@ -5,10 +5,11 @@ The control plane is the source of truth; this is a read-only replica refreshed 
 controlplane/agents). Each alias keeps its
 recent generations so a request may pin one (`namespace/alias@generation`).
 
-Resolution (`resolve`) is the admission-time step of seed §0x07H: it returns one
-immutable :class:`Generation` that the request keeps to the end, whatever is published
-later. Typed errors carry the HTTP status the server maps them to; nothing here ever
-falls back to the base model or to another generation.
+Resolution (`resolve`) happens once, at admission: it returns one immutable
+:class:`Generation` that the request keeps to the end, whatever is published later
+(docs/ARCHITECTURE.md, "The unified pool", the launch fence). Typed errors carry the HTTP
+status the server maps them to; nothing here ever falls back to the base model or to
+another generation.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Prometheus metrics of one agent (names from seed §0x0B where they apply).
+"""Prometheus metrics of one agent.
 
 Labels are bounded only: `phase` (prefill|decode), `rank_bucket` (le4..le256, gt256,
 base), `state` (loading|active|idle|retiring), `class`/`state` of pool pages, `result`
@@ -6,7 +6,7 @@ base), `state` (loading|active|idle|retiring), `class`/`state` of pool pages, `r
 (rejection codes), `residency` (base|resident|cold). Never adapter, alias, request or
 tenant identifiers.
 
-Every counter moves at its publication event (seed §0x09K): loads count when the load
+Every counter moves at the event it reports, never earlier: loads count when the load
 attempt ends (failed ones included in the latency histogram), cache hits/misses at
 admission, service at iteration completion.
 """

@@ -3,7 +3,7 @@
 Owned by the engine-loop thread (no locks). A :class:`Resident` is one artifact
 (H_artifact) in one engine slot, with the requests that hold it (`refcount`, taken at
 admission and dropped when the request ends) and the requests waiting for its load.
-Reclamation follows seed §0x07H: a resident leaves its slot only when no request holds
+Reclamation is reference-counted: a resident leaves its slot only when no request holds
 it and (for reclamation after a retire/republish) no alias names it any more; LRU
 eviction to make room picks only idle residents (refcount 0, no waiters).
 

@@ -1,7 +1,7 @@
 """The engine loop: one thread owns the `Engine` and the adapter slots; async callers
 talk to it through a command queue and per-request sinks.
 
-Admission (seed §0x07H, :mod:`agent.admission`): a :class:`Ticket` holding one catalog
+Admission (:mod:`agent.admission`): a :class:`Ticket` holding one catalog
 generation enters the engine at once when its artifact is in a slot (cache hit), or waits
 for a cold load (:mod:`agent.adapter_loading`: download on a loader thread, then
 placement in a slot, evicting only an idle adapter). Running requests keep their slot

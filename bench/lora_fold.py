@@ -142,7 +142,7 @@ SWEEP: list[dict[str, int]] = [
     {"norm.FOLD_NUM_WARPS": 32}, {"silu.FOLD_RC": 2}, {"silu.FOLD_RC": 8},
     {"silu.FOLD_RC": 16}, {"silu.FOLD_BLOCK": 2048, "silu.FOLD_NUM_WARPS": 8,
                            "silu.FOLD_RC": 2},
-    # session 16: many distinct adapters per step (64 rows on 64 slots)
+    # many distinct adapters per step (64 rows on 64 slots)
     {"silu.FOLD_BLOCK": 512}, {"silu.FOLD_BLOCK": 512, "silu.FOLD_NUM_WARPS": 2},
     {"silu.FOLD_BLOCK": 2048, "silu.FOLD_NUM_WARPS": 8},
     {"norm.FOLD_RC": 16}, {"norm.FOLD_NUM_WARPS": 8, "norm.FOLD_RC": 16},

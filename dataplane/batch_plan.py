@@ -1,8 +1,8 @@
-"""The per-step BatchPlan: pack scheduled sequences, check its invariants (seed §0x02C-0x03G).
+"""The per-step BatchPlan: pack scheduled sequences, check its invariants.
 
 Torch-free. One `BatchPlan` is built per engine step and shared by every layer. Rows are packed
 phase-major: all prefill rows (request by request, each a contiguous chunk), then one row per
-decode request. The row coordinates of seed §0x02C stay distinct: packed row, owning request
+decode request. The row coordinates stay distinct: packed row, owning request
 (`row_request`), adapter slot (`row_slot`; the LoRA kernels derive their grouped/segment-local
 rows from it) and output (`sample_rows`, an inverse map that restores scheduler request
 order). Adapter runs never define attention boundaries: attention uses `prefill_indptr`,
@@ -58,7 +58,7 @@ class BatchPlan:
     def adapter_runs(self) -> tuple[tuple[int, ...], tuple[int, ...]]:
         """Contiguous adapter runs over packed rows, base (-1) runs included.
 
-        Returns (segment_slot [K], segment_offsets [K+1]); offsets[-1] == T (seed §0x03C).
+        Returns (segment_slot [K], segment_offsets [K+1]); offsets[-1] == T.
         Runs may cross `doff`; they are for the LoRA kernels, never for attention.
         """
         slots: list[int] = []
@@ -74,7 +74,7 @@ class BatchPlan:
 
 def adapter_aware_prefill_order(prefill_slots: SequenceOf[int], first_decode_slot: int | None
                                 ) -> list[int]:
-    """Order prefills so that rows of one adapter are contiguous (seed §0x03B).
+    """Order prefills so that rows of one adapter are contiguous.
 
     Groups by slot in first-appearance order, stable inside a group; the group sharing the
     first decode row's adapter goes last so that its run continues across `doff`. Returns a
@@ -201,7 +201,7 @@ def build_batch_plan(
 def check_batch_plan(plan: BatchPlan) -> None:
     """Verify every BatchPlan invariant before launch; raise InvalidBatchPlan on the first.
 
-    Checks the seed §0x02D/§0x03C conditions (indptr monotone with last == doff, adapter runs
+    Checks the packing conditions (indptr monotone with last == doff, adapter runs
     ending at o_K == T, row ownership contiguous per request, slot constant per request) and
     that positions, context lengths, slot mapping and sample rows agree with each other.
     """

@@ -1,9 +1,8 @@
 """Engine core types in one import: errors, SamplingParams, Sequence and the BatchPlan.
 
 Torch-free. The types live in small modules — `dataplane.errors` (typed errors),
-`dataplane.sampling_params`, `dataplane.sequence` and `dataplane.batch_plan` (seed
-§0x02C-0x03G) — and this module re-exports them so that `from dataplane.core import ...`
-keeps working everywhere.
+`dataplane.sampling_params`, `dataplane.sequence` and `dataplane.batch_plan` — and
+this module re-exports them so that one `from dataplane.core import ...` reaches them all.
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ Torch-free, stdlib only. Rule: every exception class the data plane defines deri
 `EngineError` — directly, or through its package's base (`PoolError`, `LoraKernelError`,
 `ParallelError`, `CollectionError`, `OpsError`, `ArtifactRejected`, `IdentityError`, ...) —
 so a caller catches `EngineError` alone for "any data-plane refusal" and reads `code`,
-`message` and `detail`. `tests/test_error_roots.py` enforces it. (Plain `ValueError` /
+`message` and `detail`. `tests/core/test_error_roots.py` enforces it. (Plain `ValueError` /
 `TypeError` raised for a caller's programming mistake are not typed errors.)
 
 `code` is stable, machine-readable API: a class attribute on most errors; per instance

@@ -1,5 +1,6 @@
-"""Content identities of the serving system (DESIGN.md §3, seed §0x01G). Stdlib + rfc8785 only
-(and the stdlib-only `dataplane.errors`).
+"""Content identities of the serving system (docs/ARCHITECTURE.md, "Identities").
+
+Stdlib + rfc8785 only (and the stdlib-only `dataplane.errors`).
 
 Every digest is SHA-256 (lowercase hex) over RFC 8785 canonical JSON: sorted keys, no
 whitespace, integers within ±2^53, and *no floats at all* — scales are exact fractions

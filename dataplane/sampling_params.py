@@ -1,4 +1,4 @@
-"""SamplingParams: how a request picks each next token and when it stops (seed §0x02C).
+"""SamplingParams: how a request picks each next token and when it stops.
 
 Torch-free; validated on construction, so a bad request is refused before it is queued.
 """

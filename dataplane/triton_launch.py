@@ -1,15 +1,13 @@
 """Launch a Triton kernel through its compiled kernel, skipping ``JITFunction.run``.
 
-``kernel[grid](*args, **constexprs)`` binds and specializes every argument, hashes a
-cache key, looks up the device and stream and only then launches: on the H200 host
-that costs ~50 µs per launch, and an eager 8B step makes 256 LoRA launches (measured:
-the LoRA branch added 34 ms of host time to a 20 ms mixed step, `bench/engine.py
---split-eager`). A `LaunchPlan` is built once per static launch shape (constexpr values,
-compile options, the specialized integer arguments); it keeps the compiled kernels
-Triton chose, keyed by what else Triton specializes on (the device, each tensor's dtype
-and 16-byte alignment), and launches them on the current stream with the arguments in
-parameter order.
-
+``kernel[grid](*args, **constexprs)`` binds and specializes every argument, hashes a cache
+key, looks up the device and stream and only then launches: that costs tens of µs of host
+time per launch, and an eager 8B step makes 256 LoRA launches, so the host, not the
+device, would bound an eager mixed step. A `LaunchPlan` is built once per static launch
+shape (constexpr values, compile options, the specialized integer arguments); it keeps the
+compiled kernels Triton chose, keyed by what else Triton specializes on (the device, each
+tensor's dtype and 16-byte alignment), and launches them on the current stream with the
+arguments in parameter order.
 The first launch for a key goes through ``kernel[grid]`` itself (so Triton compiles,
 caches and launches as usual); under ``TRITON_INTERPRET=1`` (CPU tests) or with
 ``ADAPTERPLANE_TRITON_FAST_LAUNCH=0`` every launch does.

@@ -2,7 +2,7 @@
 
 Built once per step (shared by every layer). Attention boundaries come only from
 `prefill_indptr`, `doff`, the positions and the block tables — never from adapter runs
-(seed §0x03A). Every row attends to the keys of its own request at positions
+(an adapter run may span requests). Every row attends to the keys of its own request at positions
 `<= its own position` (and, for sliding-window layers, `> position - window`).
 
 Prefill rows get either one `PrefillBatch` (Triton varlen kernel: indptr, context lengths,
@@ -87,7 +87,7 @@ def prefill_batch(indptr: tuple[int, ...] | list[int], context_lens: tuple[int, 
     # One int32 buffer, each segment starting on a 16-byte boundary: Triton specialises
     # pointer arguments on 16-byte alignment, so unaligned segments (offsets that vary
     # with the step's request and tile counts) would each compile another kernel variant
-    # in the middle of serving (measured: 1-3 compiles of ~0.3-1 s in an 8B trace run).
+    # in the middle of serving, each one a stall of a large fraction of a second.
     segments: list[list[int]] = [list(indptr), list(context_lens)]
     table_rows: list[int] = []
     for r in range(p):

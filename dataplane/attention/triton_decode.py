@@ -162,12 +162,13 @@ def decode_splits(rows: int, kv_heads: int, device: torch.device) -> int:
     return splits
 
 
-# `bench/decode_attention.py` (H200, session 13; Llama-8B heads, bf16, µs per call): 64-key
-# tiles beat 32 in every case with one split (64 rows x 512 keys, 8 KV heads: 37.8 vs 40.8;
-# 256 x 2,048, 4 KV heads: 252 vs 300); splits pay where (row, KV head) pairs are few
-# (16 x 2,048, 4 KV heads: 26.2 with 8 splits vs 63.2 with 1; 64 x 512, 4 KV heads, the
-# TP=2 decode step: 25.7 with 2 vs 26.0) and cost where they are many (512 pairs: 45.4
-# with 2 vs 37.8). About 4 programs per multiprocessor is the boundary.
+# Key tiles of 64 (BLOCK_N) beat tiles of 32 at every decode shape: fewer iterations over
+# the same bytes. Splitting a request's keys over several programs pays only where
+# (row, KV head) pairs are too few to fill the device (16 rows x 2,048 keys with 4 KV heads;
+# a TP=2 rank's 64 rows with 4 KV heads) and costs where they are many (the partials'
+# reduce is extra work): splits double while the grid stays within about 4 programs per
+# multiprocessor (SPLIT_TARGET). `bench/decode_attention.py` times these shapes; measured:
+# docs/PERFORMANCE.md, "Engine".
 MAX_SPLITS = 8
 SPLIT_TARGET = 4
 BLOCK_N = 64

@@ -1,4 +1,5 @@
-"""Compress then Serve: fit shared bases for an adapter collection (seed §0x06G).
+"""Compress then Serve: fit shared bases for an adapter collection (docs/ARCHITECTURE.md,
+"Collections (Compress then Serve)").
 
 `fit_collection` turns n adapters' per-module updates into per-cluster bases `U, V` and
 per-adapter cores (JD-Full or JD-Diag); `build_bundle` / `write_bundle` / `read_bundle`

@@ -1,7 +1,7 @@
 """The immutable collection bundle: shared bases, per-adapter cores, and their identity.
 
-A core is meaningless without the exact bases it was fitted against (seed §0x06G7), so
-identities nest:
+A core is meaningless without the exact bases it was fitted against, so identities
+nest:
 
     basis digest (cluster c)  = digest({module: {"u": sha256(U bytes), "v": sha256(V bytes)}})
     core digest (adapter i)   = digest({"basis": basis digest of i's cluster,

@@ -1,6 +1,6 @@
 """Fit a whole adapter collection: every module, one cluster assignment per adapter.
 
-Follows seed §0x06G5–G6. Each update is normalised to unit Frobenius norm before fitting
+Each update is normalised to unit Frobenius norm before fitting
 (so every adapter weighs the same) and its cores are scaled back afterwards. With `k > 1`
 clusters the assignment is shared by all modules of an adapter (the scheduler groups rows
 by cluster once, not per module):

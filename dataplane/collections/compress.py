@@ -1,4 +1,4 @@
-"""Offline Compress-then-Serve conversion of one collection (seed §0x06G5 pipeline).
+"""Offline Compress-then-Serve conversion of one collection.
 
 Freeze the ordered source set → validate every member against the base → fit bases and
 cores (unit-norm updates, cores restored) → evaluate reconstruction → refuse release past

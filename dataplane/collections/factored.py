@@ -1,6 +1,6 @@
 """One adapter's update for one module, kept factored: ΔW = s · B A, never densified.
 
-Collection fitting (seed §0x06G1) only needs products with the update (`Δ V`, `Δᵀ U`,
+Collection fitting only needs products with the update (`Δ V`, `Δᵀ U`,
 `Uᵀ Δ V`) and its squared Frobenius norm; with `B [d_out, r]`, `A [r, d_in]` each costs
 `O((d_out + d_in) r R)` instead of the `d_out × d_in` dense matrix per adapter. Everything
 is float64: fitting is offline and its reference checks are exact to ~1e-12.

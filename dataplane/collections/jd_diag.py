@@ -1,4 +1,4 @@
-"""JD-Diag: `ΔW_i ≈ U diag(s_i) Vᵀ = Σ_j s_ij u_j v_jᵀ`, unconstrained `U, V` (seed §0x06G1).
+"""JD-Diag: `ΔW_i ≈ U diag(s_i) Vᵀ = Σ_j s_ij u_j v_jᵀ`, unconstrained `U, V`.
 
 Block coordinate descent over `U`, `V` and the diagonal cores `S [n, R]`; each block is an
 exact least-squares minimiser, so the residual never increases:

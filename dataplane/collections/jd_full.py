@@ -1,4 +1,4 @@
-"""JD-Full: orthonormal shared bases `U, V`, unconstrained cores (seed §0x06G1).
+"""JD-Full: orthonormal shared bases `U, V`, unconstrained cores.
 
 For fixed orthonormal bases the best core is `Σ_i = Uᵀ Δ_i V`, so fitting maximises the
 captured energy `Σ_i ‖Uᵀ Δ_i V‖²`. Alternate: `U` = top-R left singular vectors of

@@ -1,4 +1,4 @@
-"""A fitted shared basis for one module: `ΔW_i ≈ U Σ_i Vᵀ` (seed §0x06G1).
+"""A fitted shared basis for one module: `ΔW_i ≈ U Σ_i Vᵀ`.
 
 `cores` is `[n, R, R]` (JD-Full) or `[n, R]` (JD-Diag, `Σ_i = diag(s_i)`). Residuals are
 computed from factors, never from dense updates:

@@ -1,4 +1,4 @@
-"""Parameter ledgers and break-even collection sizes (seed §0x06G3), exact integers.
+"""Parameter ledgers and break-even collection sizes, exact integers.
 
 `S = d_in + d_out`, `r0` the source adapters' rank, `R` the shared rank, `n` adapters,
 `k` clusters. These are representation counts for one adapted matrix shape; a model's

@@ -1,4 +1,4 @@
-"""The runtime operator of a compressed collection (seed §0x06G4), reference torch path.
+"""The runtime operator of a compressed collection, reference torch path.
 
 For row-major tokens `X [N, d_in]` and adapter i: `X ΔW_iᵀ ≈ ((X V) Σ_iᵀ) Uᵀ`:
 

@@ -5,7 +5,7 @@ it like any adapter) but its factors are not a LoRA: the slot's LoRA ranks stay 
 runner's `CollectionTable`s hold the cluster's shared bases once, in a basis block, and the
 member's core at its slot (dataplane/layers/collection_table.py).
 
-A load is one transaction (seed §0x06G7): the bundle is verified (`read_bundle` re-derives
+A load is one transaction: the bundle is verified (`read_bundle` re-derives
 every basis/core digest), every check — base, rank, module shapes, free blocks, free slots —
 passes before the first write, the bases and cores are written into blocks and slots no row
 can read, and only then are the member handles bound, all at once. A core is therefore never

@@ -1,4 +1,5 @@
-"""H_kernel_local of an adapter placed whole on one device (DESIGN.md §3).
+"""H_kernel_local of an adapter placed whole on one device (docs/ARCHITECTURE.md,
+"Identities").
 
 A one-GPU slot holds every module's factors unsharded, B stored transposed, in the
 runner's factor tables ("stacked": one [slots, rank, width] table per fused projection)

@@ -1,17 +1,16 @@
 """CUDA graphs for mixed (prefill + decode) steps, piecewise around attention.
 
 An eager 8B step launches ~20 kernels per layer (~30 with LoRA), each costing tens of µs
-of host time, so a step of a few hundred rows waits on the host (`bench/engine.py
---split-eager`). Here the layers' work between attention calls is captured, per row
-bucket, as L + 1 graphs ("pieces"): piece 0 = embeddings, RoPE tables, the LoRA row
-grouping and layer 0 up to its fused RoPE + KV write; piece k = layer k-1 after attention
-(o, add-norm, gate/up, down, all with LoRA) and layer k up to its KV write; piece L = the
-last layer after attention. Each piece copies its layer's q (and k/v where the torch
-attention path reads fresh keys) into static buffers; attention runs eagerly between
-pieces, on the real rows only, with the step's own metadata (prefill tiles and decode
-block tables change every step), writing into one static output buffer the next piece
-reads. A piece's other outputs (the residual stream) are read only by the next piece, so
-later pieces may reuse their memory.
+of host time, so a step of a few hundred rows waits on the host. Here the layers' work
+between attention calls is captured, per row bucket, as L + 1 graphs ("pieces"): piece 0 =
+embeddings, RoPE tables, the LoRA row grouping and layer 0 up to its fused RoPE + KV
+write; piece k = layer k-1 after attention (o, add-norm, gate/up, down, all with LoRA) and
+layer k up to its KV write; piece L = the last layer after attention. Each piece copies
+its layer's q (and k/v where the torch attention path reads fresh keys) into static
+buffers; attention runs eagerly between pieces, on the real rows only, with the step's own
+metadata (prefill tiles and decode block tables change every step), writing into one
+static output buffer the next piece reads. A piece's other outputs (the residual stream)
+are read only by the next piece, so later pieces may reuse their memory.
 
 A plan with T rows takes the smallest bucket B >= T: its ids, positions, KV write slots
 and row slots are staged into static buffers and rows T..B-1 padded (token 0, position 0,

@@ -1,6 +1,6 @@
 """The LoRA backend interface: per-step metadata, per-module factor tables, ops.
 
-Math (seed §0x02, DESIGN.md §5). For a projection with ``NS`` output slices
+Math (docs/ARCHITECTURE.md, "LoRA execution paths"). For a projection with ``NS`` output slices
 (1 for o_proj/down_proj, 3 for fused q/k/v, 2 for gate/up), every scheduler row
 ``t`` with slot ``s = row_slot[t] >= 0`` gets, for every slice ``k``::
 
@@ -17,9 +17,9 @@ Three objects, built at three different times:
   device into preallocated :class:`LoraMetaBuffers` without a host sync.
 * :class:`LoraModuleWeights` — once per (layer, module) when slots change: the
   per-slot rank and scale tables and the *row-address tables* that locate every
-  rank row of every factor inside one flat storage tensor (the shared page pool,
-  DESIGN.md §5). A contiguous stacked layout is the same thing with regular
-  addresses (:class:`dataplane.kernels.factor_table.LoraFactorTable`).
+  rank row of every factor inside one flat storage tensor (the unified page pool,
+  docs/ARCHITECTURE.md, "The unified pool"). A contiguous stacked layout is the same
+  thing with regular addresses (:class:`dataplane.kernels.factor_table.LoraFactorTable`).
 * :class:`LoraWorkspace` — once per engine: scratch for the bottleneck ``z``.
 
 Factor orientation in storage: ``A`` rank rows are ``[r, in_features]`` (PEFT's

@@ -1,7 +1,7 @@
 """A self-contained factor table for one (layer, module): storage + address tables.
 
-Until the page pool (DESIGN.md §5) places factors itself, engines, tests and the
-benchmark keep each module's factors here. The storage is one flat tensor; every
+Wherever the unified page pool does not place factors (tensor-parallel ranks' shards,
+tests, benchmarks), each module's factors live here. The storage is one flat tensor; every
 rank row has a fixed home, so loading a slot writes its rows in place and
 republishes nothing (no per-step copies). Two layouts, same kernels:
 
@@ -9,7 +9,7 @@ republishes nothing (no per-step copies). Two layouts, same kernels:
   ``((k-block) + (s * R + i) * width)``; the torch backend can then use strided
   views (``LoraModuleWeights.stacked``) instead of gathering.
 * ``"scattered"``: the same rows at a fixed random permutation of homes, the
-  address pattern a page pool produces; used to test and time the paged path.
+  address pattern a page pool produces; it exercises and times the paged path.
 """
 
 from __future__ import annotations
@@ -151,7 +151,7 @@ class LoraFactorTable:
             self.mirror.write(slot, factors)
 
     def clear_slot(self, slot: int) -> None:
-        """Rank 0 for every slice and zeroed rows (seed §0x06A: no stale tails)."""
+        """Rank 0 for every slice and zeroed rows (no stale tails)."""
         if not 0 <= slot < self.num_slots:
             raise LoraSlotError(f"slot {slot} outside [0, {self.num_slots})")
         for k, width in enumerate(self.out_features):

@@ -2,8 +2,7 @@
 
 Deliberately independent of the tables, metadata and kernels: it takes the
 factors in PEFT orientation per slot and loops over rows, so it is obviously
-right and serves as the oracle for both backends (seed §0x02G: "an oracle, not
-a proposed fast path").
+right and serves as the oracle for both backends: an oracle, never a fast path.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 Two paths, same contract (:class:`dataplane.kernels.base.LoraBackend`):
 
 * **loop** — per active slot: ``index_select`` the slot's rows, two ``mm`` per
-  slice, ``index_add_`` into ``y`` (PEFT-style grouping, seed §0x02A). Factors
+  slice, ``index_add_`` into ``y`` (PEFT-style grouping). Factors
   come from strided views of the storage when the table is stacked, else they
   are gathered through the row-address tables. Host work grows with the number
   of active slots; each factor is read once per step.

@@ -1,8 +1,8 @@
-"""Page pool: fixed-size pages handed out to explicit owners (seed/DESIGN §5, S-LoRA paging).
+"""Page pool: fixed-size pages handed out to explicit owners (S-LoRA paging).
 
-The pool only counts and names pages; what a page holds is decided by its owner. Today the
-only owner is the KV block manager (one page = one KV block of `block_size` tokens for every
-layer). The residency work makes the same pool hold adapter factor pages, so every page
+The pool only counts and names pages; what a page holds is decided by its owner: the KV
+block manager (one page = one KV block of `block_size` tokens for every layer) or, in the
+unified pool (docs/ARCHITECTURE.md, "The unified pool"), an adapter generation. Every page
 records the kind of owner that took it and must be freed under that same kind; pool
 conservation `num_free + sum(num_used(kind)) == num_pages` holds after every call, failed or
 not.

@@ -1,6 +1,7 @@
-"""Prefix-cache keys: a hash chain over full KV blocks, rooted in the cache ABI (DESIGN §3).
+"""Prefix-cache keys: a hash chain over full KV blocks, rooted in the cache ABI.
 
-A block's key covers everything that determines its K/V rows and nothing that does not:
+A block's key covers everything that determines its K/V rows and nothing that does not
+(docs/ARCHITECTURE.md, "Identities"):
 
     root   = identity.prefix_key(identity.CacheABI(h_base, semantic | None, kv_dtype,
                                                    block_tokens, tp shard).sha256,
@@ -14,8 +15,8 @@ K/V, so an adapter request never shares with base or with another adapter, even 
 0. Never in a key: request id, adapter alias or name, slot, block ids, sampling policy.
 Positions are implied by the chain (block i covers positions [i*bs, (i+1)*bs)).
 
-aLoRA (seed §0x08H): `execution_digest` keys a block wholly before the activation position
-with the base identity, so several adapters share it. The engine does not use it yet (that
+Activated LoRA (aLoRA): `execution_digest` keys a block wholly before the activation position
+with the base identity, so several adapters share it. The engine does not use it (that
 needs per-row adapter activation in the model), so every request keys with active_from = 0.
 """
 

@@ -1,7 +1,7 @@
 """Compress-then-Serve members served natively: shared bases resident once, a core per slot.
 
-A collection member's update of one projection slice is ``ΔW_i = U_c Σ_i V_cᵀ`` (seed
-§0x06G4): bases ``U_c [d_out, R]``, ``V_c [d_in, R]`` shared by every member of cluster
+A collection member's update of one projection slice is ``ΔW_i = U_c Σ_i V_cᵀ``:
+bases ``U_c [d_out, R]``, ``V_c [d_in, R]`` shared by every member of cluster
 ``c``, and a small core ``Σ_i [R, R]`` of its own. One `CollectionTable` per (layer, fused
 projection) holds ``K`` basis *blocks* (a block = one resident cluster of one collection)
 and one core per adapter slot, and adds to ``y`` for every row whose slot holds a member:

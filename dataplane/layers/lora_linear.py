@@ -37,7 +37,7 @@ class FactorSource(Protocol):
 class LoraStepContext:
     """What every LoRA linear needs for one step: backend, row grouping, scratch.
 
-    Built once per step by the model runner (seed §0x03G: one plan, shared by all layers).
+    Built once per step by the model runner (one plan, shared by all layers).
     """
 
     backend: LoraBackend

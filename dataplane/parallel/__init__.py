@@ -1,9 +1,10 @@
 """Tensor-parallel data plane: process groups, parallel linears with sharded LoRA.
 
 Megatron-style: column-parallel q/k/v and gate/up, row-parallel o and down, vocab-parallel
-embedding and LM head; the LoRA branch in two layouts (seed §0x06F "paper" schedule, and
-our default "no_extra_collectives"), chosen per module by `cost_model.decide_layout` and
-recorded in H_kernel_local (`layout_identity`). Collectives are counted (`collectives`).
+embedding and LM head; the LoRA branch in two layouts ("paper", the S-LoRA paper's
+schedule, and our default "no_extra_collectives"), chosen per module by
+`cost_model.decide_layout` and recorded in H_kernel_local (`layout_identity`).
+Collectives are counted (`collectives`).
 
 Serving (imported explicitly, not re-exported): `tp_engine.TPEngine` runs the real Engine
 on every rank in lockstep (rank 0 schedules, samples and broadcasts each plan over

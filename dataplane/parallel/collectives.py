@@ -1,8 +1,8 @@
 """Counted collectives: every tensor-parallel byte goes through one small wrapper.
 
-Why: the benchmark and the tests must *count* what a forward sends (seed §0x06F5: calls
-and bytes are separate ledgers; one small NCCL call costs 35–40 µs on our 2×H200 whatever
-its size, BENCHMARKS.md). `TPGroup` owns the process group of one TP group and a
+Why: the benchmark and the tests must *count* what a forward sends. Calls and bytes are
+separate ledgers, because a small NCCL call costs about the same whatever its size
+(`cost_model.SMALL_COLLECTIVE_S`). `TPGroup` owns the process group of one TP group and a
 `CollectiveCounter`; each call names its purpose ("base" for the base projection's own
 collectives, "lora" for anything the adapter branch adds, "control" for the leader's
 messages, "tokens" for the sampled tokens the leader hands the followers under async
@@ -11,7 +11,7 @@ scheduling) so "the default layout adds no call" is a checked count, not a claim
 Ledgers per (purpose, kind):
     calls          number of collective calls
     payload_bytes  bytes of the tensor this rank hands to the call
-    ring_bytes     logical per-rank traffic of a ring algorithm (seed §0x06F5):
+    ring_bytes     logical per-rank traffic of a ring algorithm:
                    all-gather (N-1)/N * output bytes, all-reduce 2(N-1)/N * bytes;
                    a Fraction, exact for any N.
 With size 1 nothing is sent and nothing is counted.

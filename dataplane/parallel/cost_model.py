@@ -1,6 +1,6 @@
 """Per-module choice of LoRA layout under TP: resident bytes versus collective calls.
 
-Both layouts give the same global update; they differ in two ledgers (seed §0x06F5):
+Both layouts give the same global update; they differ in two ledgers:
 
 * paper: 1 extra collective per projection per forward (all-gather of the rank-sliced
   bottleneck for column-parallel, all-reduce of the bottleneck partials for row-parallel),
@@ -33,18 +33,18 @@ from dataplane.parallel.shard import (
 )
 
 SMALL_COLLECTIVE_S = 37.5e-6
-"""One small NCCL collective on 2×H200 (NVLink, multicast off): 35–40 µs whatever its size,
-measured 2026-11-29 (docs: ../shared/BENCHMARKS.md, "Physical floors"); midpoint. Inside a
-replayed decode graph the all-reduce kernel itself takes 9.7 µs (docs/PERFORMANCE.md,
-Tensor parallel, session 13), but the paper layout's 128 extra calls per decode step cost
-+4.5–5.1 ms over the default layout end to end (35–40 µs each, with the bottleneck's
-assembly around them; session 10): the constant stands for what a call adds, not for the
-kernel."""
+"""What one extra small NCCL collective adds to a step on two NVLink-connected H200s
+(multicast off): 35–40 µs whatever its size; the constant is the midpoint. Inside a replayed
+decode graph the all-reduce kernel itself takes under 10 µs, but each extra call also brings
+the bottleneck's assembly and the launches around it, so the paper layout's 128 extra calls
+per decode step cost 4.5–5.1 ms end to end: the constant stands for what a call adds, not
+for the kernel (measured: docs/PERFORMANCE.md, "Tensor parallel")."""
 NVLINK_BYTES_PER_S = 450e9
 """H200 SXM NVLink 4: 900 GB/s bidirectional per GPU (NVIDIA H200 datasheet) -> 450 GB/s
 one direction, the rate a ring step moves bytes."""
 HBM_BYTES_PER_S = 4073e9
-"""H200 device copy bandwidth measured 2026-11-29 (BENCHMARKS.md; spec 4.8 TB/s)."""
+"""H200 device copy bandwidth as a plain copy reaches it (spec 4.8 TB/s; measured:
+docs/PERFORMANCE.md, "Engine")."""
 
 
 @dataclass(frozen=True)
@@ -82,7 +82,7 @@ class LayoutDecision:
 
 
 def paper_ring_bytes(m: ModuleTraffic) -> Fraction:
-    """Logical per-rank bytes of the paper schedule's extra collective (seed §0x06F5)."""
+    """Logical per-rank bytes of the paper schedule's extra collective."""
     n = m.tp_size
     if m.style == COLUMN:  # all-gather of [T, NS, r]: (N-1) T NS r / N
         return Fraction((n - 1) * m.tokens * m.num_slices * m.rank * m.bottleneck_bytes, n)

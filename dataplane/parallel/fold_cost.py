@@ -16,7 +16,7 @@ idle fold slots. Its copies of the fold slots' factors (`fold_resident_bytes`) m
 fit the agent's per-rank budget for extra resident factor bytes, when one is set.
 
 On the CPU a step has no kernel launches to save, so the fold only widens the GEMMs: it is
-off there (docs/PERFORMANCE.md, "CPU engine").
+off there.
 """
 
 from __future__ import annotations

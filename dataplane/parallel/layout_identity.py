@@ -1,4 +1,5 @@
-"""Recording the TP placement of an adapter in H_kernel_local (DESIGN.md §3, seed §0x06F6).
+"""Recording the TP placement of an adapter in H_kernel_local (docs/ARCHITECTURE.md,
+"Identities").
 
 The per-module layout is recorded through `dataplane.identity.LocalModuleLayout` shard
 ranges, and the four (style, layout) pairs have four distinct shard signatures, so the

@@ -1,17 +1,17 @@
 """The LoRA branch of one tensor-parallel projection, in either layout.
 
-Notation per rank j of N (PEFT orientation, seed §0x06F1; `s` = scale, per row's slot):
+Notation per rank j of N (PEFT orientation; `s` = scale, per row's slot):
 
 column-parallel base (output-sharded ``y_j = x W_j^T``, x replicated):
     no_extra_collectives  ``y_j += s (x A^T) B_j^T``                 0 extra calls
-    paper (§0x06F2)       ``z_j = x A_j^T`` (r/N wide);
+    paper                 ``z_j = x A_j^T`` (r/N wide);
                           ``z = AllGather_rank(z_0..z_{N-1})``;
                           ``y_j += s z B_j^T``                       1 all-gather (all
                                                                      fused slices at once)
 row-parallel base (input-sharded; ``y = AllReduce(x_j W_j^T)``, added by the caller):
     no_extra_collectives  ``p_j += s (x_j A_j^T) B^T``, before the base all-reduce:
                           ``sum_j (x_j A_j^T) B^T = (x A^T) B^T``   0 extra calls
-    paper (§0x06F3)       ``z = AllReduce(x_j A_j^T)``; ``p_j[:, out_j] += s z B_j^T``
+    paper                 ``z = AllReduce(x_j A_j^T)``; ``p_j[:, out_j] += s z B_j^T``
                           (disjoint slices ride on the base all-reduce) 1 all-reduce
 
 The local arithmetic is the kernels backend's (`LoraBackend.shrink/expand/add_lora`) on a
@@ -193,7 +193,7 @@ class ShardedLoraBranch:
         Column: `y` is the local output ``[T, sum(widths/N)]``, `x` ``[T, d_in]``.
         Row: `y` is this rank's base partial ``[T, d_out]`` *before* the base all-reduce,
         `x` ``[T, d_in/N]``; `out_slice` = this rank's output columns (paper layout).
-        `trace`, when given, receives copies of the intermediates (tests, seed §0x06F4).
+        `trace`, when given, receives copies of the intermediates (the exact two-rank trace test).
         """
         backend, meta, ws = ctx.backend, ctx.meta, ctx.workspace
         if not self.paper:

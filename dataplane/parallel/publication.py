@@ -1,4 +1,4 @@
-"""All-ranks-validate publication of an adapter generation (seed §0x06F6, §0x06H).
+"""All-ranks-validate publication of an adapter generation.
 
 "Every rank publishes a generation only when all ranks have validated it": a rank that
 published early would let one request see a mixed adapter generation across shards.

@@ -1,6 +1,6 @@
 """Slicing global weights and PEFT factors into one TP rank's local tensors.
 
-Orientation (seed §0x06F1): factors are in PEFT/checkpoint orientation, A ``[r, d_in]``,
+Orientation: factors are in PEFT/checkpoint orientation, A ``[r, d_in]``,
 B ``[d_out, r]``, delta ``= scale * X A^T B^T``; S-LoRA's ``A``/``B`` are their transposes.
 Rank ``j`` of ``N`` owns the half-open interval ``[j*n/N, (j+1)*n/N)`` of a sharded axis of
 length ``n`` (contiguous, even; an indivisible axis is refused, never padded). Replicated

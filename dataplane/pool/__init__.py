@@ -1,6 +1,6 @@
 """Unified adapter + KV page pool, residency transactions and the host tier.
 
-Layers (seed §0x04–0x05, §0x07F–0x07I, DESIGN.md §5):
+Layers (docs/ARCHITECTURE.md, "The unified pool"):
 
 * bookkeeping, torch-free: :mod:`page_pool` (page states and owners, conservation),
   :mod:`page_demand` (demand from tensor shapes, admission inequality),

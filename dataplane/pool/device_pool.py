@@ -136,8 +136,17 @@ class DevicePool:
         return [r for r in self.residents.values() if r.key != exclude_key and r.txn is None]
 
     def reclaimable_pages(self, exclude_key: str | None = None) -> int:
+        """Pages of the residencies a victim search may take now (`is_eligible`). The
+        cheap disqualifiers (references, pins, an open transaction) are checked first, so
+        a pool whose adapters are all held or pinned answers without the full check."""
+        idle = [r for r in self.residents.values()
+                if not (r.refcount or r.pin_count or r.txn is not None) and r.key != exclude_key]
+        if not idle:
+            return 0
         live = self.live_generations()
-        return sum(len(r.pages) for r in self.candidates(exclude_key) if is_eligible(r, live))
+        for r in idle:
+            r.host_source_verified = r.key in self.host
+        return sum(len(r.pages) for r in idle if is_eligible(r, live))
 
     # ---- references, pins, queued reservations -------------------------------------------
     def acquire(self, res: Residency) -> None:

@@ -1,6 +1,6 @@
 """Victim selection: a hard eligibility predicate first, then a ranking among survivors.
 
-Seed §0x04F / §0x05D. Eligibility is a safety proof; ranking (LRU by default) is only
+Eligibility is a safety proof; ranking (LRU by default) is only
 policy and never sees an ineligible object. Reuse of the pages is a third step owned by
 the transaction (after the victim is unpublished and its events are complete).
 """

@@ -1,6 +1,6 @@
 """Fault injection hooks for copy, validation, publication and download (off by default).
 
-Seed §0x0C. A :class:`FaultInjector` with nothing armed is inert. Arm from code
+A :class:`FaultInjector` with nothing armed is inert. Arm from code
 (tests) or from the environment (chaos drills on a running agent)::
 
     ADAPTERPLANE_FAULTS="copy=fail@2,validate=fail,publish=delay:0.5,download=fail*3"

@@ -1,6 +1,6 @@
 """Host tier: an LRU of verified packed artifacts in (pinned) host memory, and a disk cache.
 
-Seed §0x04A. :class:`HostTier` holds :class:`PackedAdapter` images (the exact bytes the
+:class:`HostTier` holds :class:`PackedAdapter` images (the exact bytes the
 device pages get) under a byte budget; an entry is admitted only after its payload
 digest re-verifies and its padding (page tails, rank rows beyond the logical rank) is
 zero, so every entry is a *trusted host source* for loads and for compensating

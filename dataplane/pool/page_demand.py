@@ -1,6 +1,6 @@
 """Page demand derived from an adapter's tensors, and the joint admission inequality.
 
-Seed §0x04D, §0x05C. Demand counts *every* module, *both* factors and *every* layer:
+Demand counts *every* module, *both* factors and *every* layer:
 it is computed by the same row placement that later writes the bytes, so what the
 ledger reserves is exactly what the copy fills.
 
@@ -10,10 +10,11 @@ must be one contiguous run of elements, so a row never straddles a page. Rows ar
 packed first-fit in canonical order — sorted ``(layer, module)``, then the ``A`` rows,
 then the ``Bt`` rows, each ``physical_rank`` rows (rows beyond the logical rank are
 zero padding) — so a page of ``E`` elements holds ``floor(E / width)`` rows of one
-tensor. When every width divides ``E`` this equals the seed's
+tensor. When every width divides ``E`` this equals
 ``sum_m ceil(r d_in / E) + ceil(d_out r / E)`` up to sharing a page between tensors;
-e.g. the §0x05B fixture (q/k/v/o, rank 1, H = 8, L = 2, pages of 2·L·H = 32
-elements) packs 16 rows of 8 elements into exactly ``4 * rank = 4`` pages.
+e.g. the sixteen-page admission example of the pool tests (q/k/v/o, rank 1, H = 8,
+L = 2, pages of 2·L·H = 32 elements) packs 16 rows of 8 elements into exactly
+``4 * rank = 4`` pages.
 """
 
 from __future__ import annotations
@@ -46,7 +47,7 @@ class FactorShape:
     """One adapted module of one layer: ``A [rank, d_in]``, ``B [d_out, rank]``.
 
     ``physical_rank`` (>= rank) is the stored row count; rows ``rank..physical_rank-1``
-    are zero (fixed-rank slots, seed §0x07B1). ``scale`` is the semantic scale s.
+    are zero (fixed-rank slots). ``scale`` is the semantic scale s.
     """
 
     layer: int
@@ -129,13 +130,13 @@ def plan_rows(shapes: Iterable[FactorShape], geometry: PageGeometry) -> RowPlan:
 
 
 def adapter_page_demand(shapes: Iterable[FactorShape], geometry: PageGeometry) -> int:
-    """Pages one adapter generation occupies in ``geometry`` (``P_a`` of §0x04D)."""
+    """Pages one adapter generation occupies in ``geometry`` (``P_a``)."""
     return plan_rows(shapes, geometry).num_pages
 
 
 @dataclass(frozen=True)
 class AdmissionDemand:
-    """The right-hand side of the §0x05C inequality, in pages."""
+    """The right-hand side of the admission inequality, in pages."""
 
     adapter_incremental: int
     kv_initial: int
@@ -163,7 +164,7 @@ class AdmissionDemand:
 def check_admission(free: int, reclaimable: int, demand: AdmissionDemand) -> None:
     """Raise :class:`AdmissionRefused` unless ``free + reclaimable >= demand.total``.
 
-    Necessary, not sufficient (§0x05C): validity, ABI and restore-ability are checked
+    Necessary, not sufficient: validity, ABI and restore-ability are checked
     by the transaction itself.
     """
     if free + reclaimable < demand.total:

@@ -1,6 +1,6 @@
 """Bookkeeping of one unified page pool: which page is in which state, owned by whom.
 
-Seed §0x05A. ``total`` fixed-size pages; each page is in exactly one physical state::
+``total`` fixed-size pages; each page is in exactly one physical state::
 
     free | reserved(txn) | adapter(key, generation) | kv(owner)
 
@@ -11,7 +11,7 @@ set: an adapter page belongs to exactly one adapter generation (shared by every
 request that leases it, which is counted elsewhere); a KV page belongs to one
 request attempt or one prefix-sharing relation (``KvOwner.owner`` names either).
 
-Allocation is deterministic: the lowest free page indices first (so the seed
+Allocation is deterministic: the lowest free page indices first (so the test
 fixtures reproduce exactly). Plain Python, torch-free, single-threaded: the engine
 loop owns the pool; readers on other threads use published snapshots instead.
 """

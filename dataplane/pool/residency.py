@@ -1,6 +1,6 @@
 """Residency of one adapter generation on one worker: an explicit guarded state machine.
 
-Seed §0x04C / §0x04F::
+States::
 
     absent -> host_ready -> reserved -> loading -> validated -> published
            -> active <-> idle -> retiring -> absent
@@ -12,7 +12,7 @@ publication is a new :class:`Residency` with a new generation, never a step back
 
 A record is one ``(key, generation)``: ``key`` is the artifact digest and
 ``generation`` this worker's residency generation for that key (b@g4 -> b@g5 after a
-rollback restored it). Counters are the §0x04F eviction inputs.
+rollback restored it). Counters are the eviction inputs.
 """
 
 from __future__ import annotations

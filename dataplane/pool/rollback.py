@@ -4,7 +4,7 @@
 ``publish_residency`` is the single visibility point (pointer-table swap, then page
 ownership moves from the reservation to the adapter generation); ``restore_victim``
 reloads an overwritten victim from its verified host copy into its own pages under a
-fresh generation (seed §0x05F: b@g4 -> b@g5).
+fresh generation (b@g4 -> b@g5).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Kernel adapter slots, the generation-stamped pointer table, and live launch snapshots.
 
-Seed §0x05E / §0x07F–0x07H. A slot handle is valid only as the whole tuple
+A slot handle is valid only as the whole tuple
 ``(slot_id, slot_generation, pointer_generation, artifact_digest)``. Each slot carries
 its own slot and pointer generations: reserving a slot bumps its slot generation,
 publishing bumps its pointer generation, and discarding or reclaiming bumps both, so a
@@ -169,7 +169,7 @@ class SlotTable:
 
 @dataclass(frozen=True)
 class LaunchSnapshot:
-    """The self-consistent tuple a kernel launch reads (§0x05E)."""
+    """The self-consistent tuple a kernel launch reads."""
 
     launch_id: int
     table_generation: int

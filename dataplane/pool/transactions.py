@@ -1,6 +1,6 @@
 """Load/admission transactions: reserve -> copy -> validate -> publish, or roll back.
 
-Seed §0x04E, §0x05B, §0x05F. One :class:`LoadTransaction` admits one request (or a
+One :class:`LoadTransaction` admits one request (or a
 prefetch / hotswap staging, with no request) against the joint page demand::
 
     begin()       validate the host source (bytes digest), derive demand, prove the

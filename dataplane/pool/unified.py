@@ -1,6 +1,6 @@
 """The unified pool that serves both KV blocks and adapter factor pages: sizing and the KV view.
 
-Physical story (DESIGN §5, S-LoRA unified paging):
+Physical story (docs/ARCHITECTURE.md, "The unified pool"; S-LoRA unified paging):
 
 * **One page-id space.** The pool has ``N`` pages, ids ``[0, N)``. The engine is built
   with ``num_kv_blocks == N`` and draws KV blocks through

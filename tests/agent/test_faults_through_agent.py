@@ -1,4 +1,4 @@
-"""Injected load faults through real agent processes (seed §0x0C; `ADAPTERPLANE_FAULTS`).
+"""Injected load faults through real agent processes (`ADAPTERPLANE_FAULTS`).
 
 `faulty_agent` (fresh download cache) fails the first artifact download, the first
 pool copy (after one page was written), the first validation, and *every*

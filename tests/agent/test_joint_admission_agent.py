@@ -1,5 +1,5 @@
-"""Joint KV + adapter admission through a real agent process (seed §0x0C "fill with KV
-then request a cold adapter"): a base-model request holds nearly every page of the
+"""Joint KV + adapter admission through a real agent process ("fill with KV, then request
+a cold adapter"): a base-model request holds nearly every page of the
 agent's unified pool as KV; a request for a cold adapter then waits (never runs on the
 base model) until that KV is released, and is served by its adapter."""
 

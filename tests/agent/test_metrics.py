@@ -1,4 +1,4 @@
-"""/metrics: the seed §0x0B names, only bounded label values, no raw identities."""
+"""/metrics: the exported metric names, only bounded label values, no raw identities."""
 
 from __future__ import annotations
 

@@ -1,4 +1,9 @@
-"""Seed §0x06G2–G4 worked examples as exact test vectors (Fraction references)."""
+"""Compress-then-Serve worked examples as exact test vectors (Fraction references).
+
+Three rank-2 adapters share one 3 x 2 basis (U = V); their cores fit it exactly under
+JD-Full, while JD-Diag cannot be exact. The same fixture checks the runtime operator and
+the parameter ledgers and break-even sizes.
+"""
 
 from __future__ import annotations
 

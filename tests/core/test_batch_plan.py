@@ -1,4 +1,8 @@
-"""BatchPlan: the seed five-request fixture (§0x03B, §0x03E) as exact vectors; invariants."""
+"""BatchPlan: the five-request mixed prefill/decode example as exact vectors; invariants.
+
+Two prefills (p0: 3 rows, adapter a; p1: 2 rows, adapter b) and three decodes (d0 a,
+d1 base, d2 c) pack into 8 rows, with the adapter-b prefill first.
+"""
 
 from __future__ import annotations
 

@@ -125,8 +125,8 @@ def test_lora_disabled_engine_refuses_adapters(tiny_llama: Path,
 
 def _expected_kernel_local(adapter_dir: Path, base_dir: Path, family: str, packing: str
                            ) -> str:
-    """H_kernel_local built by hand from DESIGN.md §3's fields: every module whole (no
-    shard), B stored transposed, TP shard 0 of 1."""
+    """H_kernel_local built by hand from the fields docs/ARCHITECTURE.md ("Identities")
+    lists: every module whole (no shard), B stored transposed, TP shard 0 of 1."""
     from dataplane.artifacts import ArtifactLimits, read_base_abi, validate_peft_dir
     from dataplane.identity import digest, h_adapter_semantic
 

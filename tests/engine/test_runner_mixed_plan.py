@@ -1,9 +1,9 @@
 """The model runner on mixed prefill + decode plans with several adapters in one step.
 
-- Seed §0x03B five-request fixture (p0 prefill 3 rows adapter a, p1 prefill 2 rows b,
-  decodes d0 a, d1 base, d2 c): the packed plan is exactly the seed's, and each sampled
-  row's logits equal HF + PEFT's for that request alone (adapter runs that cross `doff`
-  never merge attention).
+- The five-request mixed prefill/decode example (p0 prefill 3 rows adapter a, p1 prefill
+  2 rows b, decodes d0 a, d1 base, d2 c): the packed plan is exactly the expected one (as
+  in tests/core/test_batch_plan.py), and each sampled row's logits equal HF + PEFT's for
+  that request alone (adapter runs that cross `doff` never merge attention).
 - Base rows get an exactly zero LoRA delta: bitwise equal to a LoRA-disabled runner.
 - The CUDA-graph input path (padding, device-built metadata), run eagerly on CPU, equals
   the eager path and writes no KV slot but the plan's and the trash slot.
@@ -62,7 +62,7 @@ def _seq(rid: str, prompt: list[int], key: str | None) -> Sequence:
 
 def _mixed_step(runner: ModelRunner, adapters: bool = True
                 ) -> tuple[list[Sequence], torch.Tensor, object]:
-    """The seed fixture's step (after warming the decodes' caches); with `adapters=False`
+    """The five-request example's step (after warming the decodes' caches); with `adapters=False`
     every request runs the base model (no row has a slot)."""
     blocks = _Blocks()
 

@@ -1,12 +1,12 @@
-"""`LocalModuleLayout.local_scalars` counts by the *axis* each shard splits (seed §0x01G).
+"""`LocalModuleLayout.local_scalars` counts by the *axis* each shard splits.
 
-Fixture: the seed's "Worked Rank-And-Shard Identity Trace" — q_proj r2 A[2,8] B[8,2],
-v_proj r4 A[4,8] B[8,4], 2 bytes/scalar, TP=2. Expected values are derived by hand from
-the factor shapes below (the seed prints 96/192 logical, 72/144 per rank, 288 in all for
+Fixture: the two-module rank-and-shard example — q_proj r2 A[2,8] B[8,2], v_proj r4
+A[4,8] B[8,4], 2 bytes/scalar, TP=2. Expected values are derived by hand from the factor
+shapes below (96 scalars / 192 bytes logical, 72 / 144 per rank, 288 bytes in all for
 A replicated + B output-sharded), never from the code under test.
 
     layout (per rank, N=2)           q local            v local            sum
-    column, A repl., B out-sharded   2*8 + 4*2 = 24     4*8 + 4*4 = 48     72 (seed)
+    column, A repl., B out-sharded   2*8 + 4*2 = 24     4*8 + 4*4 = 48     72
     column paper: A rank-sharded     1*8 + 4*2 = 16     2*8 + 4*4 = 32     48
     row: A input-sharded, B repl.    2*4 + 8*2 = 24     4*4 + 8*4 = 48     72
     row paper: A in-, B out-sharded  2*4 + 4*2 = 16     4*4 + 4*4 = 32     48

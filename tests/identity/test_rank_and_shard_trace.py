@@ -1,7 +1,8 @@
-"""Seed §0x01G "Worked Rank-And-Shard Identity Trace", as exact test vectors.
+"""The two-module rank-and-shard identity example, as exact test vectors.
 
 q_proj r2 α4 A[2,8] B[8,2]; v_proj r4 α8 A[4,8] B[8,4]; 2 bytes/scalar; TP=2 with A
-replicated and B output-sharded. Expected numbers are the seed's, not the code's.
+replicated and B output-sharded. Expected numbers are worked out by hand, never taken
+from the code.
 """
 
 from __future__ import annotations

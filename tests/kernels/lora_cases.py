@@ -137,7 +137,7 @@ def check_case(case: LoraCase, backend: LoraBackend) -> None:
 
 def enable_folded_silu(monkeypatch: object) -> None:
     """Turn on the gate/up expand folded into SiLU·mul for every T class (the committed
-    table leaves it off where it measured slower) with the plain expand's tiles."""
+    table leaves it off where it is slower) with the plain expand's tiles."""
     import pytest
 
     from dataplane.kernels.triton import configs

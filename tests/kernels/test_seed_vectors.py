@@ -1,10 +1,11 @@
-"""The seed's worked examples as exact test vectors (every value is a small
+"""Two worked LoRA examples as exact test vectors (every value is a small
 dyadic rational, so fp32 arithmetic reproduces them exactly).
 
-§0x02D–E: the 8-row fixed-rank segmented trace (permutation, offsets, Z, D, ΔY, Y).
-§0x06C: the variable-rank trace (ragged Z rows and D). The seed gives Z and D
-but not X, A, B: the factors below are ours, solved by hand so that they
-reproduce the seed's Z and D exactly.
+Fixed rank: the 8-row segmented trace of two rank-2 adapters and two base rows
+(permutation, offsets, Z, D, ΔY, Y).
+Variable rank: three adapters of ranks 3, 2 and 1 in one step (ragged Z rows and
+D). Z and D were chosen first; X, A and B were then solved by hand so that they
+reproduce them exactly.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ def t(rows: list[list[float]]) -> torch.Tensor:
     return torch.tensor(rows, dtype=F)
 
 
-# --- §0x02C–E: seed adapter ids 1, 2 are our slots 1, 2; id 0 (base) is slot -1.
+# --- Fixed rank: adapters 1, 2 are slots 1, 2; the base rows are slot -1.
 ROW_SLOT_0x02 = [1, 2, 1, -1, 2, 2, 1, -1]
 X_G = t([[1, 0, 1, 0], [1, 1, 0, 0], [1, 1, 1, 1], [0, 1, 0, 1], [0, 1, 1, 0], [1, 0, 0, 1]])
 G = [0, 2, 6, 1, 4, 5]
@@ -77,7 +78,7 @@ def test_0x02_shrink_expand_scatter_exact(cpu_backend: LoraBackend) -> None:
     assert torch.equal(y[[3, 7]], base[[3, 7]])  # base-only rows untouched
 
 
-# --- §0x06C: packed rows [b, b, a, a, a, a, base, c]; ranks b=3, a=2, c=1; d_in 3, d_out 2.
+# --- Variable rank: packed rows [b, b, a, a, a, a, base, c]; ranks b=3, a=2, c=1; d_in 3, d_out 2.
 SLOT_A, SLOT_B, SLOT_C = 0, 1, 2
 ROW_SLOT_0x06 = [SLOT_B, SLOT_B, SLOT_A, SLOT_A, SLOT_A, SLOT_A, -1, SLOT_C]
 X_0x06 = t([[1, 1, 1], [2, -1, -1], [1, -1, 1], [0, 1, 1], [1, 1, 1], [2, -3, 1], [5, 5, 5],

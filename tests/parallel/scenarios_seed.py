@@ -1,4 +1,4 @@
-"""Rank-side half of the seed §0x06F4 two-rank fixture (see test_seed_fixture.py)."""
+"""Rank-side half of the exact two-rank LoRA trace (see test_seed_fixture.py)."""
 
 from __future__ import annotations
 

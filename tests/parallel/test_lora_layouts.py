@@ -147,7 +147,7 @@ def test_paper_layout_adds_one_call_per_projection(ranks: list[dict[Any, Any]]) 
     for j in range(2):
         r = ranks[j][(("integers", "torch"), LAYOUT_PAPER)]
         assert r["qkv_lora_counts"]["lora_calls"] == 1  # one all-gather for q, k and v
-        # (N-1)/N of the [T, 3, R] float32 bottleneck (seed §0x06F5 C_gather, x3 slices)
+        # (N-1)/N of the [T, 3, R] float32 bottleneck (the all-gather's ring bytes, x3 slices)
         assert r["qkv_lora_counts"]["lora_ring_bytes"] == (n - 1) * t * 3 * r_max * 4 // n
         assert r["o_lora_counts"]["lora_calls"] == 1
         assert r["o_lora_counts"]["lora_ring_bytes"] == 2 * (n - 1) * t * r_max * 4 // n

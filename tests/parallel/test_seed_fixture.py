@@ -1,10 +1,11 @@
-"""Seed §0x06F4 exact two-rank trace, run on two real gloo processes in FP16.
+"""An exact two-rank LoRA trace, run on two real gloo processes in FP16.
 
-The seed gives the intermediates (Z1,j, Z1, D1, P2,j, Z2, D2, Y) but not the inputs; the
-inputs below were solved by hand to produce them (all dyadic, so exact in FP16), and
+The trace fixes the intermediates (Z1,j, Z1, D1, P2,j, Z2, D2, Y) of a column-parallel
+projection followed by a row-parallel one; the inputs below were solved by hand to produce
+them (all dyadic, so exact in FP16), and
 `test_inputs_reproduce_the_seed_trace` re-derives every intermediate from them with
 Fractions, independently of the code under test. Orientation: S-LoRA's (``X A B``):
-A1 ``[h, r]``, B1 ``[r, d]``, A2 ``[d, r]``, B2 ``[r, h]``, W2 ``[d, h]`` (§0x06F1).
+A1 ``[h, r]``, B1 ``[r, d]``, A2 ``[d, r]``, B2 ``[r, h]``, W2 ``[d, h]``.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ B2 = [[1, 2, 0, -1], [0, 1, 3, 2]]
 W2 = [[0.75, -7.5, -4.5, -11], [-0.75, 5.5, 3.5, 8], [0.75, 5.5, 5.5, 8],
       [-0.25, -3.5, -3.5, -5]]
 
-# The seed's displayed trace (§0x06F4), verbatim.
+# The expected intermediates and output (chosen first; the inputs above reproduce them).
 SEED_Z1_0, SEED_Z1_1 = [[0], [4], [4]], [[3], [2], [2]]
 SEED_Z1 = [[0, 3], [4, 2], [4, 2]]
 SEED_D1 = [[6, 3, 0, 9], [8, 2, 8, 2], [8, 2, 8, 2]]
@@ -102,7 +103,7 @@ def test_second_projection_reduces_partials_and_fuses_slices(ranks: list[dict[st
 
 
 def test_communication_and_residency_ledgers(ranks: list[dict[str, Any]]) -> None:
-    """§0x06F5: 3 elements per gather, 6 per rank-width reduce, 12 for the base reduce;
+    """Ring ledgers: 3 elements per gather, 6 per rank-width reduce, 12 for the base reduce;
     with Q/K/V, 30 FP16 LoRA payload bytes vs 24 base; 32 resident bytes per rank."""
     for j in range(2):
         paper, local = ranks[j][LAYOUT_PAPER], ranks[j][LAYOUT_LOCAL]

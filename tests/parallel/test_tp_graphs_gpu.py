@@ -1,5 +1,5 @@
 """Two GPUs, NCCL: each rank's captured decode graph (collectives inside) replays the eager
-TP step. Skipped without two CUDA devices (run on nvidia-h200-x2)."""
+TP step. Skipped without two CUDA devices (`scripts/gpu_run.sh tptests` on a 2-GPU host)."""
 
 from __future__ import annotations
 

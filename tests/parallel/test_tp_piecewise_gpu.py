@@ -1,6 +1,6 @@
 """Two GPUs, NCCL: each rank's captured mixed-step pieces (collectives inside) replay the
 eager TP step, and every replay counts the captured collectives. Skipped without two CUDA
-devices (run on nvidia-h200-x2)."""
+devices (`scripts/gpu_run.sh tptests` on a 2-GPU host)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Builders shared by the pool tests: small adapters and the seed §0x05B fixture state."""
+"""Builders shared by the pool tests: small adapters and the sixteen-page example."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from dataplane.pool.transactions import LoadRequest, admit
 
 ATTENTION = ("q_proj", "k_proj", "v_proj", "o_proj")
 
-# seed §0x05B: H = 8 elements, L = 2 layers, b = 2 bytes, paired slot = 2*L*H*b = 64 bytes
+# sixteen-page example: H = 8 elements, L = 2 layers, b = 2 bytes, paired slot = 2*L*H*b = 64 bytes
 H, L, B = 8, 2, 2
 SLORA_GEOMETRY = PageGeometry(page_elems=2 * L * H, elem_bytes=B)
 
@@ -59,7 +59,7 @@ class SixteenSlot:
 
 
 def sixteen_slot_fixture(faults: FaultInjector | None = None) -> SixteenSlot:
-    """Seed §0x05B initial ownership, built through the public API.
+    """The sixteen-page example's initial ownership, built through the public API.
 
     slots 0..3 KV r0 (active); 4..7 adapter a (refcount 1, pin 1); 8..11 adapter b
     (idle, unpinned, host-backed, generation 4 so that its restore is b@g5); 12..15 free.

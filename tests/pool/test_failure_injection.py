@@ -1,4 +1,5 @@
-"""Seed §0x0C cases that apply to the pool / residency / lease layer."""
+"""Failure cases of the pool / residency / lease layer (docs/ARCHITECTURE.md, "Failure
+behaviour")."""
 
 from __future__ import annotations
 

@@ -1,4 +1,9 @@
-"""Seed §0x05B (exact sixteen-slot admission) and §0x05F (copy-failure rollback)."""
+"""The sixteen-page admission example, exactly, and its copy-failure rollback.
+
+A pool of 16 pages: 0..3 KV of one request, 4..7 adapter a (active, pinned), 8..11
+adapter b (idle), 12..15 free. Admitting adapter c (4 pages, plus 2 + 2 KV pages) evicts
+b; a copy failure after b's pages are overwritten restores b as b@g5.
+"""
 
 from __future__ import annotations
 

@@ -3,7 +3,7 @@
 """Fused shrink + expand for decode-sized steps: one launch instead of two.
 
 Why: at decode sizes both kernels are latency-bound; two dependent graph nodes
-cost ~1.7 µs before any work (BENCHMARKS.md), and the expand's first loads
+cost a fixed gap before any work starts, and the expand's first loads
 (its factor tile, the ``y`` tile) wait for the shrink to finish. Here every
 program issues those loads first, then does its share of the shrink.
 
@@ -15,8 +15,8 @@ tiles: the largest power of two ``<= SPLIT_MAX`` with ``groups * eff <= TARGET``
 q/k/v with many live slots still splits K). The grid is fixed by the host at
 ``max(TARGET, max_groups * MIN_SPLIT)``, enough for every item of any step —
 not ``max_groups * SPLIT_MAX``: most of such a grid's programs would only find
-their item dead and exit, and their dispatch is not free (measured on the H200:
-the o/down shapes with 64 live slots 11-16% faster). So every program has at
+their item dead and exit, and their dispatch is not free (the smaller grid
+makes the o/down shapes with 64 live slots 11-16% faster). So every program has at
 most one item; the loop over items ``pid, pid + grid, ...`` is a safety net
 (a group whose items shared a program would wait for itself).
 ``WEIGHTED`` (the config's ``weighted``): slice ``s`` of a row tile gets
@@ -288,8 +288,8 @@ FUSED_MIN_TILE_ELEMS = 8192
 def fused_block_n(block_r: int, n_elems: int) -> int:
     """Output columns per tile: ``Bt`` tile of about ``n_elems`` elements, but never
     narrower than an 8,192-element tile at 64 rows of rank (128 columns below rank
-    128): on the H200 rank 64 ran 13.6 µs with 128-column tiles vs 15.9 with 64
-    (16 slots, 64 rows), while rank 16 wants 256 columns (n_elems 4,096)."""
+    128): rank 64 is about 15% faster with 128-column tiles than with 64 (16 slots,
+    64 rows), while rank 16 wants 256 columns (n_elems 4,096)."""
     floor = FUSED_MIN_TILE_ELEMS // max(block_r, 64)
     return max(floor, min(FUSED_MAX_BLOCK_N, n_elems // block_r))
 

@@ -87,7 +87,7 @@ def fused_fits(
     every item of the worst case (every slot live) gets a program, within
     ``FUSED_MAX_PROGRAMS``, the scratch and the counters. Whether it is faster than
     two kernels is the table's business (``min_split = 1`` lets many live slots run
-    unsplit: q/k/v at 50 slots 25.1 µs unsplit vs 30.2 with 2 splits on the H200).
+    unsplit: q/k/v with 50 live slots is faster unsplit than with 2 splits).
     """
     tiles = max_tiles(num_rows, num_slots, cfg.block_m)
     num_slices = len(out_features)
@@ -104,8 +104,8 @@ def fused_block_k(cfg: FusedConfig, block_r: int, elem_bytes: int) -> int:
     """``cfg.block_k`` halved until the pipelined shrink tiles fit shared memory.
 
     Triton buffers ``num_stages - 1`` copies of the ``A`` and ``x`` tiles (fp32,
-    rank 128, ``BLOCK_K`` 256 asked for exactly 2 x (256 x 128 + 16 x 256) x 4 =
-    294,912 bytes on the H200, limit 232,448); 200,000 leaves room for the
+    rank 128, ``BLOCK_K`` 256 needs exactly 2 x (256 x 128 + 16 x 256) x 4 =
+    294,912 bytes, over the H200's limit of 232,448); 200,000 leaves room for the
     expand's operands.
     """
     bk = cfg.block_k

@@ -2,8 +2,8 @@
 # (Triton JIT kernels take untyped pointer/scalar arguments.)
 """Per-step metadata for large steps: a multi-program stable grouping of rows.
 
-One program sorting every row (``meta_kernel.py``'s ``tl.sort`` path) costs
-64 µs at T = 4096 on the H200; here rows are cut into blocks of ``BLOCK`` rows
+One program sorting every row (``meta_kernel.py``'s ``tl.sort`` path) is
+serial and takes tens of µs at T = 4096; here rows are cut into blocks of ``BLOCK`` rows
 and every block is handled by its own program:
 
 1. per-block slot histograms ``hist[b, :]`` (``blocked``: a first launch

@@ -25,16 +25,16 @@ from dataplane.kernels.errors import LoraShapeError
 from dataplane.kernels.triton.meta_blocked import launch_blocked
 
 MAX_SORT_ROWS = 16384
-# Auto: one-program `tl.sort` up to this many rows (1.7-2.8 µs at T <= 256 on the
-# H200; 64 µs at T = 4096), the blocked multi-program grouping above it.
+# Auto: one-program `tl.sort` up to this many rows (a few µs at T <= 256), the blocked
+# multi-program grouping above it (one program sorting 4,096 rows takes tens of µs).
 # `bench/lora_kernels.py` times both at T = 512 .. 16384 to place this edge.
 SORT_AUTO_MAX_ROWS = 512
 BLOCKED_ROWS = 256  # rows per program of the blocked grouping (auto)
 BLOCKED_METHOD = "blocked"  # two launches; "blocked1" = one launch, O(T) reads per program
 METHODS = ("pairwise", "sort", "chunked", "blocked", "blocked1")
-# Auto never picks pairwise ranking: in a graph (32 builds per replay, H200,
-# 2026-11-29) `tl.sort` took 1.7 / 2.2 / 2.8 µs at T=64 S=64, T=256 S=64,
-# T=256 S=256 against 2.0 / 8.2 / 9.2 µs pairwise. Kept for `method="pairwise"`.
+# Auto never picks pairwise ranking: its work grows with T * T, and inside a CUDA graph it
+# is slower than `tl.sort` at every shape (up to 3-4x at T = 256). Kept for
+# `method="pairwise"`.
 
 
 @triton.jit(do_not_specialize=["T"])  # T varies per step: one compile
