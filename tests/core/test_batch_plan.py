@@ -39,7 +39,7 @@ def _fixture() -> tuple[list[tuple[Sequence, int]], list[Sequence]]:
     return [(p0, 3), (p1, 2)], [d0, d1, d2]
 
 
-def test_seed_five_request_fixture_exact() -> None:
+def test_five_request_example_exact() -> None:
     prefills, decodes = _fixture()
     plan = build_batch_plan(prefills, decodes, block_size=BS, generation=7)
     assert plan.request_ids == ("p1", "p0", "d0", "d1", "d2")

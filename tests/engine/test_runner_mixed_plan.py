@@ -85,7 +85,7 @@ def _mixed_step(runner: ModelRunner, adapters: bool = True
     return [p0, p1, d0, d1, d2], runner.execute(plan), plan
 
 
-def test_seed_fixture_plan_matches_each_request_alone(tiny_llama: Path,
+def test_mixed_example_plan_matches_each_request_alone(tiny_llama: Path,
                                                       tiny_adapters: dict[str, Path]) -> None:
     runner = _runner(tiny_llama, tiny_adapters)
     seqs, logits, plan = _mixed_step(runner)

@@ -74,7 +74,7 @@ EXPECTED = {"column_local": (24, 48), "column_paper": (16, 32), "row_local": (24
             "row_paper": (16, 32)}
 
 
-def test_seed_logical_and_sharded_totals() -> None:
+def test_logical_and_sharded_totals_example() -> None:
     """96 scalars / 192 bytes logical; 72 / 144 per rank; 288 bytes across two ranks."""
     ledger = residency_ledger((Q, V), tp_size=2)
     assert (ledger.logical_scalars, ledger.logical_bytes) == (96, 192)

@@ -1,4 +1,4 @@
-"""Rank-side half of the exact two-rank LoRA trace (see test_seed_fixture.py)."""
+"""Rank-side half of the exact two-rank LoRA trace (see test_two_rank_trace.py)."""
 
 from __future__ import annotations
 

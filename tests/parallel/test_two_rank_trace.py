@@ -3,7 +3,7 @@
 The trace fixes the intermediates (Z1,j, Z1, D1, P2,j, Z2, D2, Y) of a column-parallel
 projection followed by a row-parallel one; the inputs below were solved by hand to produce
 them (all dyadic, so exact in FP16), and
-`test_inputs_reproduce_the_seed_trace` re-derives every intermediate from them with
+`test_inputs_reproduce_the_trace` re-derives every intermediate from them with
 Fractions, independently of the code under test. Orientation: S-LoRA's (``X A B``):
 A1 ``[h, r]``, B1 ``[r, d]``, A2 ``[d, r]``, B2 ``[r, h]``, W2 ``[d, h]``.
 """
@@ -30,14 +30,14 @@ W2 = [[0.75, -7.5, -4.5, -11], [-0.75, 5.5, 3.5, 8], [0.75, 5.5, 5.5, 8],
       [-0.25, -3.5, -3.5, -5]]
 
 # The expected intermediates and output (chosen first; the inputs above reproduce them).
-SEED_Z1_0, SEED_Z1_1 = [[0], [4], [4]], [[3], [2], [2]]
-SEED_Z1 = [[0, 3], [4, 2], [4, 2]]
-SEED_D1 = [[6, 3, 0, 9], [8, 2, 8, 2], [8, 2, 8, 2]]
-SEED_P2_0 = [[5, 2], [-2, -1], [2, 0]]
-SEED_P2_1 = [[-4, 11], [-1, 4], [2, -3]]
-SEED_Z2 = [[1, 13], [-3, 3], [4, -3]]
-SEED_D2 = [[1, 15, 39, 25], [-3, -3, 9, 9], [4, 5, -9, -10]]
-SEED_Y = [[2, 16, 41, 27], [-1, -2, 10, 11], [4, 6, -6, -9]]
+TRACE_Z1_0, TRACE_Z1_1 = [[0], [4], [4]], [[3], [2], [2]]
+TRACE_Z1 = [[0, 3], [4, 2], [4, 2]]
+TRACE_D1 = [[6, 3, 0, 9], [8, 2, 8, 2], [8, 2, 8, 2]]
+TRACE_P2_0 = [[5, 2], [-2, -1], [2, 0]]
+TRACE_P2_1 = [[-4, 11], [-1, 4], [2, -3]]
+TRACE_Z2 = [[1, 13], [-3, 3], [4, -3]]
+TRACE_D2 = [[1, 15, 39, 25], [-3, -3, 9, 9], [4, 5, -9, -10]]
+TRACE_Y = [[2, 16, 41, 27], [-1, -2, 10, 11], [4, 6, -6, -9]]
 
 
 def mm(a: list[list[Any]], b: list[list[Any]]) -> list[list[Fr]]:
@@ -61,45 +61,45 @@ def as_fr(t: Any) -> list[list[Fr]]:
 @pytest.fixture(scope="module")
 def ranks() -> list[dict[str, Any]]:
     payload = {"X": X, "A1": A1, "B1": B1, "W1": W1, "H": H, "A2": A2, "B2": B2, "W2": W2}
-    return run_world("tests.parallel.scenarios_seed:run", payload)
+    return run_world("tests.parallel.scenarios_two_rank_trace:run", payload)
 
 
-def test_inputs_reproduce_the_seed_trace() -> None:
+def test_inputs_reproduce_the_trace() -> None:
     z1 = mm(X, A1)
-    assert cols(z1, 0, 1) == SEED_Z1_0 and cols(z1, 1, 2) == SEED_Z1_1 and z1 == SEED_Z1
-    assert mm(z1, B1) == SEED_D1
-    assert mm(cols(H, 0, 2), A2[:2]) == SEED_P2_0
-    assert mm(cols(H, 2, 4), A2[2:]) == SEED_P2_1
-    assert mm(H, A2) == SEED_Z2
-    assert mm(mm(H, A2), B2) == SEED_D2
-    assert add(mm(H, W2), SEED_D2) == SEED_Y
+    assert cols(z1, 0, 1) == TRACE_Z1_0 and cols(z1, 1, 2) == TRACE_Z1_1 and z1 == TRACE_Z1
+    assert mm(z1, B1) == TRACE_D1
+    assert mm(cols(H, 0, 2), A2[:2]) == TRACE_P2_0
+    assert mm(cols(H, 2, 4), A2[2:]) == TRACE_P2_1
+    assert mm(H, A2) == TRACE_Z2
+    assert mm(mm(H, A2), B2) == TRACE_D2
+    assert add(mm(H, W2), TRACE_D2) == TRACE_Y
 
 
 def test_first_projection_gathers_rank_slices(ranks: list[dict[str, Any]]) -> None:
-    for j, seed_z1j in enumerate((SEED_Z1_0, SEED_Z1_1)):
+    for j, want_z1j in enumerate((TRACE_Z1_0, TRACE_Z1_1)):
         tr = ranks[j][LAYOUT_PAPER]["col"]
-        assert as_fr(tr["bottleneck_local"][:, 0, :]) == seed_z1j
-        assert as_fr(tr["bottleneck"][:, 0, :]) == SEED_Z1
+        assert as_fr(tr["bottleneck_local"][:, 0, :]) == want_z1j
+        assert as_fr(tr["bottleneck"][:, 0, :]) == TRACE_Z1
     d1 = [r0 + r1 for r0, r1 in zip(as_fr(ranks[0][LAYOUT_PAPER]["col"]["delta"]),
                                     as_fr(ranks[1][LAYOUT_PAPER]["col"]["delta"]), strict=True)]
-    assert d1 == SEED_D1
+    assert d1 == TRACE_D1
     for layout in (LAYOUT_PAPER, LAYOUT_LOCAL):  # base + adapter, column-sharded
         out = [r0 + r1 for r0, r1 in zip(as_fr(ranks[0][layout]["col"]["output"]),
                                          as_fr(ranks[1][layout]["col"]["output"]), strict=True)]
         w1_t = [list(c) for c in zip(*W1, strict=True)]
-        assert out == add(mm(X, w1_t), SEED_D1)
+        assert out == add(mm(X, w1_t), TRACE_D1)
 
 
 def test_second_projection_reduces_partials_and_fuses_slices(ranks: list[dict[str, Any]]
                                                              ) -> None:
-    for j, seed_p2j in enumerate((SEED_P2_0, SEED_P2_1)):
+    for j, want_p2j in enumerate((TRACE_P2_0, TRACE_P2_1)):
         tr = ranks[j][LAYOUT_PAPER]["row"]
-        assert as_fr(tr["bottleneck_partial"][:, 0, :]) == seed_p2j
-        assert as_fr(tr["bottleneck"][:, 0, :]) == SEED_Z2
-        assert as_fr(tr["delta"]) == cols(SEED_D2, 2 * j, 2 * j + 2)  # E_j(D2,j)
+        assert as_fr(tr["bottleneck_partial"][:, 0, :]) == want_p2j
+        assert as_fr(tr["bottleneck"][:, 0, :]) == TRACE_Z2
+        assert as_fr(tr["delta"]) == cols(TRACE_D2, 2 * j, 2 * j + 2)  # E_j(D2,j)
     for layout in (LAYOUT_PAPER, LAYOUT_LOCAL):
         for j in range(2):
-            assert as_fr(ranks[j][layout]["row"]["output"]) == SEED_Y
+            assert as_fr(ranks[j][layout]["row"]["output"]) == TRACE_Y
 
 
 def test_communication_and_residency_ledgers(ranks: list[dict[str, Any]]) -> None:
