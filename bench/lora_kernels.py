@@ -1,4 +1,4 @@
-"""Benchmark of the LoRA branch kernels on one GPU (method of ../shared/BENCHMARKS.md).
+"""Benchmark of the LoRA branch kernels on one GPU (method: docs/PERFORMANCE.md, "LoRA kernels").
 
 One LoRA-wrapped linear layer, bf16, in = out = 4096 (plus fused q/k/v with GQA
 widths and a mixed-rank batch). Decode: T rows, one per request, adapter =
