@@ -26,11 +26,9 @@ staging) -> greedy sample on stand-in logits [B, 16] -> postprocess -> request o
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
-from pathlib import Path
 
 import torch
 
@@ -44,6 +42,7 @@ from bench.synthetic import (
     percentile,
     pool_pages,
     random_base,
+    save_results,
     start_decoding,
     step_intervals,
     sync,
@@ -164,10 +163,7 @@ def main() -> None:
         torch.set_num_threads(args.threads)
     results = (host_main if args.host else device_main)(args)
     print(markdown(results))
-    if args.out:
-        Path(args.out).mkdir(parents=True, exist_ok=True)
-        (Path(args.out) / "decode_step.json").write_text(
-            json.dumps({"args": vars(args), "results": results}, indent=2, default=str))
+    save_results(args.out, "decode_step.json", args, results)
 
 
 if __name__ == "__main__":

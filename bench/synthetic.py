@@ -230,3 +230,11 @@ def step_intervals(engine: Engine, steps: int, device: str, warm_up: int = 3) ->
         times.append(t1 - t0)
         t0 = t1
     return times
+
+
+def save_results(out: str | None, name: str, args: argparse.Namespace, results: object) -> None:
+    """Write ``{"args", "results"}`` as JSON to ``out/name`` (nothing when `out` is None)."""
+    if out:
+        Path(out).mkdir(parents=True, exist_ok=True)
+        (Path(out) / name).write_text(
+            json.dumps({"args": vars(args), "results": results}, indent=2, default=str))

@@ -60,7 +60,7 @@ import torch.multiprocessing as mp
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from bench.synthetic import pool_pages
+from bench.synthetic import LLAMA3_8B, TINY_SHAPE, pool_pages
 from bench.tp_profile import BLOCK, profile_decode, sync
 from dataplane.core import Sequence, build_batch_plan
 from dataplane.engine import BaseModel, Engine, EngineConfig, EngineSpec, build_engine
@@ -76,38 +76,7 @@ from dataplane.parallel.llama_tp import TPLlamaForCausalLM
 from dataplane.parallel.tp_graphs import TPCudaGraphRunner
 from dataplane.parallel.tp_piecewise import TPPiecewiseGraphRunner
 
-SHAPES: dict[str, dict[str, Any]] = {
-    "8b": {
-        "model_type": "llama",
-        "vocab_size": 128256,
-        "hidden_size": 4096,
-        "intermediate_size": 14336,
-        "num_hidden_layers": 32,
-        "num_attention_heads": 32,
-        "num_key_value_heads": 8,
-        "max_position_embeddings": 8192,
-        "rms_norm_eps": 1e-5,
-        "rope_theta": 500000.0,
-        "tie_word_embeddings": False,
-        "bos_token_id": 1,
-        "eos_token_id": 2,
-    },
-    "tiny": {
-        "model_type": "llama",
-        "vocab_size": 256,
-        "hidden_size": 64,
-        "intermediate_size": 128,
-        "num_hidden_layers": 2,
-        "num_attention_heads": 4,
-        "num_key_value_heads": 2,
-        "max_position_embeddings": 512,
-        "rms_norm_eps": 1e-6,
-        "rope_theta": 10000.0,
-        "tie_word_embeddings": False,
-        "bos_token_id": 1,
-        "eos_token_id": 2,
-    },
-}
+SHAPES: dict[str, dict[str, Any]] = {"8b": LLAMA3_8B, "tiny": TINY_SHAPE}
 DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
 DIGEST = hashlib.sha256(b"bench-tp-random-base").hexdigest()
 

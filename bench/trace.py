@@ -28,7 +28,6 @@ the LoRA arm's pool gets its adapters' pages on top (bench/synthetic.py `pool_pa
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import sys
@@ -50,6 +49,7 @@ from bench.synthetic import (
     pool_pages,
     random_base,
     rotated,
+    save_results,
     sync,
 )
 from bench.trace_run import Timing, markdown, print_class_gaps, run_engine, summarize
@@ -300,10 +300,7 @@ def main() -> None:
         args.adapters = [8] if args.mode == "cpu" else [1, 16, 128]
     results = (cpu_main if args.mode == "cpu" else cuda_main)(args)
     print(markdown(results))
-    if args.out:
-        Path(args.out).mkdir(parents=True, exist_ok=True)
-        (Path(args.out) / "trace_results.json").write_text(
-            json.dumps({"args": vars(args), "results": results}, indent=2, default=str))
+    save_results(args.out, "trace_results.json", args, results)
 
 
 if __name__ == "__main__":
