@@ -66,21 +66,16 @@ class AgentSettings(BaseSettings):
     tp_degree: int = Field(default=1, ge=1)
     """Tensor-parallel ranks (GPUs of this node) serving the base model; this agent is
     rank 0."""
-    tp_lora_layout: Literal["auto", "no_extra_collectives", "paper"] = "auto"
-    """LoRA layout of every projection under TP; `auto`: per projection by the cost model
-    (`dataplane.parallel.cost_model`: an extra collective vs replicated factor reads)."""
     tp_lora_extra_resident_bytes: int | None = Field(default=None, ge=0)
-    """`auto` only: per-rank byte budget for the factors the no-extra-collectives layout
-    replicates (over all `max_slots` adapters); a projection over it takes the paper layout.
-    With `lora_fold=auto` the fold's copies of the factors must fit it too."""
+    """With `lora_fold=auto`: a per-rank byte budget the fold's copies of the factors (and,
+    under TP, the factor each rank replicates) must fit, or the fold stays off. None: no
+    budget."""
     lora_fold: Literal["auto", "on", "off"] = "auto"
     """Decode steps fold the LoRA into each projection's base GEMM (every slot's `A` under
     the weight) and its consumer op (RoPE, add-RMSNorm, SiLU·mul): no LoRA launch, one more
-    copy of the factors of as many adapters as a decode step can use (per rank). TP: every
-    no_extra_collectives projection; one GPU: every projection, its fold filled from the
-    engine's factor tables or, with the pool backend, from the pool's pages. `auto`: unless
-    reading idle fold slots' `A` costs more than the launches saved
-    (`dataplane.parallel.fold_cost`)."""
+    copy of the factors of as many adapters as a decode step can use (per rank), filled
+    from the pool's pages. `auto`: on CUDA, unless reading idle fold slots' `A` costs more
+    than the launches saved (`dataplane.parallel.fold_cost`); off on the CPU."""
     piecewise_graphs: bool = True
     """On CUDA: replay mixed (prefill + decode) steps as piecewise CUDA graphs
     (`EngineConfig.enable_piecewise_graphs`; with tp_degree > 1 on every rank)."""

@@ -87,8 +87,7 @@ class AgentDaemon:
         ranks = self.tp_ranks
         if ranks is not None:  # this agent is rank 0 of a TP group
             self.ctx.state["tp_follower_pids"] = ranks.follower_pids()
-            self.ctx.state["tp_lora_layouts"] = dict(ranks.engine.tp_model.lora_layouts)
-            self.metrics.watch_collectives(ranks.engine.group.counter)
+            self.metrics.watch_collectives(ranks.group.counter)
             ranks.watch(self._tp_rank_lost)
         self._full_due = 0.0
         """monotonic time by which the next poll asks for a full desired state"""
@@ -97,8 +96,8 @@ class AgentDaemon:
     def capabilities(self) -> Capabilities:
         """Pool geometry in KV-block pages. One GPU: one unified pool of `num_kv_blocks`
         pages for KV and adapters, of which placement may fill at most `max_slots`
-        worst-case (max rank, every module) adapters; a TP group: the KV blocks plus each
-        rank's fixed area of sharded adapter tables."""
+        worst-case (max rank, every module) adapters; a TP group: the same, per rank at
+        the rank's local sizes (every rank's pool mirrors rank 0's placement)."""
         s, c = self.settings, self.engine.model.config
         elem = self.engine.model.embed_tokens.weight.element_size()
         page_bytes = 2 * c.num_layers * s.block_size * c.num_kv_heads * c.head_dim * elem
@@ -110,8 +109,8 @@ class AgentDaemon:
             pool_pages, page_bytes = pool.layout.total_pages, pool.layout.geometry.page_bytes
             slot_pages = -(-slot_bytes // page_bytes)
             reserve = max(0, pool_pages - s.max_slots * slot_pages)
-        else:
-            pool_pages, reserve = s.num_kv_blocks + s.max_slots * slot_pages, s.num_kv_blocks
+        else:  # LoRA off: every page is KV
+            pool_pages = reserve = s.num_kv_blocks
         return Capabilities(base=self.abi.h_base, dtypes=[s.dtype], max_rank=s.max_rank,
                             targets=sorted(self.targets), adapter_slots=s.max_slots,
                             pool_pages=pool_pages, page_bytes=page_bytes,

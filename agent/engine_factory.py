@@ -13,8 +13,6 @@ from agent.config import AgentSettings
 from agent.metrics import AgentMetrics
 from agent.plan_metrics import PlanMetrics
 from dataplane.engine import Engine, EngineConfig, EngineSpec, build_engine
-from dataplane.engine.builder import DTYPES, choose_lora_layouts, layout_name, model_config
-from dataplane.parallel.cost_model import LayoutDecision
 from dataplane.pool.faults import FaultInjector
 
 if TYPE_CHECKING:
@@ -41,16 +39,6 @@ def engine_spec(settings: AgentSettings, faults: FaultInjector | None = None) ->
                       faults=faults, extra_resident_bytes=settings.tp_lora_extra_resident_bytes)
 
 
-def tp_lora_layouts(settings: AgentSettings) -> dict[str, LayoutDecision | str]:
-    """Each fused projection's LoRA layout for the agent's TP group: the setting, or with
-    `auto` the layout cost model's decision for this agent's sizes (`choose_lora_layouts`;
-    every rank's builder takes the same decision)."""
-    return choose_lora_layouts(model_config(settings.model_dir), settings.tp_degree,
-                               engine_config(settings), settings.tp_lora_layout,
-                               DTYPES[settings.dtype].itemsize,
-                               settings.tp_lora_extra_resident_bytes)
-
-
 def launch_tp_group(settings: AgentSettings) -> TPRanks:
     """Spawn ranks 1..N-1 (agent/tp_ranks.py); this process is rank 0."""
     from agent.tp_ranks import TPLaunchSpec, launch_tp_ranks
@@ -58,14 +46,9 @@ def launch_tp_group(settings: AgentSettings) -> TPRanks:
     if settings.collection_blocks:
         raise ValueError("collection_blocks needs one GPU (the collection tables are not "
                          "sharded)")
-    choices = tp_lora_layouts(settings)
-    for attr, choice in choices.items():
-        log.info("TP LoRA layout of %s: %s%s", attr, layout_name(choice),
-                 "" if isinstance(choice, str) else f" ({choice.reason})")
     return launch_tp_ranks(TPLaunchSpec(
         str(settings.model_dir), settings.tp_degree, device=settings.device,
-        dtype=settings.dtype, lora_layouts={a: layout_name(c) for a, c in choices.items()},
-        lora_fold=settings.lora_fold, engine=engine_config(settings),
+        dtype=settings.dtype, lora_fold=settings.lora_fold, engine=engine_config(settings),
         extra_resident_bytes=settings.tp_lora_extra_resident_bytes))
 
 

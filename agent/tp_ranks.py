@@ -6,8 +6,8 @@ is rank 0's engine — an `Engine`, so the agent's serving code uses it unchange
 Every rank builds its engine with the same `build_engine` spec (its shard of the same
 checkpoint, `EngineSpec.tp_group`); each step
 rank 0 schedules, broadcasts the `BatchPlan`, all ranks execute it (same collectives, same
-CUDA graph), and only rank 0 samples and returns tokens. Adapter (un)loads follow the same
-path and publish only when all ranks validated their shard (dataplane.parallel.tp_engine).
+CUDA graph), and only rank 0 samples and returns tokens. Adapter loads follow the same
+path and publish only when all ranks validated their shard (dataplane/engine/lockstep.py).
 
 Devices: rank r uses ``cuda:(N + r)`` (``device="cuda:N"``; ``"cuda"`` is ``cuda:0``), so
 several TP agents share a node by their first GPU (an 8-GPU node: four TP=2 agents on
@@ -34,17 +34,16 @@ from typing import Any
 import torch
 import torch.multiprocessing as mp
 
-from dataplane.engine import EngineConfig, EngineSpec, build_engine
+from dataplane.engine import Engine, EngineConfig, EngineSpec, build_engine
 from dataplane.parallel import TPGroup, destroy_tp_group, init_tp_group
 from dataplane.parallel.errors import ProcessGroupError
-from dataplane.parallel.tp_engine import TPEngine
+from dataplane.pool.faults import FaultInjector, parse_faults
 
 
 @dataclass(frozen=True)
 class TPLaunchSpec:
     """What every rank builds: the same `EngineConfig` on all ranks.
 
-    `lora_layouts`: fused projection -> LoRA layout (default no_extra_collectives);
     `lora_fold`: "auto" | "on" | "off" (`EngineSpec.lora_fold`); `extra_resident_bytes`:
     the fold copies' budget per rank (`EngineSpec.extra_resident_bytes`).
     """
@@ -53,12 +52,14 @@ class TPLaunchSpec:
     tp_size: int
     device: str = "cuda"
     dtype: str = "bfloat16"
-    lora_layouts: dict[str, str] | None = None
     lora_fold: str = "off"
     engine: EngineConfig = field(default_factory=EngineConfig)
     extra_resident_bytes: int | None = None
     torch_threads: int | None = None
     timeout_s: float = 600.0
+    faults: dict[int, str] = field(default_factory=dict)
+    """Rank -> faults to inject into its pool (`ADAPTERPLANE_FAULTS` syntax; chaos drills
+    and tests); a rank not named reads `ADAPTERPLANE_FAULTS` from its environment."""
 
 
 def first_cuda_index(device: str) -> int | None:
@@ -77,15 +78,14 @@ def _rank_device(spec: TPLaunchSpec, rank: int) -> torch.device:
     return torch.device("cpu") if first is None else torch.device("cuda", first + rank)
 
 
-def _build(spec: TPLaunchSpec, rank: int, init_method: str) -> TPEngine:
+def _build(spec: TPLaunchSpec, rank: int, init_method: str) -> Engine:
     group: TPGroup = init_tp_group(rank, spec.tp_size, init_method=init_method,
                                    device=_rank_device(spec, rank), timeout_s=spec.timeout_s)
-    engine = build_engine(EngineSpec(spec.model_dir, spec.engine, dtype=spec.dtype,
-                                     lora_fold=spec.lora_fold, tp_group=group,
-                                     lora_layouts=spec.lora_layouts,
-                                     extra_resident_bytes=spec.extra_resident_bytes))
-    assert isinstance(engine, TPEngine)
-    return engine
+    faults = (FaultInjector(parse_faults(spec.faults[rank])) if rank in spec.faults
+              else FaultInjector.from_env())
+    return build_engine(EngineSpec(spec.model_dir, spec.engine, dtype=spec.dtype,
+                                   lora_fold=spec.lora_fold, tp_group=group, faults=faults,
+                                   extra_resident_bytes=spec.extra_resident_bytes))
 
 
 def _follower_main(index: int, spec: TPLaunchSpec, init_method: str) -> None:
@@ -96,13 +96,14 @@ def _follower_main(index: int, spec: TPLaunchSpec, init_method: str) -> None:
     try:
         engine.serve()
     finally:
-        destroy_tp_group(engine.group)
+        if engine.tp_group is not None:
+            destroy_tp_group(engine.tp_group)
 
 
 class TPRanks:
     """Rank 0's engine plus the follower processes; `shutdown()` ends them."""
 
-    def __init__(self, engine: TPEngine, context: Any, tmp: tempfile.TemporaryDirectory[str]
+    def __init__(self, engine: Engine, context: Any, tmp: tempfile.TemporaryDirectory[str]
                  ) -> None:
         self.engine = engine
         self._context = context
@@ -110,8 +111,15 @@ class TPRanks:
         self._closed = False
 
     @property
+    def group(self) -> TPGroup:
+        """Rank 0's TP group."""
+        group = self.engine.tp_group
+        assert group is not None
+        return group
+
+    @property
     def tp_size(self) -> int:
-        return self.engine.group.size
+        return self.group.size
 
     def follower_pids(self) -> list[int]:
         """Process ids of ranks 1..N-1, in rank order."""
@@ -154,7 +162,7 @@ class TPRanks:
             # Leave the group while the followers exit, not before or after: tearing an
             # NCCL communicator down can wait for the peers' teardown (rank 0 joining the
             # followers first hung the eager TP=2 GPU test until the join timed out).
-            left = threading.Thread(target=destroy_tp_group, args=(self.engine.group,),
+            left = threading.Thread(target=destroy_tp_group, args=(self.group,),
                                     name="tp-leave", daemon=True)
             left.start()
             deadline = time.monotonic() + timeout_s

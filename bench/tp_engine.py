@@ -1,25 +1,26 @@
 """Engine-level decode step at TP=1 and TP=2, synchronous vs async scheduling.
 
-`bench/tp.py` times `ModelRunner.execute` (the device's part of a step). A served step
-also has the host's part: schedule, build the plan, send it to the followers (TP), sample,
-apply the tokens. This times what a user gets: the interval between consecutive
-`Engine.step()` returns with `--batch` requests all decoding at context ≈ `--context`
-(request i on adapter i % N), decode steps replayed from CUDA graphs, for the engine
-(TP=1) and the TP leader (`TPEngine`, followers in `serve()`), each with the synchronous
-loop and with async scheduling (the next step launched before this one's tokens reach
-the host; at TP the tokens reach the followers by one device broadcast per step).
+`bench/tp.py` times hand-built plans through `Engine.execute_plan` (the device's part of
+a step, and at TP handing the plan to the followers). A served step also has the host's
+part: schedule, build the plan, sample, apply the tokens. This times what a user gets: the
+interval between consecutive `Engine.step()` returns with `--batch` requests all decoding
+at context ≈ `--context` (request i on adapter i % N), decode steps replayed from CUDA
+graphs, for the engine at TP=1 and the TP leader (rank 0; the followers in `serve()`),
+each with the synchronous loop and with async scheduling (the next step launched before
+this one's tokens reach the host; at TP the tokens reach the followers by one device
+broadcast per step).
 
     python3 bench/tp_engine.py --tp 1 2 --adapters 0 16 --out $OUT     # 2 GPUs
     python3 bench/tp_engine.py --shape tiny --device cpu --tp 1 2 --adapters 0 2 \
         --batch 4 --context 16 --steps 4 --out /tmp/tpe                # smoke (CPU, gloo)
     python3 bench/tp_engine.py --tp 1 --adapters 0 16 --fold --out $OUT          # 1 GPU
 
-Every engine is built by `build_engine`: at TP=1 over the random base in memory, its
-adapters pinned in the engine's unified pool (`--kv-blocks` KV blocks plus their pages);
-a TP rank loads its shard of a random base of the same shape from a model directory
-(written once under `--workdir`; a TP row's `build_s` includes that load), its adapters
-in its sharded tables. `--fold` (bare: on; `auto`: the fold cost model) decides the LoRA
-fold of the adapter cases.
+Every engine is built by `build_engine`: at TP=1 over the random base in memory; a TP
+rank loads its shard of a random base of the same shape from a model directory (written
+once under `--workdir`; a TP row's `build_s` includes that load). The adapters are pinned
+in every rank's unified pool (`--kv-blocks` KV blocks plus their pages; a TP rank holds
+its shard of each). `--fold` (bare: on; `auto`: the fold cost model) decides the LoRA
+fold of the adapter cases (the engine's pool fold, on every rank).
 
 `build_s`: the engine's construction, graph captures included (`--piecewise` adds the
 mixed-step pieces, as a serving agent captures them). Adapters: random rank-16 all-linear
@@ -33,7 +34,6 @@ import argparse
 import hashlib
 import json
 import os
-import shutil
 import statistics
 import sys
 import time
@@ -47,17 +47,14 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from bench.synthetic import (
     BLOCK_SIZE,
     adapters_for,
-    pool_pages,
     start_decoding,
     step_intervals,
-    write_checkpoint,
 )
-from bench.tp import DTYPES, SHAPES, model_args, run_ranks
+from bench.tp import DTYPES, SHAPES, checkpoint, model_args, rank_pages, run_ranks
 from dataplane.engine import BaseModel, Engine, EngineConfig, EngineSpec, build_engine
 from dataplane.engine.builder import FOLD_CHOICES
 from dataplane.models import LlamaForCausalLM, ModelConfig, init_random
 from dataplane.parallel import init_tp_group
-from dataplane.parallel.tp_engine import TPEngine
 
 DIGEST = hashlib.sha256(b"bench-tp-engine-random-base").hexdigest()
 
@@ -70,22 +67,6 @@ def engine_config(args: argparse.Namespace, n: int, mode: str, pages: int) -> En
                         enable_piecewise_graphs=args.piecewise,
                         async_scheduling=mode == "async",
                         attention_backend="triton" if args.device == "cuda" else "torch")
-
-
-def checkpoint(args: argparse.Namespace) -> Path:
-    """The TP ranks' model directory: a random base of `--shape` in `--dtype` (made on the
-    CPU once, then reused)."""
-    dest = Path(args.workdir) / f"base-{args.shape}-{args.dtype}"
-    if (dest / "model.safetensors").is_file():
-        return dest
-    partial = dest.with_name(dest.name + ".partial")
-    shutil.rmtree(partial, ignore_errors=True)
-    config = ModelConfig.from_dict(dict(SHAPES[args.shape]))
-    model = init_random(LlamaForCausalLM(config, DTYPES[args.dtype], torch.device("cpu")),
-                        seed=0)
-    write_checkpoint(model, SHAPES[args.shape], partial)
-    partial.rename(dest)
-    return dest
 
 
 def time_steps(engine: Engine, args: argparse.Namespace, handles: list[Any]) -> list[float]:
@@ -109,14 +90,14 @@ def bench_rank(rank: int, tp: int, init_file: str, args: argparse.Namespace,
         for mode in args.scheduling:
             fold = args.fold if n else "off"
             loaded = adapters_for(config, n, dtype, "bench-tp-engine") if rank == 0 else []
+            pages = rank_pages(config, dtype, tp, n, args.kv_blocks)
             built = time.perf_counter()
             if base is not None:
-                pages = pool_pages(base.model, loaded, args.kv_blocks)
                 engine = build_engine(EngineSpec(base, engine_config(args, n, mode, pages),
                                                  lora_fold=fold))
             else:
                 engine = build_engine(EngineSpec(
-                    args.model_dir, engine_config(args, n, mode, args.kv_blocks),
+                    args.model_dir, engine_config(args, n, mode, pages),
                     dtype=args.dtype, lora_fold=fold, tp_group=group))
                 if rank > 0:  # follower: execute the leader's loads and plans until stop
                     engine.serve()
@@ -135,8 +116,8 @@ def bench_rank(rank: int, tp: int, init_file: str, args: argparse.Namespace,
                    "step_ms_p50": 1e3 * statistics.median(times),
                    "step_ms_mean": 1e3 * statistics.fmean(times),
                    "tokens_per_s": args.batch / statistics.median(times)}
-            if isinstance(engine, TPEngine):
-                row["token_broadcasts"] = engine.group.counter.calls("tokens")
+            if engine.tp_group is not None:
+                row["token_broadcasts"] = engine.tp_group.counter.calls("tokens")
                 engine.shutdown()
             print(json.dumps(row), flush=True)
             rows.append(row)
@@ -162,14 +143,12 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=30)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--kv-blocks", type=int, default=4096,
-                   help="KV blocks (at TP=1 the pool adds the adapters' pages)")
+                   help="KV blocks of each rank's pool (the adapters' pages come on top)")
     p.add_argument("--piecewise", action="store_true",
                    help="also capture mixed-step pieces (up to 2,048 rows) at build: its "
                         "time is in build_s; decode steps are timed either way")
     p.add_argument("--fold", nargs="?", choices=FOLD_CHOICES, const="on", default="off",
                    help="LoRA folded into the base GEMMs for decode steps (bare --fold: on)")
-    p.add_argument("--workdir", default="/tmp/adapterplane-bench-tp-engine",
-                   help="TP > 1: where the random base's model directory is kept")
     p.add_argument("--out", type=Path, default=Path("."))
     args = p.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)

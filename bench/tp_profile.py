@@ -1,20 +1,19 @@
 """Device time of TP decode steps by kernel kind (`bench/tp.py --profile N`).
 
-`profile_decode` runs N more decode steps after the timed ones, on every rank (their
-collectives must match), and profiles them on rank 0 only; an untimed first step and a
-barrier line the ranks up before the record starts.
+`profile_decode` runs N more decode steps after the timed ones through the leader's
+`execute` (the followers run them in `Engine.serve()`) and profiles them on rank 0; an
+untimed first step lines the ranks up before the record starts.
 """
 
 from __future__ import annotations
 
 import statistics
+from collections.abc import Callable
 from typing import Any
 
 import torch
 
-from dataplane.core import Sequence, build_batch_plan
-from dataplane.engine.model_runner import ModelRunner
-from dataplane.parallel import TPGroup
+from dataplane.core import BatchPlan, Sequence, build_batch_plan
 
 BLOCK = 16
 
@@ -34,8 +33,8 @@ def kernel_kind(name: str) -> str:
     return next((kind for kind, keys in KERNEL_KINDS if any(k in low for k in keys)), "other")
 
 
-def profile_decode(runner: ModelRunner, group: TPGroup | None, seqs: list[Sequence],
-                   steps: int, generation: int) -> dict[str, Any] | None:
+def profile_decode(execute: Callable[[BatchPlan], torch.Tensor], device: torch.device,
+                   seqs: list[Sequence], steps: int, generation: int) -> dict[str, Any] | None:
     """`steps` more decode steps, after one untimed; on rank 0 under torch.profiler: device
     µs per step of each kernel kind (LoRA, NCCL, GEMM, attention, other), launches per step
     and the busiest kernels. An NCCL kernel's time includes waiting for the other ranks
@@ -43,32 +42,22 @@ def profile_decode(runner: ModelRunner, group: TPGroup | None, seqs: list[Sequen
     from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile, schedule
 
-    record = group is None or group.rank == 0
     # one warm-up step first: the profiler's start on rank 0 alone is not in the record
-    prof = (profile(activities=[ProfilerActivity.CUDA],
-                    schedule=schedule(wait=0, warmup=1, active=steps)) if record else None)
-    sync(runner.device)
-    if prof is not None:
-        prof.__enter__()
+    prof = profile(activities=[ProfilerActivity.CUDA],
+                   schedule=schedule(wait=0, warmup=1, active=steps))
+    sync(device)
+    prof.__enter__()
     for step in range(steps + 1):
         plan = build_batch_plan([], seqs, block_size=BLOCK, generation=generation + step,
                                 check=False)
-        runner.execute(plan)
+        execute(plan)
         for s in seqs:
             s.num_computed_tokens = s.num_tokens
             s.token_ids.append(5)
-        if step == 0:  # warm-up done on every rank before the record starts
-            sync(runner.device)
-            if group is not None:
-                import torch.distributed as dist
-
-                dist.barrier()
-                sync(runner.device)
-            if prof is not None:
-                prof.step()
-    sync(runner.device)
-    if prof is None:
-        return None
+        if step == 0:  # warm-up done before the record starts
+            sync(device)
+            prof.step()
+    sync(device)
     prof.__exit__(None, None, None)
     per_kind: dict[str, dict[str, float]] = {}
     top = []

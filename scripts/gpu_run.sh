@@ -19,8 +19,10 @@
 #   poolfold   engine.step() decode (bench/tp_engine.py --tp 1, factors pinned in the
 #              engine's unified pool), LoRA launched vs folded into the base GEMMs
 #              (0/16/128 adapters)
-#   tp         TP=2 vs TP=1 decode and prefill, 0/16/128 adapters, both LoRA layouts,
-#              CUDA graphs (2 GPUs)
+#   tp         TP=2 vs TP=1 decode, prefill and mixed steps through the engine, 0/16/128
+#              adapters, decode replayed from CUDA graphs; collectives per step (the LoRA
+#              adds none); the TP ranks load a random 8B model directory written once under
+#              /tmp/adapterplane-bench-tp (bench/tp.py; 2 GPUs)
 #   tptests    the tensor-parallel GPU tests: TP graphs, piecewise graphs, agent ranks (2 GPUs)
 # CHAIN_TUNED=1: the tuned file a section writes ($OUT/<section>/tuned_configs.json, from
 # `kernels`) is appended to ADAPTERPLANE_LORA_TUNED for the later sections, e.g.
@@ -67,7 +69,7 @@ for s in "$@"; do
     poolfold) section poolfold 560 bash -c 'for f in off on; do python3 bench/tp_engine.py \
                 --tp 1 --adapters 0 16 128 --scheduling async --kv-blocks 8192 --fold $f \
                 --out "$OUT/poolfold-$f"; done' ;;
-    tp) section tp 350 python3 bench/tp.py --shape 8b --device cuda --tp 1 2 \
+    tp) section tp 900 python3 bench/tp.py --shape 8b --device cuda --tp 1 2 \
           --adapters 0 16 128 --attention triton --graphs graphs --out "$OUT/tp" ;;
     tptests) section tptests 540 python3 -m pytest -q -s -p no:cacheprovider --noconftest \
                tests/parallel/test_tp_graphs_gpu.py tests/parallel/test_tp_piecewise_gpu.py \

@@ -8,8 +8,8 @@ from its `ModuleSpec` (alpha / r, or alpha / sqrt(r) for rsLoRA). The adapter's 
 its semantic digest `H_adapter_semantic(H_base, H_artifact)` — what the prefix cache keys on.
 
 `AdapterRegistry` binds handles to slots; the factors themselves are placed by the slot's
-owner (the engine's unified pool, dataplane/engine/pool_slots.py; a collection member's
-core in the collection tables; a tensor-parallel rank's sharded tables).
+owner (the engine's unified pool, dataplane/engine/pool_slots.py, which under tensor
+parallelism holds the rank's shard; a collection member's core in the collection tables).
 """
 
 from __future__ import annotations
@@ -196,6 +196,12 @@ class AdapterRegistry:
         model = getattr(self.runner, "model", None)
         fold = "+fold" if getattr(model, "lora_fold_slots", None) is not None else ""
         return (backend.name if backend is not None else "none") + fold
+
+    def set_kernel_local(self, slot: int, digests: tuple[str, ...]) -> None:
+        """Record a bound slot's H_kernel_local computed by its owner (one per rank: the
+        TP leader, from the ranks' publication votes)."""
+        self._placed.pop(slot, None)
+        self._kernel_local[slot] = digests
 
     def _note_placement(self, slot: int, adapter: Placed | None, packing: str,
                         family: str | None = None) -> None:

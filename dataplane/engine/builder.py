@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -36,7 +35,6 @@ from dataplane.tokenizer import Tokenizer
 
 if TYPE_CHECKING:
     from dataplane.parallel.collectives import TPGroup
-    from dataplane.parallel.cost_model import LayoutDecision
 
 log = logging.getLogger("adapterplane.engine")
 
@@ -61,12 +59,10 @@ class EngineSpec:
     """What to build. `source`: a model directory or a loaded :class:`BaseModel`.
 
     `lora_fold`: "auto" (the fold cost model decides for this device and these sizes),
-    "on" or "off". `tp_group`: this process's tensor-parallel group (None: one device);
-    `lora_layouts`: fused projection -> TP LoRA layout, or one layout for every projection,
-    or "auto" (the layout cost model decides per projection, `choose_lora_layouts`).
+    "on" or "off". `tp_group`: this process's tensor-parallel group (None: one device).
     `faults` injects failures into the pool's load transactions (tests).
     `extra_resident_bytes`: a per-rank budget the fold's copies of the factors and the
-    factors the default TP layout replicates must fit (None: no budget)."""
+    factors a TP rank replicates must fit (None: no budget)."""
 
     source: str | Path | BaseModel
     config: EngineConfig = dataclasses.field(default_factory=EngineConfig)
@@ -74,7 +70,6 @@ class EngineSpec:
     device: str = "cpu"
     lora_fold: str = "auto"
     tp_group: TPGroup | None = None
-    lora_layouts: Mapping[str, str] | str | None = None
     faults: FaultInjector | None = None
     extra_resident_bytes: int | None = None
 
@@ -138,7 +133,7 @@ def decide_lora_fold(spec: EngineSpec, model: LlamaForCausalLM, tp_size: int) ->
         return False
     from dataplane.parallel.fold_cost import decide_fold
 
-    decision = decide_fold(getattr(model, "global_config", model.config), tp_size,
+    decision = decide_fold(model.global_config, tp_size,
                            rank=config.max_rank, max_slots=config.max_slots,
                            max_num_seqs=config.max_num_seqs,
                            device=model.embed_tokens.weight.device.type,
@@ -150,48 +145,16 @@ def decide_lora_fold(spec: EngineSpec, model: LlamaForCausalLM, tp_size: int) ->
 
 def _build_tp_rank(spec: EngineSpec) -> Engine:
     """This rank's engine of a tensor-parallel group: the global checkpoint loaded on the
-    CPU, this rank's shard kept on the group's device (dataplane/parallel/tp_engine.py).
+    CPU, this rank's shard kept on the group's device (dataplane/parallel/shard_model.py).
     Every rank calls this with the same spec at the same point."""
-    from dataplane.parallel.llama_tp import TPLlamaForCausalLM
-    from dataplane.parallel.tp_engine import TPEngine
+    from dataplane.parallel.shard_model import shard_model
 
     group = spec.tp_group
     assert group is not None
     if isinstance(spec.source, BaseModel):
         raise InvalidRequest("a tensor-parallel rank loads its shard from a model directory")
     base = load_base(spec.source, spec.dtype, "cpu")
-    config = spec.config
-    layouts = spec.lora_layouts
-    if isinstance(layouts, str):
-        layouts = {attr: layout_name(choice) for attr, choice in choose_lora_layouts(
-            base.model.config, group.size, config, layouts, DTYPES[spec.dtype].itemsize,
-            spec.extra_resident_bytes).items()}
-    model = TPLlamaForCausalLM(base.model, group, lora_layouts=layouts,
-                               max_slots=config.max_slots, max_rank=config.max_rank)
-    config = dataclasses.replace(config, lora_fold=decide_lora_fold(spec, model, group.size))
-    return TPEngine(model, config, base.h_base, base.abi, base.tokenizer)
-
-
-def choose_lora_layouts(model_config: ModelConfig, tp_size: int, config: EngineConfig,
-                        layout: str = "auto", dtype_bytes: int = 2,
-                        extra_resident_bytes: int | None = None
-                        ) -> dict[str, LayoutDecision | str]:
-    """Each fused projection's TP LoRA layout: `layout` for all of them, or with "auto"
-    the layout cost model's decision (dataplane/parallel/cost_model.py) for these sizes:
-    rank `max_rank`, `max_num_seqs` rows, up to `min(max_slots, max_num_seqs)` distinct
-    adapters per step, `max_slots` resident."""
-    from dataplane.models.llama import LORA_GROUPS
-
-    if layout != "auto":
-        return dict.fromkeys(LORA_GROUPS, layout)
-    from dataplane.parallel.llama_tp import auto_lora_layouts
-
-    return dict(auto_lora_layouts(
-        model_config, tp_size, rank=config.max_rank, tokens=config.max_num_seqs,
-        active_adapters=min(config.max_slots, config.max_num_seqs),
-        resident_adapters=config.max_slots, dtype_bytes=dtype_bytes,
-        extra_resident_budget_bytes=extra_resident_bytes))
-
-
-def layout_name(choice: LayoutDecision | str) -> str:
-    return choice if isinstance(choice, str) else choice.layout
+    model = shard_model(base.model, group)
+    config = dataclasses.replace(spec.config,
+                                 lora_fold=decide_lora_fold(spec, model, group.size))
+    return Engine(model, config, base.h_base, base.abi, base.tokenizer, faults=spec.faults)

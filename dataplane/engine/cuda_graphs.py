@@ -20,6 +20,15 @@ Without the fold W is 0.
 so the staging, padding and deferred-id paths are exercised without CUDA.
 
 Only used on CUDA with a graph-safe LoRA backend (not the torch one, which syncs).
+
+Tensor parallelism: a rank's decode step is the one-GPU step plus its collectives, which
+`torch.cuda.graph` records as graph nodes (the communicator exists before capture and the
+warm-ups exercise it). Given the rank's `group`, the runner also (1) finishes the
+warm-ups' collectives before capture and captures in thread-local error mode (the process
+group's watchdog thread queries its eager work meanwhile), and (2) records each graph's
+collective ledger at capture and adds it to `group.counter` on every replay, so the counts
+stay exact with graphs. Every rank captures the same graphs in the same order and replays
+the same one for the same plan (the fold widths follow from the plans alone).
 """
 
 from __future__ import annotations
@@ -28,7 +37,7 @@ import gc
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -39,6 +48,11 @@ from dataplane.engine.staging import Staging, stage_rows
 from dataplane.h2d import to_device
 from dataplane.kernels import LoraMetaBuffers
 from dataplane.layers.lora_linear import LoraStepContext
+
+if TYPE_CHECKING:
+    from dataplane.parallel.collectives import CollectiveTally, TPGroup
+
+    Ledger = dict[tuple[str, str], CollectiveTally]
 
 DEFAULT_BATCH_SIZES = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256)
 MIN_CONTEXT_BUCKET = 256
@@ -72,12 +86,15 @@ class CudaGraphRunner:
 
     def __init__(self, runner: object, max_batch: int, max_context: int,
                  batch_sizes: tuple[int, ...] = DEFAULT_BATCH_SIZES,
-                 run_eagerly: bool = False) -> None:
+                 run_eagerly: bool = False, group: TPGroup | None = None) -> None:
         from dataplane.engine.model_runner import ModelRunner
 
         if not isinstance(runner, ModelRunner):
             raise TypeError("CudaGraphRunner needs a ModelRunner")
         self.runner = runner
+        self.group = group
+        self.ledgers: dict[GraphKey, Ledger] = {}
+        """A TP rank's collectives of each captured graph (module docstring)."""
         self.run_eagerly = run_eagerly
         self.device = runner.device
         self.block_size = runner.cache.block_size
@@ -173,17 +190,28 @@ class CudaGraphRunner:
                     self._capture((batch, width, fold_width))
 
     def _capture(self, key: GraphKey) -> None:
+        counter = None if self.group is None else self.group.counter
+        before = None if counter is None else counter.tallies()
         stream = torch.cuda.Stream(self.device)
         stream.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(stream):
-            for _ in range(2):  # warm-up: Triton autotune/compile, cuBLAS handles
+            for _ in range(2):  # warm-up: Triton autotune/compile, cuBLAS (and NCCL) paths
                 self._forward(*key)
         torch.cuda.current_stream(self.device).wait_stream(stream)
+        options: dict[str, Any] = {}
+        if counter is not None:
+            torch.cuda.synchronize(self.device)  # the warm-ups' collectives are done
+            counter.reset()
+            options["capture_error_mode"] = "thread_local"
         graph = torch.cuda.CUDAGraph()
-        with no_collection(), torch.cuda.graph(graph, pool=self.pool):
+        with no_collection(), torch.cuda.graph(graph, pool=self.pool, **options):
             logits = self._forward(*key)
         self.pool = graph.pool()
         self.graphs[key] = _Graph(graph, logits)
+        if counter is not None and before is not None:
+            self.ledgers[key] = counter.tallies()  # the one captured forward's
+            counter.reset()
+            counter.add(before)
 
     def release(self) -> None:
         """Drop every captured graph (later steps run eagerly). A TP rank calls this before
@@ -249,6 +277,8 @@ class CudaGraphRunner:
                 return self._sampled(self._forward(*key), plan)
         entry = self.graphs[key]
         entry.graph.replay()
+        if self.group is not None and key in self.ledgers:
+            self.group.counter.add(self.ledgers[key])
         return self._sampled(entry.logits, plan)
 
     def _sampled(self, logits: torch.Tensor, plan: BatchPlan) -> torch.Tensor:

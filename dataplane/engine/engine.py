@@ -7,7 +7,9 @@ decode-only step is launched before this one's tokens reach the host, so host wo
 behind the device. Adapter factors and KV blocks live in one unified page pool
 (engine/pool_slots.py); requests bind to an adapter by handle, and the scheduler gives model
 rows only to requests whose adapter slot is published. Build engines with
-`dataplane.engine.build_engine` (engine/builder.py).
+`dataplane.engine.build_engine` (engine/builder.py). A tensor-parallel rank is this same
+engine over its shard of the model (`model.tp_group` set): rank 0 leads, the others
+`serve()` (engine/lockstep.py).
 
 Usage::
 
@@ -20,8 +22,11 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from collections.abc import Sequence as SequenceOf
+from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 from typing import cast
+
+import torch
 
 from dataplane.artifacts import BaseModelABI
 from dataplane.collections.bundle import CollectionBundle
@@ -45,6 +50,8 @@ from dataplane.engine.adapters import (
 from dataplane.engine.async_steps import Launched, has_live_rows
 from dataplane.engine.collection_slots import CollectionHandle, CollectionRegistry
 from dataplane.engine.config import EngineConfig
+from dataplane.engine.deferred import DeferredTokens
+from dataplane.engine.lockstep import Lockstep
 from dataplane.engine.model_runner import ModelRunner
 from dataplane.engine.observer import EngineObserver
 from dataplane.engine.pool_slots import PoolSlots
@@ -53,6 +60,8 @@ from dataplane.engine.scheduler import ScheduleOutput, Scheduler, SchedulerConfi
 from dataplane.engine.step_loop import StepLoop
 from dataplane.kvcache import BlockManager, CacheABI
 from dataplane.models.llama import LlamaForCausalLM
+from dataplane.parallel.collectives import TPGroup
+from dataplane.parallel.errors import ProcessGroupError
 from dataplane.pool.errors import StaleGeneration
 from dataplane.pool.faults import FaultInjector
 from dataplane.pool.slot_table import LaunchSnapshot
@@ -84,8 +93,9 @@ class Engine(StepLoop):
         has `num_kv_blocks` pages for KV blocks and adapter factors; `faults` injects
         failures into its load transactions (tests); `host_bytes` caps its host tier.
 
-        A tensor-parallel model (projections that own their sharded tables) keeps its KV in
-        the pool and its adapters in those tables (dataplane/parallel/tp_engine.py)."""
+        A tensor-parallel rank's model (`model.tp_group` set, dataplane/parallel/
+        shard_model.py) keeps its shard of every adapter in its own pool; the ranks run in
+        lockstep (`lockstep`)."""
         self.config = config
         self.base_abi = base_abi
         self.model = model
@@ -93,13 +103,15 @@ class Engine(StepLoop):
         mc = model.config
         max_len = config.max_model_len or mc.max_position_embeddings
         self.max_model_len = max_len
-        sharded = any(getattr(linear, "owns_lora_tables", False)
-                      for _l, _a, linear in model.lora_linears())
+        group = model.tp_group
+        if group is not None and config.collection_blocks:
+            raise InvalidRequest("collection serving needs one device (the collection "
+                                 "tables are not sharded)")
         lora_slots = config.max_slots if config.max_rank > 0 else 0
         member_slots = config.max_slots if config.collection_blocks else 0
         self.pool = PoolSlots.for_model(
             model, num_pages=config.num_kv_blocks, block_size=config.block_size,
-            max_slots=0 if sharded else lora_slots, max_rank=config.max_rank, faults=faults,
+            max_slots=lora_slots, max_rank=config.max_rank, faults=faults,
             member_slots=member_slots,
             **({} if host_bytes is None else {"host_bytes": host_bytes}))
         """KV blocks and adapter factors in one device buffer (engine/pool_slots.py)."""
@@ -133,8 +145,10 @@ class Engine(StepLoop):
         """Notified of launched plans and evictions (engine/observer.py)."""
         self.pool.attach(self)
         self.pool.eviction_listener = self._adapter_evicted
-        if config.lora_fold and lora_slots > 0 and not sharded:
+        if config.lora_fold and lora_slots > 0:
             self.pool.enable_fold()
+        self.lockstep = None if group is None else Lockstep(self, group)
+        """This rank's side of tensor-parallel lockstep (None: one device)."""
         self._seqs: dict[str, Sequence] = {}
         self._held: dict[str, AdapterHandle] = {}
         """Live request -> the adapter it holds in the pool (never an eviction victim)."""
@@ -161,7 +175,7 @@ class Engine(StepLoop):
         """Steps launched before the previous step's tokens reached the host (async)."""
         self.num_discarded_rows = 0
         """Rows of overlapped steps whose request had finished before their tokens came."""
-        if config.enable_cuda_graphs and not sharded:
+        if config.enable_cuda_graphs:
             self.capture_cuda_graphs()
 
     def capture_cuda_graphs(self) -> bool:
@@ -179,13 +193,15 @@ class Engine(StepLoop):
 
             self.runner.warm_up_lora()  # eager steps then never wait on Triton's JIT
             graphs = CudaGraphRunner(self.runner, self.config.max_num_seqs,
-                                     min(self.max_model_len, self.config.max_graph_context))
+                                     min(self.max_model_len, self.config.max_graph_context),
+                                     group=self.model.tp_group)
             graphs.capture_all()
             self.runner.graphs = graphs
         if self.config.enable_piecewise_graphs and self.runner.piecewise is None:
             from dataplane.engine.piecewise_graphs import PiecewiseGraphRunner
 
-            pieces = PiecewiseGraphRunner(self.runner, self.config.max_num_batched_tokens)
+            pieces = PiecewiseGraphRunner(self.runner, self.config.max_num_batched_tokens,
+                                          group=self.model.tp_group)
             pieces.capture_all()
             self.runner.piecewise = pieces
         if self.config.async_scheduling is None and self._async_allowed:
@@ -213,7 +229,13 @@ class Engine(StepLoop):
         Pinned unless `evictable`: an evictable adapter that no live request holds may be
         evicted by KV growth or by another load (LRU among the eligible); its handle then
         goes stale and observers hear `adapter_evicted(key)` (the agent loads adapters
-        this way and reloads them on demand)."""
+        this way and reloads them on demand).
+
+        Under tensor parallelism (the leader) `adapter` holds the global factors: every
+        rank loads its shard, published only when all ranks validated theirs."""
+        if self.lockstep is not None:
+            with self.lockstep.lock:
+                return self.lockstep.load(adapter, key or adapter.digest, kv_pages, evictable)
         return self.pool.load(key or adapter.digest, adapter, kv_pages, evictable=evictable)
 
     def unregister_adapter(self, handle: AdapterHandle) -> None:
@@ -227,7 +249,59 @@ class Engine(StepLoop):
         self.adapters.check_handle(handle)
         if handle.slot in self._live_slots():
             raise AdapterError("adapter is used by live requests", slot=handle.slot)
-        self.pool.unload(handle)
+        with self._lock():
+            self.pool.unload(handle)
+
+    def _lock(self) -> AbstractContextManager[object]:
+        return nullcontext() if self.lockstep is None else self.lockstep.lock
+
+    # ----- tensor parallelism ---------------------------------------------------------
+    @property
+    def tp_group(self) -> TPGroup | None:
+        """This rank's tensor-parallel group (None: one device)."""
+        return self.model.tp_group
+
+    def step(self) -> list[RequestOutput]:
+        if self.lockstep is None:
+            return super().step()
+        if not self.lockstep.is_leader:
+            raise ProcessGroupError("followers do not schedule; call serve()")
+        with self.lockstep.lock:
+            return super().step()
+
+    def execute_plan(self, plan: BatchPlan, deferred: DeferredTokens | None) -> torch.Tensor:
+        """The step's forward; the TP leader first hands the plan (and the deferred tokens)
+        to its followers."""
+        if self.lockstep is not None:
+            deferred = self.lockstep.send_plan(plan, deferred)
+        return self.runner.execute(plan, deferred)
+
+    def serve(self) -> int:
+        """A TP follower: execute the leader's plans and loads until it shuts down;
+        returns the plans run (engine/lockstep.py)."""
+        if self.lockstep is None:
+            raise ProcessGroupError("serve() is for the followers of a TP group")
+        try:
+            return self.lockstep.serve()
+        finally:
+            self.release_graphs()
+
+    def shutdown(self) -> None:
+        """The TP leader releases its followers (their `serve()` returns) and every rank
+        drops its captured graphs, which hold the NCCL communicator (before the group is
+        destroyed). One device: drops the graphs. Idempotent."""
+        if self.lockstep is not None and self.lockstep.is_leader:
+            self.lockstep.stop()
+        self.release_graphs()
+
+    def release_graphs(self) -> None:
+        """Drop the captured decode graphs and mixed-step pieces (later steps run
+        eagerly)."""
+        for name in ("graphs", "piecewise"):
+            graphs = getattr(self.runner, name)
+            if graphs is not None:
+                graphs.release()
+                setattr(self.runner, name, None)
 
     def _adapter_evicted(self, key: str) -> None:
         for observer in self.observers:

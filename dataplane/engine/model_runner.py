@@ -86,12 +86,9 @@ class ModelRunner:
             None leaves the model's setting.
         kv_cache: the KV storage (page-major views of the engine's unified pool,
             `PagedKVCache.in_pages`) of exactly this model's geometry, the model's dtype and
-            `num_kv_blocks` x `block_size`; None allocates a private one (TP ranks).
+            `num_kv_blocks` x `block_size`; None allocates a private one.
 
-    `linears` lists the projections whose factors the engine's pool attaches. A LoRA linear
-    with a true attribute `owns_lora_tables` (tensor-parallel projections holding their own
-    sharded tables) is left alone and not listed: adapters are loaded into it by its owner
-    (e.g. `TPLlamaForCausalLM.load_adapter`).
+    `linears` lists the projections whose factors the engine's pool attaches.
     """
 
     def __init__(self, model: LlamaForCausalLM, num_kv_blocks: int, block_size: int,
@@ -126,12 +123,11 @@ class ModelRunner:
         self.piecewise: object | None = None  # PiecewiseGraphRunner (mixed steps), likewise
         if ops_backend is not None:
             model.set_ops_backend(ops_backend)
-        own = [(layer, attr, linear) for layer, attr, linear in model.lora_linears()
-               if not getattr(linear, "owns_lora_tables", False)]
-        if any(linear.fold is not None for _l, _a, linear in own):
+        projections = model.lora_linears()
+        if any(linear.fold is not None for _l, _a, linear in projections):
             model.lora_fold_rows = 0  # a previous runner's fold, kept in step with its tables
             model.lora_fold_slots = None
-        for _layer, _attr, linear in own:  # detach a previous runner's tables (and fold)
+        for _layer, _attr, linear in projections:  # detach a previous runner's tables, fold
             linear.factors, linear.has_factors = None, False
             linear.fold = None
             linear.collection = None
@@ -139,10 +135,10 @@ class ModelRunner:
         """Per (layer, fused projection): natively served collection members' bases and
         cores (`collection_blocks` > 0; engine/collection_slots.py fills them)."""
         if collection_blocks > 0:
-            if max_slots == 0 or collection_rank <= 0 or len(own) != len(model.lora_linears()):
-                raise InvalidRequest("collection serving needs LoRA slots, a rank > 0 and the "
-                                     "runner's own projections (not tensor-parallel shards)")
-            for layer, attr, linear in own:
+            if max_slots == 0 or collection_rank <= 0 or model.tp_group is not None:
+                raise InvalidRequest("collection serving needs LoRA slots, a rank > 0 and one "
+                                     "device (not tensor-parallel shards)")
+            for layer, attr, linear in projections:
                 linear.collection = self.collections[(layer, attr)] = CollectionTable(
                     max_slots, linear.in_features, linear.out_features, collection_blocks,
                     collection_rank, self.dtype, self.device)
@@ -154,20 +150,16 @@ class ModelRunner:
             self.meta_buffers = LoraMetaBuffers(max_rows, max_slots, self.device)
             self.workspace = LoraWorkspace(
                 self.backend.workspace_numel(max_rows, 3, max(max_rank, 1)), self.device)
-            for layer, attr, linear in own if max_rank > 0 else ():
+            for layer, attr, linear in projections if max_rank > 0 else ():
                 self.linears[(layer, attr)] = linear
 
     def enable_lora_fold(self, max_rows: int, width_unit: int | None = None,
                          paged: PagedFold | None = None) -> None:
         """Steps of at most `max_rows` rows (decode steps) fold the LoRA into the base GEMMs
-        and their consumer ops (dataplane/ops/lora_fold.py): the model's own fold under
-        tensor parallelism, else a fold per projection that `paged` (the engine's pool,
-        dataplane/pool/fold_source.py) fills from the pool's pages and keeps in step.
-        Before any adapter is loaded. `width_unit`: `FoldSlots`' (None: its default)."""
-        tp_fold = getattr(self.model, "enable_lora_fold", None)
-        if tp_fold is not None:
-            tp_fold(max_rows, width_unit)
-            return
+        and their consumer ops (dataplane/ops/lora_fold.py): a fold per projection that
+        `paged` (the engine's pool, dataplane/pool/fold_source.py) fills from the pool's
+        pages and keeps in step. Before any adapter is loaded. `width_unit`: `FoldSlots`'
+        (None: its default)."""
         if self.max_slots == 0 or max_rows <= 0 or self.max_rank == 0 or paged is None:
             raise InvalidRequest("a LoRA fold needs LoRA slots, a rank, a row limit and the "
                                  "pool's pages")
@@ -192,24 +184,16 @@ class ModelRunner:
         middle of a served step (an 8B model's first mixed steps otherwise wait seconds
         for the JIT). Variants differ by row bucket (configs), projection shape and the
         metadata method, so one call per row count in `warm_up_row_counts` and per
-        distinct projection shape covers them; tensor-parallel projections (owning their
-        sharded tables) warm up through their branch, without collectives. Returns the
-        number of calls made."""
+        distinct projection shape covers them (no collective: the kernels only). Returns
+        the number of calls made."""
         if self.max_slots == 0:
             return 0
         launchers: dict[tuple[object, ...], Callable[[LoraStepContext], None]] = {}
         for linear in self.linears.values():
             if linear.factors is not None:
                 w = linear.factors.weights
-                launchers.setdefault(("own", w.in_features, tuple(w.out_features), w.max_rank),
+                launchers.setdefault((w.in_features, tuple(w.out_features), w.max_rank),
                                      partial(_warm_up_table, w))
-        for _layer, _attr, linear in self.model.lora_linears():
-            branch = getattr(linear, "branch", None)
-            if getattr(linear, "owns_lora_tables", False) and branch is not None:
-                w = branch.table.weights
-                key = (branch.layout, branch.style, w.in_features, tuple(w.out_features),
-                       w.max_rank)
-                launchers.setdefault(key, branch.warm_up)
         calls = 0
         for rows in warm_up_row_counts(self.max_rows):
             row_slot = torch.full((rows,), -1, dtype=torch.int32, device=self.device)

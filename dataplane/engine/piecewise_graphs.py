@@ -21,12 +21,20 @@ updated in place, so registering an adapter needs no recapture.
 
 `run_eagerly=True` (CPU tests) runs the pieces as plain calls on the same buffers, so the
 split, the staging and the padding are checked against the eager path without CUDA.
+
+Tensor parallelism: a rank's mixed step is the one-GPU step plus its collectives (the o
+and down all-reduces, the embedding's; the LM head's all-gather runs eagerly after the
+pieces), captured inside the pieces as in `CudaGraphRunner`; attention between pieces is
+local (KV heads are sharded). Given the rank's `group`, the warm-ups' collectives finish
+before capture, pieces capture in thread-local error mode, and each bucket's ledger is
+added to `group.counter` on every replay. Every rank captures the same buckets in the same
+order and gets the same plan, so every rank replays the same bucket or none.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -40,6 +48,9 @@ from dataplane.h2d import to_device
 from dataplane.kernels import LoraMetaBuffers
 from dataplane.layers.lora_linear import LoraStepContext
 from dataplane.models.llama import DecoderLayer
+
+if TYPE_CHECKING:
+    from dataplane.parallel.collectives import CollectiveTally, TPGroup
 
 
 def row_buckets(min_rows: int, max_rows: int, step: int = 64, wide_step: int = 256,
@@ -66,12 +77,16 @@ class PiecewiseGraphRunner:
     """Captures and replays piecewise graphs of mixed steps for a `ModelRunner`."""
 
     def __init__(self, runner: object, max_rows: int, min_rows: int = 1,
-                 buckets: tuple[int, ...] | None = None, run_eagerly: bool = False) -> None:
+                 buckets: tuple[int, ...] | None = None, run_eagerly: bool = False,
+                 group: TPGroup | None = None) -> None:
         from dataplane.engine.model_runner import ModelRunner
 
         if not isinstance(runner, ModelRunner):
             raise TypeError("PiecewiseGraphRunner needs a ModelRunner")
         self.runner = runner
+        self.group = group
+        self.ledgers: dict[int, dict[tuple[str, str], CollectiveTally]] = {}
+        """A TP rank's collectives of each captured bucket's pieces (module docstring)."""
         self.run_eagerly = run_eagerly
         self.device = runner.device
         self.buckets = buckets or row_buckets(min_rows, max_rows)
@@ -139,6 +154,8 @@ class PiecewiseGraphRunner:
             self._capture(rows)
 
     def _capture(self, rows: int) -> None:
+        counter = None if self.group is None else self.group.counter
+        before = None if counter is None else counter.tallies()
         stream = torch.cuda.Stream(self.device)
         stream.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(stream):
@@ -147,31 +164,23 @@ class PiecewiseGraphRunner:
                 for k in range(self.num_pieces):
                     self._piece(rows, k, warm)
         torch.cuda.current_stream(self.device).wait_stream(stream)
-        self._before_capture(rows)
+        options: dict[str, Any] = {}
+        if counter is not None:  # a TP rank (module docstring)
+            torch.cuda.synchronize(self.device)
+            counter.reset()
+            options["capture_error_mode"] = "thread_local"
         bucket = _Bucket()
         for k in range(self.num_pieces):
             graph = torch.cuda.CUDAGraph()
-            with no_collection(), torch.cuda.graph(graph, pool=self.pool,
-                                                   **self._capture_options()):
+            with no_collection(), torch.cuda.graph(graph, pool=self.pool, **options):
                 self._piece(rows, k, bucket.io)
             self.pool = graph.pool()
             bucket.graphs.append(graph)
         self.captured[rows] = bucket
-        self._after_capture(rows)
-
-    # Hooks for a tensor-parallel rank (dataplane/parallel/tp_piecewise.py).
-    def _before_capture(self, rows: int) -> None:
-        """Called after a bucket's warm-ups, before its first piece is captured."""
-
-    def _capture_options(self) -> dict[str, Any]:
-        """Extra keyword arguments of `torch.cuda.graph` for every piece."""
-        return {}
-
-    def _after_capture(self, rows: int) -> None:
-        """Called once a bucket's pieces are all captured."""
-
-    def _replayed(self, rows: int) -> None:
-        """Called after a captured bucket's pieces were replayed for a step."""
+        if counter is not None and before is not None:
+            self.ledgers[rows] = counter.tallies()
+            counter.reset()
+            counter.add(before)
 
     def release(self) -> None:
         """Drop every captured piece (later mixed steps run eagerly). A TP rank calls this
@@ -217,8 +226,8 @@ class PiecewiseGraphRunner:
                     paged_attention(self.q_buf[:rows], self.k_buf[:rows], self.v_buf[:rows],
                                     layer.index, r.cache, attn, layer.window, layer.scale,
                                     write_kv=False, out=self.attn_out[:rows])
-            if bucket is not None:
-                self._replayed(bucket_rows)
+            if bucket is not None and self.group is not None and bucket_rows in self.ledgers:
+                self.group.counter.add(self.ledgers[bucket_rows])
             if not plan.sample_rows:
                 return torch.empty(0, r.config.vocab_size, dtype=torch.float32,
                                    device=self.device)

@@ -29,6 +29,15 @@ The projections read the pool's address tables (:class:`KernelTables`); `enable_
 folds decode steps' LoRA into the base GEMMs from the pages (dataplane/pool/
 fold_source.py). With `member_slots`, natively served collection members take the slots
 above the pool's (they hold no pages; dataplane/engine/native_members.py).
+
+Tensor parallelism: every rank's pool has the same layout (its local shapes) and the
+leader's pool decides for all of them. The leader's scheduler allocates KV pages and its
+pool places adapters; the followers' pools are storage driven by the leader
+(dataplane/engine/lockstep.py): a follower writes its shard of an adapter into the pages
+the leader chose (:meth:`mirror_publish`) and drops a slot when the leader's pool
+unpublished it (:meth:`mirror_unpublish`; the leader records those in `unpublished`), in
+the order the leader did, before the next plan. Every rank's address tables and LoRA fold
+then see the same publications in the same order.
 """
 
 from __future__ import annotations
@@ -47,7 +56,7 @@ from dataplane.layers.lora_fold_store import FoldStore
 from dataplane.models.llama import LORA_GROUPS, LlamaForCausalLM
 from dataplane.pool.device_pool import DevicePool
 from dataplane.pool.events import CompletedEvent, CopyEvent
-from dataplane.pool.faults import FaultInjector
+from dataplane.pool.faults import FaultInjector, FaultPoint
 from dataplane.pool.fold_source import attach_paged_folds
 from dataplane.pool.host_tier import HostTier
 from dataplane.pool.kernel_tables import KernelTables, ModuleGroup
@@ -127,6 +136,9 @@ class PoolSlots:
         self._modules: dict[int, frozenset[tuple[int, str]]] = {}
         self._evicted: list[str] = []
         self.eviction_listener: Callable[[str], None] | None = None
+        self.unpublished: list[int] | None = None
+        """A TP leader's slots unpublished since the followers last heard (module
+        docstring); None: not recorded (one device, or a follower)."""
 
     @classmethod
     def for_model(cls, model: LlamaForCausalLM, *, num_pages: int, block_size: int,
@@ -287,8 +299,11 @@ class PoolSlots:
         return None
 
     def on_unpublish(self, slot: int) -> None:
-        """The pool unpublished a slot this backend still binds: it evicted an idle
-        adapter (KV growth or another load's victim). Drop the binding now."""
+        """The pool unpublished a slot (reclaimed after its retirement, or evicted). For a
+        slot this backend still binds it evicted an idle adapter (KV growth or another
+        load's victim): drop the binding now."""
+        if self.unpublished is not None:
+            self.unpublished.append(slot)
         bound = self._bound.pop(slot, None)
         if bound is None:
             return
@@ -331,6 +346,46 @@ class PoolSlots:
             event = cuda_event
         self.pool.end_launch(snap, event)
         self.pool.reclaim_retired()
+
+    # ---- tensor parallelism ----------------------------------------------------------
+    def pages_of(self, handle: AdapterHandle) -> tuple[int, ...]:
+        """The pool pages the published slot of `handle` reads."""
+        return self.pool.slots.table.resolve(self.pool_handle(handle)).pages
+
+    def mirror_publish(self, slot: int, slot_generation: int, pages: tuple[int, ...],
+                       key: str, adapter: LoadedAdapter) -> list[torch.Tensor]:
+        """A follower: write `adapter` (this rank's shard) into `pages` (the leader's
+        placement of `slot`) and publish it to the address tables and the fold, as the
+        leader's pool did. Returns the factors written, in page order (the rank's shard
+        digest). AdapterError, with nothing published, when it does not fit."""
+        if not 0 <= slot < self.max_slots:
+            raise AdapterError("slot outside the pool's slots", slot=slot)
+        self.engine.adapters.check_fits(adapter)
+        packed = pack_adapter(key, factors_from_modules(adapter.modules),
+                              self.layout.geometry, self.dtype)
+        if packed.num_pages != len(pages):
+            raise AdapterError(f"the shard needs {packed.num_pages} pages, the leader "
+                               f"placed {len(pages)}", slot=slot)
+        event = self.pool.storage.copy_in(pages, packed.payload)
+        wait = getattr(event, "synchronize", None)
+        if wait is not None:
+            wait()  # the next plan reads the pages: the copy lands first
+        self.pool.faults.hit(FaultPoint.VALIDATE, key=key)  # a rank's failed validation
+        entry = PointerEntry(SlotHandle(slot, slot_generation, slot_generation, key),
+                             slot_generation, pages, packed.plan)
+        for listener in self.pool.listeners:
+            listener.on_publish(entry)
+        self._modules[slot] = frozenset((m.layer, m.module) for m in adapter.modules)
+        self._mark_linears()
+        return [packed.payload]
+
+    def mirror_unpublish(self, slot: int) -> None:
+        """A follower: the leader's pool unpublished `slot` (idempotent)."""
+        for listener in self.pool.listeners:
+            if listener is not self:
+                listener.on_unpublish(slot)
+        if self._modules.pop(slot, None) is not None:
+            self._mark_linears()
 
     def collection_of(self, slot: int) -> str | None:
         return self.native.collection_of(slot)

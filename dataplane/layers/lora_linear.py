@@ -6,10 +6,18 @@ batch carry an adapter slot (`row_slot`, -1 = base); the LoRA backend adds
 `scale[k, s] * (x A[k, s]^T) B[k, s]^T` to slice k of every row with slot s and leaves rows
 with slot -1 (and slices an adapter does not target, rank 0) exactly untouched. Adapters
 of different ranks and target sets share one call (rank/scale tables per slot).
+
+Under tensor parallelism a rank's projections are `LoRALinear`s of its local shapes
+(dataplane/parallel/shard_model.py) holding its shard of every adapter in its own pool:
+a column-parallel shard needs nothing more (its input is replicated); a row-parallel shard
+(o, down) has `reduce` set, and its base partial and LoRA partial are summed over the
+ranks by one all-reduce, before the bias (docs/ARCHITECTURE.md, "Tensor parallelism").
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -23,6 +31,28 @@ from dataplane.layers.collection_table import CollectionRows, CollectionTable
 from dataplane.layers.lora_fold_store import FoldStore
 from dataplane.ops import silu_and_mul
 from dataplane.ops.lora_fold import FoldedExpand
+
+ROW_AUG_BLAS = "cublaslt"
+"""The library of a row-parallel shard's augmented (folded) GEMM: for the down shard's
+augmented shape cuBLAS picks split-K plus a reduce kernel, where cuBLASLt's single kernel
+is about 20% faster (docs/PERFORMANCE.md, "Tensor parallel")."""
+
+
+class AllReduce(Protocol):
+    """What a row-parallel shard needs of its TP group (dataplane.parallel.TPGroup)."""
+
+    def all_reduce(self, tensor: torch.Tensor, *, purpose: str) -> torch.Tensor: ...
+
+
+@contextmanager
+def blas_library(name: str) -> Iterator[None]:
+    """GEMMs issued inside use `name` (torch's process-wide preferred BLAS library)."""
+    prev = torch.backends.cuda.preferred_blas_library()
+    torch.backends.cuda.preferred_blas_library(name)
+    try:
+        yield
+    finally:
+        torch.backends.cuda.preferred_blas_library(prev)
 
 
 class FactorSource(Protocol):
@@ -97,6 +127,9 @@ class LoRALinear(nn.Module):
         self.collection: CollectionTable | None = None
         """Shared bases and per-slot cores of natively served collection members (attached
         by the runner when the engine has collection blocks), or None."""
+        self.reduce: AllReduce | None = None
+        """A row-parallel TP shard's group: the output (base + LoRA partials) is
+        all-reduced, then the bias added. None: a whole projection or a column shard."""
 
     def attach_factors(self, source: FactorSource | None) -> None:
         """Read factors from `source` from now on (None: base only); clears `has_factors`
@@ -119,8 +152,17 @@ class LoRALinear(nn.Module):
         if self.fold is None:
             return self(x, lora), None
         assert lora.fold_slot is not None
-        y, folded = self.fold.split(F.linear(x, self.fold.gemm_weight(lora.fold_width)),
-                                    self.bias, lora.fold_slot)
+        weight = self.fold.gemm_weight(lora.fold_width)
+        if self.reduce is None:
+            y_aug = F.linear(x, weight)
+        else:  # the ranks' partial z rides in the base all-reduce with y
+            if x.is_cuda:
+                with blas_library(ROW_AUG_BLAS):
+                    y_aug = F.linear(x, weight)
+            else:
+                y_aug = F.linear(x, weight)
+            self.reduce.all_reduce(y_aug, purpose="base")
+        y, folded = self.fold.split(y_aug, self.bias, lora.fold_slot)
         self._add_collection(y, x, lora)
         return y, folded
 
@@ -154,12 +196,26 @@ class LoRALinear(nn.Module):
         return self.factors.weights
 
     def forward(self, x: torch.Tensor, lora: LoraStepContext | None) -> torch.Tensor:
+        if self.reduce is not None:
+            return self._forward_row_shard(x, lora)
         y = F.linear(x, self.weight, self.bias)
         self._add_collection(y, x, lora)
         w = self._active(lora)
         if w is not None and lora is not None:
             lora.backend.add_lora(y, x, lora.meta, w, lora.workspace)
         return y
+
+    def _forward_row_shard(self, x: torch.Tensor, lora: LoraStepContext | None
+                           ) -> torch.Tensor:
+        """A row-parallel shard: ``x_j W_j^T + s (x_j A_j^T) B^T`` summed over the ranks
+        (``sum_j x_j A_j^T = x A^T``: no collective of its own), then the bias."""
+        assert self.reduce is not None
+        y = F.linear(x, self.weight)
+        w = self._active(lora)
+        if w is not None and lora is not None:
+            lora.backend.add_lora(y, x, lora.meta, w, lora.workspace)
+        self.reduce.all_reduce(y, purpose="base")
+        return y if self.bias is None else y + self.bias
 
     def forward_silu_mul(self, x: torch.Tensor, lora: LoraStepContext | None,
                          ops_backend: str = "auto") -> torch.Tensor:

@@ -10,17 +10,27 @@ RMSNorm statistics and RoPE angles in fp32, logits returned in fp32.
 Layers pass (hidden, residual) along as vLLM does, so the elementwise work between GEMMs
 is one fused op each (dataplane.ops): residual-add + RMSNorm, RoPE + KV cache write,
 SiLU * up. `ops_backend` ("auto": Triton on CUDA tensors, torch otherwise) picks the path.
-On steps whose LoRA context says `fold`, a projection that holds a LoRA fold (the TP ones,
-dataplane/parallel/linear.py) returns its bottleneck columns with `y` (`project`), and the
-op that consumes `y` adds each row's expand (dataplane/ops/lora_fold.py); a down
-projection's fold waits in `lora.pending` for the next layer's add-norm.
+On steps whose LoRA context says `fold`, a projection that holds a LoRA fold returns its
+bottleneck columns with `y` (`project`), and the op that consumes `y` adds each row's
+expand (dataplane/ops/lora_fold.py); a down projection's fold waits in `lora.pending` for
+the next layer's add-norm.
+
+A tensor-parallel rank runs this same class at its local sizes (`tp_group` set,
+dataplane/parallel/shard_model.py): vocab-parallel embeddings, row-parallel o/down shards
+that all-reduce, and an LM head that gathers the vocabulary (`logits_head`).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+if TYPE_CHECKING:
+    from dataplane.parallel.collectives import TPGroup
 
 from dataplane.attention.kv_cache import PagedKVCache
 from dataplane.attention.metadata import AttentionMetadata
@@ -153,10 +163,17 @@ class LlamaForCausalLM(nn.Module):
                                                     device=device), requires_grad=False)
             self.lm_head_weight = self.lm_head
         self.ops_backend = "auto"
+        self.tp_group: TPGroup | None = None
+        """This rank's tensor-parallel group (None: the whole model on one device)."""
+        self.global_config = config
+        """The whole model's config (`config` is this rank's local one under TP)."""
+        self.logits_head: Callable[[torch.Tensor], torch.Tensor] | None = None
+        """Normalised hidden rows -> float32 logits over the whole vocabulary, when not
+        ``hidden @ lm_head_weight^T`` (a TP rank's vocab-parallel head)."""
 
     lora_fold_rows = 0
     """Steps of at most this many rows fold the LoRA into the base GEMMs and their
-    consumer ops (`project`); 0 = never (the TP model's `enable_lora_fold` sets it)."""
+    consumer ops (`project`); 0 = never (the runner's `enable_lora_fold` sets it)."""
     lora_fold_slots: FoldSlots | None = None
     """Which adapters the folds hold (set with `lora_fold_rows`): the runner asks it for
     each folded step's rows' fold slots."""
@@ -187,6 +204,8 @@ class LlamaForCausalLM(nn.Module):
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden [N, hidden] (rows to sample) -> logits [N, vocab] float32."""
+        if self.logits_head is not None:
+            return self.logits_head(self.norm(hidden))
         return F.linear(self.norm(hidden), self.lm_head_weight).float()
 
     def lora_linears(self) -> list[tuple[int, str, LoRALinear]]:

@@ -1,12 +1,13 @@
 """Counted collectives: every tensor-parallel byte goes through one small wrapper.
 
 Why: the benchmark and the tests must *count* what a forward sends. Calls and bytes are
-separate ledgers, because a small NCCL call costs about the same whatever its size
-(`cost_model.SMALL_COLLECTIVE_S`). `TPGroup` owns the process group of one TP group and a
-`CollectiveCounter`; each call names its purpose ("base" for the base projection's own
-collectives, "lora" for anything the adapter branch adds, "control" for the leader's
-messages, "tokens" for the sampled tokens the leader hands the followers under async
-scheduling) so "the default layout adds no call" is a checked count, not a claim.
+separate ledgers, because a small NCCL call costs about the same whatever its size (35–40
+µs added to a step on two NVLink H200s, docs/PERFORMANCE.md, "Tensor parallel").
+`TPGroup` owns the process group of one TP group and a `CollectiveCounter`; each call
+names its purpose ("base" for the base projection's own collectives, "lora" for anything
+the adapter branch adds, "control" for the leader's messages, "tokens" for the sampled
+tokens the leader hands the followers under async scheduling) so "the LoRA adds no call"
+is a checked count, not a claim.
 
 Ledgers per (purpose, kind):
     calls          number of collective calls

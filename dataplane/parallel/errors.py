@@ -37,6 +37,6 @@ class ShardShapeError(ParallelError):
 
 
 class UnknownLayoutError(ParallelError):
-    """A LoRA layout or parallel style name is not one of the known ones."""
+    """A parallel style, or the shard layout an identity records, is not a known one."""
 
     code = "unknown_layout"

@@ -6,7 +6,7 @@ launches per layer with work inside the base GEMMs and their consumer ops, but i
 read the ``A`` of every *fold slot*, used by a row or not. The fold holds
 ``F = min(max_slots, max_num_seqs)`` slots (dataplane/layers/lora_fold_slots.py: no step
 can use more). With `active` distinct adapters per step (by default ``F``: every row on its
-own adapter, as `cost_model` assumes), per decode step:
+own adapter), per decode step:
 
     saved = layers * (4 * LAUNCH_S - FOLD_CONSUMER_S)
     extra = (F - active) * A bytes per slot / HBM_BYTES_PER_S
@@ -25,7 +25,10 @@ from dataclasses import dataclass
 
 from dataplane.intmath import next_pow2
 from dataplane.models.config import ModelConfig
-from dataplane.parallel.cost_model import HBM_BYTES_PER_S
+
+HBM_BYTES_PER_S = 4073e9
+"""H200 device copy bandwidth as a plain copy reaches it (spec 4.8 TB/s; measured:
+docs/PERFORMANCE.md, "Engine")."""
 
 LAUNCH_S = 9.4e-6
 """Median fused LoRA launch of a TP=2 decode step on an H200 (128 per step, 16 live slots;

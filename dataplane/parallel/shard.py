@@ -13,13 +13,12 @@ Base projections (Megatron):
         when the ranks outnumber the kv heads);
     row-parallel (o, down): W input-sharded; partial outputs are summed by all-reduce.
 
-LoRA layouts per style (each reproduces the global update, see dataplane.parallel.lora_tp):
+LoRA factors (the one layout; no collective beyond the base path's, dataplane/parallel/
+shard_model.py):
 
-    style   layout                   A on rank j                 B on rank j
-    column  no_extra_collectives     whole [r, d_in]             rows (output) shard
-    column  paper                    rank rows [jr/N,(j+1)r/N)   rows (output) shard
-    row     no_extra_collectives     columns (input) shard       whole [d_out, r]
-    row     paper                    columns (input) shard       rows (output) shard
+    style   A on rank j                 B on rank j
+    column  whole [r, d_in]             rows (output) shard, like the base slice
+    row     columns (input) shard       whole [d_out, r]
 """
 
 from __future__ import annotations
@@ -29,25 +28,16 @@ from dataclasses import dataclass
 
 import torch
 
-from dataplane.parallel.errors import (
-    IndivisibleShardError,
-    ShardShapeError,
-    UnknownLayoutError,
-)
+from dataplane.parallel.errors import IndivisibleShardError, ShardShapeError, UnknownLayoutError
 
 COLUMN = "column"
 ROW = "row"
 STYLES = (COLUMN, ROW)
-LAYOUT_LOCAL = "no_extra_collectives"
-LAYOUT_PAPER = "paper"
-LAYOUTS = (LAYOUT_LOCAL, LAYOUT_PAPER)
 
 
-def check_style_layout(style: str, layout: str) -> None:
+def check_style(style: str) -> None:
     if style not in STYLES:
         raise UnknownLayoutError(f"unknown parallel style {style!r}; known {STYLES}")
-    if layout not in LAYOUTS:
-        raise UnknownLayoutError(f"unknown LoRA layout {layout!r}; known {LAYOUTS}")
 
 
 def replicates(n: int, tp_size: int, unit: int) -> bool:
@@ -108,20 +98,16 @@ def shard_row_weight(weight: torch.Tensor, tp_rank: int, tp_size: int) -> torch.
 
 @dataclass(frozen=True)
 class LocalFactors:
-    """One slice's factors on one rank (PEFT orientation).
-
-    `a` ``[r_a, d_in_local]`` with ``r_a = r`` except column/paper (``r/N``); `b`
-    ``[d_out_local, r]``; `rank` the global r; `scale` unchanged by sharding.
-    """
+    """One module's factors on one rank (PEFT orientation): `a` ``[r, d_in_local]``, `b`
+    ``[d_out_local, r]``; `scale` unchanged by sharding."""
 
     a: torch.Tensor
     b: torch.Tensor
-    rank: int
     scale: float
 
 
 def shard_lora_factors(a: torch.Tensor, b: torch.Tensor, scale: float, *, style: str,
-                       layout: str, tp_rank: int, tp_size: int, out_unit: int = 1,
+                       tp_rank: int, tp_size: int, out_unit: int = 1,
                        out_replicate: bool = False) -> LocalFactors:
     """Slice one global PEFT factor pair (A ``[r, d_in]``, B ``[d_out, r]``) for one rank.
 
@@ -130,28 +116,16 @@ def shard_lora_factors(a: torch.Tensor, b: torch.Tensor, scale: float, *, style:
     input columns like the base weight. Shapes are checked before any slicing; the result
     is contiguous and independent of the inputs.
     """
-    check_style_layout(style, layout)
+    check_style(style)
     if a.dim() != 2 or b.dim() != 2 or a.shape[0] != b.shape[1] or a.shape[0] < 1:
         raise ShardShapeError(f"A {list(a.shape)} / B {list(b.shape)} are not [r, d_in] / "
                               "[d_out, r]")
-    r, d_in = a.shape
-    d_out = b.shape[0]
     if style == COLUMN:
-        lo, hi = shard_interval(d_out, tp_rank, tp_size, what="LoRA B output", unit=out_unit,
-                                replicate=out_replicate)
-        b_local = b[lo:hi]
-        if layout == LAYOUT_PAPER:
-            rlo, rhi = shard_interval(r, tp_rank, tp_size, what="LoRA rank")
-            a_local = a[rlo:rhi]
-        else:
-            a_local = a
+        lo, hi = shard_interval(b.shape[0], tp_rank, tp_size, what="LoRA B output",
+                                unit=out_unit, replicate=out_replicate)
+        a_local, b_local = a, b[lo:hi]
     else:
-        lo, hi = shard_interval(d_in, tp_rank, tp_size, what="LoRA A input")
-        a_local = a[:, lo:hi]
-        if layout == LAYOUT_PAPER:
-            olo, ohi = shard_interval(d_out, tp_rank, tp_size, what="LoRA B output")
-            b_local = b[olo:ohi]
-        else:
-            b_local = b
-    return LocalFactors(a_local.contiguous().clone(), b_local.contiguous().clone(), r,
+        lo, hi = shard_interval(a.shape[1], tp_rank, tp_size, what="LoRA A input")
+        a_local, b_local = a[:, lo:hi], b
+    return LocalFactors(a_local.contiguous().clone(), b_local.contiguous().clone(),
                         float(scale))

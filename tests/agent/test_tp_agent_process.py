@@ -29,8 +29,6 @@ def test_tp_agent_serves_then_exits_when_a_rank_dies(
         state = agent.state()
         [follower] = state["tp_follower_pids"]
         assert state["lora_fold_rows"] > 0  # decode steps fold the LoRA on both ranks
-        # the cost model's choice with no byte budget: no extra collective anywhere
-        assert set(state["tp_lora_layouts"].values()) == {"no_extra_collectives"}
         api = openai.OpenAI(base_url=f"{agent.url}/v1", api_key=deployment.reader_token,
                             max_retries=0, timeout=60.0)
         for name in ("a", None):

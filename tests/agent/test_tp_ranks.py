@@ -2,8 +2,9 @@
 
 Reference: the single-device `Engine` (no dataplane.parallel code) on the same tiny Llama
 checkpoint and the same real PEFT adapters; TP=2 must give the same greedy tokens for base
-requests and for adapters of two ranks/targets, add no LoRA collective (default layout),
-and keep the follower in lockstep (it executes every plan rank 0 executes).
+requests and for adapters of two ranks/targets, add no LoRA collective, and keep the
+follower in lockstep (it executes every plan rank 0 executes and holds its shard of every
+adapter in its own pool, at the pages rank 0's pool chose).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from dataplane.assets import make_peft_adapter, make_tiny_llama
 from dataplane.core import SamplingParams
 from dataplane.engine import Engine, EngineConfig, EngineSpec, build_engine
 from dataplane.parallel.layout_identity import tp_kernel_local_identity
-from dataplane.parallel.shard import COLUMN, LAYOUT_LOCAL, ROW
+from dataplane.parallel.shard import COLUMN, ROW
 
 SIZES = dict(max_num_seqs=8, max_num_batched_tokens=64, num_kv_blocks=64, block_size=4,
              max_slots=2, max_rank=8, attention_backend="torch", enable_cuda_graphs=False)
@@ -70,12 +71,13 @@ def test_gloo_ranks_match_tp1_greedy(assets: tuple[Path, dict[str, Path]],
                                          timeout_s=120.0))
     try:
         engine = ranks.engine
-        assert ranks.tp_size == tp_size and engine.group.rank == 0
+        group = engine.tp_group
+        assert group is not None and ranks.tp_size == tp_size and group.rank == 0
         assert engine.runner.config.num_kv_heads == 1  # 2 kv heads: split, or replicated
-        assert engine.pool.max_slots == 0  # KV in the pool; parallel linears own the factors
-        engine.group.counter.reset()
+        assert engine.pool.max_slots == SIZES["max_slots"]  # the shards live in the pool
+        group.counter.reset()
         assert greedy(engine, adapters) == reference
-        counter = engine.group.counter
+        counter = group.counter
         assert counter.calls("lora") == 0
         assert counter.calls("base") > 0
         # plans and loads went to the followers as control broadcasts (2 calls each)
@@ -97,17 +99,17 @@ def test_gloo_ranks_match_tp1_greedy(assets: tuple[Path, dict[str, Path]],
 def expected_kernel_local(base: Path, adapter: Path, semantic: str, tp_size: int
                           ) -> tuple[str, ...]:
     """Each rank's H_kernel_local for the validated artifact at `adapter`, built here from
-    its specs: the default layout everywhere, q/k/v B in whole heads of 16, and at TP=4
-    the tiny model's two kv heads shared by two ranks each."""
+    its specs: q/k/v B in whole heads of 16, and at TP=4 the tiny model's two kv heads
+    shared by two ranks each; the shards are paged in each rank's pool."""
     specs = sorted(validate_peft_dir(adapter, read_base_abi(base)).modules,
                    key=lambda m: m.name)
     column = {"q_proj", "k_proj", "v_proj", "gate_proj", "up_proj"}
-    choices = {s.name: (COLUMN if s.role in column else ROW, LAYOUT_LOCAL) for s in specs}
+    styles = {s.name: COLUMN if s.role in column else ROW for s in specs}
     heads = {s.name: 16 for s in specs if s.role in ("q_proj", "k_proj", "v_proj")}
     kv = {s.name for s in specs if s.role in ("k_proj", "v_proj")} if tp_size > 2 else set()
     return tuple(tp_kernel_local_identity(
         adapter_semantic=semantic, kernel_family="torch", conversion_revision=1,
-        dtype="float32", packing="stacked", specs=specs, choices=choices, tp_rank=j,
+        dtype="float32", packing="paged", specs=specs, styles=styles, tp_rank=j,
         tp_size=tp_size, out_units=heads, replicated=kv).h_kernel_local
         for j in range(tp_size))
 
@@ -148,18 +150,19 @@ def test_async_tp2_matches_sync_tp1(assets: tuple[Path, dict[str, Path]],
                                          timeout_s=120.0))
     try:
         engine = ranks.engine
-        assert engine.async_scheduling
-        assert engine.tp_model.lora_fold_rows == (max_num_seqs if lora_fold else 0)
-        engine.group.counter.reset()
+        group = engine.tp_group
+        assert group is not None and engine.async_scheduling
+        assert engine.model.lora_fold_rows == (max_num_seqs if lora_fold else 0)
+        group.counter.reset()
         assert sampled(engine, adapters) == reference
-        fold_slots = engine.tp_model.lora_fold_slots
+        fold_slots = engine.model.lora_fold_slots
         if lora_fold:  # one fold slot, three adapter changes between requests
             assert fold_slots is not None and fold_slots.fold_slots == min(2, max_num_seqs)
             assert fold_slots.copied == (3 if max_num_seqs == 1 else 2)
         assert engine.num_overlapped_steps > 0
         # one token broadcast per overlapped step, nothing else new; no LoRA collective
-        assert engine.group.counter.calls("tokens") == engine.num_overlapped_steps
-        assert engine.group.counter.calls("lora") == 0
+        assert group.counter.calls("tokens") == engine.num_overlapped_steps
+        assert group.counter.calls("lora") == 0
     finally:
         ranks.shutdown(timeout_s=60.0)
 
@@ -173,7 +176,6 @@ def test_agent_build_engine_launches_tp_ranks(assets: tuple[Path, dict[str, Path
     from agent.engine_factory import agent_engine
     from agent.metrics import AgentMetrics
     from agent.plan_metrics import PlanMetrics
-    from dataplane.parallel.tp_engine import TPEngine
 
     base, adapters = assets
     small = {k: SIZES[k] for k in ("max_num_seqs", "max_num_batched_tokens", "num_kv_blocks",
@@ -185,7 +187,7 @@ def test_agent_build_engine_launches_tp_ranks(assets: tuple[Path, dict[str, Path
     engine, ranks = agent_engine(settings, AgentMetrics())
     assert ranks is not None
     try:
-        assert isinstance(engine, TPEngine) and engine.group.size == 2
+        assert engine.tp_group is not None and engine.tp_group.size == 2
         assert any(isinstance(o, PlanMetrics) for o in engine.observers)
         assert engine.config.enable_piecewise_graphs is False  # the agent's setting reaches it
         assert greedy(engine, adapters) == reference
@@ -193,68 +195,26 @@ def test_agent_build_engine_launches_tp_ranks(assets: tuple[Path, dict[str, Path
         ranks.shutdown(timeout_s=60.0)
 
 
-def test_agent_picks_tp_lora_layouts_by_cost_model(assets: tuple[Path, dict[str, Path]],
-                                                   one_thread: None) -> None:
-    """`tp_lora_layout=auto` asks the cost model per projection: with no byte budget the
-    replicated reads win (no extra collective); with a zero budget for replicated factors
-    every projection takes the paper layout, and the agent's TP engine then serves the
-    same greedy tokens with one LoRA collective per projection."""
-    from agent.config import AgentSettings
-    from agent.engine_factory import agent_engine, tp_lora_layouts
-    from agent.metrics import AgentMetrics
-    from dataplane.models.llama import LORA_GROUPS
-    from dataplane.parallel import LAYOUT_LOCAL, LAYOUT_PAPER
-    from dataplane.parallel.tp_engine import TPEngine
-
-    base, adapters = assets
-    small = {k: SIZES[k] for k in ("max_num_seqs", "max_num_batched_tokens", "num_kv_blocks",
-                                   "block_size", "max_slots", "max_rank")}
-    common = dict(model_dir=base, device="cpu", dtype="float32", tp_degree=2, **small)
-    auto = tp_lora_layouts(AgentSettings(**common))  # type: ignore[arg-type]
-    assert {getattr(d, "layout", d) for d in auto.values()} == {LAYOUT_LOCAL}
-    assert set(auto) == set(LORA_GROUPS)
-    assert tp_lora_layouts(AgentSettings(**common, tp_lora_layout="paper")  # type: ignore[arg-type]
-                           ) == dict.fromkeys(LORA_GROUPS, LAYOUT_PAPER)
-    settings = AgentSettings(**common, tp_lora_extra_resident_bytes=0)  # type: ignore[arg-type]
-    budgeted = tp_lora_layouts(settings)
-    assert {getattr(d, "layout", d) for d in budgeted.values()} == {LAYOUT_PAPER}
-    assert all("budget" in getattr(d, "reason", "") for d in budgeted.values())
-
-    reference = greedy(build_engine(EngineSpec.of(base, dtype="float32", device="cpu", **small)),
-                       adapters)
-    engine, ranks = agent_engine(settings, AgentMetrics())
-    assert ranks is not None
-    try:
-        assert isinstance(engine, TPEngine)
-        assert engine.tp_model.lora_layouts == dict.fromkeys(LORA_GROUPS, LAYOUT_PAPER)
-        engine.group.counter.reset()
-        assert greedy(engine, adapters) == reference
-        assert engine.group.counter.calls("lora") > 0
-    finally:
-        ranks.shutdown(timeout_s=60.0)
-
-
-def test_adapter_a_rank_cannot_shard_is_refused_on_every_rank(
-        assets: tuple[Path, dict[str, Path]], tmp_path: Path, one_thread: None) -> None:
-    """Paper layout on q/k/v splits A on the rank axis: a rank-3 adapter cannot be split
-    over 2 ranks, so every rank votes no, nothing is published, the refusal names the
-    local cause, and the engine keeps serving the base model exactly as before."""
+def test_a_shard_one_rank_fails_to_validate_is_published_on_no_rank(
+        assets: tuple[Path, dict[str, Path]], one_thread: None) -> None:
+    """Rank 1's validation of its shard fails (an injected fault): every rank votes on the
+    outcome, nothing is published, the refusal names rank 1's cause, rank 0's pool takes
+    the slot back, and the engine keeps serving the base model exactly as before; the next
+    load (the fault fired once) is published on both ranks and changes the tokens."""
     from dataplane.engine.adapters import AdapterError
 
     base, adapters = assets
-    odd = make_peft_adapter(base, tmp_path / "odd_r3", seed=23, rank=3, alpha=6,
-                            target_modules=["q_proj", "v_proj"])
     ranks = launch_tp_ranks(TPLaunchSpec(str(base), 2, device="cpu", dtype="float32",
-                                         lora_layouts={"qkv_proj": "paper"},
                                          engine=EngineConfig(**SIZES), torch_threads=1,
-                                         timeout_s=120.0))
+                                         timeout_s=120.0, faults={0: "", 1: "validate=fail"}))
     try:
         engine = ranks.engine
         before = engine.generate([PROMPTS[2]], PARAMS)[0].token_ids
-        with pytest.raises(AdapterError, match=r"not published.*rank 0:"):
-            engine.register_adapter(odd)
+        with pytest.raises(AdapterError, match=r"not published.*ranks \[1\] failed"):
+            engine.register_adapter(adapters["attn_r4"])
+        assert engine.adapters.bound() == {}
         assert engine.generate([PROMPTS[2]], PARAMS)[0].token_ids == before
-        handle = engine.register_adapter(adapters["attn_r4"])  # the slot is still usable
+        handle = engine.register_adapter(adapters["attn_r4"])
         assert engine.generate([PROMPTS[2]], PARAMS, [handle])[0].token_ids != before
     finally:
         ranks.shutdown(timeout_s=60.0)

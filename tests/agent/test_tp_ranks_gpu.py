@@ -35,7 +35,7 @@ def tp2_tokens(base: Path, adapters: dict[str, Path], graphs: bool, fold: bool =
                                          lora_fold="on" if fold else "off",
                                          timeout_s=300.0))
     stage("ranks up")
-    assert ranks.engine.tp_model.lora_fold_rows == (GPU_SIZES["max_num_seqs"] if fold else 0)
+    assert ranks.engine.model.lora_fold_rows == (GPU_SIZES["max_num_seqs"] if fold else 0)
     try:
         tokens = greedy(ranks.engine, adapters)
         replays = getattr(ranks.engine.runner.graphs, "replays", 0)

@@ -16,7 +16,7 @@ from tests.engine.test_smollm2_parity import REQUESTS, smollm2_adapters
 
 from .test_tp_ranks import one_thread  # noqa: F401 - fixture
 
-SIZES = dict(max_num_seqs=4, max_num_batched_tokens=32, num_kv_blocks=32, block_size=8,
+SIZES = dict(max_num_seqs=4, max_num_batched_tokens=32, num_kv_blocks=96, block_size=8,
              max_slots=2, max_rank=8, attention_backend="torch", enable_cuda_graphs=False,
              async_scheduling=True)
 
@@ -31,15 +31,16 @@ def test_smollm2_on_three_tp_ranks_matches_hf(smollm2: Path, tmp_path: Path,
                                          timeout_s=300.0))
     try:
         engine = ranks.engine
-        assert engine.group.size == 3 and engine.async_scheduling
+        group = engine.tp_group
+        assert group is not None and group.size == 3 and engine.async_scheduling
         assert engine.runner.config.num_heads == 3 and engine.runner.config.num_kv_heads == 1
         handles = {n: engine.register_adapter(p) for n, p in adapters.items()}
-        engine.group.counter.reset()
+        group.counter.reset()
         params = SamplingParams(temperature=0.0, max_tokens=new_tokens, ignore_eos=True)
         outs = engine.generate([p for p, _ in requests], params,
                                [handles[a] if a else None for _, a in requests])
         assert engine.num_overlapped_steps > 0
-        assert engine.group.counter.calls("lora") == 0
+        assert group.counter.calls("lora") == 0
     finally:
         ranks.shutdown(timeout_s=120.0)
     hf = HFReference(smollm2, adapters)

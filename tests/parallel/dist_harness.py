@@ -1,7 +1,7 @@
 """Run a scenario on every rank of a real gloo group (or NCCL, one GPU per rank, with
 device="cuda"), one spawn per test module.
 
-`run_world("tests.parallel.scenarios_layouts:run", payload)` spawns `world_size` processes with
+`run_world("tests.parallel.scenarios_shards:run", payload)` spawns `world_size` processes with
 torch.multiprocessing, each joins a gloo group through a file:// rendezvous, calls the
 scenario ``fn(group, payload) -> result`` and saves `result` with torch.save; the caller
 gets ``[result of rank 0, result of rank 1, ...]``. A rank that raises fails the call with

@@ -1,16 +1,17 @@
-"""Rank-side half of test_gate_up_fold.py: a column-parallel gate/up shard with adapters,
-through ``forward_silu_mul`` on the Triton kernels (CPU interpreter)."""
+"""Rank-side half of test_gate_up_fold.py: this rank's column gate/up shard (a
+`LoRALinear` at local sizes with its local factors) through ``forward_silu_mul``, on the
+Triton kernels (CPU interpreter; the expand folds into SiLU·mul) and on the torch backend
+(no such path: ``add_lora``, then the activation)."""
 
 from __future__ import annotations
 
 import os
 from typing import Any
 
-import torch
+from dataplane.kernels import LoraBackend, get_lora_backend
+from dataplane.parallel import COLUMN, TPGroup
 
-from dataplane.kernels import LoraMetaBuffers, LoraWorkspace
-from dataplane.layers.lora_linear import LoraStepContext
-from dataplane.parallel import LAYOUT_LOCAL, LAYOUT_PAPER, ColumnParallelLinear, TPGroup
+from .rank_projection import attach_local_factors, column_shard, ledger, step_context
 
 
 def run(group: TPGroup, p: dict[str, Any]) -> dict[str, Any]:
@@ -23,15 +24,14 @@ def run(group: TPGroup, p: dict[str, Any]) -> dict[str, Any]:
     configs.FUSED_TABLE.clear()
     for t in configs.T_BUCKETS:
         configs.SILU_TABLE[t] = configs.default_expand(t, 64)
-    inter, hidden = p["inter"], p["hidden"]
+    inter = p["inter"]
     out: dict[str, Any] = {}
-    for layout in (LAYOUT_LOCAL, LAYOUT_PAPER):
-        gu = ColumnParallelLinear(group, hidden, (inter, inter), ("gate_proj", "up_proj"))
-        gu.load_global_weight(p["w_gu"])
-        gu.enable_lora(layout, num_slots=p["num_slots"], max_rank=p["max_rank"])
-        for slot, factors in p["adapters"].items():
-            gu.load_adapter(slot, factors)
-        backend = TritonLoraBackend(fused=True)
+    backends: dict[str, LoraBackend] = {"triton": TritonLoraBackend(fused=True),
+                                        "torch": get_lora_backend("cpu", prefer="torch")}
+    for name, backend in backends.items():
+        gu = column_shard(group, p["w_gu"], (inter, inter), ("gate_proj", "up_proj"))
+        attach_local_factors(gu, group, p["adapters"], style=COLUMN,
+                             num_slots=p["num_slots"], max_rank=p["max_rank"])
         folded: list[bool] = []
         fold = backend.add_lora_silu_mul
 
@@ -41,12 +41,10 @@ def run(group: TPGroup, p: dict[str, Any]) -> dict[str, Any]:
             return act
 
         backend.add_lora_silu_mul = spy  # type: ignore[method-assign]
-        rows = p["x"].shape[0]
-        meta = backend.build_meta(torch.tensor(p["row_slot"], dtype=torch.int32),
-                                  LoraMetaBuffers(rows, p["num_slots"], "cpu"))
-        ctx = LoraStepContext(backend, meta, LoraWorkspace(
-            backend.workspace_numel(rows, 2, p["max_rank"]), "cpu"))
+        ctx = step_context(backend, p["row_slot"], p["num_slots"], p["max_rank"], 2)
         group.counter.reset()
-        out[layout] = {"act": gu.forward_silu_mul(p["x"], ctx), "folded": folded,
-                       "lora_calls": group.counter.calls("lora")}
+        act = gu.forward_silu_mul(p["x"], ctx)
+        out[name] = {"act": act, "folded": folded, "counts": ledger(group),
+                     "local_widths": gu.out_features,
+                     "base_act": gu.forward_silu_mul(p["x"], None)}
     return out

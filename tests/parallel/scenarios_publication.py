@@ -16,7 +16,7 @@ from dataplane.parallel.shard import shard_lora_factors
 def run(group: TPGroup, p: dict[str, Any]) -> list[dict[str, Any]]:
     results = []
     for case in p["cases"]:
-        local = shard_lora_factors(p["a"], p["b"], 1.0, style="row", layout="paper",
+        local = shard_lora_factors(p["a"], p["b"], 1.0, style="row",
                                    tp_rank=group.rank, tp_size=group.size)
         # The manifest's expected digest, computed from the global artifact.
         expected = shard_digest([local.a, local.b])

@@ -1,5 +1,6 @@
-"""`bench/tp.py` runs end to end on CPU (two gloo ranks, tiny shape) and its rows count
-the collectives the issue-6 targets are about."""
+"""`bench/tp.py` runs end to end on CPU (TP=1 in process, TP=2 as two gloo ranks built from
+the model directory the bench writes; tiny shape): every case has its rows, the LoRA adds
+no collective call and the base path issues 2 x layers + 2 per step, folded or not."""
 
 from __future__ import annotations
 
@@ -9,6 +10,8 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
+LAYERS = 2  # bench.synthetic.TINY_SHAPE
+PHASES = ("decode", "prefill", "mixed")
 
 
 def test_tp_bench_tiny_cpu_rows_and_collectives(tmp_path: Path) -> None:
@@ -16,32 +19,43 @@ def test_tp_bench_tiny_cpu_rows_and_collectives(tmp_path: Path) -> None:
            "--tp", "1", "2", "--adapters", "0", "6", "--steps", "2", "--batch", "4",
            "--prefill-requests", "2", "--prefill-len", "16", "--context", "16",
            "--mixed-prompts", "2", "--mixed-prompt-len", "8", "--kv-blocks", "64",
-           "--profile", "1", "--fold", "--out", str(tmp_path)]
+           "--profile", "1", "--fold", "--graphs", "both", "--piecewise",
+           "--workdir", str(tmp_path / "work"), "--out", str(tmp_path)]
     done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=240)
     assert done.returncode == 0, done.stderr[-2000:]
-    rows = json.loads((tmp_path / "tp_bench.json").read_text())
-    # TP=1: 0 and 6 adapters; TP=2: 0 adapters, 6 adapters in each layout and folded;
-    # decode, prefill and mixed (4 decode rows + 2 prompts of 8 tokens)
-    assert len(rows) == 18
-    assert {r["rows_per_step"] for r in rows if r["phase"] == "mixed"} == {20}
-    lora_calls = {(r["layout"], r["phase"]): r["collectives_per_step"]["lora"]["calls"]
-                  for r in rows if r["tp"] == 2 and r["adapters"] and not r["fold"]}
-    folded = [r for r in rows if r["fold"]]
-    assert {r["phase"] for r in folded} == {"decode", "prefill", "mixed"}
-    assert all(r["collectives_per_step"]["lora"]["calls"] == 0 for r in folded)
-    # 4 rows use slots 0-3: the fold holds 4 of the 6, and the 2 idle ones were timed in
-    (decode,) = [r for r in folded if r["phase"] == "decode"]
-    assert (decode["fold_slots"], decode["fold_fill_adapters"]) == (4, 2)
-    assert decode["fold_fill_ms"] > 0
-    assert lora_calls[("no_extra_collectives", "decode")] == 0
-    assert lora_calls[("no_extra_collectives", "prefill")] == 0
-    assert lora_calls[("no_extra_collectives", "mixed")] == 0
-    # paper schedule: one all-gather / all-reduce per LoRA projection, 4 per layer x 2
-    assert lora_calls[("paper", "decode")] == 8
-    base = [r["collectives_per_step"]["base"]["calls"] for r in rows if r["tp"] == 2]
-    assert len(set(base)) == 1 and base[0] > 0  # LoRA never changes the base path's calls
+    assert (tmp_path / "work" / "base-tiny-bfloat16" / "model.safetensors").is_file()
+    saved = json.loads((tmp_path / "tp_bench.json").read_text())
+    assert saved["args"]["graphs"] == "both"
+    rows = saved["results"]
+    assert len((tmp_path / "tp_rows.jsonl").read_text().splitlines()) == len(rows)
+    timed = [r for r in rows if "tokens_per_s" in r]
+    # per TP degree: no LoRA, 6 adapters, 6 adapters folded; each phase once, eagerly
+    cases = {(tp, n, fold) for tp in (1, 2) for n, fold in ((0, False), (6, False), (6, True))}
+    assert sorted((r["tp"], r["adapters"], r["fold"], r["phase"]) for r in timed) == sorted(
+        (*case, phase) for case in cases for phase in PHASES)
+    assert all(r["mode"] == "eager" and r["tokens_per_s"] > 0 for r in timed)
+    # CPU: the decode-graph and piecewise rows of every case say why they did not run
+    untimed = [r for r in rows if "tokens_per_s" not in r]
+    assert sorted((r["tp"], r["adapters"], r["fold"], r["phase"], r["mode"]) for r in untimed) \
+        == sorted((*case, phase, "graphs" if phase == "decode" else "piecewise")
+                  for case in cases for phase in PHASES)
+    assert all("CUDA" in r["graphs_error"] for r in untimed)
+    assert {r["rows_per_step"] for r in timed if r["phase"] == "mixed"} == {4 + 2 * 8}
+    assert {r["distinct_adapters"] for r in timed if r["adapters"]} == {2, 4, 6}
+    for r in timed:
+        if r["tp"] == 1:
+            assert r["collectives_per_step"] is None
+            continue
+        ledger = r["collectives_per_step"]
+        assert ledger["lora"] == {"calls": 0, "payload_bytes": 0, "ring_bytes": 0.0}
+        assert ledger["base"]["calls"] == 2 * LAYERS + 2
+    # 4 decode rows use adapters 0-3: the fold holds 4 of the 6, the 2 idle ones timed in
+    folded = [r for r in timed if r["fold"] and r["phase"] == "decode"]
+    assert len(folded) == 2
+    for r in folded:
+        assert (r["fold_slots"], r["fold_fill_adapters"]) == (4, 2)
+        assert r["fold_fill_ms"] > 0
     keeps = [json.loads(line) for line in done.stdout.splitlines() if '"keep"' in line]
-    assert {(k["tp"], k["phase"], k["layout"], k["fold"]) for k in keeps} == {
-        (tp, phase, layout, fold) for phase in ("decode", "mixed")
-        for tp, layout, fold in ((1, "-", False), (2, "no_extra_collectives", False),
-                                 (2, "paper", False), (2, "no_extra_collectives", True))}
+    assert sorted((k["tp"], k["phase"], k["mode"], k["fold"]) for k in keeps) == sorted(
+        (tp, phase, "eager", fold) for tp in (1, 2) for phase in ("decode", "mixed")
+        for fold in (False, True))

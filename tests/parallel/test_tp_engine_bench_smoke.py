@@ -1,7 +1,8 @@
 """`bench/tp_engine.py` runs end to end on CPU (two gloo ranks, tiny shape; the TP ranks
 build their engines from a model directory the bench writes): every TP and scheduling case
-is timed, and async TP steps hand the followers one token broadcast per overlapped step
-while the synchronous loop sends none."""
+is timed, async TP steps hand the followers one token broadcast per overlapped step while
+the synchronous loop sends none, and every rank's pool adds its adapters' pages to the KV
+blocks."""
 
 from __future__ import annotations
 
@@ -29,7 +30,12 @@ def test_tp_engine_bench_tiny_cpu(tmp_path: Path) -> None:
         assert (r["overlapped_steps"] > 0) == r["async_on"]
         if r["tp"] == 2:
             assert r["token_broadcasts"] == r["overlapped_steps"]
+        else:
+            assert "token_broadcasts" not in r
         assert r["step_ms_p50"] > 0
+        # every rank's pool: the 64 KV blocks, plus the pages of its adapters (shards)
+        assert (r["pool_pages"] > 64) == (r["adapters"] > 0)
+        assert r["pool_pages"] >= 64
 
 
 def test_tp_engine_bench_fold_tiny_cpu(tmp_path: Path) -> None:

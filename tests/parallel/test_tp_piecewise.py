@@ -16,9 +16,9 @@ from .dist_harness import run_world
 from .scenarios_piecewise import check_steps
 
 
-@pytest.fixture(scope="module", params=["default", "paper"])
-def ranks(request: pytest.FixtureRequest) -> list[dict[str, Any]]:
-    return run_world("tests.parallel.scenarios_piecewise:run", {"layouts": request.param})
+@pytest.fixture(scope="module")
+def ranks() -> list[dict[str, Any]]:
+    return run_world("tests.parallel.scenarios_piecewise:run", None)
 
 
 def test_piecewise_mixed_steps_equal_eager_steps(ranks: list[dict[str, Any]]) -> None:

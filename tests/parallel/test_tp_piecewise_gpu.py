@@ -16,9 +16,9 @@ pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 CUDA devices")]
 
 
-@pytest.fixture(scope="module", params=["default", "paper"])
-def ranks(request: pytest.FixtureRequest) -> list[dict[str, Any]]:
-    return run_world("tests.parallel.scenarios_piecewise:run", {"layouts": request.param},
+@pytest.fixture(scope="module")
+def ranks() -> list[dict[str, Any]]:
+    return run_world("tests.parallel.scenarios_piecewise:run", None,
                      timeout_s=300.0, device="cuda")
 
 

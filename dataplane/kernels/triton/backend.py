@@ -32,6 +32,9 @@ from dataplane.kernels.triton.configs import (
 from dataplane.kernels.triton.meta_kernel import build_meta_triton
 from dataplane.kernels.triton.step_memo import MemoEntry, StepMemo
 
+FUSED, TWO_KERNEL, SILU_EXPAND = "fused", "two_kernel", "silu_expand"
+"""The Triton backend's launch paths (`TritonLoraBackend.kernel_path`)."""
+
 
 def _op(launch: Callable[..., None], registered: Callable[..., None]) -> Callable[..., None]:
     """The launcher itself in eager steps and CUDA-graph captures; the registered torch
@@ -66,6 +69,21 @@ class TritonLoraBackend(LoraBackend):
     def build_meta(self, row_slot: torch.Tensor, buffers: LoraMetaBuffers) -> LoraBatchMeta:
         return build_meta_triton(row_slot, buffers)
 
+    def kernel_path(self, rows: int, weights: LoraModuleWeights, gate_up: bool = False) -> str:
+        """The one choice of launch for a step of `rows` rows on a projection of `weights`
+        (docs/ARCHITECTURE.md, "LoRA execution paths"): "fused" (one launch: the row count
+        has a tuned fused config and rank <= 128), else for a gate/up projection whose row
+        count has a tuned SiLU config "silu_expand" (shrink, then the expand folded into
+        SiLU·mul), else "two_kernel" (shrink + expand)."""
+        outs = tuple(weights.out_features)
+        if self.fused and fused_config(rows, weights.max_rank, weights.in_features,
+                                       outs) is not None:
+            return FUSED
+        if gate_up and len(outs) == 2 and outs[0] == outs[1] \
+                and silu_config(rows, weights.max_rank) is not None:
+            return SILU_EXPAND
+        return TWO_KERNEL
+
     def workspace_numel(self, max_rows: int, max_slices: int, max_rank: int) -> int:
         need = 0
         for edge in T_BUCKETS:
@@ -94,12 +112,13 @@ class TritonLoraBackend(LoraBackend):
         if e is not None:  # a later layer of this step: prepared by the first
             (self._launch_fused if e.fused else self._launch_two)(e, y, x, meta, weights)
             return
+        if self.kernel_path(meta.num_rows, weights) != FUSED:
+            self._two_kernel(key, y, x, meta, weights, workspace)
+            return
         cfg = fused_config(
             meta.num_rows, weights.max_rank, weights.in_features, tuple(weights.out_features)
         )
-        if not self.fused or cfg is None:
-            self._two_kernel(key, y, x, meta, weights, workspace)
-            return
+        assert cfg is not None
         check_call(x, y, meta, weights)
         memo = workspace is not None and not torch.compiler.is_compiling()
         workspace = self.workspace_for(meta, weights, workspace, x.device)
@@ -186,14 +205,9 @@ class TritonLoraBackend(LoraBackend):
         outs = weights.out_features
         key = StepMemo.key("silu", x, gate_up, weights)
         e = self.memo.get(meta, workspace, key, x, gate_up)
-        if e is None:  # the first gate/up of this step (or no memo): decide and prepare
-            if len(outs) != 2 or outs[0] != outs[1]:
-                return None
-            if self.fused and fused_config(meta.num_rows, weights.max_rank,
-                                           weights.in_features, tuple(outs)) is not None:
-                return None
-            if silu_config(meta.num_rows, weights.max_rank) is None:
-                return None
+        # the first gate/up of this step (or no memo): decide and prepare
+        if e is None and self.kernel_path(meta.num_rows, weights, gate_up=True) != SILU_EXPAND:
+            return None
         out = torch.empty(meta.num_rows, outs[0], dtype=gate_up.dtype, device=gate_up.device)
         if workspace is None or torch.compiler.is_compiling():
             check_call(x, gate_up, meta, weights)
