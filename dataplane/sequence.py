@@ -46,7 +46,8 @@ class Sequence:
     the KV block ids covering positions [0, len * block_size). `adapter_slot` is -1 for base;
     `adapter_digest` is the adapter's semantic digest (None for base) and is what the prefix
     cache keys on — never the slot or the alias. `isolation_namespace` partitions the prefix
-    cache (requests in different namespaces never share cached blocks).
+    cache (requests in different namespaces never share cached blocks). `tenant` is whose
+    service the request's completed work counts as (dataplane/engine/fairness.py).
     """
 
     request_id: str
@@ -64,6 +65,7 @@ class Sequence:
     block_table: list[int] = field(default_factory=list)
     output_text: str = ""
     isolation_namespace: str = "default"
+    tenant: str = ""
 
     def __post_init__(self) -> None:
         if not isinstance(self.request_id, str) or not self.request_id:

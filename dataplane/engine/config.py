@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from dataplane.core import InvalidRequest
+from dataplane.engine.fairness import POLICIES
 
 
 @dataclass(frozen=True)
@@ -51,6 +52,10 @@ class EngineConfig:
     async_scheduling: bool | None = None
     """Launch the next decode-only step before syncing on this one's tokens (None: on
     exactly when CUDA graphs are in use; True also runs the same control flow on CPU)."""
+    scheduling_policy: str = "fair"
+    """Which waiting request is admitted first: "fair" (the priority class, then the tenant
+    with the least completed service per weight, then age; engine/fairness.py) or "fcfs"
+    (arrival order)."""
 
     def __post_init__(self) -> None:
         minimum = {"max_num_seqs": 1, "max_num_batched_tokens": 1, "num_kv_blocks": 1,
@@ -63,6 +68,9 @@ class EngineConfig:
         if self.max_slots > 0 and self.max_rank == 0 and self.collection_blocks == 0:
             raise InvalidRequest("max_rank 0 holds no LoRA factors: only collection members "
                                  "(collection_blocks > 0) can use the slots")
+        if self.scheduling_policy not in POLICIES:
+            raise InvalidRequest(f"scheduling_policy must be one of {POLICIES}",
+                                 scheduling_policy=str(self.scheduling_policy))
         if self.async_scheduling not in (None, True, False):
             raise InvalidRequest("async_scheduling must be None, True or False",
                                  async_scheduling=self.async_scheduling)

@@ -133,7 +133,8 @@ class Engine(StepLoop):
             enable_prefix_caching=config.enable_prefix_caching)
         self.scheduler = Scheduler(
             SchedulerConfig(max_num_batched_tokens=config.max_num_batched_tokens,
-                            max_num_seqs=config.max_num_seqs, max_model_len=max_len),
+                            max_num_seqs=config.max_num_seqs, max_model_len=max_len,
+                            policy=config.scheduling_policy),
             self.block_manager,
             eos_token_ids=(tokenizer.eos_token_ids if tokenizer is not None
                            and tokenizer.eos_token_ids else mc.eos_token_ids),
@@ -332,8 +333,12 @@ class Engine(StepLoop):
     # ----- requests -------------------------------------------------------------------
     def add_request(self, request_id: str, prompt: str | list[int],
                     sampling_params: SamplingParams | None = None,
-                    adapter: AdapterHandle | None = None) -> None:
-        """Queue a request. Bad input raises a typed error and changes nothing."""
+                    adapter: AdapterHandle | None = None, *, tenant: str = "") -> None:
+        """Queue a request whose completed work counts as `tenant`'s service (the agent
+        passes the alias's namespace; engine/fairness.py). Bad input raises a typed error
+        and changes nothing."""
+        if not isinstance(tenant, str):
+            raise InvalidRequest("tenant must be a str", request_id=request_id)
         if request_id in self._seqs:
             raise InvalidRequest("duplicate request id", request_id=request_id)
         prompt_ids = self._encode(prompt) if isinstance(prompt, str) else list(prompt)
@@ -346,7 +351,7 @@ class Engine(StepLoop):
             self.adapters.check_handle(adapter)
             slot, digest = adapter.slot, adapter.digest
         seq = Sequence(request_id, tuple(prompt_ids), sampling_params or SamplingParams(),
-                       adapter_slot=slot, adapter_digest=digest)
+                       adapter_slot=slot, adapter_digest=digest, tenant=tenant)
         if adapter is not None:
             self.pool.hold(adapter)  # never an eviction victim while this request lives
         try:
@@ -359,6 +364,17 @@ class Engine(StepLoop):
         if adapter is not None:
             self._held[request_id] = adapter
         self._logprobs[request_id] = []
+
+    def set_tenant_policy(self, weights: Mapping[str, float],
+                          priorities: Mapping[str, int]) -> None:
+        """Every tenant's weight (> 0, default 1) and priority class (0 high, 1 normal,
+        2 low; default 1) for the fair scheduling policy (engine/fairness.py); tenants not
+        named get the defaults. InvalidRequest with nothing changed on bad input."""
+        self.scheduler.tenants.set_policy(weights, priorities)
+
+    def tenant_service(self) -> dict[str, float]:
+        """Tenant -> completed weighted service so far (engine/fairness.py)."""
+        return self.scheduler.tenants.snapshot()
 
     def _encode(self, text: str) -> list[int]:
         if self.tokenizer is None:

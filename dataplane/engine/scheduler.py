@@ -1,16 +1,21 @@
-"""Continuous-batching scheduler: token/sequence budgets, chunked prefill, FCFS, preemption.
+"""Continuous-batching scheduler: token/sequence budgets, chunked prefill, fairness, preemption.
 
 Torch-free. One `schedule()` per engine step picks rows in this order:
-  1. one decode row for every running request whose prompt is fully computed (FCFS), growing
-     its block table; when KV blocks run out the latest-admitted running request is preempted
-     by recompute (blocks freed, back to the front of the waiting queue);
+  1. one decode row for every running request whose prompt is fully computed (in admission
+     order), growing its block table; when KV blocks run out a running request is preempted
+     by recompute (blocks freed, back to the front of the waiting queue): under the `fair`
+     policy the one of the least urgent class whose tenant has the most service per weight
+     (latest admitted among them), under `fcfs` the latest admitted;
   2. the next chunk of running requests that are still in (chunked) prefill;
-  3. waiting requests in FCFS order, admitted while blocks, `max_num_seqs` and the token
-     budget allow; a long prompt is split into chunks across steps.
+  3. waiting requests, admitted while blocks, `max_num_seqs` and the token budget allow, in
+     the policy's order (`fair`: the tenant key of dataplane/engine/fairness.py; `fcfs`:
+     arrival); a long prompt is split into chunks across steps. When the next request's
+     blocks do not fit, admission stops (no smaller request overtakes it).
 Requests whose adapter is not ready (`adapter_ready(seq)` is False) get no rows and do not
-block the requests behind them. The scheduler never touches model rows or tensors: the engine
-builds a `BatchPlan` from the `ScheduleOutput`, runs the model, samples, then calls
-`postprocess` with one token per `ScheduleOutput.sampled` sequence.
+block the requests behind them. Completed work is credited to the request's tenant when
+the step is committed (`tenants`, fairness.py). The scheduler never touches model rows or
+tensors: the engine builds a `BatchPlan` from the `ScheduleOutput`, runs the model,
+samples, then calls `postprocess` with one token per `ScheduleOutput.sampled` sequence.
 
 `ScheduleOutput` and `StepUpdate` live in schedule_output.py (re-exported here).
 
@@ -37,6 +42,7 @@ from dataplane.core import (
     Sequence,
     SequenceStatus,
 )
+from dataplane.engine.fairness import POLICIES, TenantLedger
 from dataplane.engine.schedule_output import ScheduleOutput, StepUpdate
 from dataplane.kvcache import BlockManager
 from dataplane.sampling.stop_checker import StopChecker
@@ -69,13 +75,18 @@ class Detokenizer(Protocol):
 
 @dataclass(frozen=True)
 class SchedulerConfig:
-    """Per-step budgets. `max_model_len` bounds prompt + output tokens (None: unbounded)."""
+    """Per-step budgets and the admission policy ("fair" | "fcfs"). `max_model_len` bounds
+    prompt + output tokens (None: unbounded)."""
 
     max_num_batched_tokens: int = 2048
     max_num_seqs: int = 64
     max_model_len: int | None = None
+    policy: str = "fair"
 
     def __post_init__(self) -> None:
+        if self.policy not in POLICIES:
+            raise InvalidRequest(f"scheduling policy must be one of {POLICIES}",
+                                 policy=str(self.policy))
         for name in ("max_num_batched_tokens", "max_num_seqs"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -103,6 +114,9 @@ class Scheduler:
         self.running: list[Sequence] = []
         self._stops: dict[str, StopChecker] = {}
         self._arrivals = 0
+        self.tenants = TenantLedger()
+        """Tenant weights, priority classes and completed service (fairness.py)."""
+        self._fair = config.policy == "fair"
 
     # ----- requests -----------------------------------------------------------------------
     def add(self, seq: Sequence) -> None:
@@ -123,6 +137,7 @@ class Scheduler:
         self._stops[rid] = StopChecker(seq, self.eos_token_ids, detok, self._max_len(seq))
         seq.arrival = self._arrivals
         self._arrivals += 1
+        self.tenants.enter(seq.tenant)
         self.waiting.append(seq)
 
     def abort(self, request_id: str) -> Sequence | None:
@@ -135,8 +150,12 @@ class Scheduler:
                     self.waiting.remove(seq)
                 self._stops.pop(request_id).abort()
                 self.block_manager.deallocate(seq)
+                self._ended(seq)
                 return seq
         return None
+
+    def _ended(self, seq: Sequence) -> None:
+        self.tenants.leave(seq.tenant)
 
     @property
     def num_unfinished(self) -> int:
@@ -158,6 +177,31 @@ class Scheduler:
         self.waiting.appendleft(seq)
         out.preempted.append(seq)
 
+    def _victim(self, first: int) -> Sequence:
+        """The running request to preempt (module docstring, step 1), among those from
+        index `first` on (the ones before it have their decode row in this step)."""
+        if not self._fair:
+            return self.running[-1]
+        t = self.tenants
+        return max(reversed(self.running[first:]),
+                   key=lambda s: (t.priority(s.tenant), t.normalized(s.tenant)))
+
+    def _admission_key(self, seq: Sequence) -> tuple[object, ...]:
+        t = self.tenants
+        return (t.priority(seq.tenant), t.normalized(seq.tenant), seq.arrival, seq.request_id)
+
+    def _next_waiting(self, skipped: list[Sequence]) -> Sequence | None:
+        """The waiting request to admit next, still in `waiting`: FCFS moves the not-ready
+        ones it passes to `skipped`; the fair policy picks the best ready one by key."""
+        if not self._fair:
+            while self.waiting:
+                if self.adapter_ready(self.waiting[0]):
+                    return self.waiting[0]
+                skipped.append(self.waiting.popleft())
+            return None
+        ready = [s for s in self.waiting if self.adapter_ready(s)]
+        return min(ready, key=self._admission_key) if ready else None
+
     def schedule(self) -> ScheduleOutput:
         out = ScheduleOutput()
         budget = self.config.max_num_batched_tokens
@@ -175,7 +219,7 @@ class Scheduler:
                 i += 1
                 continue
             while not bm.can_append(seq):
-                self._preempt(self.running[-1], out)
+                self._preempt(self._victim(i), out)
                 if seq not in self.running:
                     break
             else:
@@ -191,17 +235,16 @@ class Scheduler:
                 n = min(seq.num_tokens - seq.num_computed_tokens, budget)
                 out.prefills.append((seq, n))
                 budget -= n
-        # 3. admit waiting requests, FCFS among the ready ones (none in a step that preempted)
+        # 3. admit waiting requests in the policy's order among the ready ones (none in a
+        # step that preempted)
         skipped: list[Sequence] = []
         while (self.waiting and budget > 0 and not out.preempted
                and len(self.running) < self.config.max_num_seqs):
-            seq = self.waiting[0]
-            if not self.adapter_ready(seq):
-                skipped.append(self.waiting.popleft())
-                continue
-            if not bm.can_allocate(seq):
+            nxt = self._next_waiting(skipped)
+            if nxt is None or not bm.can_allocate(nxt):
                 break
-            self.waiting.popleft()
+            seq = nxt
+            self.waiting.remove(seq)
             bm.allocate(seq)
             seq.status = SequenceStatus.RUNNING
             self.running.append(seq)
@@ -282,6 +325,7 @@ class Scheduler:
             if seq.status is running:
                 seq.num_computed_tokens += n
                 cache_blocks(seq)
+                self.tenants.credit(seq.tenant, input_tokens=n)
         for seq in out.decodes:
             if seq.status is running:
                 seq.num_computed_tokens += 1
@@ -305,6 +349,7 @@ class Scheduler:
                 raise SchedulerError("apply_tokens without reserve_tokens",
                                      request_id=seq.request_id)
             seq.token_ids[-1] = int(token)
+            self.tenants.credit(seq.tenant, output_tokens=1)
             stop = self._stops[seq.request_id]
             text = stop.on_token(int(token))
             updates.append(StepUpdate(seq, int(token), text, seq.is_finished))
@@ -312,4 +357,5 @@ class Scheduler:
                 del self._stops[seq.request_id]
                 self.running.remove(seq)
                 self.block_manager.deallocate(seq)
+                self._ended(seq)
         return updates
