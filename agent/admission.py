@@ -59,7 +59,7 @@ class Admission(AdapterLoading):
 
     def _enter_engine(self, t: Ticket, handle: AdapterHandle | None) -> None:
         try:  # the engine holds `handle` (never an eviction victim) until the request ends
-            self.engine.add_request(t.request_id, t.prompt, t.params, handle)
+            self.engine.add_request(t.request_id, t.prompt, t.params, handle, tenant=t.tenant)
         except EngineError as exc:
             self._release(t)
             t.sink(BadPrompt(str(exc), code=exc.code))

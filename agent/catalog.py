@@ -263,3 +263,9 @@ def parse_desired_state(doc: DesiredState | Mapping[str, Any]
         if item.current_generation in gens:
             states.append(AliasState(item.current_generation, gens, item.prefetch))
     return state.version, states
+
+
+def tenant_policy(doc: DesiredState) -> dict[str, tuple[float, str]]:
+    """Desired state's `tenants` -> namespace -> (weight, priority class name): what the
+    engine loop applies (`EngineLoop.set_tenant_policy`)."""
+    return {t.namespace: (t.weight, t.priority) for t in doc.tenants}

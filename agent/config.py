@@ -61,6 +61,10 @@ class AgentSettings(BaseSettings):
     """Sequences scheduled in one engine step (decode batch size)."""
     max_num_batched_tokens: int = Field(default=1024, ge=1)
     """Token budget of one engine step (prefill chunks plus decode rows)."""
+    scheduling_policy: Literal["fair", "fcfs"] = "fair"
+    """Which waiting request the engine admits: `fair` (priority class, then the tenant —
+    the alias's namespace — with the least completed weighted service per unit of weight,
+    then age; weights and classes come from the control plane) or `fcfs` (arrival)."""
     max_queued_requests: int = Field(default=256, ge=1)
     """Live requests (queued + running) above which new ones get 429."""
     tp_degree: int = Field(default=1, ge=1)

@@ -5,9 +5,11 @@ Start-up: load the base model into the engine, start the engine loop, serve HTTP
 
 * **sync**: register with the control plane (capabilities + a fresh worker epoch,
   assigned by the control plane at each registration), then long-poll desired state
-  (`after` = the last applied catalog version), apply it to the catalog replica and
-  reconcile residency (prefetch what placement assigns, reclaim what is no longer
-  named). A publish reaches the agent within the control plane's 100 ms check.
+  (`after` = the last applied catalog version, `tenants_after` = the last applied
+  tenant-policy version), apply it to the catalog replica, reconcile residency
+  (prefetch what placement assigns, reclaim what is no longer named) and hand the
+  engine every namespace's scheduling weight and priority class when they changed. A
+  publish or a policy change reaches the agent within the control plane's 100 ms check.
 * **heartbeat**: report slot states and load failures every `heartbeat_interval_s`.
   A 409 STALE_EPOCH (a newer process took over this agent name) stops this process
   from serving: it turns not-ready and exits.
@@ -32,7 +34,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from agent.artifacts import ArtifactFetcher
-from agent.catalog import AgentCatalog, parse_desired_state
+from agent.catalog import AgentCatalog, parse_desired_state, tenant_policy
 from agent.config import AgentSettings
 from agent.engine_factory import agent_engine
 from agent.metrics import AgentMetrics
@@ -91,6 +93,9 @@ class AgentDaemon:
             ranks.watch(self._tp_rank_lost)
         self._full_due = 0.0
         """monotonic time by which the next poll asks for a full desired state"""
+        self._tenants: dict[str, tuple[float, str]] | None = None
+        """The tenant policy last handed to the engine loop, and the version it is of."""
+        self._tenants_version = 0
 
     # ---- control-plane protocol ------------------------------------------------------
     def capabilities(self) -> Capabilities:
@@ -130,7 +135,9 @@ class AgentDaemon:
         now = time.monotonic()
         full = not state["ready"] or now >= self._full_due
         doc = self.client.desired_state(state["agent_id"], state["worker_epoch"], after, wait_s,
-                                        since=-1 if full else self.catalog.version)
+                                        since=-1 if full else self.catalog.version,
+                                        tenants_after=self._tenants_version
+                                        if state["ready"] else None)
         version, aliases = parse_desired_state(doc)
         if doc.full:
             self.catalog.update(version, aliases)
@@ -138,6 +145,11 @@ class AgentDaemon:
         else:  # also when nothing changed: placement may move
             self.catalog.merge(version, aliases, set(doc.prefetch))
         self.loop.reconcile()
+        tenants = tenant_policy(doc)  # complete in full and incremental states
+        if tenants != self._tenants:
+            self.loop.set_tenant_policy(tenants)
+            self._tenants = tenants
+        self._tenants_version = doc.tenants_version
         state["ready"] = True
 
     def _sync_loop(self) -> None:

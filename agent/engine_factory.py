@@ -27,6 +27,7 @@ def engine_config(settings: AgentSettings) -> EngineConfig:
                         num_kv_blocks=settings.num_kv_blocks, block_size=settings.block_size,
                         max_num_seqs=settings.max_num_seqs,
                         max_num_batched_tokens=settings.max_num_batched_tokens,
+                        scheduling_policy=settings.scheduling_policy,
                         enable_piecewise_graphs=settings.piecewise_graphs,
                         collection_blocks=settings.collection_blocks,
                         collection_rank=settings.collection_rank)

@@ -100,7 +100,8 @@ def create_agent_app(ctx: ServingContext) -> FastAPI:
     @app.get("/v1/agent/state")
     async def agent_state() -> dict[str, Any]:
         return {**ctx.state, "served_model_name": ctx.served_model_name,
-                "catalog_version": ctx.catalog.version, **ctx.loop.status}
+                "catalog_version": ctx.catalog.version, **ctx.loop.status,
+                "tenants": ctx.loop.tenant_state()}
 
     @app.get("/v1/models")
     async def models(request: Request) -> dict[str, Any]:

@@ -7,6 +7,10 @@ for a cold load (:mod:`agent.adapter_loading`: download on a loader thread, then
 placement in a slot, evicting only an idle adapter). Running requests keep their slot
 across a republish; a slot is reclaimed when no request holds it and no alias names it.
 
+Tenant policy (:meth:`EngineLoop.set_tenant_policy`): every namespace's scheduling
+weight and priority class from desired state, applied to the engine on the loop thread;
+a request's tenant is the namespace of the alias it named (`Ticket.tenant`).
+
 Sinks are called on the loop thread and must not block (the server's sink hands the
 event to its asyncio loop). Events (:mod:`agent.tickets`):
 :class:`~dataplane.engine.engine.RequestOutput` objects, then nothing more once one is
@@ -20,7 +24,7 @@ import queue
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -31,8 +35,10 @@ from agent.catalog import AgentCatalog, ServingError
 from agent.metrics import AgentMetrics
 from agent.residents import ResidentSet
 from agent.tickets import BadPrompt, Event, InternalError, Ticket
+from dataplane.core import EngineError
 from dataplane.engine.adapters import AdapterHandle
 from dataplane.engine.engine import Engine
+from dataplane.engine.fairness import PRIORITY_CLASSES
 from dataplane.engine.observer import EngineObserver
 
 __all__ = ["PREFETCH_RETRY_S", "BadPrompt", "EngineLoop", "Event", "InternalError",
@@ -61,6 +67,10 @@ class EngineLoop(Admission, EngineObserver):
         self._live: dict[str, Ticket] = {}
         self._downloaded_seen = 0
         self._loader = ThreadPoolExecutor(max_workers=2, thread_name_prefix="adapter-load")
+        self.tenants: dict[str, dict[str, Any]] = {}
+        """Namespace -> {"weight", "priority"} the engine applies (replaced, never mutated)."""
+        self._tenant_service: dict[str, float] = {}
+        """The engine's completed weighted service per tenant, as of the last iteration."""
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="engine-loop", daemon=True)
         engine.observers.append(self)  # `adapter_evicted`: the pool evicted an idle adapter
@@ -83,6 +93,24 @@ class EngineLoop(Admission, EngineObserver):
     def reconcile(self) -> None:
         """Apply the catalog replica: mark named/prefetch residents, reclaim, prefetch."""
         self._cmds.put(self._reconcile)
+
+    def set_tenant_policy(self, tenants: Mapping[str, tuple[float, str]]) -> None:
+        """Replace every tenant's (weight, priority class name); tenants not named get the
+        engine's defaults (weight 1, normal)."""
+        policy = dict(tenants)
+        self._cmds.put(lambda: self._set_tenant_policy(policy))
+
+    def tenant_state(self) -> dict[str, dict[str, Any]]:
+        """Namespace -> {"weight", "priority", "completed_service"}: the applied policy and
+        the engine's service (read on the loop thread), plus tenants served without a
+        policy entry (the base model's "")."""
+        service = self._tenant_service
+        state = {ns: {**policy, "completed_service": service.get(ns, 0.0)}
+                 for ns, policy in self.tenants.items()}
+        for ns, done in service.items():
+            state.setdefault(ns, {"weight": 1.0, "priority": "normal",
+                                  "completed_service": done})
+        return state
 
     # ---- the loop ----------------------------------------------------------------------
     def _run(self) -> None:
@@ -126,6 +154,17 @@ class EngineLoop(Admission, EngineObserver):
             if out.finished:
                 self._finish(ticket, None)
 
+    def _set_tenant_policy(self, tenants: dict[str, tuple[float, str]]) -> None:
+        weights = {ns: weight for ns, (weight, _) in tenants.items()}
+        try:
+            priorities = {ns: PRIORITY_CLASSES[name] for ns, (_, name) in tenants.items()}
+            self.engine.set_tenant_policy(weights, priorities)
+        except (KeyError, EngineError) as exc:  # the engine keeps the policy it had
+            log.warning("tenant policy refused: %s", exc)
+            return
+        self.tenants = {ns: {"weight": float(weight), "priority": name}
+                        for ns, (weight, name) in tenants.items()}
+
     # ---- status ----------------------------------------------------------------------------
     def _native_collection(self, handle: AdapterHandle | None) -> str | None:
         """H_collection when `handle`'s slot is served from a collection's shared bases."""
@@ -146,6 +185,7 @@ class EngineLoop(Admission, EngineObserver):
         pool = self.engine.pool.gauges()
         self.status = {"slots": slots, "live": len(self._live),
                        "load_failures": list(self.failures), "pool": pool}
+        self._tenant_service = self.engine.tenant_service()
         kv = self.engine.block_manager.pool
         registry = self.engine.collections
         if registry.blocks:

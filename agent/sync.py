@@ -90,11 +90,16 @@ class ControlPlaneClient:
                           json=body.model_dump(mode="json"))
 
     def desired_state(self, agent_id: int, worker_epoch: int, after: int,
-                      wait_s: float, since: int = -1) -> DesiredState:
-        """Long-poll past catalog version `after`; `since` >= 0 asks for the aliases
-        changed after that version only (incremental), -1 for the full state."""
-        params = {"worker_epoch": worker_epoch, "after": after, "wait": wait_s,
-                  "since": since}
+                      wait_s: float, since: int = -1,
+                      tenants_after: int | None = None) -> DesiredState:
+        """Long-poll past catalog version `after` (and, given `tenants_after`, past that
+        tenant-policy version too: a namespace weight/priority change also returns it);
+        `since` >= 0 asks for the aliases changed after that version only (incremental),
+        -1 for the full state."""
+        params: dict[str, Any] = {"worker_epoch": worker_epoch, "after": after,
+                                  "wait": wait_s, "since": since}
+        if tenants_after is not None:
+            params["tenants_after"] = tenants_after
         return self._call(self._poll, "GET", f"/v1/agents/{agent_id}/desired-state",
                           DesiredState, params=params)
 

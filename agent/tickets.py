@@ -39,3 +39,9 @@ class Ticket:
     created: float = field(default_factory=time.monotonic)
     residency: str = "base"
     last_token_at: float | None = None
+
+    @property
+    def tenant(self) -> str:
+        """The engine scheduler's tenant: the namespace of the alias the request named
+        ("" for the base model)."""
+        return self.generation.namespace if self.generation is not None else ""

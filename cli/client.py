@@ -109,6 +109,9 @@ class ApiClient:
     def post(self, path: str, *, json: Any = None, headers: Mapping[str, str] | None = None) -> Any:
         return self.request("POST", path, json=json, headers=headers)
 
+    def patch(self, path: str, *, json: Any = None) -> Any:
+        return self.request("PATCH", path, json=json)
+
     def delete(self, path: str) -> Any:
         return self.request("DELETE", path)
 

@@ -235,8 +235,9 @@ def render_namespace(namespace: dict[str, Any]) -> None:
 
 def render_namespaces(page: dict[str, Any]) -> None:
     items = page.get("items", [])
-    rows = [(n.get("name"), n.get("id"), n.get("created_at")) for n in items]
-    _table("namespaces", ["name", "id", "created"], rows)
+    rows = [(n.get("name"), n.get("id"), n.get("weight"), n.get("priority"), n.get("created_at"))
+            for n in items]
+    _table("namespaces", ["name", "id", "weight", "priority", "created"], rows)
     _next_cursor(page)
 
 

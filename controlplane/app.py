@@ -96,6 +96,17 @@ def _printable(value: Any) -> Any:
     return value
 
 
+def _validation_message(errors: list[Any]) -> str:
+    """`invalid request: <where>: <why>` of the first error (`+ N more`), so a client
+    that prints only the message (adapterctl) still says what was wrong."""
+    if not errors:
+        return "invalid request"
+    first = errors[0]
+    where = ".".join(str(part) for part in first.get("loc", ()) if part != "body")
+    more = f" (+{len(errors) - 1} more)" if len(errors) > 1 else ""
+    return f"invalid request: {where + ': ' if where else ''}{first.get('msg', '')}{more}"
+
+
 def _install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(AdapterplaneError)
     async def _domain(_request: Request, exc: AdapterplaneError) -> JSONResponse:
@@ -106,7 +117,7 @@ def _install_error_handlers(app: FastAPI) -> None:
         errors: list[Any] = [
             {k: v for k, v in e.items() if k in ("loc", "msg", "type")} for e in exc.errors()
         ]
-        return _error(422, ErrorBody(error="invalid request", code="VALIDATION_ERROR",
+        return _error(422, ErrorBody(error=_validation_message(errors), code="VALIDATION_ERROR",
                                      detail={"errors": jsonable_encoder(errors)}))
 
     @app.exception_handler(DataError)

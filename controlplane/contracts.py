@@ -11,7 +11,7 @@ and validates every answer into them before reading it by attribute.
   :class:`LoadFailureReport`) -> :class:`HeartbeatOut`.
 * `GET /v1/agents/{id}/desired-state`: :class:`DesiredState` (:class:`DesiredAlias` ->
   :class:`DesiredGeneration` -> :class:`DesiredArtifact` -> :class:`DesiredFile`,
-  :class:`DesiredCollection`).
+  :class:`DesiredCollection`; :class:`TenantPolicy`).
 * `GET /v1/agents/authorize`: :class:`AuthorizeOut`.
 
 This module imports only pydantic and the standard library, so an agent never pulls in
@@ -25,7 +25,7 @@ plane always sends them.
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -181,12 +181,27 @@ class DesiredAlias(BaseModel):
                            "generation's artifact to this agent: keep it resident.")
 
 
+class TenantPolicy(BaseModel):
+    """One namespace's scheduling policy in the agent's engine, where the namespace of the
+    alias a request names is the request's tenant: among ready waiting requests the engine
+    admits the most urgent `priority` class first (high < normal < low), then the tenant
+    with the least completed weighted service per unit of `weight`."""
+
+    model_config = ConfigDict(json_schema_serialization_defaults_required=True)
+
+    namespace: str
+    weight: float = Field(default=1.0, description="0 < weight <= 1000 (the control plane "
+                          "checks it; the engine refuses anything else and keeps its policy).")
+    priority: Literal["high", "normal", "low"] = "normal"
+
+
 class DesiredState(BaseModel):
     """`GET /v1/agents/{id}/desired-state`: what the agent should serve and keep resident.
 
     Full (`full`, every alias of the agent's base) or, with `since=V`, incremental (only
     aliases with a generation newer than catalog version `V`); `prefetch` is always the
-    complete list of digests placement assigns to this agent.
+    complete list of digests placement assigns to this agent, and `tenants` the complete
+    list of namespaces' scheduling policies.
     """
 
     model_config = ConfigDict(json_schema_serialization_defaults_required=True)
@@ -201,4 +216,9 @@ class DesiredState(BaseModel):
                            "for a full state again before they expire.")
     prefetch: list[str] = Field(default_factory=list,
                                 description="Digests placement assigns to this agent.")
+    tenants_version: int = Field(default=0, description="Tenant-policy change counter "
+                                 "`tenants` is complete at: long-poll with `tenants_after` "
+                                 "to wake on a weight or priority change too.")
+    tenants: list[TenantPolicy] = Field(default_factory=list, description="Every "
+                                        "namespace's scheduling policy (by name).")
     aliases: list[DesiredAlias]

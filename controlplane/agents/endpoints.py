@@ -7,7 +7,10 @@ catalog again whenever Postgres NOTIFYs a catalog change (controlplane/agents/no
 every 100 ms on SQLite), and answers with the then-current state either way, so an agent
 learns of a publish within a fraction of a second without polling slowly itself.
 `&since=V` makes the answer incremental (only aliases changed after catalog version V,
-`full: false`; see `controlplane.agents.service.desired_state`).
+`full: false`; see `controlplane.agents.service.desired_state`). `&tenants_after=T`
+also returns as soon as the tenant-policy counter (`tenants_version`) is past `T`: a
+namespace weight/priority change NOTIFYs the same channel, so it reaches a waiting agent
+as promptly as a publish (without it, only the catalog version is waited on).
 
 `GET /v1/agents/authorize?namespace=NS` is called by agents *with a client's token*:
 200 when that token may read NS, 401/403 otherwise.
@@ -47,6 +50,7 @@ from controlplane.contracts import (
 from controlplane.errors import Forbidden
 from controlplane.kit.deps import SessionDep
 from controlplane.models.agent import Agent
+from controlplane.namespaces.service import tenants_version
 
 router = APIRouter(prefix="/v1/agents", tags=["agents"])
 AgentId = Annotated[int, Path(ge=1, le=2**63 - 1)]
@@ -124,20 +128,23 @@ async def get_desired_state(
     after: Annotated[int, Query(ge=-1, le=2**63 - 1)] = -1,
     wait: Annotated[float, Query(ge=0, le=30)] = 0,
     since: Annotated[int, Query(ge=-1, le=2**63 - 1)] = -1,
+    tenants_after: Annotated[int | None, Query(ge=-1, le=2**63 - 1)] = None,
 ) -> DesiredState:
     """Long-poll for the agent's desired state (see module docstring)."""
     _require_agent(principal)
     factory: sessionmaker[Session] = request.app.state.session_factory
     store = request.app.state.store
 
-    def version() -> int:
+    def changed() -> bool:
         with factory() as session:
             check_epoch(get_agent(session, agent_id), worker_epoch)
-            return AgentRepository(session).catalog_version()
+            if AgentRepository(session).catalog_version() > after:
+                return True
+            return tenants_after is not None and tenants_version(session) > tenants_after
 
     waiter = _waiter(request)
     deadline = time.monotonic() + wait
-    while await run_in_threadpool(version) <= after:
+    while not await run_in_threadpool(changed):
         remaining = deadline - time.monotonic()
         if remaining <= 0 or await request.is_disconnected():
             break

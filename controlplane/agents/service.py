@@ -10,7 +10,9 @@
   version the caller's replica is complete at): only aliases with a generation newer
   than `V` are sent (`full: false`), plus the complete `prefetch` digest list, so a
   poll costs O(changes) on the wire and in presigned URLs; a caller refreshes with a
-  full state within `url_ttl_s` so its download URLs never expire.
+  full state within `url_ttl_s` so its download URLs never expire. Full or not, it
+  carries every namespace's scheduling policy (`tenants`, complete at
+  `tenants_version`, the counter a weight/priority change bumps).
 """
 
 from __future__ import annotations
@@ -33,11 +35,20 @@ from controlplane.contracts import (
     DesiredState,
     HeartbeatRequest,
     RegisterRequest,
+    TenantPolicy,
 )
 from controlplane.db import begin_write
 from controlplane.errors import AdapterplaneError, NotFound
-from controlplane.models import Alias, Artifact, CatalogGeneration, CollectionMember, utcnow
+from controlplane.models import (
+    Alias,
+    Artifact,
+    CatalogGeneration,
+    CollectionMember,
+    Namespace,
+    utcnow,
+)
 from controlplane.models.agent import Agent
+from controlplane.namespaces.service import tenants_version
 from controlplane.placement.policy import AdapterDemand, capacity_from_record, place
 from controlplane.storage import ObjectStore
 from controlplane.storage.urls import URL_TTL_S, object_url
@@ -171,9 +182,23 @@ def desired_state(session: Session, store: ObjectStore, agent: Agent,
                           prefetch=current_digest[alias.id] in placed)
              for alias, gens in to_send]
     prefetch = sorted({d for d in current_digest.values() if d is not None and d in placed})
+    # the counter before the list: a change committed in between is then sent with an
+    # older counter (the next poll returns at once), never missed
+    policy_version = tenants_version(session)
+    tenants = tenant_policies(session)
     return DesiredState(version=version, agent_id=agent.id, worker_epoch=agent.worker_epoch,
                         full=since is None, since=since, url_ttl_s=URL_TTL_S,
-                        prefetch=prefetch, aliases=items)
+                        prefetch=prefetch, tenants_version=policy_version, tenants=tenants,
+                        aliases=items)
+
+
+def tenant_policies(session: Session) -> list[TenantPolicy]:
+    """Every namespace's scheduling policy, by name."""
+    rows = session.execute(select(Namespace.name, Namespace.weight, Namespace.priority)
+                           .order_by(Namespace.name)).all()
+    return [TenantPolicy.model_validate({"namespace": name, "weight": weight,
+                                         "priority": priority})
+            for name, weight, priority in rows]
 
 
 def _generation_doc(store: ObjectStore, g: CatalogGeneration,

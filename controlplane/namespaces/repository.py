@@ -17,3 +17,8 @@ class NamespaceRepository(Repository[Namespace]):
 
     def get_by_name(self, name: str) -> Namespace:
         return self.get_one(select(Namespace).where(Namespace.name == name), what=name)
+
+    def lock_by_name(self, name: str) -> Namespace:
+        """The row, locked for update until the transaction ends (404 if unknown)."""
+        return self.get_one(select(Namespace).where(Namespace.name == name)
+                            .with_for_update(), what=name)

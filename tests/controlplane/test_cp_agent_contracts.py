@@ -48,12 +48,14 @@ def test_openapi_declares_the_agent_contracts(api: Api) -> None:
     assert _schema_ref(desired["responses"]["200"]["content"]) == "DesiredState"
     for name in ("RegisterRequest", "Capabilities", "HeartbeatRequest", "SlotReport",
                  "LoadFailureReport", "AgentOut", "DesiredState", "DesiredAlias",
-                 "DesiredGeneration", "DesiredArtifact", "DesiredFile", "DesiredCollection"):
+                 "DesiredGeneration", "DesiredArtifact", "DesiredFile", "DesiredCollection",
+                 "TenantPolicy"):
         assert name in schemas, name
     # everything this control plane always sends is required in its answers' schemas
     assert set(schemas["DesiredState"]["required"]) == {
         "version", "agent_id", "worker_epoch", "full", "since", "url_ttl_s", "prefetch",
-        "aliases"}
+        "tenants_version", "tenants", "aliases"}
+    assert set(schemas["TenantPolicy"]["required"]) == {"namespace", "weight", "priority"}
     assert set(schemas["DesiredAlias"]["required"]) == {
         "namespace", "alias", "current_generation", "generations", "prefetch"}
     artifact = schemas["DesiredArtifact"]
