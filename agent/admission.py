@@ -13,10 +13,11 @@ Mixed into :class:`~agent.serving.EngineLoop`; every method runs on the loop thr
 
 from __future__ import annotations
 
+import math
 import time
 
 from agent.adapter_loading import AdapterLoading
-from agent.catalog import Overloaded, ServingError
+from agent.catalog import Overloaded, QueueTimeout, ServingError
 from agent.metrics import rank_bucket
 from agent.tickets import BadPrompt, Ticket
 from dataplane.core import EngineError
@@ -32,7 +33,8 @@ class Admission(AdapterLoading):
         waiting = sum(len(r.waiting) for r in self.residents.by_digest.values())
         if len(self._live) + waiting >= self.max_live:
             self.metrics.rejected.labels("overloaded").inc()
-            t.sink(Overloaded("too many live requests; retry later", limit=self.max_live))
+            t.sink(Overloaded("too many live requests; retry later", limit=self.max_live,
+                              retry_after_s=self.retry_after_s()))
             return
         gen = t.generation
         if gen is None or gen.artifact is None:
@@ -57,14 +59,42 @@ class Admission(AdapterLoading):
         elif res.loaded is not None:
             self._place(res)
 
+    def retry_after_s(self) -> int:
+        """When to retry, by the engine's estimate of the queue's wait (at least 1 s)."""
+        return max(1, math.ceil(self.engine.queue_wait_estimate()))
+
+    def timed_out(self, t: Ticket) -> QueueTimeout:
+        return QueueTimeout(f"the request did not start within {t.max_queue_s:g} s; retry "
+                            "later", max_queue_s=t.max_queue_s,
+                            retry_after_s=self.retry_after_s())
+
     def _enter_engine(self, t: Ticket, handle: AdapterHandle | None) -> None:
+        left = None
+        if t.max_queue_s is not None:  # the time it waited for its adapter counts
+            left = t.max_queue_s - (time.monotonic() - t.created)
+            if left <= 0:
+                self._release(t)
+                t.sink(self.timed_out(t))
+                return
         try:  # the engine holds `handle` (never an eviction victim) until the request ends
-            self.engine.add_request(t.request_id, t.prompt, t.params, handle, tenant=t.tenant)
+            self.engine.add_request(t.request_id, t.prompt, t.params, handle, tenant=t.tenant,
+                                    max_queue_s=left)
         except EngineError as exc:
             self._release(t)
             t.sink(BadPrompt(str(exc), code=exc.code))
             return
         self._live[t.request_id] = t
+
+    def _expire_cold_waits(self) -> None:
+        """Requests still waiting for their adapter past their `max_queue_s`: 503 now."""
+        now = time.monotonic()
+        for res in self.residents.by_digest.values():
+            late = [t for t in res.waiting if isinstance(t, Ticket) and t.max_queue_s is not None
+                    and now - t.created >= t.max_queue_s]
+            for t in late:
+                res.waiting.remove(t)
+                self._release(t)
+                t.sink(self.timed_out(t))
 
     def _abort(self, request_id: str) -> None:
         ticket = self._live.get(request_id)

@@ -60,6 +60,12 @@ class Overloaded(ServingError):
     status, code = 429, "OVERLOADED"
 
 
+class QueueTimeout(ServingError):
+    """The request did not start within its `max_queue_ms` (nothing was generated)."""
+
+    status, code = 503, "QUEUE_TIMEOUT"
+
+
 class Forbidden(ServingError):
     status, code = 403, "FORBIDDEN"
 

@@ -66,7 +66,12 @@ class AgentSettings(BaseSettings):
     the alias's namespace — with the least completed weighted service per unit of weight,
     then age; weights and classes come from the control plane) or `fcfs` (arrival)."""
     max_queued_requests: int = Field(default=256, ge=1)
-    """Live requests (queued + running) above which new ones get 429."""
+    """Live requests (queued + running) above which new ones get 429 (with Retry-After)."""
+    max_queue_ms: int | None = Field(default=None, ge=1, le=3_600_000)
+    """Default of a request's `max_queue_ms`: a request that has not started this many
+    milliseconds after it arrived (adapter load included) gets 503 QUEUE_TIMEOUT with
+    Retry-After, and is dropped as soon as the engine estimates it cannot start in time.
+    None: requests wait as long as it takes."""
     tp_degree: int = Field(default=1, ge=1)
     """Tensor-parallel ranks (GPUs of this node) serving the base model; this agent is
     rank 0."""

@@ -79,7 +79,7 @@ class AgentDaemon:
             catalog=self.catalog, loop=self.loop, metrics=self.metrics, client=self.client,
             served_model_name=settings.served_model_name or settings.model_dir.resolve().name,
             max_rank=settings.max_rank, targets=self.targets,
-            require_auth=settings.require_auth,
+            require_auth=settings.require_auth, max_queue_ms=settings.max_queue_ms,
             state={"ready": False, "agent_id": None, "worker_epoch": None, "name": settings.name})
         self.app = create_agent_app(self.ctx)
         self._stop = threading.Event()

@@ -28,6 +28,11 @@ class _Common(BaseModel):
     stream_options: dict[str, Any] | None = None
     n: int = Field(default=1, ge=1, le=1, description="Only n=1 is served.")
     ignore_eos: bool = False
+    max_queue_ms: int | None = Field(
+        default=None, ge=1, le=3_600_000,
+        description="Extension: answer 503 (code QUEUE_TIMEOUT, with Retry-After) unless the "
+                    "request starts within this many milliseconds of its arrival, adapter "
+                    "load included (default: the agent's ADAPTERPLANE_AGENT_MAX_QUEUE_MS).")
 
     def sampling(self, max_tokens_default: int = 16) -> SamplingParams:
         stop = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])

@@ -59,13 +59,19 @@ class ServingContext:
     max_rank: int
     targets: frozenset[str]
     require_auth: bool = True
+    max_queue_ms: int | None = None
+    """The default of a request's `max_queue_ms` (None: requests wait as long as it takes)."""
     state: dict[str, Any] = field(default_factory=dict)
     """agent_id, worker_epoch, ready (set by the daemon)."""
 
 
 def _error(exc: ServingError) -> JSONResponse:
+    """The error body; a refusal that says when to retry (429 overloaded, 503 queue
+    timeout) carries it as `Retry-After` too."""
+    retry = exc.detail.get("retry_after_s")
     return JSONResponse({"error": exc.message, "code": exc.code, "detail": exc.detail},
-                        status_code=exc.status)
+                        status_code=exc.status,
+                        headers=None if retry is None else {"Retry-After": str(retry)})
 
 
 def create_agent_app(ctx: ServingContext) -> FastAPI:
@@ -101,7 +107,7 @@ def create_agent_app(ctx: ServingContext) -> FastAPI:
     async def agent_state() -> dict[str, Any]:
         return {**ctx.state, "served_model_name": ctx.served_model_name,
                 "catalog_version": ctx.catalog.version, **ctx.loop.status,
-                "tenants": ctx.loop.tenant_state()}
+                "tenants": ctx.loop.tenant_state(), "admission": ctx.loop.admission_state()}
 
     @app.get("/v1/models")
     async def models(request: Request) -> dict[str, Any]:
@@ -203,7 +209,9 @@ async def _serve(ctx: ServingContext, request: Request, model: str, prompt: str 
     def sink(event: Event) -> None:
         aio.call_soon_threadsafe(events.put_nowait, event)
 
-    ctx.loop.submit(Ticket(request_id, prompt, params, gen, sink))
+    max_queue_ms = body.max_queue_ms or ctx.max_queue_ms
+    ctx.loop.submit(Ticket(request_id, prompt, params, gen, sink,
+                           max_queue_s=None if max_queue_ms is None else max_queue_ms / 1e3))
     try:
         first = await events.get()
     except asyncio.CancelledError:

@@ -71,6 +71,8 @@ class EngineLoop(Admission, EngineObserver):
         """Namespace -> {"weight", "priority"} the engine applies (replaced, never mutated)."""
         self._tenant_service: dict[str, float] = {}
         """The engine's completed weighted service per tenant, as of the last iteration."""
+        self._admission: dict[str, int] = {}
+        """The engine's offered / admitted / expired counts, as of the last iteration."""
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="engine-loop", daemon=True)
         engine.observers.append(self)  # `adapter_evicted`: the pool evicted an idle adapter
@@ -112,6 +114,11 @@ class EngineLoop(Admission, EngineObserver):
                                   "completed_service": done})
         return state
 
+    def admission_state(self) -> dict[str, int]:
+        """The offered / admitted / expired ledger of the engine's scheduler (requests
+        the agent refused before the engine, 429s, are in `/metrics`' rejected counter)."""
+        return dict(self._admission)
+
     # ---- the loop ----------------------------------------------------------------------
     def _run(self) -> None:
         while not self._stop.is_set():
@@ -125,6 +132,7 @@ class EngineLoop(Admission, EngineObserver):
                 pass
             except Exception:  # a bug in one command must not kill serving
                 log.exception("engine loop command failed")
+            self._expire_cold_waits()
             if self._live and self.engine.has_unfinished():
                 self._step()
             self._publish_status()
@@ -144,6 +152,9 @@ class EngineLoop(Admission, EngineObserver):
         for out in outputs:
             ticket = self._live.get(out.request_id)
             if ticket is None:
+                continue
+            if out.finish_reason == "deadline":  # dropped unstarted by the scheduler
+                self._finish(ticket, self.timed_out(ticket))
                 continue
             if ticket.last_token_at is None:
                 self.metrics.ttft.labels(ticket.residency).observe(now - ticket.created)
@@ -186,6 +197,7 @@ class EngineLoop(Admission, EngineObserver):
         self.status = {"slots": slots, "live": len(self._live),
                        "load_failures": list(self.failures), "pool": pool}
         self._tenant_service = self.engine.tenant_service()
+        self._admission = self.engine.admission_counts()
         kv = self.engine.block_manager.pool
         registry = self.engine.collections
         if registry.blocks:

@@ -39,6 +39,8 @@ class Ticket:
     created: float = field(default_factory=time.monotonic)
     residency: str = "base"
     last_token_at: float | None = None
+    max_queue_s: float | None = None
+    """Seconds from `created` within which the request must start (None: no limit)."""
 
     @property
     def tenant(self) -> str:

@@ -35,6 +35,7 @@ class FinishReason(enum.Enum):
     STOP = "stop"  # eos, a stop token id or a stop string
     LENGTH = "length"  # max_tokens (or the model's context) reached
     ABORT = "abort"  # cancelled
+    DEADLINE = "deadline"  # not admitted before its queue deadline (never started)
 
 
 @dataclass(eq=False)
@@ -66,6 +67,9 @@ class Sequence:
     output_text: str = ""
     isolation_namespace: str = "default"
     tenant: str = ""
+    queue_deadline: float | None = None
+    """Monotonic time (`time.monotonic`) by which the request must be admitted, or it is
+    dropped unstarted (FinishReason.DEADLINE); None: it waits as long as it takes."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.request_id, str) or not self.request_id:

@@ -20,6 +20,7 @@ Usage::
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from collections.abc import Sequence as SequenceOf
 from contextlib import AbstractContextManager, nullcontext
@@ -154,6 +155,7 @@ class Engine(StepLoop):
         self._held: dict[str, AdapterHandle] = {}
         """Live request -> the adapter it holds in the pool (never an eviction victim)."""
         self._logprobs: dict[str, list[TokenLogprobs]] = {}
+        self._expired: list[RequestOutput] = []
         self._generation = 0
         self._generate_calls = 0
         self.last_step_idle = False
@@ -333,12 +335,22 @@ class Engine(StepLoop):
     # ----- requests -------------------------------------------------------------------
     def add_request(self, request_id: str, prompt: str | list[int],
                     sampling_params: SamplingParams | None = None,
-                    adapter: AdapterHandle | None = None, *, tenant: str = "") -> None:
+                    adapter: AdapterHandle | None = None, *, tenant: str = "",
+                    max_queue_s: float | None = None) -> None:
         """Queue a request whose completed work counts as `tenant`'s service (the agent
-        passes the alias's namespace; engine/fairness.py). Bad input raises a typed error
-        and changes nothing."""
+        passes the alias's namespace; engine/fairness.py). With `max_queue_s` the request
+        is dropped unstarted (an output with finish reason "deadline") unless it is
+        admitted within that many seconds, or as soon as the estimated wait for its
+        prefill exceeds them (engine/scheduler.py). Bad input raises a typed error and
+        changes nothing."""
         if not isinstance(tenant, str):
             raise InvalidRequest("tenant must be a str", request_id=request_id)
+        deadline = None
+        if max_queue_s is not None:
+            if (isinstance(max_queue_s, bool) or not isinstance(max_queue_s, int | float)
+                    or not math.isfinite(max_queue_s) or max_queue_s <= 0):
+                raise InvalidRequest("max_queue_s must be a number > 0", request_id=request_id)
+            deadline = self.scheduler.clock() + float(max_queue_s)
         if request_id in self._seqs:
             raise InvalidRequest("duplicate request id", request_id=request_id)
         prompt_ids = self._encode(prompt) if isinstance(prompt, str) else list(prompt)
@@ -351,7 +363,8 @@ class Engine(StepLoop):
             self.adapters.check_handle(adapter)
             slot, digest = adapter.slot, adapter.digest
         seq = Sequence(request_id, tuple(prompt_ids), sampling_params or SamplingParams(),
-                       adapter_slot=slot, adapter_digest=digest, tenant=tenant)
+                       adapter_slot=slot, adapter_digest=digest, tenant=tenant,
+                       queue_deadline=deadline)
         if adapter is not None:
             self.pool.hold(adapter)  # never an eviction victim while this request lives
         try:
@@ -375,6 +388,19 @@ class Engine(StepLoop):
     def tenant_service(self) -> dict[str, float]:
         """Tenant -> completed weighted service so far (engine/fairness.py)."""
         return self.scheduler.tenants.snapshot()
+
+    def admission_counts(self) -> dict[str, int]:
+        """Requests offered (added), admitted (first scheduled) and expired (dropped
+        unstarted at their queue deadline) so far."""
+        return dict(self.scheduler.counts)
+
+    def queue_wait_estimate(self) -> float:
+        """Seconds a request added now would wait for its prefill, by the scheduler's
+        estimate (the queued prompt tokens over the step budget, times the recent interval
+        between steps): what the agent's Retry-After says."""
+        sched = self.scheduler
+        queued = sum(s.num_tokens - s.num_computed_tokens for s in sched.waiting)
+        return (queued // sched.config.max_num_batched_tokens + 1) * (sched.step_interval or 0.0)
 
     def _encode(self, text: str) -> list[int]:
         if self.tokenizer is None:

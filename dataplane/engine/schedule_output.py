@@ -16,12 +16,15 @@ class ScheduleOutput:
     seq.num_computed_tokens; `decodes` contribute one row each. Scheduler order is prefills
     then decodes. `sampled` (fixed when the step is scheduled) lists the sequences that get a
     token this step, in that order: prefill chunks that reach the end of their tokens, then
-    every decode — the same order as BatchPlan.sample_request_ids."""
+    every decode — the same order as BatchPlan.sample_request_ids. `expired` are waiting
+    requests dropped unstarted this step: their queue deadline passed, or the estimated wait
+    for their prefill can no longer meet it (scheduler.py)."""
 
     prefills: list[tuple[Sequence, int]] = field(default_factory=list)
     decodes: list[Sequence] = field(default_factory=list)
     preempted: list[Sequence] = field(default_factory=list)
     sampled: list[Sequence] = field(default_factory=list)
+    expired: list[Sequence] = field(default_factory=list)
 
     @property
     def is_empty(self) -> bool:

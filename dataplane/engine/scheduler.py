@@ -11,6 +11,12 @@ Torch-free. One `schedule()` per engine step picks rows in this order:
      the policy's order (`fair`: the tenant key of dataplane/engine/fairness.py; `fcfs`:
      arrival); a long prompt is split into chunks across steps. When the next request's
      blocks do not fit, admission stops (no smaller request overtakes it).
+Before admission, waiting requests that were never admitted and carry a queue deadline
+(`Sequence.queue_deadline`) are dropped unstarted (`ScheduleOutput.expired`,
+FinishReason.DEADLINE) when the deadline has passed, or when the estimated wait for their
+prefill already exceeds it (early abort): the prompt tokens ahead of it in admission
+order, over the step's token budget, times the recent step interval. `counts` keeps the
+offered / admitted / expired ledger.
 Requests whose adapter is not ready (`adapter_ready(seq)` is False) get no rows and do not
 block the requests behind them. Completed work is credited to the request's tenant when
 the step is committed (`tenants`, fairness.py). The scheduler never touches model rows or
@@ -29,6 +35,7 @@ are on the host (placeholders replaced, stop rules, finished requests freed).
 
 from __future__ import annotations
 
+import time
 from collections import deque
 from collections.abc import Callable, Iterable
 from collections.abc import Sequence as SequenceOf
@@ -104,6 +111,7 @@ class Scheduler:
         eos_token_ids: Iterable[int] = (),
         adapter_ready: Callable[[Sequence], bool] | None = None,
         detokenizer_factory: Callable[[Sequence], Detokenizer] | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.config = config
         self.block_manager = block_manager
@@ -117,6 +125,13 @@ class Scheduler:
         self.tenants = TenantLedger()
         """Tenant weights, priority classes and completed service (fairness.py)."""
         self._fair = config.policy == "fair"
+        self.clock = clock
+        self.step_interval: float | None = None
+        """Moving average of the time from a step that had work to the next `schedule()`
+        (under async scheduling, between admission rounds): the wait estimate's unit."""
+        self._last_step: float | None = None
+        self.counts = {"offered": 0, "admitted": 0, "expired": 0}
+        """Requests added, admitted (first scheduled), and dropped at their deadline."""
 
     # ----- requests -----------------------------------------------------------------------
     def add(self, seq: Sequence) -> None:
@@ -138,6 +153,7 @@ class Scheduler:
         seq.arrival = self._arrivals
         self._arrivals += 1
         self.tenants.enter(seq.tenant)
+        self.counts["offered"] += 1
         self.waiting.append(seq)
 
     def abort(self, request_id: str) -> Sequence | None:
@@ -202,8 +218,40 @@ class Scheduler:
         ready = [s for s in self.waiting if self.adapter_ready(s)]
         return min(ready, key=self._admission_key) if ready else None
 
+    def _note_step(self, now: float) -> None:
+        """The time since the previous step, when that step had work, feeds the average."""
+        if self._last_step is not None:
+            gap = now - self._last_step
+            self.step_interval = gap if self.step_interval is None else (
+                0.8 * self.step_interval + 0.2 * gap)
+
+    def _expire(self, now: float, out: ScheduleOutput) -> None:
+        """Drop the waiting requests that cannot be admitted by their deadline (module
+        docstring), in admission order."""
+        if not any(s.queue_deadline is not None for s in self.waiting):
+            return
+        order = (sorted(self.waiting, key=self._admission_key) if self._fair
+                 else list(self.waiting))
+        per_step, interval = self.config.max_num_batched_tokens, self.step_interval or 0.0
+        ahead = 0
+        for seq in order:
+            deadline = seq.queue_deadline
+            fresh = seq.status is SequenceStatus.WAITING and seq.num_computed_tokens == 0
+            if deadline is not None and fresh and (
+                    now >= deadline or now + (ahead // per_step) * interval > deadline):
+                self.waiting.remove(seq)
+                self._stops.pop(seq.request_id).expire()
+                self._ended(seq)
+                self.counts["expired"] += 1
+                out.expired.append(seq)
+                continue
+            ahead += seq.num_tokens - seq.num_computed_tokens
+
     def schedule(self) -> ScheduleOutput:
         out = ScheduleOutput()
+        now = self.clock()
+        self._note_step(now)
+        self._expire(now, out)
         budget = self.config.max_num_batched_tokens
         bm = self.block_manager
         # 1. decodes, preempting from the back of `running` when blocks run out
@@ -245,6 +293,8 @@ class Scheduler:
                 break
             seq = nxt
             self.waiting.remove(seq)
+            if seq.status is SequenceStatus.WAITING:
+                self.counts["admitted"] += 1
             bm.allocate(seq)
             seq.status = SequenceStatus.RUNNING
             self.running.append(seq)
@@ -254,6 +304,7 @@ class Scheduler:
         self.waiting.extendleft(reversed(skipped))
         out.sampled = [s for s, n in out.prefills if s.num_computed_tokens + n == s.num_tokens]
         out.sampled.extend(out.decodes)
+        self._last_step = None if out.is_empty else now
         return out
 
     def schedule_continuation(self, prev: ScheduleOutput) -> ScheduleOutput | None:

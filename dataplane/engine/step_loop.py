@@ -36,6 +36,7 @@ class StepLoop:
     num_overlapped_steps: int
     num_discarded_rows: int
     _inflight: Launched | None
+    _expired: list[RequestOutput]
     _seqs: dict[str, Sequence]
     _logprobs: dict[str, list[TokenLogprobs]]
 
@@ -87,11 +88,19 @@ class StepLoop:
 
     # ----- stepping -------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
-        """Run one scheduled step; outputs for every request that got a token.
+        """Run one scheduled step; outputs for every request that got a token, after those
+        of the requests dropped unstarted at their queue deadline (finish reason
+        "deadline", no tokens).
 
         Async scheduling: the returned outputs are those of the oldest launched step; before
         waiting for its tokens the next decode-only step is launched (when the scheduler can
         decide it now), and it stays in flight across this call."""
+        expired: list[RequestOutput] = []
+        outputs = self._step(expired)
+        return [*expired, *outputs] if expired else outputs
+
+    def _step(self, expired: list[RequestOutput]) -> list[RequestOutput]:
+        self._expired = expired
         if not self.async_scheduling:
             launched = self._schedule_and_launch()
             return [] if launched is None else self._finish_step(launched, None)
@@ -108,6 +117,9 @@ class StepLoop:
 
     def _schedule_and_launch(self) -> Launched | None:
         out = self.scheduler.schedule()
+        for seq in out.expired:
+            self._expired.append(self._output(seq, (), ""))
+            self._forget(seq.request_id)
         self.num_preemptions += len(out.preempted)
         self.last_step_idle = out.is_empty
         return None if out.is_empty else self._launch_step(out, None)

@@ -40,6 +40,9 @@ class StopChecker:
     def abort(self) -> None:
         self._finish(FinishReason.ABORT)
 
+    def expire(self) -> None:
+        self._finish(FinishReason.DEADLINE)
+
     def on_token(self, token_id: int) -> str:
         """The token was appended to seq.token_ids; update text and status, return new text."""
         seq, sp = self.seq, self.seq.sampling
