@@ -61,10 +61,13 @@ class AgentSettings(BaseSettings):
     """Sequences scheduled in one engine step (decode batch size)."""
     max_num_batched_tokens: int = Field(default=1024, ge=1)
     """Token budget of one engine step (prefill chunks plus decode rows)."""
-    scheduling_policy: Literal["fair", "fcfs"] = "fair"
+    scheduling_policy: Literal["fair", "fcfs", "newest_first"] = "fair"
     """Which waiting request the engine admits: `fair` (priority class, then the tenant —
     the alias's namespace — with the least completed weighted service per unit of weight,
-    then age; weights and classes come from the control plane) or `fcfs` (arrival)."""
+    then age; weights and classes come from the control plane), `fcfs` (arrival), or
+    `newest_first` (`fair`, but while requests arrive faster than they are admitted the
+    newest ones that can still meet their `max_queue_ms` first: more requests in time,
+    at the old ones' expense)."""
     max_queued_requests: int = Field(default=256, ge=1)
     """Live requests (queued + running) above which new ones get 429 (with Retry-After)."""
     max_queue_ms: int | None = Field(default=None, ge=1, le=3_600_000)

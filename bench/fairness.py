@@ -174,7 +174,7 @@ def main() -> None:
     p.add_argument("--max-batched-tokens", type=int, default=512)
     p.add_argument("--kv-blocks", type=int, default=512)
     p.add_argument("--policies", nargs="+", default=["fair", "fcfs"],
-                   choices=["fair", "fcfs"])
+                   choices=["fair", "fcfs", "newest_first"])
     p.add_argument("--threads", type=int, default=None, help="torch threads (CPU)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default=None)

@@ -32,7 +32,8 @@ from dataplane.core import InvalidRequest
 PRIORITY_CLASSES: dict[str, int] = {"high": 0, "normal": 1, "low": 2}
 """Priority class name -> urgency class (lower is admitted first)."""
 DEFAULT_PRIORITY = PRIORITY_CLASSES["normal"]
-POLICIES = ("fair", "fcfs")
+POLICIES = ("fair", "fcfs", "newest_first")
+"""Admission policies: `newest_first` is `fair` except under overload (engine/overload.py)."""
 INPUT_WEIGHT = 1.0
 OUTPUT_WEIGHT = 2.0
 """Weights of completed input (prefill) and output tokens in a tenant's service: a decode

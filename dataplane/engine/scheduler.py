@@ -9,7 +9,9 @@ Torch-free. One `schedule()` per engine step picks rows in this order:
   2. the next chunk of running requests that are still in (chunked) prefill;
   3. waiting requests, admitted while blocks, `max_num_seqs` and the token budget allow, in
      the policy's order (`fair`: the tenant key of dataplane/engine/fairness.py; `fcfs`:
-     arrival); a long prompt is split into chunks across steps. When the next request's
+     arrival; `newest_first`: `fair`, but the newest first within a priority class while
+     requests arrive faster than they are admitted, engine/overload.py); a long prompt is
+     split into chunks across steps. When the next request's
      blocks do not fit, admission stops (no smaller request overtakes it).
 Before admission, waiting requests that were never admitted and carry a queue deadline
 (`Sequence.queue_deadline`) are dropped unstarted (`ScheduleOutput.expired`,
@@ -50,6 +52,7 @@ from dataplane.core import (
     SequenceStatus,
 )
 from dataplane.engine.fairness import POLICIES, TenantLedger
+from dataplane.engine.overload import RateMeter
 from dataplane.engine.schedule_output import ScheduleOutput, StepUpdate
 from dataplane.kvcache import BlockManager
 from dataplane.sampling.stop_checker import StopChecker
@@ -124,7 +127,10 @@ class Scheduler:
         self._arrivals = 0
         self.tenants = TenantLedger()
         """Tenant weights, priority classes and completed service (fairness.py)."""
-        self._fair = config.policy == "fair"
+        self._fair = config.policy != "fcfs"
+        self._newest_under_overload = config.policy == "newest_first"
+        self.arrival_rate, self.admission_rate = RateMeter(), RateMeter()
+        """Moving rates of requests added and admitted (the overload test)."""
         self.clock = clock
         self.step_interval: float | None = None
         """Moving average of the time from a step that had work to the next `schedule()`
@@ -154,6 +160,7 @@ class Scheduler:
         self._arrivals += 1
         self.tenants.enter(seq.tenant)
         self.counts["offered"] += 1
+        self.arrival_rate.add(self.clock())
         self.waiting.append(seq)
 
     def abort(self, request_id: str) -> Sequence | None:
@@ -206,7 +213,22 @@ class Scheduler:
         t = self.tenants
         return (t.priority(seq.tenant), t.normalized(seq.tenant), seq.arrival, seq.request_id)
 
-    def _next_waiting(self, skipped: list[Sequence]) -> Sequence | None:
+    def _newest_key(self, seq: Sequence) -> tuple[object, ...]:
+        return (self.tenants.priority(seq.tenant), -seq.arrival, seq.request_id)
+
+    def overloaded(self, now: float) -> bool:
+        """Requests arrive faster than they are admitted (engine/overload.py)."""
+        arrivals, admissions = self.arrival_rate.rate(now), self.admission_rate.rate(now)
+        return arrivals is not None and admissions is not None and arrivals > admissions
+
+    def _order(self, now: float) -> Callable[[Sequence], tuple[object, ...]]:
+        """This round's admission key (policies other than fcfs)."""
+        if self._newest_under_overload and self.waiting and self.overloaded(now):
+            return self._newest_key
+        return self._admission_key
+
+    def _next_waiting(self, skipped: list[Sequence],
+                      key: Callable[[Sequence], tuple[object, ...]]) -> Sequence | None:
         """The waiting request to admit next, still in `waiting`: FCFS moves the not-ready
         ones it passes to `skipped`; the fair policy picks the best ready one by key."""
         if not self._fair:
@@ -216,7 +238,7 @@ class Scheduler:
                 skipped.append(self.waiting.popleft())
             return None
         ready = [s for s in self.waiting if self.adapter_ready(s)]
-        return min(ready, key=self._admission_key) if ready else None
+        return min(ready, key=key) if ready else None
 
     def _note_step(self, now: float) -> None:
         """The time since the previous step, when that step had work, feeds the average."""
@@ -230,7 +252,7 @@ class Scheduler:
         docstring), in admission order."""
         if not any(s.queue_deadline is not None for s in self.waiting):
             return
-        order = (sorted(self.waiting, key=self._admission_key) if self._fair
+        order = (sorted(self.waiting, key=self._order(now)) if self._fair
                  else list(self.waiting))
         per_step, interval = self.config.max_num_batched_tokens, self.step_interval or 0.0
         ahead = 0
@@ -286,15 +308,17 @@ class Scheduler:
         # 3. admit waiting requests in the policy's order among the ready ones (none in a
         # step that preempted)
         skipped: list[Sequence] = []
+        key = self._order(now) if self._fair else self._admission_key
         while (self.waiting and budget > 0 and not out.preempted
                and len(self.running) < self.config.max_num_seqs):
-            nxt = self._next_waiting(skipped)
+            nxt = self._next_waiting(skipped, key)
             if nxt is None or not bm.can_allocate(nxt):
                 break
             seq = nxt
             self.waiting.remove(seq)
             if seq.status is SequenceStatus.WAITING:
                 self.counts["admitted"] += 1
+                self.admission_rate.add(now)
             bm.allocate(seq)
             seq.status = SequenceStatus.RUNNING
             self.running.append(seq)

@@ -115,3 +115,42 @@ def test_engine_reports_a_dropped_request_and_refuses_bad_deadlines(tiny_llama: 
     while engine.has_unfinished():
         engine.step()
     assert engine.admission_counts()["offered"] == 2
+
+
+def test_overload_choice_serves_the_newest_feasible_requests() -> None:
+    """The early-abort fixture: now 10, estimated wait 2, two serviceable, arrivals at 5/s
+    against admissions at 2/s: q0 (arrived at 0) can no longer start within its limit of 8;
+    of q1..q3 the newest two, [q3, q2]. Without overload, the oldest feasible first."""
+    from dataplane.engine.overload import Candidate, serviceable_choice
+
+    queue = [Candidate(f"q{i}", t, 8.0) for i, t in enumerate((0.0, 4.0, 6.0, 8.0))]
+    assert serviceable_choice(queue, 10.0, 2.0, 2, 5.0, 2.0) == ["q3", "q2"]
+    assert serviceable_choice(queue, 10.0, 2.0, 2, 2.0, 5.0) == ["q1", "q2"]
+
+
+def test_newest_first_admits_the_newest_only_under_overload() -> None:
+    """Three requests arrive and are admitted one a second; then six arrive within half a
+    second: arrivals outrun admissions, and the newest is admitted first. A fresh engine
+    with two queued requests has no rate estimate yet: the oldest first."""
+    clock = Clock()
+    sched = Scheduler(SchedulerConfig(max_num_batched_tokens=64, max_num_seqs=1,
+                                      policy="newest_first"), make_block_manager(64), clock=clock)
+    for i in range(3):
+        sched.add(seq(f"c{i}"))
+        while sched.has_unfinished():
+            run_step(sched)
+        clock.now += 1.0
+    for i in range(6):
+        sched.add(seq(f"r{i}"))
+        clock.now += 0.1
+    assert sched.overloaded(clock.now)
+    out, _ = run_step(sched)
+    assert [s.request_id for s, _ in out.prefills] == ["r5"]
+    fresh = Scheduler(SchedulerConfig(max_num_batched_tokens=64, max_num_seqs=1,
+                                      policy="newest_first"), make_block_manager(64), clock=clock)
+    fresh.add(seq("old"))
+    clock.now += 0.1
+    fresh.add(seq("new"))
+    assert not fresh.overloaded(clock.now)
+    out, _ = run_step(fresh)
+    assert [s.request_id for s, _ in out.prefills] == ["old"]
