@@ -110,6 +110,14 @@ class AgentMetrics:
                                 ["rank_bucket"], registry=r)
         self.rejected = Counter("adapter_requests_rejected_total", "Requests refused.",
                                 ["reason"], registry=r)
+        self.engine_requests = Counter(
+            "adapter_engine_requests_total", "Requests the engine's scheduler was offered, "
+            "admitted (first scheduled) and dropped unstarted at their queue deadline "
+            "(expired).", ["outcome"], registry=r)
+        self.queue_wait = Gauge("adapter_queue_wait_estimate_seconds",
+                                "The scheduler's estimate of a new request's wait for its "
+                                "prefill (what Retry-After says).", registry=r)
+        self._engine_counts: dict[str, int] = {}
         self.unfinished = Gauge("adapter_requests_unfinished",
                                 "Live requests (waiting for a load or in the engine).",
                                 ["residency_state"], registry=r)
@@ -166,6 +174,15 @@ class AgentMetrics:
         self.collection_blocks.labels("free").set(blocks_total - blocks_used)
         self.collection_members.set(members)
         self.collection_resident_bytes.set(resident_bytes)
+
+    def observe_admission(self, counts: dict[str, int], wait_s: float) -> None:
+        """The engine's offered / admitted / expired counts (cumulative) and wait estimate."""
+        for outcome, n in counts.items():
+            new = n - self._engine_counts.get(outcome, 0)
+            if new > 0:
+                self.engine_requests.labels(outcome).inc(new)
+        self._engine_counts = dict(counts)
+        self.queue_wait.set(wait_s)
 
     def observe_loop(self, residents: ResidentSet, pool: dict[str, dict[str, int]],
                      kv_free: int, kv_total: int, live: int, downloaded: int,

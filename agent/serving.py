@@ -198,6 +198,7 @@ class EngineLoop(Admission, EngineObserver):
                        "load_failures": list(self.failures), "pool": pool}
         self._tenant_service = self.engine.tenant_service()
         self._admission = self.engine.admission_counts()
+        self.metrics.observe_admission(self._admission, self.engine.queue_wait_estimate())
         kv = self.engine.block_manager.pool
         registry = self.engine.collections
         if registry.blocks:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
 
+import httpx
 import openai
 import pytest
 
@@ -43,6 +44,11 @@ def test_a_request_that_cannot_start_in_time_gets_503_with_retry_after(
         assert state["admission"]["expired"] >= 1
         assert state["admission"]["offered"] == state["admission"]["admitted"] + \
             state["admission"]["expired"]
+        metrics = httpx.get(f"{agent.url}/metrics", timeout=10).text
+        assert 'adapter_requests_rejected_total{reason="queue_timeout"} 1.0' in metrics
+        expired = [line for line in metrics.splitlines()
+                   if line.startswith('adapter_engine_requests_total{outcome="expired"}')]
+        assert expired and float(expired[0].split()[-1]) == state["admission"]["expired"]
 
         with ThreadPoolExecutor(6) as pool:  # over MAX_QUEUED_REQUESTS: 429 with Retry-After
             futures = [pool.submit(ask, 30) for _ in range(6)]
