@@ -32,6 +32,7 @@ BOUNDED = {
     "residency": {"base", "resident", "cold"},
     "residency_state": {"active", "loading"},
     "rank_bucket": {"base", "le4", "le8", "le16", "le32", "le64", "le128", "le256", "gt256"},
+    "outcome": {"offered", "admitted", "expired"},
 }
 
 

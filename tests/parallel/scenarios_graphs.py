@@ -20,7 +20,7 @@ from dataplane.core import build_batch_plan
 from dataplane.engine.cuda_graphs import CudaGraphRunner
 from dataplane.parallel import TPGroup
 
-from .tp_setup import load_shards_directly, rank_engine, sequences
+from .tp_setup import close_channel, load_shards_directly, rank_engine, sequences
 
 DECODE_STEPS = 4
 MAX_BATCH = 8
@@ -91,6 +91,7 @@ def run(group: TPGroup, payload: dict[str, Any]) -> dict[str, Any]:
             steps[-1]["unfolded"] = runner.execute(plan).cpu()
             model.lora_fold_rows = rows
         next_ids = eager.argmax(-1).tolist()
+    close_channel(engine)
     return {"steps": steps, "replays": graphs.replays, "num_layers": model.config.num_layers,
             "case": payload["case"], "warm_calls": warm_calls, "warm_ledger": warm_ledger,
             "shapes": len(shapes)}

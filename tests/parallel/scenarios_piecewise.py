@@ -21,7 +21,7 @@ from dataplane.engine.piecewise_graphs import PiecewiseGraphRunner
 from dataplane.parallel import TPGroup
 
 from .scenarios_graphs import _ledger
-from .tp_setup import BLOCK, load_shards_directly, rank_engine, sequences
+from .tp_setup import BLOCK, close_channel, load_shards_directly, rank_engine, sequences
 
 BUCKETS = (8, 16)
 FIRST = 2  # requests prefilled before the mixed steps
@@ -70,6 +70,7 @@ def run(group: TPGroup, _payload: Any) -> dict[str, Any]:
             if s.request_id in by_id and s.num_computed_tokens == s.num_tokens:
                 s.token_ids.append(by_id[s.request_id])
         waiting = [s for s in waiting if s.request_id not in by_id]  # prompt not done
+    close_channel(engine)
     return {"steps": steps, "runs": pieces.runs, "num_layers": config.num_layers,
             "captured": sorted(pieces.captured), "ledgers": sorted(pieces.ledgers)}
 

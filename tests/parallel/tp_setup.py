@@ -90,3 +90,11 @@ def sequences(engine: Engine, blocks: int = 8) -> list[Sequence]:
         seq.block_table.extend(engine.pool.pool.allocate_kv(f"r{i}", blocks))
         seqs.append(seq)
     return seqs
+
+
+def close_channel(engine: Engine) -> None:
+    """Every rank, at the end of a scenario that drove its runner itself (no leader, no
+    `serve()`): tear the control channel's gloo subgroup down together, before the group
+    (a subgroup left to process exit can abort it)."""
+    if engine.lockstep is not None:
+        engine.lockstep.channel.close()
