@@ -29,16 +29,24 @@ class Candidate:
     max_latency: float | None = None
 
 
-def feasible(c: Candidate, now: float, estimated_wait: float) -> bool:
-    return c.max_latency is None or now - c.arrival + estimated_wait <= c.max_latency
+def can_start_in_time(deadline: float | None, now: float, estimated_wait: float) -> bool:
+    """A request with start `deadline` (None: none) can still start by it."""
+    return deadline is None or now + estimated_wait <= deadline
+
+
+def overloaded(arrival_rate: float | None, admission_rate: float | None) -> bool:
+    """Requests arrive faster than they are admitted (False until both rates exist)."""
+    return arrival_rate is not None and admission_rate is not None and \
+        arrival_rate > admission_rate
 
 
 def serviceable_choice(candidates: Iterable[Candidate], now: float, estimated_wait: float,
                        count: int, arrival_rate: float, admission_rate: float) -> list[str]:
-    """The `count` feasible requests to admit: the newest first while `arrival_rate`
-    exceeds `admission_rate` (overload), else the oldest first."""
-    ok = [c for c in candidates if feasible(c, now, estimated_wait)]
-    newest = arrival_rate > admission_rate
+    """The `count` feasible requests to admit: the newest first under overload, else the
+    oldest first (the rule the scheduler's `newest_first` policy applies each round)."""
+    ok = [c for c in candidates if can_start_in_time(
+        None if c.max_latency is None else c.arrival + c.max_latency, now, estimated_wait)]
+    newest = overloaded(arrival_rate, admission_rate)
     ok.sort(key=lambda c: (-c.arrival if newest else c.arrival, c.request_id))
     return [c.request_id for c in ok[:count]]
 

@@ -11,8 +11,8 @@ Torch-free. One `schedule()` per engine step picks rows in this order:
      the policy's order (`fair`: the tenant key of dataplane/engine/fairness.py; `fcfs`:
      arrival; `newest_first`: `fair`, but the newest first within a priority class while
      requests arrive faster than they are admitted, engine/overload.py); a long prompt is
-     split into chunks across steps. When the next request's
-     blocks do not fit, admission stops (no smaller request overtakes it).
+     split into chunks across steps. When the next request's blocks do not fit, admission
+     stops (no smaller request overtakes it).
 Before admission, waiting requests that were never admitted and carry a queue deadline
 (`Sequence.queue_deadline`) are dropped unstarted (`ScheduleOutput.expired`,
 FinishReason.DEADLINE) when the deadline has passed, or when the estimated wait for their
@@ -52,7 +52,7 @@ from dataplane.core import (
     SequenceStatus,
 )
 from dataplane.engine.fairness import POLICIES, TenantLedger
-from dataplane.engine.overload import RateMeter
+from dataplane.engine.overload import RateMeter, can_start_in_time, overloaded
 from dataplane.engine.schedule_output import ScheduleOutput, StepUpdate
 from dataplane.kvcache import BlockManager
 from dataplane.sampling.stop_checker import StopChecker
@@ -85,8 +85,8 @@ class Detokenizer(Protocol):
 
 @dataclass(frozen=True)
 class SchedulerConfig:
-    """Per-step budgets and the admission policy ("fair" | "fcfs"). `max_model_len` bounds
-    prompt + output tokens (None: unbounded)."""
+    """Per-step budgets and the admission policy ("fair" | "fcfs" | "newest_first").
+    `max_model_len` bounds prompt + output tokens (None: unbounded)."""
 
     max_num_batched_tokens: int = 2048
     max_num_seqs: int = 64
@@ -218,8 +218,7 @@ class Scheduler:
 
     def overloaded(self, now: float) -> bool:
         """Requests arrive faster than they are admitted (engine/overload.py)."""
-        arrivals, admissions = self.arrival_rate.rate(now), self.admission_rate.rate(now)
-        return arrivals is not None and admissions is not None and arrivals > admissions
+        return overloaded(self.arrival_rate.rate(now), self.admission_rate.rate(now))
 
     def _order(self, now: float) -> Callable[[Sequence], tuple[object, ...]]:
         """This round's admission key (policies other than fcfs)."""
@@ -257,10 +256,9 @@ class Scheduler:
         per_step, interval = self.config.max_num_batched_tokens, self.step_interval or 0.0
         ahead = 0
         for seq in order:
-            deadline = seq.queue_deadline
             fresh = seq.status is SequenceStatus.WAITING and seq.num_computed_tokens == 0
-            if deadline is not None and fresh and (
-                    now >= deadline or now + (ahead // per_step) * interval > deadline):
+            if fresh and not can_start_in_time(seq.queue_deadline, now,
+                                               (ahead // per_step) * interval):
                 self.waiting.remove(seq)
                 self._stops.pop(seq.request_id).expire()
                 self._ended(seq)
