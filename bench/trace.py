@@ -11,7 +11,11 @@ Systems, measured in the same run on the same trace:
   engine-base   the engine with LoRA disabled (max_slots=0), same prompts, no adapter
   hf+peft       HF transformers + PEFT `generate` with a mixed batch (`adapter_names`),
                 static batches of `--hf-batch` requests in arrival order
-Each engine is first warmed up, untimed, on the trace's prompts reversed, 2 tokens each.
+Both engines schedule under `--policy` (default fcfs: arrival order, so the two arms launch
+the same plans and their ratio is the cost of LoRA alone; the fair policy's adapter cost
+vector reorders the LoRA arm's requests queued in the same round, which the base arm has
+no adapters to do). Each engine is first warmed up, untimed, on the trace's prompts
+reversed, 2 tokens each.
 Reported (bench/trace_run.py): output tokens/s, TTFT and per-token latency p50/p99, the
 launched plans by class. HF `generate` does not stream: a static batch's token times are
 spread evenly over its `generate()` call. `--kv-blocks` is the KV capacity of every arm:
@@ -55,6 +59,7 @@ from bench.synthetic import (
 from bench.trace_run import Timing, markdown, print_class_gaps, run_engine, summarize
 from dataplane.engine import BaseModel, Engine, EngineConfig, EngineSpec, build_engine
 from dataplane.engine.builder import FOLD_CHOICES
+from dataplane.engine.fairness import POLICIES
 
 HF_MAX_ADAPTERS = 16
 """HF + PEFT holds at most this many adapters (the table's HF row)."""
@@ -96,7 +101,8 @@ def engine_config(args: argparse.Namespace, slots: int, pages: int, max_len: int
     return EngineConfig(max_num_seqs=args.max_num_seqs,
                         max_num_batched_tokens=args.max_batched_tokens, num_kv_blocks=pages,
                         block_size=BLOCK_SIZE, max_slots=slots, max_rank=16,
-                        max_model_len=max_len, enable_piecewise_graphs=args.piecewise)
+                        max_model_len=max_len, enable_piecewise_graphs=args.piecewise,
+                        scheduling_policy=args.policy)
 
 
 def lora_arm(args: argparse.Namespace, base: BaseModel, adapters: list, max_len: int | None
@@ -276,6 +282,8 @@ def main() -> None:
                    help="the LoRA arm's fold (bare --fold: on; auto: the fold cost model)")
     p.add_argument("--piecewise", action=argparse.BooleanOptionalAction, default=True,
                    help="mixed steps as piecewise CUDA graphs (both engines; the default)")
+    p.add_argument("--policy", choices=POLICIES, default="fcfs",
+                   help="scheduling policy of both engines")
     p.add_argument("--rounds", type=int, default=1,
                    help="cuda mode: >1 = both engines side by side, R alternating rounds")
     p.add_argument("--split-eager", action="store_true",

@@ -34,6 +34,7 @@ from dataplane.artifacts import (
 )
 from dataplane.core import EngineError, Sequence
 from dataplane.engine.kernel_identity import PAGED, single_device_kernel_local
+from dataplane.engine.readiness import Reason, Residency, slot_ready
 from dataplane.identity import ModuleSpec, h_adapter_semantic
 from dataplane.layers.lora_linear import LoRALinear
 from dataplane.models.config import ModelConfig
@@ -270,8 +271,12 @@ class AdapterRegistry:
                                slot=handle.slot)
 
     def is_ready(self, seq: Sequence) -> bool:
-        """Scheduler predicate: base rows, or the slot holds the digest the request bound."""
+        """Scheduler predicate (engine/readiness.py): base rows, or the request's slot is
+        bound (published, copy complete) to the digest and slot generation it leased."""
         if seq.adapter_slot < 0:
             return True
         handle = self._by_slot.get(seq.adapter_slot)
-        return handle is not None and handle.digest == seq.adapter_digest
+        if handle is None or handle.digest != seq.adapter_digest:
+            return False
+        return slot_ready(Residency.RESIDENT, True, handle.slot_generation,
+                          seq.adapter_generation, True) is Reason.OK

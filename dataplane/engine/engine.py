@@ -221,8 +221,8 @@ class Engine(StepLoop):
             load_peft_adapter(Path(peft_dir), self.base_abi, self.config.max_rank))
 
     def register_loaded_adapter(self, adapter: LoadedAdapter, *, key: str | None = None,
-                                kv_pages: int = 0, evictable: bool = False
-                                ) -> AdapterHandle:
+                                kv_pages: int = 0, evictable: bool = False,
+                                prefetch: bool = False) -> AdapterHandle:
         """Load factors already in memory into a pool slot under `key` (default: the
         adapter's semantic digest; the same key returns the live handle). The admission
         also proves room for `kv_pages` of KV the caller is about to need. Raises a typed
@@ -234,12 +234,28 @@ class Engine(StepLoop):
         goes stale and observers hear `adapter_evicted(key)` (the agent loads adapters
         this way and reloads them on demand).
 
+        A `prefetch` (no request waits for it) must also leave free every KV block the
+        running requests may still grow into (`Scheduler.committed_kv_growth`): it never
+        takes a page promised to admitted work (engine/prefetch.py).
+
         Under tensor parallelism (the leader) `adapter` holds the global factors: every
         rank loads its shard, published only when all ranks validated theirs."""
+        growth = self.scheduler.committed_kv_growth() if prefetch else None
         if self.lockstep is not None:
             with self.lockstep.lock:
-                return self.lockstep.load(adapter, key or adapter.digest, kv_pages, evictable)
-        return self.pool.load(key or adapter.digest, adapter, kv_pages, evictable=evictable)
+                return self.lockstep.load(adapter, key or adapter.digest, kv_pages, evictable,
+                                          growth)
+        return self.pool.load(key or adapter.digest, adapter, kv_pages, evictable=evictable,
+                              kv_growth=growth)
+
+    def reserve_for_loads(self, pages: int) -> None:
+        """Hold `pages` obtainable KV blocks back from admitting new requests (0: none), for
+        adapter loads whose requests waited too long (engine/prefetch.py): the running
+        requests' growth may still use them, new admissions may not, so finishing
+        requests free room for the load instead of more requests on resident adapters."""
+        if isinstance(pages, bool) or not isinstance(pages, int) or pages < 0:
+            raise InvalidRequest("pages must be an int >= 0", pages=pages)
+        self.scheduler.load_reservation = pages
 
     def unregister_adapter(self, handle: AdapterHandle) -> None:
         """Retire the adapter's slot (reclaimed once no launch reads it); refused while a
@@ -358,13 +374,14 @@ class Engine(StepLoop):
                for t in prompt_ids):
             raise InvalidRequest("prompt token ids must be ints in [0, vocab_size)",
                                  request_id=request_id)
-        slot, digest = -1, None
+        slot, digest, lease, rank = -1, None, 0, 0
         if adapter is not None:
             self.adapters.check_handle(adapter)
             slot, digest = adapter.slot, adapter.digest
+            lease, rank = adapter.slot_generation, adapter.max_rank
         seq = Sequence(request_id, tuple(prompt_ids), sampling_params or SamplingParams(),
-                       adapter_slot=slot, adapter_digest=digest, tenant=tenant,
-                       queue_deadline=deadline)
+                       adapter_slot=slot, adapter_digest=digest, adapter_generation=lease,
+                       adapter_rank=rank, tenant=tenant, queue_deadline=deadline)
         if adapter is not None:
             self.pool.hold(adapter)  # never an eviction victim while this request lives
         try:

@@ -4,11 +4,14 @@ Torch-free. A request belongs to a tenant (the agent passes its alias's namespac
 requests and library callers default to ""). Under the `fair` policy the scheduler admits,
 among the waiting requests whose adapter is ready, the one with the lowest key
 
-    (priority class, completed service / weight, arrival, request id)
+    (priority class, completed service / weight, age, adapter cost, arrival, request id)
 
 (docs/ARCHITECTURE.md, "Scheduling"): a more urgent class first (high 0 < normal 1 < low 2);
 then the tenant that has received the least completed weighted service per unit of
-weight; then the oldest request. With one tenant this is arrival order, as `fcfs` is.
+weight; then the oldest request, by the scheduling round it was queued in; among those
+queued in the same round the cheapest adapter (`AdapterCost`, compared field by field:
+bytes to load, new kernel runs, true rank, padded rank, pages); then arrival order.
+With one tenant and one request per round this is arrival order, as `fcfs` is.
 
 Completed service is credited only when work completes (`credit`): a prefill chunk when the
 step that computed it is committed, an output token when it is applied. Planned rows of a
@@ -26,6 +29,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping
+from typing import NamedTuple
 
 from dataplane.core import InvalidRequest
 
@@ -39,6 +43,19 @@ OUTPUT_WEIGHT = 2.0
 """Weights of completed input (prefill) and output tokens in a tenant's service: a decode
 token costs a step's row where a prompt token shares its row with a chunk."""
 MAX_WEIGHT = 1000.0
+
+
+class AdapterCost(NamedTuple):
+    """What serving a request costs on top of its tokens, in separate units (never summed
+    into one score): adapter bytes still to load, kernel runs its rows add to the step (0
+    when its adapter already has rows there), the adapter's true rank and the rank its
+    slot stores (padding), and adapter pages still to reserve. Lower sorts first."""
+
+    load_bytes: int
+    new_runs: int
+    true_rank: int
+    padded_rank: int
+    pages: int
 
 
 class TenantLedger:

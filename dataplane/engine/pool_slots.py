@@ -192,14 +192,17 @@ class PoolSlots:
         return self._by_key.get(key)
 
     def load(self, key: str, adapter: LoadedAdapter, kv_pages: int = 0, *,
-             evictable: bool = False) -> AdapterHandle:
+             evictable: bool = False, kv_growth: int | None = None) -> AdapterHandle:
         """Host image (verified once), then one admission transaction that also proves
         room for `kv_pages` of the waiting requests' initial KV plus the growth reserve
         and guard. Raises a PoolError with nothing changed when it does not fit. A
         `NativeMember` (dataplane/engine/native_members.py) is served from the engine's
         collection tables in a member slot instead (no pages). The same key loaded twice
         returns the live handle. Not `evictable`: pinned, never a victim of KV growth or
-        of another load, until unloaded."""
+        of another load, until unloaded. `kv_growth` (default: the pool's growth
+        reserve) is the KV growth the admission must leave room for: a prefetch passes
+        the running requests' committed growth."""
+        growth = self.kv_growth if kv_growth is None else max(kv_growth, self.kv_growth)
         held = self._by_key.get(key)
         if held is not None:
             return held
@@ -216,10 +219,10 @@ class PoolSlots:
                                   self.layout.geometry, self.dtype)
             self.host.put(packed)
         self._make_room(key, (0 if self.pool.visible(key) else packed.num_pages)
-                        + kv_pages + self.kv_growth + self.guard)
+                        + kv_pages + growth + self.guard)
         try:
             admission = admit(self.pool, LoadRequest(key, kv_initial=kv_pages,
-                                                     kv_growth=self.kv_growth,
+                                                     kv_growth=growth,
                                                      guard=self.guard))
         finally:
             self._notify_evicted()

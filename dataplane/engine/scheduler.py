@@ -11,8 +11,12 @@ Torch-free. One `schedule()` per engine step picks rows in this order:
      the policy's order (`fair`: the tenant key of dataplane/engine/fairness.py; `fcfs`:
      arrival; `newest_first`: `fair`, but the newest first within a priority class while
      requests arrive faster than they are admitted, engine/overload.py); a long prompt is
-     split into chunks across steps. When the next request's blocks do not fit, admission
-     stops (no smaller request overtakes it).
+     split into chunks across steps. Admission leaves `load_reservation` blocks free
+     for adapter loads that waited too long. The fair key after the tenant's service is the
+     request's age in scheduling rounds, then the adapter cost vector (fairness.py
+     `AdapterCost`: among requests queued in the same round, one whose adapter already
+     has rows in the step adds no run), then arrival and id. When the next request's
+     blocks do not fit, admission stops (no smaller request overtakes it).
 Before admission, waiting requests that were never admitted and carry a queue deadline
 (`Sequence.queue_deadline`) are dropped unstarted (`ScheduleOutput.expired`,
 FinishReason.DEADLINE) when the deadline has passed, or when the estimated wait for their
@@ -51,7 +55,7 @@ from dataplane.core import (
     Sequence,
     SequenceStatus,
 )
-from dataplane.engine.fairness import POLICIES, TenantLedger
+from dataplane.engine.fairness import POLICIES, AdapterCost, TenantLedger
 from dataplane.engine.overload import RateMeter, can_start_in_time, overloaded
 from dataplane.engine.schedule_output import ScheduleOutput, StepUpdate
 from dataplane.kvcache import BlockManager
@@ -138,6 +142,13 @@ class Scheduler:
         self._last_step: float | None = None
         self.counts = {"offered": 0, "admitted": 0, "expired": 0}
         """Requests added, admitted (first scheduled), and dropped at their deadline."""
+        self.load_reservation = 0
+        """Obtainable KV blocks that admission leaves free for adapter loads that waited
+        too long (engine/prefetch.py): running requests' growth may still use them."""
+        self.rounds = 0
+        """`schedule()` calls so far: a request's age is the rounds since it was queued."""
+        self._active: set[int] = set()
+        """Adapter slots with rows in the step being scheduled (the cost vector's runs)."""
 
     # ----- requests -----------------------------------------------------------------------
     def add(self, seq: Sequence) -> None:
@@ -157,6 +168,7 @@ class Scheduler:
         detok = self.detokenizer_factory(seq) if self.detokenizer_factory else None
         self._stops[rid] = StopChecker(seq, self.eos_token_ids, detok, self._max_len(seq))
         seq.arrival = self._arrivals
+        seq.arrival_round = self.rounds
         self._arrivals += 1
         self.tenants.enter(seq.tenant)
         self.counts["offered"] += 1
@@ -187,6 +199,13 @@ class Scheduler:
     def has_unfinished(self) -> bool:
         return bool(self.waiting or self.running)
 
+    def committed_kv_growth(self) -> int:
+        """KV blocks the running requests may still grow into (each up to its maximum
+        length): pages a load must leave free (engine/prefetch.py `load_budget`)."""
+        bm = self.block_manager
+        return sum(max(0, bm.blocks_for(self._max_len(s)) - len(s.block_table))
+                   for s in self.running)
+
     def _max_len(self, seq: Sequence) -> int:
         total = seq.num_prompt_tokens + seq.sampling.max_tokens
         limit = self.config.max_model_len
@@ -211,7 +230,15 @@ class Scheduler:
 
     def _admission_key(self, seq: Sequence) -> tuple[object, ...]:
         t = self.tenants
-        return (t.priority(seq.tenant), t.normalized(seq.tenant), seq.arrival, seq.request_id)
+        return (t.priority(seq.tenant), t.normalized(seq.tenant), seq.arrival_round,
+                self._cost(seq), seq.arrival, seq.request_id)
+
+    def _cost(self, seq: Sequence) -> AdapterCost:
+        """The adapter cost of admitting `seq` now: it is ready, so nothing to load and no
+        new pages; a new run unless its adapter already has rows in the batch; its rank
+        (the paged pool stores the true rank: nothing padded)."""
+        new_run = 0 if seq.adapter_slot in self._active else 1
+        return AdapterCost(0, new_run, seq.adapter_rank, seq.adapter_rank, 0)
 
     def _newest_key(self, seq: Sequence) -> tuple[object, ...]:
         return (self.tenants.priority(seq.tenant), -seq.arrival, seq.request_id)
@@ -270,6 +297,8 @@ class Scheduler:
     def schedule(self) -> ScheduleOutput:
         out = ScheduleOutput()
         now = self.clock()
+        self.rounds += 1
+        self._active = {s.adapter_slot for s in self.running}
         self._note_step(now)
         self._expire(now, out)
         budget = self.config.max_num_batched_tokens
@@ -310,7 +339,7 @@ class Scheduler:
         while (self.waiting and budget > 0 and not out.preempted
                and len(self.running) < self.config.max_num_seqs):
             nxt = self._next_waiting(skipped, key)
-            if nxt is None or not bm.can_allocate(nxt):
+            if nxt is None or not bm.can_allocate(nxt, keep=self.load_reservation):
                 break
             seq = nxt
             self.waiting.remove(seq)
@@ -320,6 +349,7 @@ class Scheduler:
             bm.allocate(seq)
             seq.status = SequenceStatus.RUNNING
             self.running.append(seq)
+            self._active.add(seq.adapter_slot)
             n = min(seq.num_tokens - seq.num_computed_tokens, budget)
             out.prefills.append((seq, n))
             budget -= n
@@ -367,6 +397,7 @@ class Scheduler:
         for seq in decodes:
             if bm.blocks_needed(seq):
                 bm.may_append(seq)
+        self.rounds += 1  # a step like schedule()'s: ages count it the same way
         return ScheduleOutput(decodes=decodes, sampled=list(decodes))
 
     def _finishes_by_length(self, seq: Sequence) -> bool:

@@ -119,8 +119,9 @@ class BlockManager:
         new = self.blocks_for(seq.num_tokens) - len(hits)
         return new + sum(1 for b in hits if self.cache.is_evictable(b))
 
-    def can_allocate(self, seq: Sequence) -> bool:
-        return self.can_take(self._needs(seq, self._lookup(seq)))
+    def can_allocate(self, seq: Sequence, keep: int = 0) -> bool:
+        """allocate(seq) would succeed and leave at least `keep` blocks obtainable."""
+        return self.can_take(self._needs(seq, self._lookup(seq)) + keep)
 
     def allocate(self, seq: Sequence) -> None:
         """Give `seq` a block table for all its tokens, reusing verified cached prefix blocks.

@@ -139,7 +139,7 @@ def test_async_matches_sync(tiny_llama: Path, tiny_adapters: dict[str, Path],
     runs = {}
     for async_on in (False, True):
         engine, handles = _engine(tiny_llama, tiny_adapters, async_on=async_on, graphs=graphs,
-                                  num_kv_blocks=12)
+                                  num_kv_blocks=9)
         assert engine.async_scheduling is async_on
         runs[async_on] = _drive(engine, handles, reqs, abort=("victim", 6))
         if graphs:

@@ -233,3 +233,47 @@ def test_engine_credits_each_tenant_and_takes_a_policy(tiny_llama: Path) -> None
     assert engine.scheduler.tenants.weight("ns-a") == 2.0
     with pytest.raises(InvalidRequest, match="tenant"):
         engine.add_request("bad", [1, 2], params, tenant=7)  # type: ignore[arg-type]
+
+
+def test_same_round_arrivals_prefer_an_adapter_already_in_the_batch() -> None:
+    """The cost vector after age: of two requests queued in the same round, the one whose
+    adapter already has rows in the step adds no kernel run and is admitted first; a
+    request queued a round earlier still goes first (age before cost); fcfs keeps arrival
+    order."""
+    def admitted(policy: str) -> list[str]:
+        sched = scheduler(policy, max_num_seqs=2)
+        sched.add(seq("first", "t", slot=0, max_tokens=8))
+        run_step(sched)  # round 1 admits "first": slot 0 now has rows in every step
+        sched.add(seq("other", "t", slot=1))
+        sched.add(seq("same", "t", slot=0))
+        out = sched.schedule()
+        return [s.request_id for s, _ in out.prefills]
+
+    assert admitted("fair") == ["same"]
+    assert admitted("fcfs") == ["other"]
+
+
+def test_same_round_arrivals_prefer_the_lower_rank() -> None:
+    sched = scheduler(max_num_seqs=1)
+    high = seq("high", "t", slot=0)
+    low = seq("low", "t", slot=1)
+    high.adapter_rank, low.adapter_rank = 16, 4
+    sched.add(high)
+    sched.add(low)
+    assert [s.request_id for s, _ in sched.schedule().prefills] == ["low"]
+
+
+def test_age_in_rounds_comes_before_the_cost_vector() -> None:
+    """"old" waits from an earlier round than "new", whose adapter has rows in the batch:
+    when a seat frees, age wins."""
+    sched = scheduler(max_num_seqs=2)
+    sched.add(seq("long", "t", slot=0, max_tokens=30))
+    sched.add(seq("short", "t", slot=2, max_tokens=2))
+    run_step(sched)  # the batch is full
+    sched.add(seq("old", "t", slot=1))
+    run_step(sched)
+    sched.add(seq("new", "t", slot=0))
+    while len(sched.running) == 2:
+        run_step(sched)
+    out = sched.schedule()
+    assert [s.request_id for s, _ in out.prefills] == ["old"]
