@@ -5,12 +5,22 @@ loop thread then places them in a slot, evicting only an idle adapter, and admit
 waiter. A slot is reclaimed when no request holds it and no alias names it; the catalog
 replica's prefetch targets are loaded ahead of requests (:meth:`AdapterLoading._reconcile`).
 
+Each load is a sequence of attempts, each with its own id (`Resident.attempt_id`). An
+attempt that fails before publication has already been rolled back by the pool's load
+transaction; the loop checks that nothing stayed reserved or staged, records the failure
+with its attempt id, and, while requests still wait and `load_attempts` is not used up,
+starts a new attempt (new id, from the download on) after a short backoff. The waiting
+requests stay queued meanwhile with their original arrival time, so their TTFT and their
+`max_queue_ms` count every attempt; after the last attempt they get `LoadFailed` (503).
+
 Mixed into :class:`~agent.serving.EngineLoop`, which owns the state declared here;
-every method runs on the loop thread (the loader's completion is queued back to it).
+every method runs on the loop thread (the loader's completion is queued back to it, and
+a retry is started by the loop when it is due, :meth:`AdapterLoading._retry_due_loads`).
 """
 
 from __future__ import annotations
 
+import logging
 import queue
 import time
 from collections import deque
@@ -30,6 +40,12 @@ from dataplane.pool.errors import AdmissionRefused, InjectedFault, ValidationFai
 
 PREFETCH_RETRY_S = 30.0
 """A prefetch that failed is not retried by placement for this long."""
+LOAD_RETRY_BACKOFF_S = 0.1
+"""Wait after a load's first failed attempt before the next; doubled after each later one,
+at most `LOAD_RETRY_BACKOFF_MAX_S`."""
+LOAD_RETRY_BACKOFF_MAX_S = 2.0
+
+log = logging.getLogger("adapterplane.agent.loading")
 
 
 class AdapterLoading:
@@ -41,7 +57,11 @@ class AdapterLoading:
     metrics: AgentMetrics
     residents: ResidentSet
     failures: deque[dict[str, Any]]
+    load_attempts: int
+    """Attempts one load may make before its waiters get `LoadFailed` (>= 1)."""
     _failed_at: dict[str, float]
+    _attempt_seq: dict[str, int]
+    """H_artifact -> attempts started in this process (numbers the attempt ids)."""
     _cmds: queue.SimpleQueue[Callable[[], None]]
     _live: dict[str, Ticket]
     _loader: ThreadPoolExecutor
@@ -52,21 +72,28 @@ class AdapterLoading:
 
     # ---- loads ---------------------------------------------------------------------------
     def _start_load(self, res: Resident) -> None:
+        """A new load attempt with a fresh id: download and read on a loader thread, then
+        placement back on the loop thread (:meth:`_loaded`)."""
+        digest = res.info.digest
+        n = self._attempt_seq.get(digest, 0) + 1
+        self._attempt_seq[digest] = n
+        attempt = f"load-{digest[:12]}-{n}"
+        res.attempts += 1
+        res.attempt_id, res.retry_at = attempt, None
         res.inflight = True
         res.started = time.monotonic()
         self.metrics.load_requests.inc()
-        digest = res.info.digest
         future = self._loader.submit(self.fetcher.load, res.info)
 
         def done(f: Future[LoadedAdapter]) -> None:
-            self._cmds.put(lambda: self._loaded(digest, f))
+            self._cmds.put(lambda: self._loaded(digest, attempt, f))
 
         future.add_done_callback(done)
 
-    def _loaded(self, digest: str, future: Future[LoadedAdapter]) -> None:
+    def _loaded(self, digest: str, attempt: str, future: Future[LoadedAdapter]) -> None:
         res = self.residents.get(digest)
-        if res is None:
-            return
+        if res is None or res.attempt_id != attempt:
+            return  # the resident this attempt was for is gone
         res.inflight = False
         exc = future.exception()
         if exc is not None:
@@ -81,16 +108,56 @@ class AdapterLoading:
         self._place(res)
 
     def _load_failed(self, res: Resident, exc: ServingError, stage: str) -> None:
+        """Attempt `res.attempt_id` ended before publication (the pool rolled its
+        transaction back). Retry after a backoff while requests wait for it and attempts
+        remain; otherwise its waiters get `exc`."""
+        now = time.monotonic()
+        digest = res.info.digest
         self.metrics.load_failures.labels(stage).inc()
-        self.metrics.load_latency.labels("failed").observe(time.monotonic() - res.started)
-        self.failures.append({"artifact": res.info.digest, "error": exc.message,
-                              "stage": stage, "at": time.time()})
-        self._failed_at[res.info.digest] = time.monotonic()
-        self.residents.remove(res.info.digest)
-        for t in res.waiting:
-            if isinstance(t, Ticket):
-                t.sink(exc)
+        self.metrics.load_attempts.labels("failed").inc()
+        self.metrics.load_latency.labels("failed").observe(now - res.started)
+        leak = self._rollback_leak()
+        if leak is not None:  # a bug in the pool's rollback: no retry on top of it
+            log.error("load attempt %s left the pool unclean: %s", res.attempt_id, leak)
+        waiting = [t for t in res.waiting if isinstance(t, Ticket)]
+        retry = leak is None and bool(waiting) and res.attempts < self.load_attempts
+        self.failures.append({"artifact": digest, "attempt_id": res.attempt_id,
+                              "error": exc.message, "stage": stage, "at": time.time(),
+                              "retry": retry})
+        self._failed_at[digest] = now
+        res.loaded = None
+        if retry:
+            backoff = LOAD_RETRY_BACKOFF_S * 2 ** (res.attempts - 1)
+            res.retry_at = now + min(backoff, LOAD_RETRY_BACKOFF_MAX_S)
+            return
+        self.residents.remove(digest)
+        for t in waiting:
+            t.sink(exc)
         res.waiting.clear()
+
+    def _rollback_leak(self) -> str | None:
+        """What a failed attempt left in the pool, if anything. Placement runs whole on
+        this thread, so between two loop commands no load transaction is open: any page
+        still reserved or slot still staging is a leak."""
+        gauges = self.engine.pool.gauges()
+        reserved = gauges["pages"].get("reserved", 0)
+        staging = gauges["slots"].get("staging", 0)
+        if reserved or staging:
+            return f"{reserved} pages reserved, {staging} slots staging"
+        return None
+
+    def _retry_due_loads(self) -> None:
+        """Start the next attempt of each failed load whose backoff is over (the loop calls
+        this every iteration; it never waits). A load whose waiters all left meanwhile
+        (aborted, or past their `max_queue_ms`) is dropped instead."""
+        now = time.monotonic()
+        for res in list(self.residents.by_digest.values()):
+            if res.retry_at is None or res.retry_at > now:
+                continue
+            if any(isinstance(t, Ticket) for t in res.waiting):
+                self._start_load(res)
+            else:
+                self.residents.remove(res.info.digest)
 
     # ---- placement, eviction, reclamation -------------------------------------------------
     def _place(self, res: Resident) -> None:
@@ -119,6 +186,7 @@ class AdapterLoading:
             self._load_failed(res, LoadFailed(f"adapter load refused: {exc}"), stage)
             return
         self.metrics.h2d_bytes.inc(res.factor_bytes)
+        self.metrics.load_attempts.labels("ok").inc()
         self.metrics.load_latency.labels("ok").observe(time.monotonic() - res.started)
         waiting, res.waiting = res.waiting, []
         for t in waiting:

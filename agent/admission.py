@@ -54,6 +54,8 @@ class Admission(AdapterLoading):
         self.metrics.cache_misses.inc()
         t.residency = "cold"
         res.waiting.append(t)
+        if res.retry_at is not None:
+            return  # joins the failed load's next attempt, due after its backoff
         if res.loaded is None and not res.inflight:
             self._start_load(res)
         elif res.loaded is not None:
@@ -86,7 +88,8 @@ class Admission(AdapterLoading):
         self._live[t.request_id] = t
 
     def _expire_cold_waits(self) -> None:
-        """Requests still waiting for their adapter past their `max_queue_s`: 503 now."""
+        """Requests still waiting for their adapter past their `max_queue_s` (counted from
+        arrival, across every load attempt and retry backoff): 503 now."""
         now = time.monotonic()
         for res in self.residents.by_digest.values():
             late = [t for t in res.waiting if isinstance(t, Ticket) and t.max_queue_s is not None

@@ -75,6 +75,13 @@ class AgentSettings(BaseSettings):
     milliseconds after it arrived (adapter load included) gets 503 QUEUE_TIMEOUT with
     Retry-After, and is dropped as soon as the engine estimates it cannot start in time.
     None: requests wait as long as it takes."""
+    load_attempts: int = Field(default=2, ge=1, le=10)
+    """Attempts one adapter load makes before the requests waiting for it get 503
+    ADAPTER_LOAD_FAILED. An attempt that fails (download, copy, validation, publication)
+    is rolled back whole; while requests still wait, the next one starts after a short
+    backoff (0.1 s, doubling, at most 2 s) under a new attempt id. Waiting requests keep
+    their arrival time, so `max_queue_ms` and TTFT include the failed attempts. 1: no
+    retry."""
     tp_degree: int = Field(default=1, ge=1)
     """Tensor-parallel ranks (GPUs of this node) serving the base model; this agent is
     rank 0."""

@@ -69,7 +69,8 @@ class AgentDaemon:
                                        native_collections=bool(self.engine.runner.collections))
         self.loop = EngineLoop(self.engine, self.fetcher, self.catalog, self.metrics,
                                settings.max_slots, settings.max_queued_requests,
-                               settings.fault_step_delay_s)
+                               settings.fault_step_delay_s,
+                               load_attempts=settings.load_attempts)
         self.client = ControlPlaneClient(settings.control_plane_url,
                                          settings.token.get_secret_value(),
                                          settings.auth_cache_s)

@@ -7,7 +7,8 @@ base), `state` (loading|active|idle|retiring), `class`/`state` of pool pages, `r
 tenant identifiers.
 
 Every counter moves at the event it reports, never earlier: loads count when the load
-attempt ends (failed ones included in the latency histogram), cache hits/misses at
+attempt ends (failed ones included in the latency histogram; an attempt abandoned because
+nobody wants the adapter any more is counted in neither `result`), cache hits/misses at
 admission, service at iteration completion.
 """
 
@@ -63,6 +64,10 @@ class AgentMetrics:
                                      "Adapter load attempts started.", registry=r)
         self.load_failures = Counter("adapter_load_failures_total",
                                      "Adapter load attempts that failed.", ["stage"], registry=r)
+        self.load_attempts = Counter("adapter_load_attempts_total",
+                                     "Adapter load attempts by how they ended: published (ok) "
+                                     "or failed and rolled back (a retry is a new attempt).",
+                                     ["result"], registry=r)
         self.load_latency = Histogram("adapter_load_latency_seconds",
                                       "Load attempt duration, download to publication, failed "
                                       "attempts included.", ["result"],

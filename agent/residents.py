@@ -24,7 +24,8 @@ from dataplane.engine.native_members import NativeMember
 
 class ResidentState(enum.StrEnum):
     LOADING = "loading"
-    """Download/verify in flight, or loaded but waiting for a free slot."""
+    """Download/verify in flight, loaded but waiting for a free slot, or waiting out the
+    backoff before the next attempt of a failed load."""
     ACTIVE = "active"
     IDLE = "idle"
     RETIRING = "retiring"
@@ -45,6 +46,13 @@ class Resident:
     named: bool = True
     inflight: bool = False
     """A loader thread is working on it."""
+    attempts: int = 0
+    """Load attempts this resident has started (at most the agent's `load_attempts`)."""
+    attempt_id: str | None = None
+    """Id of the current or last load attempt, `load-<H_artifact[:12]>-<n>`: a new one for
+    every attempt, never reused within the agent process."""
+    retry_at: float | None = None
+    """monotonic time the next attempt is due, while one waits out its backoff."""
 
     @property
     def state(self) -> ResidentState:

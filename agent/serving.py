@@ -4,8 +4,9 @@ talk to it through a command queue and per-request sinks.
 Admission (:mod:`agent.admission`): a :class:`Ticket` holding one catalog
 generation enters the engine at once when its artifact is in a slot (cache hit), or waits
 for a cold load (:mod:`agent.adapter_loading`: download on a loader thread, then
-placement in a slot, evicting only an idle adapter). Running requests keep their slot
-across a republish; a slot is reclaimed when no request holds it and no alias names it.
+placement in a slot, evicting only an idle adapter; a failed attempt is retried with a
+new attempt id while its requests wait). Running requests keep their slot across a
+republish; a slot is reclaimed when no request holds it and no alias names it.
 
 Tenant policy (:meth:`EngineLoop.set_tenant_policy`): every namespace's scheduling
 weight and priority class from desired state, applied to the engine on the loop thread;
@@ -52,7 +53,7 @@ class EngineLoop(Admission, EngineObserver):
 
     def __init__(self, engine: Engine, fetcher: ArtifactFetcher, catalog: AgentCatalog,
                  metrics: AgentMetrics, max_slots: int, max_live: int,
-                 step_delay_s: float = 0.0) -> None:
+                 step_delay_s: float = 0.0, *, load_attempts: int) -> None:
         self.engine = engine
         self.fetcher = fetcher
         self.catalog = catalog
@@ -61,7 +62,9 @@ class EngineLoop(Admission, EngineObserver):
         self.step_delay_s = step_delay_s
         self.residents = ResidentSet(max_slots)
         self.failures: deque[dict[str, Any]] = deque(maxlen=32)
+        self.load_attempts = load_attempts
         self._failed_at: dict[str, float] = {}
+        self._attempt_seq: dict[str, int] = {}
         self.status: dict[str, Any] = {"slots": [], "live": 0}
         self._cmds: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
         self._live: dict[str, Ticket] = {}
@@ -133,6 +136,7 @@ class EngineLoop(Admission, EngineObserver):
             except Exception:  # a bug in one command must not kill serving
                 log.exception("engine loop command failed")
             self._expire_cold_waits()
+            self._retry_due_loads()
             if self._live and self.engine.has_unfinished():
                 self._step()
             self._publish_status()
@@ -191,7 +195,8 @@ class EngineLoop(Admission, EngineObserver):
                   "kernel_local": list(kernel_local.get(r.handle.slot, ()))
                   if r.handle else [],
                   "collection": self._native_collection(r.handle),
-                  "prefetch": r.prefetch, "waiting": len(r.waiting)}
+                  "prefetch": r.prefetch, "waiting": len(r.waiting),
+                  "attempt_id": r.attempt_id, "attempts": r.attempts}
                  for r in self.residents.by_digest.values()]
         pool = self.engine.pool.gauges()
         self.status = {"slots": slots, "live": len(self._live),

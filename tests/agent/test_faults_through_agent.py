@@ -1,12 +1,13 @@
 """Injected load faults through real agent processes (`ADAPTERPLANE_FAULTS`).
 
-`faulty_agent` (fresh download cache) fails the first artifact download, the first
-pool copy (after one page was written), the first validation, and *every*
-publication: each request for an adapter gets a typed 503 `ADAPTER_LOAD_FAILED`,
-never base-model output; every failure is reported (agent state, control plane) and
-counted by stage in /metrics, and the pool ends with nothing published, reserved or
-staged. `delayed_agent` slows every phase instead: requests are served by their
-adapter (HF + PEFT reference) and nothing fails.
+`faulty_agent` (fresh download cache, one attempt per load: no retry) fails the first
+artifact download, the first pool copy (after one page was written), the first
+validation, and *every* publication: each request for an adapter gets a typed 503
+`ADAPTER_LOAD_FAILED`, never base-model output; every failure is reported (agent state,
+control plane) and counted by stage in /metrics, and the pool ends with nothing
+published, reserved or staged (retries: test_load_retry.py). `delayed_agent` slows
+every phase instead: requests are served by their adapter (HF + PEFT reference) and
+nothing fails.
 """
 
 from __future__ import annotations
@@ -31,7 +32,8 @@ STAGES = ("download", "copy", "validate", "publish")
 def faulty_agent(deployment: Deployment, tmp_path_factory: pytest.TempPathFactory
                  ) -> Iterator[AgentProcess]:
     with extra_agent(deployment, tmp_path_factory, "agent-faults",
-                     {"ADAPTERPLANE_FAULTS": FAULTS}) as agent:
+                     {"ADAPTERPLANE_FAULTS": FAULTS,
+                      "ADAPTERPLANE_AGENT_LOAD_ATTEMPTS": "1"}) as agent:
         yield agent
 
 

@@ -11,7 +11,7 @@ from .conftest import Deployment
 from .test_inference_api import complete
 
 REQUIRED = {
-    "adapter_load_requests_total", "adapter_load_failures_total",
+    "adapter_load_requests_total", "adapter_load_failures_total", "adapter_load_attempts_total",
     "adapter_load_latency_seconds", "adapter_h2d_bytes_total", "adapter_gpu_resident_bytes",
     "adapter_host_resident_bytes", "adapter_cache_hits_total", "adapter_cache_misses_total",
     "adapter_evictions_total", "adapter_pinned_count", "adapter_residency_state_count",
