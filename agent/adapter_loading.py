@@ -24,18 +24,21 @@ import logging
 import queue
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 from agent.artifacts import ArtifactFetcher
 from agent.catalog import AgentCatalog, LoadFailed, ServingError
+from agent.event_ledger import EventLedger
 from agent.metrics import AgentMetrics
 from agent.residents import Resident, ResidentSet
 from agent.tickets import Ticket
 from dataplane.core import EngineError
 from dataplane.engine.adapters import AdapterHandle, LoadedAdapter
 from dataplane.engine.engine import Engine
+from dataplane.engine.fairness import PRIORITY_CLASSES
+from dataplane.engine.prefetch import LoadCandidate, due_loads
 from dataplane.pool.errors import AdmissionRefused, InjectedFault, ValidationFailed
 
 PREFETCH_RETRY_S = 30.0
@@ -58,6 +61,9 @@ class AdapterLoading:
     residents: ResidentSet
     failures: deque[dict[str, Any]]
     load_attempts: int
+    cold_reserve_after_s: float
+    events: EventLedger
+    tenants: dict[str, dict[str, Any]]
     """Attempts one load may make before its waiters get `LoadFailed` (>= 1)."""
     _failed_at: dict[str, float]
     _attempt_seq: dict[str, int]
@@ -82,6 +88,8 @@ class AdapterLoading:
         res.attempt_id, res.retry_at = attempt, None
         res.inflight = True
         res.started = time.monotonic()
+        self.events.load_started(attempt, digest, res.info.total_bytes, res.started,
+                                 prefetch=not self._tickets(res))
         self.metrics.load_requests.inc()
         future = self._loader.submit(self.fetcher.load, res.info)
 
@@ -113,6 +121,8 @@ class AdapterLoading:
         remain; otherwise its waiters get `exc`."""
         now = time.monotonic()
         digest = res.info.digest
+        if res.attempt_id is not None:
+            self.events.load_completed(res.attempt_id, now, ok=False)
         self.metrics.load_failures.labels(stage).inc()
         self.metrics.load_attempts.labels("failed").inc()
         self.metrics.load_latency.labels("failed").observe(now - res.started)
@@ -170,10 +180,13 @@ class AdapterLoading:
                 return  # retried when a request releases a slot
             self._unload(victim)
             self.metrics.evictions.inc()
+        prefetch = not self._tickets(res)
+        if prefetch:
+            self.events.prefetch_reserved()
         try:
             res.handle = self.engine.register_loaded_adapter(
                 res.loaded, key=res.info.digest, kv_pages=self._kv_pages(res.waiting),
-                evictable=True)
+                evictable=True, prefetch=prefetch)
         except AdmissionRefused as exc:
             if self._live:
                 return  # KV (or a held adapter) frees when a live request ends: retried then
@@ -185,15 +198,47 @@ class AdapterLoading:
                      if isinstance(exc, InjectedFault) else "engine")
             self._load_failed(res, LoadFailed(f"adapter load refused: {exc}"), stage)
             return
+        now = time.monotonic()
+        res.pages = self.engine.pool.packed_pages(res.info.digest) or 0
+        if res.attempt_id is not None:
+            self.events.load_completed(res.attempt_id, now, ok=True)
+            self.events.published(res.attempt_id)
         self.metrics.h2d_bytes.inc(res.factor_bytes)
         self.metrics.load_attempts.labels("ok").inc()
-        self.metrics.load_latency.labels("ok").observe(time.monotonic() - res.started)
+        self.metrics.load_latency.labels("ok").observe(now - res.started)
         waiting, res.waiting = res.waiting, []
         for t in waiting:
             if isinstance(t, Ticket):
+                self.events.bound(t.request_id, res.attempt_id)
                 self._enter_engine(t, res.handle)
 
-    def _kv_pages(self, waiting: list[object]) -> int:
+    @staticmethod
+    def _tickets(res: Resident) -> list[Ticket]:
+        return [t for t in res.waiting if isinstance(t, Ticket)]
+
+    def _reserve_for_due_loads(self) -> None:
+        """Hold back, from the engine's admissions, the pages of the load whose requests
+        waited longest past `cold_reserve_after_s` without room (engine/prefetch.py);
+        release the hold once no such load is left (every loop iteration)."""
+        now = time.monotonic()
+        candidates = []
+        for res in self.residents.by_digest.values():
+            tickets = self._tickets(res)
+            if res.handle is not None or res.loaded is None or not tickets:
+                continue
+            pages = self.engine.pool.packed_pages(res.info.digest)
+            if pages is None:
+                continue  # never offered to the pool yet: placement has not been refused
+            urgency = min(PRIORITY_CLASSES.get(self.tenants.get(t.tenant, {}).get(
+                "priority", "normal"), 1) for t in tickets)
+            candidates.append(LoadCandidate(res.info.digest, pages + self._kv_pages(tickets),
+                                            min(t.created for t in tickets), urgency))
+        due = due_loads(candidates, now, self.cold_reserve_after_s)
+        hold = due[0].pages if due else 0
+        if hold != self.engine.scheduler.load_reservation:
+            self.engine.reserve_for_loads(hold)
+
+    def _kv_pages(self, waiting: Iterable[object]) -> int:
         """Initial KV pages of the waiting requests (prompt + first token), for admission."""
         bs = self.engine.config.block_size
         total = 0
@@ -216,11 +261,13 @@ class AdapterLoading:
         if res is None or res.handle is None:
             return
         self.residents.remove(key)
+        self.events.released(res.attempt_id, time.monotonic(), res.pages)
         self.metrics.evictions.inc()
 
     def _unload(self, res: Resident) -> None:
         if res.handle is not None:
             self.engine.unregister_adapter(res.handle)
+            self.events.released(res.attempt_id, time.monotonic(), res.pages)
         self.residents.remove(res.info.digest)
 
     def _reclaim(self) -> None:

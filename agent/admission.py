@@ -18,6 +18,7 @@ import time
 
 from agent.adapter_loading import AdapterLoading
 from agent.catalog import Overloaded, QueueTimeout, ServingError
+from agent.event_ledger import Lookup
 from agent.metrics import rank_bucket
 from agent.tickets import BadPrompt, Ticket
 from dataplane.core import EngineError
@@ -32,12 +33,15 @@ class Admission(AdapterLoading):
     def _submit(self, t: Ticket) -> None:
         waiting = sum(len(r.waiting) for r in self.residents.by_digest.values())
         if len(self._live) + waiting >= self.max_live:
+            self.events.rejected()
             self.metrics.rejected.labels("overloaded").inc()
             t.sink(Overloaded("too many live requests; retry later", limit=self.max_live,
                               retry_after_s=self.retry_after_s()))
             return
         gen = t.generation
+        now = time.monotonic()
         if gen is None or gen.artifact is None:
+            self.events.enqueued(t.request_id, now, t.tenant, Lookup.BASE)
             self.metrics.admitted.labels("base").inc()
             self._enter_engine(t, None)
             return
@@ -45,13 +49,16 @@ class Admission(AdapterLoading):
         self.metrics.admitted.labels(rank_bucket(info.max_rank)).inc()
         res = self.residents.get(info.digest) or self.residents.add(info)
         res.refcount += 1
-        res.last_use = time.monotonic()
+        res.last_use = now
         if res.handle is not None:
-            self.metrics.cache_hits.inc()
+            self.events.enqueued(t.request_id, now, t.tenant, Lookup.HIT, res.attempt_id)
             t.residency = "resident"
             self._enter_engine(t, res.handle)
             return
-        self.metrics.cache_misses.inc()
+        stale = any(d != info.digest and (r := self.residents.get(d)) is not None
+                    and r.handle is not None for d in self.catalog.digests_of(gen.name))
+        self.events.enqueued(t.request_id, now, t.tenant,
+                             Lookup.STALE_MISS if stale else Lookup.COLD_MISS)
         t.residency = "cold"
         res.waiting.append(t)
         if res.retry_at is not None:
@@ -118,7 +125,10 @@ class Admission(AdapterLoading):
         self._release(t)
 
     def _release(self, t: Ticket) -> None:
-        """Drop the request's reference; reclaim or place what that unblocks."""
+        """Drop the request's reference; reclaim or place what that unblocks. A request
+        that ends here without a finished output (aborted, expired, failed) completed no
+        service."""
+        self.events.completed(t.request_id, committed=False)
         if t.generation is not None and t.generation.artifact is not None:
             res = self.residents.get(t.generation.artifact.digest)
             if res is not None:

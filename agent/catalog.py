@@ -240,6 +240,14 @@ class AgentCatalog:
         return [g.artifact for s in states if s.prefetch
                 for g in (s.generations[s.current],) if g.artifact is not None]
 
+    def digests_of(self, name: str) -> set[str]:
+        """Artifacts of every generation this replica knows of alias `name` (ns/alias)."""
+        with self._lock:
+            state = self._aliases.get(name)
+        if state is None:
+            return set()
+        return {g.artifact.digest for g in state.generations.values() if g.artifact is not None}
+
     def named_digests(self) -> set[str]:
         """Artifacts some alias currently serves (the rest may be reclaimed when idle)."""
         return {g.artifact.digest for g in self.current() if g.artifact is not None}

@@ -82,6 +82,12 @@ class AgentSettings(BaseSettings):
     backoff (0.1 s, doubling, at most 2 s) under a new attempt id. Waiting requests keep
     their arrival time, so `max_queue_ms` and TTFT include the failed attempts. 1: no
     retry."""
+    cold_reserve_after_ms: int = Field(default=200, ge=0, le=3_600_000)
+    """A request that has waited this long for its adapter, which is downloaded but finds
+    no room in the pool, makes the engine stop admitting new requests until running ones
+    have freed the pages its load needs (those already running keep growing into them):
+    a steady stream of requests on resident adapters cannot keep a cold adapter from
+    loading. 0: at once."""
     tp_degree: int = Field(default=1, ge=1)
     """Tensor-parallel ranks (GPUs of this node) serving the base model; this agent is
     rank 0."""

@@ -70,7 +70,8 @@ class AgentDaemon:
         self.loop = EngineLoop(self.engine, self.fetcher, self.catalog, self.metrics,
                                settings.max_slots, settings.max_queued_requests,
                                settings.fault_step_delay_s,
-                               load_attempts=settings.load_attempts)
+                               load_attempts=settings.load_attempts,
+                               cold_reserve_after_s=settings.cold_reserve_after_ms / 1000)
         self.client = ControlPlaneClient(settings.control_plane_url,
                                          settings.token.get_secret_value(),
                                          settings.auth_cache_s)

@@ -2,9 +2,11 @@
 
 Labels are bounded only: `phase` (prefill|decode), `rank_bucket` (le4..le256, gt256,
 base), `state` (loading|active|idle|retiring), `class`/`state` of pool pages, `result`
-(ok|failed), `stage` (download|copy|validate|publish|admission|engine|digest), `reason`
-(rejection codes), `residency` (base|resident|cold). Never adapter, alias, request or
-tenant identifiers.
+(ok|failed of loads; hit|cold_miss|stale_miss of cache lookups), `stage`
+(download|copy|validate|publish|admission|engine|digest), `reason` (rejection codes),
+`residency` (base|resident|cold), `event` (the event spine's names, agent/
+event_ledger.py), `use` (transferred|first_used). Never adapter, alias, request or
+tenant identifiers (per-tenant service is in `/v1/agent/state` and `/v1/agent/top`).
 
 Every counter moves at the event it reports, never earlier: loads count when the load
 attempt ends (failed ones included in the latency histogram; an attempt abandoned because
@@ -19,6 +21,8 @@ from typing import TYPE_CHECKING, Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+
+from agent.event_ledger import EventLedger, Lookup
 
 if TYPE_CHECKING:
     from agent.residents import ResidentSet
@@ -83,11 +87,6 @@ class AgentMetrics:
         self.host_resident_bytes = Gauge("adapter_host_resident_bytes",
                                          "Bytes of verified artifacts in the disk cache.",
                                          registry=r)
-        self.cache_hits = Counter("adapter_cache_hits_total",
-                                  "Admissions whose adapter generation was already resident.",
-                                  registry=r)
-        self.cache_misses = Counter("adapter_cache_misses_total",
-                                    "Admissions that needed a cold load.", registry=r)
         self.evictions = Counter("adapter_evictions_total",
                                  "Idle adapters removed from a slot to make room.", registry=r)
         self.reclaimed = Counter("adapter_retirements_total",
@@ -162,6 +161,16 @@ class AgentMetrics:
         `adapter_tp_collective_calls_total` and `adapter_tp_collective_bytes_total` (this
         rank's payload bytes) by `purpose` (base|lora|control|tokens) and `kind`."""
         self.registry.register(_CollectiveCollector(counter))
+
+    def watch_events(self, ledger: EventLedger) -> None:
+        """Export the event spine (agent/event_ledger.py, read at scrape time):
+        `adapter_events_total{event}`, `adapter_cache_lookups_total{result}` (hit |
+        cold_miss | stale_miss), `adapter_load_bytes_total{use}` (transferred: every
+        attempt; first_used: by a completed request), `adapter_prefetch_wasted_*_total`
+        (pages, bytes, seconds of prefetched generations that left unused), and the
+        ratios `adapter_cache_hit_ratio`, `adapter_prefetch_precision`,
+        `adapter_load_amplification`, `adapter_rejected_ratio` (absent until defined)."""
+        self.registry.register(_EventCollector(ledger))
 
     def watch_fold(self, slots: FoldSlots) -> None:
         """Export the LoRA fold's slots (read at scrape time): `adapter_lora_fold_slots`
@@ -247,6 +256,55 @@ class _FoldCollector:
         yield capacity
         yield widths
         yield resident
+
+
+class _EventCollector:
+    """Prometheus collector over the agent's `EventLedger` (labels: event, result, use)."""
+
+    def __init__(self, ledger: EventLedger) -> None:
+        self.ledger = ledger
+
+    def collect(self) -> Iterator[Metric]:
+        led = self.ledger
+        events = CounterMetricFamily("adapter_events", "Serving events published, by event.",
+                                     labels=["event"])
+        for event, n in list(led.counts.items()):
+            events.add_metric([event.value], n)
+        lookups = CounterMetricFamily("adapter_cache_lookups", "Admissions of adapter "
+                                      "requests by what they found: the leased generation "
+                                      "resident (hit), nothing (cold_miss), or another "
+                                      "generation of the alias (stale_miss).",
+                                      labels=["result"])
+        for lookup, n in list(led.lookups.items()):
+            if lookup is not Lookup.BASE:
+                lookups.add_metric([lookup.value], n)
+        loaded = CounterMetricFamily("adapter_load_bytes", "Adapter bytes transferred by "
+                                     "every load attempt (transferred) and of the loaded "
+                                     "generations a completed request used (first_used).",
+                                     labels=["use"])
+        loaded.add_metric(["transferred"], led.bytes_transferred)
+        loaded.add_metric(["first_used"], led.bytes_first_used)
+        yield from (events, lookups, loaded)
+        for name, value, doc in (
+                ("pages", led.prefetch_wasted_pages, "Pages"),
+                ("bytes", led.prefetch_wasted_bytes, "Bytes"),
+                ("seconds", led.prefetch_wasted_seconds, "Resident seconds")):
+            wasted = CounterMetricFamily(f"adapter_prefetch_wasted_{name}",
+                                         f"{doc} of prefetched adapter generations that left "
+                                         "their slot without serving a completed request.")
+            wasted.add_metric([], value)
+            yield wasted
+        for name, ratio, doc in (
+                ("adapter_cache_hit_ratio", led.cache_hit_rate(),
+                 "Hits / (hits + cold misses + stale misses)."),
+                ("adapter_prefetch_precision", led.prefetch_precision(),
+                 "Prefetched generations used before they left / prefetched published."),
+                ("adapter_load_amplification", led.load_amplification(),
+                 "Adapter bytes transferred / bytes first used by completed requests."),
+                ("adapter_rejected_ratio", led.rejected_ratio(),
+                 "Requests rejected at admission / requests offered.")):
+            if ratio is not None:
+                yield GaugeMetricFamily(name, doc, value=ratio)
 
 
 class _CollectiveCollector:

@@ -51,6 +51,8 @@ class Resident:
     attempt_id: str | None = None
     """Id of the current or last load attempt, `load-<H_artifact[:12]>-<n>`: a new one for
     every attempt, never reused within the agent process."""
+    pages: int = 0
+    """Adapter pages its slot holds (set at placement)."""
     retry_at: float | None = None
     """monotonic time the next attempt is due, while one waits out its backoff."""
 

@@ -21,7 +21,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
-from fastapi import FastAPI, Request
+from fastapi import FastAPI, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
@@ -108,6 +108,10 @@ def create_agent_app(ctx: ServingContext) -> FastAPI:
         return {**ctx.state, "served_model_name": ctx.served_model_name,
                 "catalog_version": ctx.catalog.version, **ctx.loop.status,
                 "tenants": ctx.loop.tenant_state(), "admission": ctx.loop.admission_state()}
+
+    @app.get("/v1/agent/top")
+    async def agent_top(k: int = Query(default=10, ge=1, le=100)) -> dict[str, Any]:
+        return ctx.loop.top(k)
 
     @app.get("/v1/models")
     async def models(request: Request) -> dict[str, Any]:

@@ -33,13 +33,14 @@ from agent.adapter_loading import PREFETCH_RETRY_S
 from agent.admission import Admission
 from agent.artifacts import ArtifactFetcher
 from agent.catalog import AgentCatalog, ServingError
+from agent.event_ledger import EventLedger
 from agent.metrics import AgentMetrics
 from agent.residents import ResidentSet
 from agent.tickets import BadPrompt, Event, InternalError, Ticket
-from dataplane.core import EngineError
+from dataplane.core import BatchPlan, EngineError
 from dataplane.engine.adapters import AdapterHandle
-from dataplane.engine.engine import Engine
-from dataplane.engine.fairness import PRIORITY_CLASSES
+from dataplane.engine.engine import Engine, RequestOutput
+from dataplane.engine.fairness import INPUT_WEIGHT, OUTPUT_WEIGHT, PRIORITY_CLASSES
 from dataplane.engine.observer import EngineObserver
 
 __all__ = ["PREFETCH_RETRY_S", "BadPrompt", "EngineLoop", "Event", "InternalError",
@@ -48,12 +49,19 @@ __all__ = ["PREFETCH_RETRY_S", "BadPrompt", "EngineLoop", "Event", "InternalErro
 log = logging.getLogger("adapterplane.agent.serving")
 
 
+def completed_service(out: RequestOutput) -> float:
+    """A finished request's weighted service (engine/fairness.py's weights)."""
+    prompt = len(out.prompt_token_ids)
+    return INPUT_WEIGHT * prompt + OUTPUT_WEIGHT * (len(out.token_ids) - prompt)
+
+
 class EngineLoop(Admission, EngineObserver):
     """Single owner of `engine` (see module docstring)."""
 
     def __init__(self, engine: Engine, fetcher: ArtifactFetcher, catalog: AgentCatalog,
                  metrics: AgentMetrics, max_slots: int, max_live: int,
-                 step_delay_s: float = 0.0, *, load_attempts: int) -> None:
+                 step_delay_s: float = 0.0, *, load_attempts: int,
+                 cold_reserve_after_s: float = 0.2) -> None:
         self.engine = engine
         self.fetcher = fetcher
         self.catalog = catalog
@@ -63,6 +71,10 @@ class EngineLoop(Admission, EngineObserver):
         self.residents = ResidentSet(max_slots)
         self.failures: deque[dict[str, Any]] = deque(maxlen=32)
         self.load_attempts = load_attempts
+        self.cold_reserve_after_s = cold_reserve_after_s
+        self.events = EventLedger()
+        """The event spine every serving metric advances at (agent/event_ledger.py)."""
+        metrics.watch_events(self.events)
         self._failed_at: dict[str, float] = {}
         self._attempt_seq: dict[str, int] = {}
         self.status: dict[str, Any] = {"slots": [], "live": 0}
@@ -117,6 +129,20 @@ class EngineLoop(Admission, EngineObserver):
                                   "completed_service": done})
         return state
 
+    def top(self, k: int) -> dict[str, Any]:
+        """The `k` tenants with the most completed service, the `k` adapters with the most
+        holders and waiters, and the `k` longest recent queue waits (raw identities are
+        here, bounded by `k`, never in metric labels)."""
+        tenants = sorted(self._tenant_service.items(), key=lambda kv: (-kv[1], kv[0]))[:k]
+        slots = sorted(self.status.get("slots", []),
+                       key=lambda s: (-(s["refcount"] + s["waiting"]), s["artifact_digest"]))
+        waits = sorted(list(self.events.queue_waits), key=lambda w: -w[1])[:k]
+        return {"tenants": [{"tenant": t, "completed_service": v} for t, v in tenants],
+                "adapters": [{key: s[key] for key in ("artifact_digest", "artifact_id",
+                                                      "state", "refcount", "waiting")}
+                             for s in slots[:k]],
+                "queue_waits": [{"request_id": r, "seconds": w} for r, w in waits]}
+
     def admission_state(self) -> dict[str, int]:
         """The offered / admitted / expired ledger of the engine's scheduler (requests
         the agent refused before the engine, 429s, are in `/metrics`' rejected counter)."""
@@ -137,6 +163,7 @@ class EngineLoop(Admission, EngineObserver):
                 log.exception("engine loop command failed")
             self._expire_cold_waits()
             self._retry_due_loads()
+            self._reserve_for_due_loads()
             if self._live and self.engine.has_unfinished():
                 self._step()
             self._publish_status()
@@ -160,6 +187,9 @@ class EngineLoop(Admission, EngineObserver):
             if out.finish_reason == "deadline":  # dropped unstarted by the scheduler
                 self._finish(ticket, self.timed_out(ticket))
                 continue
+            if out.finished:
+                self.events.completed(out.request_id, committed=True,
+                                      service=completed_service(out))
             if ticket.last_token_at is None:
                 self.metrics.ttft.labels(ticket.residency).observe(now - ticket.created)
             else:
@@ -168,6 +198,13 @@ class EngineLoop(Admission, EngineObserver):
             ticket.sink(out)
             if out.finished:
                 self._finish(ticket, None)
+
+    def plan_launched(self, plan: BatchPlan, slot_ranks: dict[int, int]) -> None:
+        """An engine observer event: the plan's requests were selected (the first time
+        ends a request's queue wait)."""
+        now = time.monotonic()
+        for rid in plan.request_ids:
+            self.events.selected(rid, now)
 
     def _set_tenant_policy(self, tenants: dict[str, tuple[float, str]]) -> None:
         weights = {ns: weight for ns, (weight, _) in tenants.items()}
@@ -200,7 +237,8 @@ class EngineLoop(Admission, EngineObserver):
                  for r in self.residents.by_digest.values()]
         pool = self.engine.pool.gauges()
         self.status = {"slots": slots, "live": len(self._live),
-                       "load_failures": list(self.failures), "pool": pool}
+                       "load_failures": list(self.failures), "pool": pool,
+                       "events": self.events.summary()}
         self._tenant_service = self.engine.tenant_service()
         self._admission = self.engine.admission_counts()
         self.metrics.observe_admission(self._admission, self.engine.queue_wait_estimate())

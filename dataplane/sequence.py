@@ -49,10 +49,7 @@ class Sequence:
     cache keys on — never the slot or the alias. `isolation_namespace` partitions the prefix
     cache (requests in different namespaces never share cached blocks). `tenant` is whose
     service the request's completed work counts as (dataplane/engine/fairness.py).
-    `adapter_generation` is the slot generation the request leased when it was added: it
-    runs only while its slot still publishes that generation (dataplane/engine/
-    readiness.py); `adapter_rank` is the adapter's largest module rank (the scheduler's
-    cost vector).
+    `adapter_rank` is the adapter's largest module rank (the scheduler's cost vector).
     """
 
     request_id: str
@@ -60,7 +57,6 @@ class Sequence:
     sampling: SamplingParams = field(default_factory=SamplingParams)
     adapter_slot: int = BASE_SLOT
     adapter_digest: str | None = None
-    adapter_generation: int = 0
     adapter_rank: int = 0
     arrival: int = 0
     arrival_round: int = 0

@@ -19,6 +19,9 @@
 #   poolfold   engine.step() decode (bench/tp_engine.py --tp 1, factors pinned in the
 #              engine's unified pool), LoRA launched vs folded into the base GEMMs
 #              (0/16/128 adapters)
+#   fairness   the fair policy's throughput vs fcfs on a 128-adapter, 4-tenant trace, and
+#              goodput under an overload ramp to 2x capacity, fcfs / fair / newest_first
+#              (bench/fairness.py)
 #   tp         TP=2 vs TP=1 decode, prefill and mixed steps through the engine, 0/16/128
 #              adapters, decode replayed from CUDA graphs; collectives per step (the LoRA
 #              adds none); the TP ranks load a random 8B model directory written once under
@@ -69,6 +72,12 @@ for s in "$@"; do
     poolfold) section poolfold 560 bash -c 'for f in off on; do python3 bench/tp_engine.py \
                 --tp 1 --adapters 0 16 128 --scheduling async --kv-blocks 8192 --fold $f \
                 --out "$OUT/poolfold-$f"; done' ;;
+    fairness) section fairness 560 bash -c 'set -e; for s in policy-throughput overload-ramp; do
+                python3 bench/fairness.py --scenario $s --shape llama3-8b --device cuda \
+                --dtype bfloat16 --trace-adapters 128 --tenants 4 --requests 384 --rounds 3 \
+                --ramp-s 15 --max-queue-s 2 --capacity-requests 384 --prompt-min 64 \
+                --prompt-max 512 --output-min 64 --output-max 128 --max-num-seqs 128 \
+                --max-batched-tokens 4096 --kv-blocks 8192 --out "$OUT/fairness"; done' ;;
     tp) section tp 900 python3 bench/tp.py --shape 8b --device cuda --tp 1 2 \
           --adapters 0 16 128 --attention triton --graphs graphs --out "$OUT/tp" ;;
     tptests) section tptests 540 python3 -m pytest -q -s -p no:cacheprovider --noconftest \

@@ -34,7 +34,6 @@ from dataplane.artifacts import (
 )
 from dataplane.core import EngineError, Sequence
 from dataplane.engine.kernel_identity import PAGED, single_device_kernel_local
-from dataplane.engine.readiness import Reason, Residency, slot_ready
 from dataplane.identity import ModuleSpec, h_adapter_semantic
 from dataplane.layers.lora_linear import LoRALinear
 from dataplane.models.config import ModelConfig
@@ -272,11 +271,11 @@ class AdapterRegistry:
 
     def is_ready(self, seq: Sequence) -> bool:
         """Scheduler predicate (engine/readiness.py): base rows, or the request's slot is
-        bound (published, copy complete) to the digest and slot generation it leased."""
+        bound (a handle is bound only once its copy is published) to the adapter the
+        request leased. The adapter generation is content-addressed, its semantic digest:
+        a slot reused by another adapter never serves the request; the same adapter
+        reloaded there (a new slot generation, the same digest) does."""
         if seq.adapter_slot < 0:
             return True
         handle = self._by_slot.get(seq.adapter_slot)
-        if handle is None or handle.digest != seq.adapter_digest:
-            return False
-        return slot_ready(Residency.RESIDENT, True, handle.slot_generation,
-                          seq.adapter_generation, True) is Reason.OK
+        return handle is not None and handle.digest == seq.adapter_digest

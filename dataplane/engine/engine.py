@@ -374,14 +374,13 @@ class Engine(StepLoop):
                for t in prompt_ids):
             raise InvalidRequest("prompt token ids must be ints in [0, vocab_size)",
                                  request_id=request_id)
-        slot, digest, lease, rank = -1, None, 0, 0
+        slot, digest, rank = -1, None, 0
         if adapter is not None:
             self.adapters.check_handle(adapter)
-            slot, digest = adapter.slot, adapter.digest
-            lease, rank = adapter.slot_generation, adapter.max_rank
+            slot, digest, rank = adapter.slot, adapter.digest, adapter.max_rank
         seq = Sequence(request_id, tuple(prompt_ids), sampling_params or SamplingParams(),
-                       adapter_slot=slot, adapter_digest=digest, adapter_generation=lease,
-                       adapter_rank=rank, tenant=tenant, queue_deadline=deadline)
+                       adapter_slot=slot, adapter_digest=digest, adapter_rank=rank,
+                       tenant=tenant, queue_deadline=deadline)
         if adapter is not None:
             self.pool.hold(adapter)  # never an eviction victim while this request lives
         try:

@@ -351,6 +351,13 @@ class PoolSlots:
         self.pool.reclaim_retired()
 
     # ---- tensor parallelism ----------------------------------------------------------
+    def packed_pages(self, key: str) -> int | None:
+        """Pages the adapter loaded (or offered) under `key` takes in the pool: its packed
+        host image's; None before its first load (and for collection members, which take
+        none)."""
+        packed = self.host.peek(key)
+        return None if packed is None else packed.num_pages
+
     def pages_of(self, handle: AdapterHandle) -> tuple[int, ...]:
         """The pool pages the published slot of `handle` reads."""
         return self.pool.slots.table.resolve(self.pool_handle(handle)).pages

@@ -7,13 +7,17 @@ import re
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
+from agent.event_ledger import Event
+
 from .conftest import Deployment
 from .test_inference_api import complete
 
 REQUIRED = {
     "adapter_load_requests_total", "adapter_load_failures_total", "adapter_load_attempts_total",
     "adapter_load_latency_seconds", "adapter_h2d_bytes_total", "adapter_gpu_resident_bytes",
-    "adapter_host_resident_bytes", "adapter_cache_hits_total", "adapter_cache_misses_total",
+    "adapter_host_resident_bytes", "adapter_cache_lookups_total", "adapter_events_total",
+    "adapter_load_bytes_total", "adapter_prefetch_wasted_bytes_total",
+    "adapter_cache_hit_ratio", "adapter_load_amplification",
     "adapter_evictions_total", "adapter_pinned_count", "adapter_residency_state_count",
     "joint_pool_pages", "adapter_distinct_per_iteration", "adapter_rows_per_iteration",
     "adapter_rank_padding_ratio", "adapter_ttft_seconds", "adapter_token_latency_seconds",
@@ -27,12 +31,14 @@ BOUNDED = {
     "state": {"loading", "active", "idle", "retiring", "used", "free", "reserved",
               "obtainable"},
     "class": {"kv", "adapter_slot", "adapter", "pool"},
-    "result": {"ok", "failed"},
+    "result": {"ok", "failed", "hit", "cold_miss", "stale_miss"},
     "stage": {"download", "copy", "validate", "publish", "admission", "engine", "digest"},
     "residency": {"base", "resident", "cold"},
     "residency_state": {"active", "loading"},
     "rank_bucket": {"base", "le4", "le8", "le16", "le32", "le64", "le128", "le256", "gt256"},
     "outcome": {"offered", "admitted", "expired"},
+    "event": {e.value for e in Event},
+    "use": {"transferred", "first_used"},
 }
 
 
@@ -57,9 +63,10 @@ def test_metrics_names_and_bounded_labels(deployment: Deployment) -> None:
     for art in deployment.artifacts.values():  # no raw identities anywhere
         assert art["digest"] not in text
     assert ns not in text
-    hits = families["adapter_cache_hits"].samples[0].value
-    misses = families["adapter_cache_misses"].samples[0].value
-    assert hits + misses >= 3
+    lookups = {s.labels["result"]: s.value for s in families["adapter_cache_lookups"].samples
+               if s.name.endswith("_total")}
+    assert set(lookups) == {"hit", "cold_miss", "stale_miss"}
+    assert sum(lookups.values()) >= 3
     rows = [s for s in families["adapter_rows_per_iteration"].samples
             if s.name.endswith("_count") and s.labels["phase"] == "prefill"]
     assert rows and rows[0].value >= 1
@@ -76,3 +83,23 @@ def test_adapters_live_in_pool_pages(deployment: Deployment) -> None:
     assert pool["residency"]["published"] + pool["residency"]["active"] + pool["residency"][
         "idle"] >= len(resident)
     assert pool["slots"]["published"] == len(resident)
+
+
+def test_every_metric_is_documented(deployment: Deployment) -> None:
+    """docs/METRICS.md lists every metric a running agent exports, and only metrics the
+    agent defines."""
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    doc = (root / "docs" / "METRICS.md").read_text().split("## Every metric")[1]
+    documented = set(re.findall(r"^\| `((?:adapter|joint)_[a-z0-9_]+)` \|", doc, re.M))
+    text = httpx.get(f"{deployment.agent.url}/metrics", timeout=10).text
+    exported = {f.name + ("_total" if f.type == "counter" else "")
+                for f in text_string_to_metric_families(text)}
+    exported = {n for n in exported if n.startswith(("adapter_", "joint_"))
+                and not n.endswith("_created")}
+    assert exported <= documented, exported - documented
+    source = (root / "agent" / "metrics.py").read_text()
+    defined = {n for n in documented if n.removesuffix("_total") in source
+               or n.startswith("adapter_prefetch_wasted_")}
+    assert defined == documented, documented - defined

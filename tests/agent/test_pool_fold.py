@@ -38,6 +38,9 @@ def _engine(assets: AgentAssets, tmp_path: Path, **extra: object
     settings = AgentSettings(model_dir=assets.base, max_slots=3, max_rank=AGENT_MAX_RANK,
                              num_kv_blocks=64, block_size=BLOCK, cache_dir=tmp_path,
                              max_num_seqs=2, max_num_batched_tokens=32,
+                             # arrival order: batches rotate adapters through the fold
+                             # slots (the fair policy's cost vector would cluster them)
+                             scheduling_policy="fcfs",
                              **{"lora_fold": "on", **extra})  # type: ignore[arg-type]
     engine, _ = agent_engine(settings, AgentMetrics())
     fold = engine.model.lora_fold_slots

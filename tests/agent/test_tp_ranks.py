@@ -140,7 +140,9 @@ def test_async_tp2_matches_sync_tp1(assets: tuple[Path, dict[str, Path]],
     every decode step folds on both ranks), and with one request at a time the folds hold
     one adapter, copied in again on both ranks whenever the next request's differs."""
     base, adapters = assets
-    sizes = {**SIZES, "max_num_seqs": max_num_seqs}
+    # arrival order, so one-at-a-time requests change adapters as listed (the fair policy's
+    # cost vector would run the same adapter's requests together)
+    sizes = {**SIZES, "max_num_seqs": max_num_seqs, "scheduling_policy": "fcfs"}
     reference = sampled(build_engine(EngineSpec.of(base, dtype="float32", device="cpu",
                                               **{**sizes, "async_scheduling": False})),
                         adapters)
