@@ -10,7 +10,7 @@ import math
 from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from dataplane.core import InvalidRequest, SamplingParams, Sequence, SequenceStatus
@@ -277,3 +277,37 @@ def test_age_in_rounds_comes_before_the_cost_vector() -> None:
         run_step(sched)
     out = sched.schedule()
     assert [s.request_id for s, _ in out.prefills] == ["old"]
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(st.tuples(st.sampled_from("AAAABCD"), st.integers(0, 8), st.integers(1, 12),
+                          st.integers(1, 6)), min_size=2, max_size=30),
+       st.integers(1, 3))
+@example([("A", 0, 12, 6)] * 20 + [("B", 1, 12, 6)], 1)  # a flood: fcfs makes B wait 119
+def test_no_ready_tenant_waits_unserved_longer_than_a_bound(
+        arrivals: list[tuple[str, int, int, int]], max_num_seqs: int) -> None:
+    """Random traces (tenant, arrival step, prompt, output length) under the fair policy
+    with a roomy pool: a tenant with a ready request waiting is served (some request of
+    it admitted) within T x (the longest request's steps + 1) steps, T the tenants."""
+    sched = scheduler(max_num_seqs=max_num_seqs, pages=256)
+    longest = max(-(-p // 64) + o for _, _, p, o in arrivals) + 1
+    bound = len({t for t, *_ in arrivals}) * longest
+    pending = sorted(arrivals, key=lambda a: a[1])
+    waiting_since: dict[str, int] = {}
+    step = n = 0
+    while pending or sched.has_unfinished():
+        while pending and pending[0][1] <= step:
+            tenant, _, prompt, out_len = pending.pop(0)
+            n += 1
+            sched.add(seq(f"r{n}", tenant, prompt_len=prompt, max_tokens=out_len))
+        for s in sched.waiting:
+            waiting_since.setdefault(s.tenant, step)
+        out = sched.schedule()
+        for s, _ in out.prefills:
+            waiting_since.pop(s.tenant, None)
+        for tenant, since in waiting_since.items():
+            assert step - since <= bound, (tenant, step - since, bound)
+        if not out.is_empty:
+            sched.postprocess(out, [42] * len(out.sampled))
+        step += 1
+        assert step < 2000
