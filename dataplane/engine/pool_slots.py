@@ -240,9 +240,10 @@ class PoolSlots:
         return handle
 
     def _make_room(self, key: str, demand: int) -> None:
-        """Unreferenced prefix-cache KV blocks are reclaimable too: return just enough of
-        them to the pool that free + reclaimable adapter pages cover ``demand``."""
-        short = demand - self.pool.pages.num_free - self.pool.reclaimable_pages(key)
+        """Unreferenced prefix-cache KV blocks go before idle adapters: return up to what
+        free pages lack for ``demand`` to the pool, so the admission evicts an adapter
+        only for the rest."""
+        short = demand - self.pool.pages.num_free
         if short > 0:
             self.engine.block_manager.evict(short)
 

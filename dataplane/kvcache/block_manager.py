@@ -100,16 +100,22 @@ class BlockManager:
 
     # ----- allocation -------------------------------------------------------------------
     def _take(self, n: int) -> list[int]:
-        """n held-by-us pages: free pool pages first, then recycled LRU cached blocks."""
-        from_pool = n if self.pool.can_allocate(n) else min(n, self.pool.num_free)
-        pages = self.pool.allocate(from_pool, PageKind.KV)
+        """n held-by-us pages: free pool pages first, then recycled LRU cached blocks, and
+        only then pages the pool frees by evicting idle adapters (a unified pool): a
+        cached block nobody holds is cheaper to lose than an adapter a request may want."""
+        pages = self.pool.allocate(min(n, self.pool.num_free_pages), PageKind.KV)
         while len(pages) < n:
             block = self.cache.pop_lru()
-            if block is None:  # callers check capacity first; keep the pool conserved anyway
-                self.pool.free(pages, PageKind.KV)
-                raise PoolExhausted("no free or evictable KV blocks", requested=n)
+            if block is None:
+                break
             del self._refs[block]
             pages.append(block)
+        if len(pages) < n:
+            rest = n - len(pages)
+            if not self.pool.can_allocate(rest):  # callers check capacity first
+                self.pool.free(pages, PageKind.KV)
+                raise PoolExhausted("no free or evictable KV blocks", requested=n)
+            pages += self.pool.allocate(rest, PageKind.KV)
         for p in pages:
             self._refs[p] = 0
         return pages

@@ -31,7 +31,14 @@ class PagePool(Protocol):
     def num_pages(self) -> int: ...
 
     @property
-    def num_free(self) -> int: ...
+    def num_free(self) -> int:
+        """Pages an allocation can obtain now (a unified pool: free + evictable adapters)."""
+        ...
+
+    @property
+    def num_free_pages(self) -> int:
+        """Pages free right now: an allocation of at most these evicts nothing."""
+        ...
 
     def num_used(self, kind: PageKind) -> int: ...
 
@@ -67,6 +74,10 @@ class FreeListPagePool:
 
     @property
     def num_free(self) -> int:
+        return len(self._free)
+
+    @property
+    def num_free_pages(self) -> int:
         return len(self._free)
 
     def num_used(self, kind: PageKind) -> int:

@@ -47,6 +47,11 @@ class KvPageView:
         free = self.pool.pages.num_free
         return free + self.pool.reclaimable_pages() if self.reclaim else free
 
+    @property
+    def num_free_pages(self) -> int:
+        """Free pages (an allocation of at most these evicts no adapter)."""
+        return self.pool.pages.num_free
+
     def num_used(self, kind: PageKind) -> int:
         counts = self.pool.pages.counts()
         return counts.kv if kind is PageKind.KV else counts.adapter

@@ -72,3 +72,25 @@ def test_load_reservation_holds_admission_until_running_requests_free_pages(
     with pytest.raises(InvalidRequest):
         engine.reserve_for_loads(-1)
     assert engine.scheduler.load_reservation == 0
+
+
+def test_kv_growth_recycles_cached_blocks_before_evicting_an_idle_adapter(
+        tiny_llama: Path, tiny_adapters: dict[str, Path]) -> None:
+    """A new request that needs more pages than are free takes the prefix cache's
+    unreferenced blocks first: the idle (evictable) adapter stays resident."""
+    one = {"attn_r4": tiny_adapters["attn_r4"]}
+    pages = 8 + adapter_pages(tiny_llama, one, block_size=BS)
+    engine = build_engine(EngineSpec.of(tiny_llama, max_num_seqs=4, max_num_batched_tokens=64,
+                                        num_kv_blocks=pages, block_size=BS, max_slots=2,
+                                        max_rank=8))
+    assert engine.base_abi is not None
+    handle = engine.register_loaded_adapter(
+        load_peft_adapter(one["attn_r4"], engine.base_abi, 8), evictable=True)
+    params = SamplingParams(max_tokens=1, ignore_eos=True)
+    engine.generate([[3] * 24], params)  # leaves 6 full blocks in the prefix cache
+    bm = engine.block_manager
+    free_now, cached = bm.pool.num_free_pages, bm.cache.num_evictable
+    need = 5  # a 16-token prompt + its first token
+    assert cached >= need - free_now > 0 and bm.pool.can_allocate(need)  # both could serve
+    engine.generate([[9] * 16], params)
+    assert engine.adapters.bound().get(handle.slot) == handle  # not evicted
