@@ -186,7 +186,7 @@ class AdapterLoading:
         try:
             res.handle = self.engine.register_loaded_adapter(
                 res.loaded, key=res.info.digest, kv_pages=self._kv_pages(res.waiting),
-                evictable=True, prefetch=prefetch)
+                evictable=True, prefetch=prefetch, attempt_id=res.attempt_id)
         except AdmissionRefused as exc:
             if self._live:
                 return  # KV (or a held adapter) frees when a live request ends: retried then
@@ -226,13 +226,14 @@ class AdapterLoading:
             tickets = self._tickets(res)
             if res.handle is not None or res.loaded is None or not tickets:
                 continue
+            queued = min(t.created for t in tickets)
             pages = self.engine.pool.packed_pages(res.info.digest)
-            if pages is None:
-                continue  # never offered to the pool yet: placement has not been refused
+            if pages is None or now - queued < self.cold_reserve_after_s:
+                continue  # not offered to the pool yet (placement not refused), or not due
             urgency = min(PRIORITY_CLASSES.get(self.tenants.get(t.tenant, {}).get(
                 "priority", "normal"), 1) for t in tickets)
             candidates.append(LoadCandidate(res.info.digest, pages + self._kv_pages(tickets),
-                                            min(t.created for t in tickets), urgency))
+                                            queued, urgency))
         due = due_loads(candidates, now, self.cold_reserve_after_s)
         hold = due[0].pages if due else 0
         if hold != self.engine.scheduler.load_reservation:

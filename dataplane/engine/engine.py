@@ -222,7 +222,8 @@ class Engine(StepLoop):
 
     def register_loaded_adapter(self, adapter: LoadedAdapter, *, key: str | None = None,
                                 kv_pages: int = 0, evictable: bool = False,
-                                prefetch: bool = False) -> AdapterHandle:
+                                prefetch: bool = False, attempt_id: str | None = None
+                                ) -> AdapterHandle:
         """Load factors already in memory into a pool slot under `key` (default: the
         adapter's semantic digest; the same key returns the live handle). The admission
         also proves room for `kv_pages` of KV the caller is about to need. Raises a typed
@@ -236,7 +237,8 @@ class Engine(StepLoop):
 
         A `prefetch` (no request waits for it) must also leave free every KV block the
         running requests may still grow into (`Scheduler.committed_kv_growth`): it never
-        takes a page promised to admitted work (engine/prefetch.py).
+        takes a page promised to admitted work (engine/prefetch.py). `attempt_id` names
+        the pool's load transaction (the agent's load attempt id; one use only).
 
         Under tensor parallelism (the leader) `adapter` holds the global factors: every
         rank loads its shard, published only when all ranks validated theirs."""
@@ -244,9 +246,9 @@ class Engine(StepLoop):
         if self.lockstep is not None:
             with self.lockstep.lock:
                 return self.lockstep.load(adapter, key or adapter.digest, kv_pages, evictable,
-                                          growth)
+                                          growth, attempt_id)
         return self.pool.load(key or adapter.digest, adapter, kv_pages, evictable=evictable,
-                              kv_growth=growth)
+                              kv_growth=growth, attempt_id=attempt_id)
 
     def reserve_for_loads(self, pages: int) -> None:
         """Hold `pages` obtainable KV blocks back from admitting new requests (0: none), for

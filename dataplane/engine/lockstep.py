@@ -98,7 +98,7 @@ class Lockstep:
         return dataclasses.replace(deferred, tokens=tokens)
 
     def load(self, adapter: LoadedAdapter, key: str, kv_pages: int, evictable: bool,
-             kv_growth: int | None = None) -> AdapterHandle:
+             kv_growth: int | None = None, attempt_id: str | None = None) -> AdapterHandle:
         """Leader: shard `adapter` (global factors) into every rank's pool; published only
         when all ranks validated their shard (AdapterError, nothing published, if not)."""
         engine = self.engine
@@ -108,7 +108,8 @@ class Lockstep:
             return live
         model = engine.model
         mine = shard_adapter(adapter, model.global_config, 0, self.group.size)
-        handle = pool.load(key, mine, kv_pages, evictable=evictable, kv_growth=kv_growth)
+        handle = pool.load(key, mine, kv_pages, evictable=evictable, kv_growth=kv_growth,
+                           attempt_id=attempt_id)
         pages = pool.pages_of(handle)
         self.channel.send((PLACE, self._dropped(), handle.slot, handle.slot_generation,
                            pages, key, adapter))

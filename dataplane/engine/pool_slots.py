@@ -192,7 +192,8 @@ class PoolSlots:
         return self._by_key.get(key)
 
     def load(self, key: str, adapter: LoadedAdapter, kv_pages: int = 0, *,
-             evictable: bool = False, kv_growth: int | None = None) -> AdapterHandle:
+             evictable: bool = False, kv_growth: int | None = None,
+             attempt_id: str | None = None) -> AdapterHandle:
         """Host image (verified once), then one admission transaction that also proves
         room for `kv_pages` of the waiting requests' initial KV plus the growth reserve
         and guard. Raises a PoolError with nothing changed when it does not fit. A
@@ -201,7 +202,8 @@ class PoolSlots:
         returns the live handle. Not `evictable`: pinned, never a victim of KV growth or
         of another load, until unloaded. `kv_growth` (default: the pool's growth
         reserve) is the KV growth the admission must leave room for: a prefetch passes
-        the running requests' committed growth."""
+        the running requests' committed growth. `attempt_id` names the load transaction
+        (a caller's load attempt; refused if already used)."""
         growth = self.kv_growth if kv_growth is None else max(kv_growth, self.kv_growth)
         held = self._by_key.get(key)
         if held is not None:
@@ -222,8 +224,8 @@ class PoolSlots:
                         + kv_pages + growth + self.guard)
         try:
             admission = admit(self.pool, LoadRequest(key, kv_initial=kv_pages,
-                                                     kv_growth=growth,
-                                                     guard=self.guard))
+                                                     kv_growth=growth, guard=self.guard,
+                                                     attempt_id=attempt_id))
         finally:
             self._notify_evicted()
         slot = admission.handle.slot_id
