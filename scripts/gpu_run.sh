@@ -22,6 +22,8 @@
 #   fairness   the fair policy's throughput vs fcfs on a 128-adapter, 4-tenant trace, and
 #              goodput under an overload ramp to 2x capacity, fcfs / fair / newest_first
 #              (bench/fairness.py)
+#   zipf       adapter residency: Zipf(1.2) over 1,000 adapters and 128 slots through the
+#              agent's engine loop (bench/zipf_residency.py)
 #   tp         TP=2 vs TP=1 decode, prefill and mixed steps through the engine, 0/16/128
 #              adapters, decode replayed from CUDA graphs; collectives per step (the LoRA
 #              adds none); the TP ranks load a random 8B model directory written once under
@@ -78,6 +80,11 @@ for s in "$@"; do
                 --ramp-s 15 --max-queue-s 2 --capacity-requests 384 --prompt-min 64 \
                 --prompt-max 512 --output-min 64 --output-max 128 --max-num-seqs 128 \
                 --max-batched-tokens 4096 --kv-blocks 8192 --out "$OUT/fairness"; done' ;;
+    zipf) section zipf 300 python3 bench/zipf_residency.py --shape llama3-8b --device cuda \
+            --dtype bfloat16 --adapters 1000 --slots 128 --rank 8 --targets q_proj v_proj \
+            --rate 16 --duration-s 60 --prompt-min 64 --prompt-max 512 --output-min 64 \
+            --output-max 128 --max-num-seqs 128 --max-batched-tokens 4096 --kv-blocks 8192 \
+            --prefetch 32 --out "$OUT/zipf" ;;
     tp) section tp 900 python3 bench/tp.py --shape 8b --device cuda --tp 1 2 \
           --adapters 0 16 128 --attention triton --graphs graphs --out "$OUT/tp" ;;
     tptests) section tptests 540 python3 -m pytest -q -s -p no:cacheprovider --noconftest \
