@@ -112,6 +112,7 @@ class AdapterLoading:
         self.metrics.host_resident_bytes.set(self.fetcher.cache_bytes())
         if not res.named and not res.waiting and not res.prefetch:
             self.residents.remove(digest)  # retired while loading: nobody wants it
+            self.events.released(attempt, time.monotonic())  # its attempt record closes
             return
         self._place(res)
 
