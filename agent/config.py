@@ -66,8 +66,8 @@ class AgentSettings(BaseSettings):
     the alias's namespace — with the least completed weighted service per unit of weight,
     then age; weights and classes come from the control plane), `fcfs` (arrival), or
     `newest_first` (`fair`, but while requests arrive faster than they are admitted the
-    newest ones that can still meet their `max_queue_ms` first: more requests in time,
-    at the old ones' expense)."""
+    newest ones that can still meet their `max_queue_ms` first, at the old ones' expense;
+    docs/PERFORMANCE.md measures what that does to goodput)."""
     max_queued_requests: int = Field(default=256, ge=1)
     """Live requests (queued + running) above which new ones get 429 (with Retry-After)."""
     max_queue_ms: int | None = Field(default=None, ge=1, le=3_600_000)
