@@ -9,8 +9,9 @@ grows, and serving the oldest first would spend the engine on requests about to 
 their limit while the newer ones age past theirs too; so it admits the newest feasible
 requests first (S-LoRA's early-abort policy). Otherwise (also before either rate has an
 estimate), and under `fair` / `fcfs`, the oldest first. Newest-first sacrifices old
-requests to raise goodput (requests that meet their limit per second); it is not a
-fairness rule.
+requests for the new ones; whether that raises goodput (requests that meet their limit
+per second) depends on the load (bench/fairness.py `overload-ramp` measures it); it is
+not a fairness rule.
 """
 
 from __future__ import annotations
