@@ -67,7 +67,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.synthetic import SHAPES, adapters_for, percentile, save_results
+from bench.synthetic import SHAPES, adapters_for, add_serving_args, percentile, save_results
 from bench.tenant_serving import (
     Offer,
     Served,
@@ -293,17 +293,7 @@ def ramp_summary(policy: str, o: Served, capacity: float, ramp_s: float) -> dict
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--scenario", choices=[*SCENARIOS, "all"], default="noisy")
-    p.add_argument("--shape", choices=sorted(SHAPES), default="tiny")
-    p.add_argument("--device", default="cpu")
-    p.add_argument("--dtype", choices=sorted(DTYPES), default="float32")
-    p.add_argument("--prompt-min", type=int, default=16)
-    p.add_argument("--prompt-max", type=int, default=64)
-    p.add_argument("--output-min", type=int, default=8)
-    p.add_argument("--output-max", type=int, default=16)
-    p.add_argument("--max-num-seqs", type=int, default=16)
-    p.add_argument("--max-batched-tokens", type=int, default=512)
-    p.add_argument("--kv-blocks", type=int, default=512)
-    p.add_argument("--threads", type=int, default=None, help="torch threads (CPU)")
+    add_serving_args(p)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default=None)
     noisy_group = p.add_argument_group("noisy")

@@ -28,6 +28,7 @@ import torch
 from dataplane.core import SamplingParams
 from dataplane.engine import BaseModel, Engine
 from dataplane.engine.adapters import LoadedAdapter, ModuleFactors
+from dataplane.engine.builder import DTYPES
 from dataplane.models import LlamaForCausalLM, ModelConfig, init_random
 from dataplane.pool.packing import factor_shapes, factors_from_modules
 from dataplane.pool.page_demand import plan_rows
@@ -162,6 +163,22 @@ class Request:
     prompt: list[int]
     max_tokens: int
     adapter: int | None
+
+
+def add_serving_args(p: argparse.ArgumentParser, kv_help: str | None = None) -> None:
+    """The serving benchmarks' shared flags: model shape, device and dtype, request
+    lengths and the engine's budgets (tiny CPU defaults)."""
+    p.add_argument("--shape", choices=sorted(SHAPES), default="tiny")
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--dtype", choices=sorted(DTYPES), default="float32")
+    p.add_argument("--prompt-min", type=int, default=16)
+    p.add_argument("--prompt-max", type=int, default=64)
+    p.add_argument("--output-min", type=int, default=8)
+    p.add_argument("--output-max", type=int, default=16)
+    p.add_argument("--max-num-seqs", type=int, default=16)
+    p.add_argument("--max-batched-tokens", type=int, default=512)
+    p.add_argument("--kv-blocks", type=int, default=512, help=kv_help)
+    p.add_argument("--threads", type=int, default=None, help="torch threads (CPU)")
 
 
 def make_trace(args: argparse.Namespace, vocab: int, n_adapters: int) -> list[Request]:

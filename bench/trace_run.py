@@ -107,7 +107,8 @@ class PlanMarks(EngineObserver):
     """Marks every plan the engine launches (an engine observer)."""
 
     def __init__(self, device: str) -> None:
-        self.device, self.marks = device, []
+        self.device = device
+        self.marks: list[PlanMark] = []
 
     def plan_launched(self, plan: BatchPlan, slot_ranks: dict[int, int]) -> None:
         self.marks.append(PlanMark.at(plan, self.device))

@@ -107,6 +107,7 @@ from bench.synthetic import (
     ALL_LINEAR,
     BLOCK_SIZE,
     SHAPES,
+    add_serving_args,
     percentile,
     pool_pages,
     random_base,
@@ -497,9 +498,7 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
 # ----- command line -----------------------------------------------------------------------
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--shape", choices=sorted(SHAPES), default="tiny")
-    p.add_argument("--device", default="cpu")
-    p.add_argument("--dtype", choices=sorted(DTYPES), default="float32")
+    add_serving_args(p, kv_help="KV blocks besides the slots")
     p.add_argument("--adapters", type=int, default=None,
                    help="published adapters (default 1000 on cuda, 200 otherwise)")
     p.add_argument("--slots", type=int, default=128, help="adapter slots (engine and loop)")
@@ -513,13 +512,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--duration-s", type=float, default=10.0, help="arrivals' span")
     p.add_argument("--requests", type=int, default=None,
                    help="exactly this many arrivals instead of --duration-s")
-    p.add_argument("--prompt-min", type=int, default=16)
-    p.add_argument("--prompt-max", type=int, default=64)
-    p.add_argument("--output-min", type=int, default=8)
-    p.add_argument("--output-max", type=int, default=16)
-    p.add_argument("--max-num-seqs", type=int, default=16)
-    p.add_argument("--max-batched-tokens", type=int, default=512)
-    p.add_argument("--kv-blocks", type=int, default=512, help="KV blocks besides the slots")
     p.add_argument("--no-prefix-caching", action="store_true",
                    help="the engine without its prefix cache (the agent runs with it)")
     p.add_argument("--max-live", type=int, default=100_000,
@@ -532,7 +524,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="a load wait longer than this is load-starved")
     p.add_argument("--drain-s", type=float, default=300.0,
                    help="longest wait for open requests after the last arrival")
-    p.add_argument("--threads", type=int, default=None, help="torch threads (CPU)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--workdir", default=None,
                    help="where the run's temporary directory (checkpoint, adapters, fetch "
