@@ -1,8 +1,10 @@
-"""Catalog commands: `publish`, `retire`, `rollback`, `resolve`, `history`, `aliases`.
+"""Catalog commands: `publish`, `retire`, `rollback`, `resolve`, `history`, `aliases`,
+`set-hot`.
 
 Each mutation appends exactly one generation to the alias (the server does the
 compare-and-swap on `--expected-generation`; a mismatch is 409 GENERATION_CONFLICT,
-exit 4). Aliases are written `NS/ALIAS`.
+exit 4). `set-hot` appends none: it sets the alias's hot mark (prefetch on every
+compatible agent). Aliases are written `NS/ALIAS`.
 """
 
 from __future__ import annotations
@@ -100,6 +102,11 @@ def rollback(
 
 def resolve(client: ApiClient, namespace: str, alias: str) -> Any:
     return client.get(_alias_path(namespace, alias))
+
+
+def set_hot(client: ApiClient, namespace: str, alias: str, hot: bool) -> Any:
+    """Set `namespace/alias`'s hot mark (admin on `*`); returns the alias's resolution."""
+    return client.patch(_alias_path(namespace, alias), json={"hot": hot})
 
 
 def history(
@@ -204,6 +211,24 @@ def register(app: typer.Typer) -> None:
         namespace, alias = parse_alias_ref(ref)
         call_and_emit(
             ctx, output.render_generation, lambda client: resolve(client, namespace, alias)
+        )
+
+    @app.command("set-hot")
+    def set_hot_command(
+        ctx: typer.Context,
+        ref: str = _ALIAS_ARG,
+        off: bool = typer.Option(False, "--off", help="Clear the mark instead."),
+    ) -> None:
+        """Mark NS/ALIAS hot: prefetch its current artifact on every agent (admin on `*`).
+
+        Every compatible agent with room keeps the artifact resident, so a publication to
+        the alias is loaded before any request arrives. Exit 3: unknown alias; 6: not admin.
+        """
+        namespace, alias = parse_alias_ref(ref)
+        call_and_emit(
+            ctx,
+            output.render_generation,
+            lambda client: set_hot(client, namespace, alias, not off),
         )
 
     @app.command("history")

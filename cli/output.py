@@ -161,6 +161,8 @@ def render_generation(gen: dict[str, Any]) -> None:
     ]
     if "base" in gen:
         pairs.append(("base", gen.get("base")))
+    if "hot" in gen:
+        pairs.append(("hot", gen.get("hot")))
     pairs += [
         ("actor", gen.get("actor")),
         ("reason", gen.get("reason")),
@@ -200,11 +202,12 @@ def render_aliases(page: dict[str, Any]) -> None:
             g.get("action"),
             _artifact_ref(g.get("artifact")),
             short(g.get("base")),
+            g.get("hot"),
             g.get("created_at"),
         )
         for g in page.get("items", [])
     ]
-    _table("aliases", ["alias", "gen", "action", "artifact", "base", "updated"], rows)
+    _table("aliases", ["alias", "gen", "action", "artifact", "base", "hot", "updated"], rows)
     _next_cursor(page)
 
 

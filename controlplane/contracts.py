@@ -179,6 +179,8 @@ class DesiredAlias(BaseModel):
         description="The alias's most recent generations, newest first (at most 8).")
     prefetch: bool = Field(default=False, description="Placement assigns the current "
                            "generation's artifact to this agent: keep it resident.")
+    hot: bool = Field(default=False, description="An admin marked the alias hot: placement "
+                      "puts its current artifact on every compatible agent with room.")
 
 
 class TenantPolicy(BaseModel):
@@ -217,8 +219,9 @@ class DesiredState(BaseModel):
     prefetch: list[str] = Field(default_factory=list,
                                 description="Digests placement assigns to this agent.")
     tenants_version: int = Field(default=0, description="Tenant-policy change counter "
-                                 "`tenants` is complete at: long-poll with `tenants_after` "
-                                 "to wake on a weight or priority change too.")
+                                 "`tenants` is complete at (it also counts alias hot-mark "
+                                 "changes): long-poll with `tenants_after` to wake on a "
+                                 "weight, priority or hot-mark change too.")
     tenants: list[TenantPolicy] = Field(default_factory=list, description="Every "
                                         "namespace's scheduling policy (by name).")
     aliases: list[DesiredAlias]

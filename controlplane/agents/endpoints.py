@@ -9,8 +9,9 @@ learns of a publish within a fraction of a second without polling slowly itself.
 `&since=V` makes the answer incremental (only aliases changed after catalog version V,
 `full: false`; see `controlplane.agents.service.desired_state`). `&tenants_after=T`
 also returns as soon as the tenant-policy counter (`tenants_version`) is past `T`: a
-namespace weight/priority change NOTIFYs the same channel, so it reaches a waiting agent
-as promptly as a publish (without it, only the catalog version is waited on).
+namespace weight/priority change or an alias hot-mark change (which moves `prefetch`)
+NOTIFYs the same channel, so it reaches a waiting agent as promptly as a publish (without
+it, only the catalog version is waited on).
 
 `GET /v1/agents/authorize?namespace=NS` is called by agents *with a client's token*:
 200 when that token may read NS, 401/403 otherwise.

@@ -12,7 +12,9 @@
   poll costs O(changes) on the wire and in presigned URLs; a caller refreshes with a
   full state within `url_ttl_s` so its download URLs never expire. Full or not, it
   carries every namespace's scheduling policy (`tenants`, complete at
-  `tenants_version`, the counter a weight/priority change bumps).
+  `tenants_version`, the counter a weight/priority change bumps, and an alias hot-mark
+  change too: a hot alias's artifact goes into `prefetch` on every compatible agent,
+  so that change must wake waiting agents like a policy change).
 """
 
 from __future__ import annotations
@@ -144,7 +146,7 @@ def _collection_links(session: Session, artifact_ids: set[int]) -> dict[int, Col
     return links
 
 
-def _demand(a: Artifact, h_base: str) -> AdapterDemand | None:
+def _demand(a: Artifact, h_base: str, hot: bool) -> AdapterDemand | None:
     record = a.validated_record or {}
     modules = record.get("modules") or []
     if a.digest is None or not modules:
@@ -152,7 +154,8 @@ def _demand(a: Artifact, h_base: str) -> AdapterDemand | None:
     return AdapterDemand(digest=a.digest, h_base=h_base,
                          rank=max(int(m.get("rank", 0)) for m in modules),
                          roles=frozenset(str(m.get("role")) for m in modules),
-                         nbytes=int(a.tensor_bytes or record.get("total_bytes") or 0))
+                         nbytes=int(a.tensor_bytes or record.get("total_bytes") or 0),
+                         hot=hot)
 
 
 def desired_state(session: Session, store: ObjectStore, agent: Agent,
@@ -170,7 +173,7 @@ def desired_state(session: Session, store: ObjectStore, agent: Agent,
         current = next((g for g in gens if g.generation == alias.current_generation), None)
         art = current.artifact if current is not None else None
         current_digest[alias.id] = art.digest if art is not None else None
-        demand = _demand(art, agent.h_base) if art is not None else None
+        demand = _demand(art, agent.h_base, alias.hot) if art is not None else None
         if demand is not None:
             demands.append(demand)
     links = _collection_links(session, {g.artifact.id for _, gens in to_send for g in gens
@@ -179,7 +182,7 @@ def desired_state(session: Session, store: ObjectStore, agent: Agent,
     items = [DesiredAlias(namespace=alias.namespace.name, alias=alias.name,
                           current_generation=alias.current_generation,
                           generations=[_generation_doc(store, g, links) for g in gens],
-                          prefetch=current_digest[alias.id] in placed)
+                          prefetch=current_digest[alias.id] in placed, hot=alias.hot)
              for alias, gens in to_send]
     prefetch = sorted({d for d in current_digest.values() if d is not None and d in placed})
     # the counter before the list: a change committed in between is then sent with an

@@ -1,5 +1,6 @@
 """/v1/namespaces/{ns}/aliases: resolve, list, history (read); publish, retire,
-rollback (publish scope; optional `Idempotency-Key` header)."""
+rollback (publish scope; optional `Idempotency-Key` header); PATCH an alias's hot mark
+(admin on '*')."""
 
 from __future__ import annotations
 
@@ -13,10 +14,17 @@ from sqlalchemy import Engine
 from controlplane.artifacts.convert import artifact_summary
 from controlplane.auth.dependencies import Credentials, CurrentPrincipal, bearer_plaintext
 from controlplane.auth.scopes import Principal, Role
+from controlplane.catalog.hot import set_hot
 from controlplane.catalog.repository import AliasRepository, GenerationRepository
-from controlplane.catalog.resolution import list_resolutions, read_generation, resolve_as
+from controlplane.catalog.resolution import (
+    list_resolutions,
+    read_alias,
+    read_generation,
+    resolve_as,
+)
 from controlplane.catalog.schemas import (
     ALIAS_PATTERN,
+    AliasPatch,
     GenerationOut,
     PublishRequest,
     ResolutionOut,
@@ -94,6 +102,29 @@ def rollback(namespace: str, alias: str, body: RollbackRequest, principal: Curre
         namespace=namespace, alias=alias, action=CatalogAction.ROLLBACK, actor=principal.actor,
         expected_generation=body.expected_generation, to_generation=body.to_generation,
         reason=body.reason, idempotency_key=idempotency_key))
+
+
+@router.patch("/{alias}", response_model=ResolutionOut)
+def patch_alias(namespace: str, alias: str, body: AliasPatch, request: Request,
+                principal: CurrentPrincipal, session: SessionDep) -> ResolutionOut:
+    """Mark the alias hot (or not): placement keeps its current artifact resident on
+    every compatible agent with room, so a publication to it is loaded before any
+    request arrives.
+
+    Admin on '*' only: a hot mark claims adapter slots on every agent of the fleet,
+    against every other namespace's adapters (as a namespace weight does). Audited;
+    waiting agents' long-polls wake on the change. Answers the alias's resolution with
+    its mark, retired or not (a retired alias has nothing to prefetch until it is
+    published again, and keeps its mark).
+    """
+    principal.require_global(Role.ADMIN)
+    row = set_hot(session, namespace=namespace, alias=alias, hot=body.hot,
+                  actor=principal.actor)
+    alias_id = row.id
+    session.rollback()  # the change is committed; read the response in autocommit
+    engine: Engine = request.app.state.engine
+    with read_connection(engine) as conn:
+        return read_alias(conn, namespace, alias, alias_id)
 
 
 @router.get("/{alias}", response_model=ResolutionOut)

@@ -52,6 +52,7 @@ RESOLVE_AS = (
         _ns.c.id.label("namespace_id"),
         _alias.c.id.label("alias_id"),
         _alias.c.current_generation,
+        _alias.c.hot,
         _base.c.h_base,
         _gen.c.generation,
         _gen.c.action,
@@ -94,21 +95,23 @@ def resolve_as(conn: Connection, token: str, namespace: str, alias: str) -> Reso
     if row.artifact_id is None:
         raise AliasRetired(f"alias {namespace}/{alias} is retired",
                            detail={**where, "generation": row.generation})
-    return _resolution(row, namespace, alias)
+    return _resolution(row, namespace, alias, hot=row.hot)
 
 
-def _resolution(row: Any, namespace: str, alias: str) -> ResolutionOut:
-    """A row with the generation, artifact and `h_base` columns -> ResolutionOut."""
+def _resolution(row: Any, namespace: str, alias: str, *, hot: bool = False) -> ResolutionOut:
+    """A row with the generation, artifact and `h_base` columns -> ResolutionOut (`hot`:
+    the alias's mark, which generation rows do not carry)."""
     summary = None if row.artifact_id is None else ArtifactSummary(
         id=row.artifact_id, digest=row.digest, base=row.h_base, method=row.method)
     return ResolutionOut(
         namespace=namespace, alias=alias, generation=row.generation,
         action=cast(Any, row.action), artifact=summary, actor=row.actor, reason=row.reason,
-        created_at=row.created_at, base=row.h_base)
+        created_at=row.created_at, base=row.h_base, hot=hot)
 
 
 LIST = (
-    select(_alias.c.id.label("alias_id"), _alias.c.name.label("alias_name"), _base.c.h_base,
+    select(_alias.c.id.label("alias_id"), _alias.c.name.label("alias_name"), _alias.c.hot,
+           _base.c.h_base,
            _gen.c.generation, _gen.c.action, _gen.c.artifact_id, _gen.c.actor, _gen.c.reason,
            _gen.c.created_at, _art.c.digest, _art.c.method)
     .select_from(_alias)
@@ -127,10 +130,18 @@ def list_resolutions(conn: Connection, namespace_id: int, namespace: str,
     if params.cursor is not None:
         stmt = stmt.where(_alias.c.id > decode_cursor(params.cursor))
     rows = conn.execute(stmt.order_by(_alias.c.id).limit(params.limit + 1)).all()
-    items = [_resolution(row, namespace, row.alias_name) for row in rows[: params.limit]]
+    items = [_resolution(row, namespace, row.alias_name, hot=row.hot)
+             for row in rows[: params.limit]]
     more = len(rows) > params.limit
     return {"items": items,
             "next_cursor": encode_cursor(rows[params.limit - 1].alias_id) if more else None}
+
+
+def read_alias(conn: Connection, namespace: str, alias: str, alias_id: int) -> ResolutionOut:
+    """The alias's current generation and hot mark as a resolution, retired or not (what
+    the alias PATCH returns after its commit). The alias must have been published."""
+    row = conn.execute(LIST.where(_alias.c.id == alias_id)).one()
+    return _resolution(row, namespace, alias, hot=row.hot)
 
 
 GENERATION = (
@@ -150,4 +161,4 @@ def read_generation(conn: Connection, namespace: str, alias: str, alias_id: int,
     publish/retire/rollback returns after its commit). The generation must exist."""
     row = conn.execute(GENERATION, {"alias_id": alias_id, "generation": generation}).one()
     resolution = _resolution(row, namespace, alias)
-    return GenerationOut.model_validate(resolution.model_dump(exclude={"base"}))
+    return GenerationOut.model_validate(resolution.model_dump(exclude={"base", "hot"}))

@@ -1,11 +1,12 @@
-"""Catalog bodies: publish/retire/rollback requests, generations, resolutions."""
+"""Catalog bodies: publish/retire/rollback requests, the alias PATCH (hot mark),
+generations, resolutions."""
 
 from __future__ import annotations
 
 from datetime import datetime
 from typing import Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 
 from controlplane.artifacts.schemas import ArtifactSummary
 
@@ -35,6 +36,16 @@ class RollbackRequest(CasFields):
                     "generation that pointed at a different artifact than the current state.")
 
 
+class AliasPatch(BaseModel):
+    """Body of `PATCH /v1/namespaces/{ns}/aliases/{alias}`: the alias's hot mark."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    hot: bool = Field(strict=True, description="Prefetch the alias's current artifact on "
+                      "every compatible agent with room (true), or leave it to placement's "
+                      "usual rules (false).")
+
+
 class GenerationOut(BaseModel):
     namespace: str
     alias: str
@@ -48,3 +59,5 @@ class GenerationOut(BaseModel):
 
 class ResolutionOut(GenerationOut):
     base: str = Field(description="H_base the alias serves.")
+    hot: bool = Field(default=False, description="Marked hot: placement prefetches the "
+                      "current artifact on every compatible agent with room.")

@@ -122,7 +122,8 @@ def _apply(session: Session, req: CatalogRequest) -> tuple[CatalogGeneration, bo
 CATALOG_CHANNEL = "adapterplane_catalog"
 """Postgres NOTIFY channel that wakes agents' long-polls; payload (JSON)
 `{"namespace","alias","generation"}` for a catalog change, `{"namespace",
-"policy_revision"}` for a tenant-policy change (controlplane/namespaces/service.py)."""
+"policy_revision"}` for a tenant-policy or alias hot-mark change
+(controlplane/namespaces/service.py)."""
 
 
 def notify_catalog_change(session: Session, namespace: str, alias: str, generation: int) -> None:

@@ -4,13 +4,16 @@
 first); it is the compare-and-swap word every publish/retire/rollback updates under a
 row lock, and `(alias_id, generation)` is unique as a backstop, so generations stay
 gapless and never fork. Generation rows are never updated or deleted.
+
+`aliases.hot` is an operator's mark, independent of generations: placement keeps the
+alias's current artifact resident on every compatible agent (controlplane/placement).
 """
 
 from __future__ import annotations
 
 import enum
 
-from sqlalchemy import ForeignKey, String, Text, UniqueConstraint
+from sqlalchemy import Boolean, ForeignKey, String, Text, UniqueConstraint, false
 from sqlalchemy.orm import Mapped, mapped_column, relationship
 
 from controlplane.models.artifact import Artifact
@@ -34,6 +37,10 @@ class Alias(IdMixin, CreatedAtMixin, Base):
     base_id: Mapped[int] = mapped_column(BigId, ForeignKey("base_models.id"), nullable=False)
     """An alias serves one base model for life (set by its first publish)."""
     current_generation: Mapped[int] = mapped_column(nullable=False, default=0)
+    hot: Mapped[bool] = mapped_column(Boolean, nullable=False, default=False,
+                                      server_default=false())
+    """Prefetch the current artifact on every compatible agent, whatever else placement
+    would choose (set by an admin on '*': it claims adapter slots fleet-wide)."""
 
     namespace: Mapped[Namespace] = relationship(lazy="joined")
     base: Mapped[BaseModel] = relationship(lazy="joined")

@@ -31,5 +31,6 @@ class Namespace(IdMixin, CreatedAtMixin, Base):
     """Scheduling class: high, normal or low (a more urgent class is admitted first)."""
     policy_revision: Mapped[int] = mapped_column(nullable=False, default=1,
                                                  server_default="1")
-    """1 at creation, +1 per weight/priority change: the sum over all namespaces is the
-    tenant-policy version agents long-poll on (controlplane/agents)."""
+    """1 at creation, +1 per weight/priority change and per hot-mark change of one of its
+    aliases: the sum over all namespaces is the tenant-policy version agents long-poll on
+    (controlplane/agents), so either change wakes them."""

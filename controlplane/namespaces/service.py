@@ -4,7 +4,9 @@ A namespace is also the *tenant* of every agent's engine scheduler: its `weight`
 `priority` class reach agents in desired state (`DesiredState.tenants`). Each change
 bumps the namespace's `policy_revision` (and so `tenants_version`, the sum over all
 namespaces, that long-polling agents wait on) and NOTIFYs the catalog channel, so an
-agent applies it within a fraction of a second.
+agent applies it within a fraction of a second. A hot-mark change of one of the
+namespace's aliases (controlplane/catalog/hot.py) bumps the same revision, because it
+moves placement's `prefetch` without a new generation.
 """
 
 from __future__ import annotations
@@ -82,14 +84,16 @@ def set_policy(session: Session, *, name: str, actor: str, weight: float | None 
 
 def tenants_version(session: Session) -> int:
     """Tenant-policy change counter: the sum of every namespace's policy revision (each
-    is 1 at creation and only grows, and namespaces are never deleted)."""
+    is 1 at creation and only grows with weight, priority and alias hot-mark changes,
+    and namespaces are never deleted)."""
     return int(session.scalar(select(func.coalesce(func.sum(Namespace.policy_revision), 0)))
                or 0)
 
 
 def notify_policy_change(session: Session, namespace: str, revision: int) -> None:
     """Queue a NOTIFY on the catalog channel (delivered at commit) so agents' long-polls
-    re-read desired state at once. No-op on SQLite (waiters poll there)."""
+    re-read desired state at once (after a policy or hot-mark change). No-op on SQLite
+    (waiters poll there)."""
     if session.get_bind().dialect.name != "postgresql":
         return
     payload = json.dumps({"namespace": namespace, "policy_revision": revision},

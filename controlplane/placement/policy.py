@@ -7,6 +7,11 @@ An adapter occupies one slot and `ceil(bytes / page_bytes)` pages.
 
 Policy, deterministic for equal inputs:
 
+0. Hot adapters (an admin's per-alias mark), heaviest first (ties by digest), go to
+   *every* compatible agent where they fit, each agent in agent-id order, before any
+   held or other adapter: a publication to a hot alias is resident fleet-wide before
+   the first request for it arrives. Rules 1-3 then place the other adapters in the
+   room that is left, so a hot adapter may displace a held one.
 1. Adapters an agent already holds (its last slot report) stay there while they fit
    (no churn: consolidation keeps the working set where it is).
 2. Remaining adapters, heaviest first, go to the compatible agent that already holds
@@ -23,7 +28,7 @@ adapter's rank and its targets cover the adapter's target roles.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 
 @dataclass(frozen=True)
@@ -47,6 +52,8 @@ class AdapterDemand:
     rank: int
     roles: frozenset[str]
     nbytes: int
+    hot: bool = False
+    """Place on every compatible agent with room (rule 0)."""
 
 
 @dataclass
@@ -76,27 +83,48 @@ class _Room:
 def place(adapters: Iterable[AdapterDemand],
           agents: Iterable[AgentCapacity]) -> dict[int, frozenset[str]]:
     """`{agent_id: digests to keep resident}` (see module docstring)."""
-    rooms = {c.agent_id: _Room(c, c.adapter_slots, c.pool_pages) for c in agents}
-    unique: dict[str, AdapterDemand] = {}
-    for a in adapters:
-        unique.setdefault(a.digest, a)
-    order = sorted(unique.values(), key=lambda a: (-a.nbytes, a.digest))
-    pending = []
+    rooms = sorted((_Room(c, c.adapter_slots, c.pool_pages) for c in agents),
+                   key=lambda r: r.cap.agent_id)
+    order = sorted(_unique(adapters), key=lambda a: (-a.nbytes, a.digest))
     for a in order:
-        kept = False
-        for room in sorted(rooms.values(), key=lambda r: r.cap.agent_id):
-            if a.digest in room.cap.holds and room.compatible(a) and room.fits(a):
-                room.take(a)
-                kept = True
-        if not kept:
-            pending.append(a)
+        if a.hot:
+            _place_everywhere(a, rooms)
+    pending = [a for a in order if not a.hot and not _keep_held(a, rooms)]
     for a in pending:
-        candidates = [r for r in rooms.values() if r.compatible(a) and r.fits(a)]
+        candidates = [r for r in rooms if r.compatible(a) and r.fits(a)]
         if not candidates:
             continue
         best = max(candidates, key=lambda r: (len(r.placed), r.pages, -r.cap.agent_id))
         best.take(a)
-    return {agent_id: frozenset(r.placed) for agent_id, r in rooms.items()}
+    return {r.cap.agent_id: frozenset(r.placed) for r in rooms}
+
+
+def _unique(adapters: Iterable[AdapterDemand]) -> list[AdapterDemand]:
+    """One demand per digest (the first seen), hot when any demand for it is hot (an
+    artifact current for several aliases is hot if one of them is)."""
+    unique: dict[str, AdapterDemand] = {}
+    for a in adapters:
+        seen = unique.setdefault(a.digest, a)
+        if a.hot and not seen.hot:
+            unique[a.digest] = replace(seen, hot=True)
+    return list(unique.values())
+
+
+def _place_everywhere(a: AdapterDemand, rooms: list[_Room]) -> None:
+    """Rule 0: `a` on every compatible room where it fits."""
+    for room in rooms:
+        if room.compatible(a) and room.fits(a):
+            room.take(a)
+
+
+def _keep_held(a: AdapterDemand, rooms: list[_Room]) -> bool:
+    """Rule 1: `a` stays on every room that holds it and still fits it; True if any."""
+    kept = False
+    for room in rooms:
+        if a.digest in room.cap.holds and room.compatible(a) and room.fits(a):
+            room.take(a)
+            kept = True
+    return kept
 
 
 def capacity_from_record(agent_id: int, h_base: str, capabilities: Mapping[str, object],

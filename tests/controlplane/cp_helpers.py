@@ -142,3 +142,53 @@ def wait_for(predicate: Callable[[], Any], *, what: str, timeout: float = 60.0,
         if time.monotonic() > deadline:
             raise AssertionError(f"gave up waiting for {what}")
         time.sleep(interval)
+
+
+def poll_across(api: Api, token: str, agent_id: int, epoch: int,
+                change: Callable[[], None], wait_s: float = 30.0
+                ) -> tuple[Any, Any, float]:
+    """An agent's own client long-polls desired state (`since` and `tenants_after` at
+    its first answer) over real HTTP while `change` runs on this thread once the poll
+    waits. Returns (first answer, the poll's answer, seconds the poll took); the poll
+    must still be waiting when `change` starts."""
+    from agent.sync import ControlPlaneClient
+
+    with LiveServer(api.app) as server:
+        client = ControlPlaneClient(server.url, token)
+        try:
+            first = client.desired_state(agent_id, epoch, after=-1, wait_s=0)
+            answers: list[Any] = []
+            polled = threading.Event()
+
+            def poll() -> None:
+                polled.set()
+                answers.append(client.desired_state(
+                    agent_id, epoch, after=first.version, wait_s=wait_s,
+                    since=first.version, tenants_after=first.tenants_version))
+
+            waiter = threading.Thread(target=poll, daemon=True)
+            started = time.monotonic()
+            waiter.start()
+            polled.wait(5)
+            time.sleep(0.3)  # let the request reach its wait
+            assert not answers  # nothing changed yet: still waiting
+            change()
+            waiter.join(timeout=wait_s + 10)
+            elapsed = time.monotonic() - started
+        finally:
+            client.close()
+    (answer,) = answers
+    return first, answer, elapsed
+
+
+def non_global_admins(api: Api, ns: str = "acme") -> dict[str, dict[str, str]]:
+    """Headers of every kind of token short of admin on '*' (fleet-wide changes such as
+    a namespace weight or an alias's hot mark are refused to each): reader, publisher and
+    admin of `ns`, publisher on '*', an agent."""
+    return {
+        "reader": api.token([{"namespace": ns, "role": "read"}], name="reader"),
+        "publisher": api.token([{"namespace": ns, "role": "publish"}], name="publisher"),
+        "namespace admin": api.token([{"namespace": ns, "role": "admin"}], name="ns-admin"),
+        "global publisher": api.token([{"namespace": "*", "role": "publish"}], name="glob"),
+        "agent": api.token([], is_agent=True, name="agent"),
+    }

@@ -57,7 +57,7 @@ def test_openapi_declares_the_agent_contracts(api: Api) -> None:
         "tenants_version", "tenants", "aliases"}
     assert set(schemas["TenantPolicy"]["required"]) == {"namespace", "weight", "priority"}
     assert set(schemas["DesiredAlias"]["required"]) == {
-        "namespace", "alias", "current_generation", "generations", "prefetch"}
+        "namespace", "alias", "current_generation", "generations", "prefetch", "hot"}
     artifact = schemas["DesiredArtifact"]
     assert set(artifact["required"]) == {"id", "digest", "files", "validated_record"}
     assert "collection" in artifact["properties"]  # sent only for collection members

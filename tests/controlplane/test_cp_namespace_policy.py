@@ -5,12 +5,11 @@
 
 from __future__ import annotations
 
-import threading
 import time
 from typing import Any
 
 import pytest
-from cp_helpers import Api, Assets, LiveServer, setup_namespace
+from cp_helpers import Api, Assets, non_global_admins, poll_across, setup_namespace
 
 from controlplane.contracts import Capabilities, DesiredState, RegisterRequest, TenantPolicy
 
@@ -111,14 +110,7 @@ def test_unknown_namespace_and_non_admins_are_refused(api: Api, assets: Assets) 
     assert r.status_code == 404 and r.json()["code"] == "NOT_FOUND", r.text
     assert r.json()["detail"] == {"kind": "namespace", "ref": "nowhere"}
 
-    tokens = {
-        "reader": api.token([{"namespace": "acme", "role": "read"}], name="reader"),
-        "publisher": api.token([{"namespace": "acme", "role": "publish"}], name="publisher"),
-        # a weight is a share against the other namespaces: not the namespace's own call
-        "namespace admin": api.token([{"namespace": "acme", "role": "admin"}], name="ns-admin"),
-        "global publisher": api.token([{"namespace": "*", "role": "publish"}], name="glob"),
-        "agent": api.token([], is_agent=True, name="agent"),
-    }
+    tokens = non_global_admins(api)
     before = _namespaces(api)["acme"]
     for who, headers in tokens.items():
         for body in ({"weight": 9}, {"priority": "high"}):
@@ -182,40 +174,17 @@ def test_desired_state_carries_every_tenant(api: Api, assets: Assets) -> None:
 def test_a_policy_change_wakes_a_waiting_agent(api: Api, assets: Assets) -> None:
     """The agent's own client long-polls (`tenants_after`) over real HTTP; a PATCH from
     another thread ends the poll long before its wait is up, with the new policy."""
-    from agent.sync import ControlPlaneClient
-
     setup_namespace(api, assets.abi)
     agent, agent_id, epoch = _register(api, assets, "waiting-agent")
-    token = agent["Authorization"].split()[1]
-    wait_s = 30.0
-    with LiveServer(api.app) as server:
-        client = ControlPlaneClient(server.url, token)
-        try:
-            first = client.desired_state(agent_id, epoch, after=-1, wait_s=0)
-            answers: list[DesiredState] = []
-            polled = threading.Event()
 
-            def poll() -> None:
-                polled.set()
-                answers.append(client.desired_state(
-                    agent_id, epoch, after=first.version, wait_s=wait_s,
-                    since=first.version, tenants_after=first.tenants_version))
+    def change() -> None:
+        r = api.client.patch("/v1/namespaces/acme", headers=api.admin,
+                             json={"weight": 7.5, "priority": "high"})
+        assert r.status_code == 200, r.text
 
-            waiter = threading.Thread(target=poll, daemon=True)
-            started = time.monotonic()
-            waiter.start()
-            polled.wait(5)
-            time.sleep(0.3)  # let the request reach its wait
-            assert not answers  # nothing changed yet: still waiting
-            r = api.client.patch("/v1/namespaces/acme", headers=api.admin,
-                                 json={"weight": 7.5, "priority": "high"})
-            assert r.status_code == 200, r.text
-            waiter.join(timeout=wait_s + 10)
-            elapsed = time.monotonic() - started
-        finally:
-            client.close()
-    (answer,) = answers
-    assert elapsed < wait_s / 2, elapsed  # woken by the change, not by the timeout
+    first, answer, elapsed = poll_across(api, agent["Authorization"].split()[1], agent_id,
+                                         epoch, change)
+    assert elapsed < 15, elapsed  # woken by the change, not by the 30 s timeout
     assert answer.tenants_version > first.tenants_version and not answer.full
     assert answer.tenants == [TenantPolicy(namespace="acme", weight=7.5, priority="high")]
 

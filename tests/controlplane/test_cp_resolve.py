@@ -25,7 +25,7 @@ def test_resolution_is_the_current_generation_of_history(api: Api, assets: Asset
     resolved = api.client.get("/v1/namespaces/acme/aliases/bot", headers=api.admin).json()
     newest = api.client.get("/v1/namespaces/acme/aliases/bot/history",
                             headers=api.admin).json()["items"][0]
-    assert resolved == {**newest, "base": assets.h_base}
+    assert resolved == {**newest, "base": assets.h_base, "hot": False}
     assert resolved["artifact"] == {"id": a["id"], "digest": a["digest"],
                                     "base": assets.h_base, "method": "lora"}
     assert rollback.json() == newest  # what the write returned is what was stored
