@@ -16,7 +16,10 @@ Torch-free. One `schedule()` per engine step picks rows in this order:
      request's age in scheduling rounds, then the adapter cost vector (fairness.py
      `AdapterCost`: among requests queued in the same round, one whose adapter already
      has rows in the step adds no run), then arrival and id. When the next request's
-     blocks do not fit, admission stops (no smaller request overtakes it).
+     blocks do not fit, admission stops (no smaller request overtakes it). A round with a
+     free seat keys the ready waiting requests once (`_Candidates`: a heap; an admission
+     re-keys only the requests on its adapter), so a deep queue costs O(W log W) per
+     such round, not per admitted request.
 Before admission, waiting requests that were never admitted and carry a queue deadline
 (`Sequence.queue_deadline`) are dropped unstarted (`ScheduleOutput.expired`,
 FinishReason.DEADLINE) when the deadline has passed, or when the estimated wait for their
@@ -41,6 +44,7 @@ are on the host (placeholders replaced, stop rules, finished requests freed).
 
 from __future__ import annotations
 
+import heapq
 import time
 from collections import deque
 from collections.abc import Callable, Iterable
@@ -107,6 +111,40 @@ class SchedulerConfig:
                 raise InvalidRequest(f"{name} must be an int >= 1", **{name: value})
         if self.max_model_len is not None and self.max_model_len < 2:
             raise InvalidRequest("max_model_len must be >= 2", max_model_len=self.max_model_len)
+
+
+class _Candidates:
+    """One admission round's ready requests, best first by `key`, with `key` evaluated
+    once per request and round instead of once per request and admission. Admitting a
+    request puts its adapter in the step, which lowers the adapter cost (one run fewer)
+    of the other requests on that adapter, and nothing else in the key moves during a
+    round: `activated(slot)` re-queues those requests under their new key, and the copy
+    under the old key is skipped when it surfaces."""
+
+    def __init__(self, ready: list[Sequence],
+                 key: Callable[[Sequence], tuple[object, ...]]) -> None:
+        self._ready, self._key = ready, key
+        self._heap = [(key(s), i) for i, s in enumerate(ready)]
+        heapq.heapify(self._heap)
+        self._by_slot: dict[int, list[int]] = {}
+        for i, seq in enumerate(ready):
+            self._by_slot.setdefault(seq.adapter_slot, []).append(i)
+        self._taken: set[int] = set()
+
+    def pop(self) -> Sequence | None:
+        """The best remaining request (it leaves the round), or None."""
+        while self._heap:
+            _, i = heapq.heappop(self._heap)
+            if i not in self._taken:
+                self._taken.add(i)
+                return self._ready[i]
+        return None
+
+    def activated(self, slot: int) -> None:
+        """The step now has rows on `slot`: re-key the requests on it."""
+        for i in self._by_slot.pop(slot, ()):
+            if i not in self._taken:
+                heapq.heappush(self._heap, (self._key(self._ready[i]), i))
 
 
 class Scheduler:
@@ -253,18 +291,19 @@ class Scheduler:
             return self._newest_key
         return self._admission_key
 
-    def _next_waiting(self, skipped: list[Sequence],
-                      key: Callable[[Sequence], tuple[object, ...]]) -> Sequence | None:
-        """The waiting request to admit next, still in `waiting`: FCFS moves the not-ready
-        ones it passes to `skipped`; the fair policy picks the best ready one by key."""
-        if not self._fair:
-            while self.waiting:
-                if self.adapter_ready(self.waiting[0]):
-                    return self.waiting[0]
-                skipped.append(self.waiting.popleft())
-            return None
-        ready = [s for s in self.waiting if self.adapter_ready(s)]
-        return min(ready, key=key) if ready else None
+    def _candidates(self, now: float) -> _Candidates:
+        """This round's ready waiting requests in the policy's order (policies other than
+        fcfs)."""
+        return _Candidates([s for s in self.waiting if self.adapter_ready(s)], self._order(now))
+
+    def _next_fcfs(self, skipped: list[Sequence]) -> Sequence | None:
+        """The first waiting request whose adapter is ready, still in `waiting`; the
+        not-ready ones it passes move to `skipped`."""
+        while self.waiting:
+            if self.adapter_ready(self.waiting[0]):
+                return self.waiting[0]
+            skipped.append(self.waiting.popleft())
+        return None
 
     def _note_step(self, now: float) -> None:
         """The time since the previous step, when that step had work, feeds the average."""
@@ -335,10 +374,12 @@ class Scheduler:
         # 3. admit waiting requests in the policy's order among the ready ones (none in a
         # step that preempted)
         skipped: list[Sequence] = []
-        key = self._order(now) if self._fair else self._admission_key
+        fair = self._candidates(now) if (
+            self._fair and self.waiting and budget > 0 and not out.preempted
+            and len(self.running) < self.config.max_num_seqs) else None
         while (self.waiting and budget > 0 and not out.preempted
                and len(self.running) < self.config.max_num_seqs):
-            nxt = self._next_waiting(skipped, key)
+            nxt = fair.pop() if fair is not None else self._next_fcfs(skipped)
             if nxt is None or not bm.can_allocate(nxt, keep=self.load_reservation):
                 break
             seq = nxt
@@ -349,7 +390,10 @@ class Scheduler:
             bm.allocate(seq)
             seq.status = SequenceStatus.RUNNING
             self.running.append(seq)
-            self._active.add(seq.adapter_slot)
+            if seq.adapter_slot not in self._active:
+                self._active.add(seq.adapter_slot)
+                if fair is not None:
+                    fair.activated(seq.adapter_slot)
             n = min(seq.num_tokens - seq.num_computed_tokens, budget)
             out.prefills.append((seq, n))
             budget -= n

@@ -311,3 +311,39 @@ def test_no_ready_tenant_waits_unserved_longer_than_a_bound(
             sched.postprocess(out, [42] * len(out.sampled))
         step += 1
         assert step < 2000
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from("xyz"), st.integers(-1, 3), st.integers(1, 16),
+                          st.integers(0, 2)), min_size=1, max_size=24),
+       st.dictionaries(st.sampled_from("xyz"), st.integers(0, 40)),
+       st.integers(1, 24))
+def test_one_round_admits_in_the_order_of_the_fair_key(
+        requests: list[tuple[str, int, int, int]], service: dict[str, int], seats: int) -> None:
+    """One admission round against the ordering rule applied naively: every admission
+    takes the minimum over all remaining requests of (class, service / weight, age round,
+    cost vector with the runs already in the step, arrival, id)."""
+    sched = Scheduler(SchedulerConfig(max_num_batched_tokens=4096, max_num_seqs=seats),
+                      make_block_manager(4096))
+    queued = []
+    for rnd in range(3):
+        sched.rounds = rnd  # requests queued in three different rounds
+        for i, (tenant, slot, rank, when) in enumerate(requests):
+            if when == rnd:
+                s = seq(f"r{i:02d}", tenant, slot=slot)
+                s.adapter_rank = rank
+                sched.add(s)
+                queued.append(s)
+    for tenant, units in service.items():
+        sched.tenants.credit(tenant, input_tokens=units)
+    expected, active, left = [], set(), list(queued)
+    while left and len(expected) < seats:
+        def key(s: Sequence) -> tuple[object, ...]:
+            run = 0 if s.adapter_slot in active else 1
+            return (sched.tenants.normalized(s.tenant), s.arrival_round,
+                    (0, run, s.adapter_rank, s.adapter_rank, 0), s.arrival, s.request_id)
+        best = min(left, key=key)
+        left.remove(best)
+        active.add(best.adapter_slot)
+        expected.append(best.request_id)
+    assert [s.request_id for s, _ in sched.schedule().prefills] == expected
