@@ -22,6 +22,8 @@
 #   fairness   the fair policy's throughput vs fcfs on a 128-adapter, 4-tenant trace, and
 #              goodput under an overload ramp to 2x capacity, fcfs / fair / newest_first
 #              (bench/fairness.py)
+#   noisy      noisy neighbour: tenant A at 10x tenant B's 8 req/s, B's TTFT under the fair
+#              policy vs B alone, at step token budgets 4096 and 1024 (bench/fairness.py)
 #   zipf       adapter residency: Zipf(1.2) over 1,000 adapters and 128 slots through the
 #              agent's engine loop (bench/zipf_residency.py)
 #   tp         TP=2 vs TP=1 decode, prefill and mixed steps through the engine, 0/16/128
@@ -80,6 +82,12 @@ for s in "$@"; do
                 --ramp-s 15 --max-queue-s 2 --capacity-requests 384 --prompt-min 64 \
                 --prompt-max 512 --output-min 64 --output-max 128 --max-num-seqs 128 \
                 --max-batched-tokens 4096 --kv-blocks 8192 --out "$OUT/fairness"; done' ;;
+    noisy) section noisy 400 bash -c 'set -e; for b in 4096 1024; do
+             python3 bench/fairness.py --shape llama3-8b --device cuda --dtype bfloat16 \
+             --adapters 8 --rate-b 8 --ratio 10 --duration-s 15 --policies fair \
+             --prompt-min 64 --prompt-max 512 --output-min 64 --output-max 128 \
+             --max-num-seqs 128 --max-batched-tokens $b --kv-blocks 8192 \
+             --out "$OUT/noisy-b$b"; done' ;;
     zipf) section zipf 300 python3 bench/zipf_residency.py --shape llama3-8b --device cuda \
             --dtype bfloat16 --adapters 1000 --slots 128 --rank 8 --targets q_proj v_proj \
             --rate 16 --duration-s 60 --prompt-min 64 --prompt-max 512 --output-min 64 \

@@ -32,7 +32,7 @@ def _generate(model_dir: Path, adapters: dict[str, Path], dtype: str, graphs: bo
                                    max_num_seqs=max_num_seqs,
                                    max_num_batched_tokens=64, num_kv_blocks=64, block_size=4,
                                    max_slots=4, max_rank=8, enable_cuda_graphs=graphs,
-                                   lora_fold=lora_fold))
+                                   lora_fold=lora_fold, scheduling_policy="fcfs"))
     handles = {n: engine.register_adapter(p) for n, p in adapters.items()}
     params = SamplingParams(temperature=0, max_tokens=MAX_TOKENS, ignore_eos=True, logprobs=0)
     outs = engine.generate([p for p, _ in REQUESTS], params,
@@ -64,7 +64,7 @@ def test_fp32_cuda_graphs_match_hf(cuda_device: torch.device, tiny_llama: Path,
     assert all((store is not None and store.uses > 0) if fold else store is None
                for store in stores)
     slots = engine.model.lora_fold_slots
-    if fused == "lora-fold-1":  # all_r8, (base), attn_r4, mlp_rs2, attn_r4 again
+    if fused == "lora-fold-1":  # fcfs: all_r8, (base), attn_r4, mlp_rs2, attn_r4 again
         assert slots is not None and slots.batched and slots.fold_slots == 1
         assert slots.copied == 4
     hf = HFReference(tiny_llama, tiny_adapters)
