@@ -20,8 +20,9 @@ from agent.adapter_loading import AdapterLoading
 from agent.catalog import Overloaded, QueueTimeout, ServingError
 from agent.event_ledger import Lookup
 from agent.metrics import rank_bucket
-from agent.tickets import BadPrompt, Ticket
+from agent.tickets import BadPrompt, NotInvoked, Ticket
 from dataplane.core import EngineError
+from dataplane.engine.activation import AloraNotInvoked
 from dataplane.engine.adapters import AdapterHandle
 
 
@@ -87,7 +88,12 @@ class Admission(AdapterLoading):
                 return
         try:  # the engine holds `handle` (never an eviction victim) until the request ends
             self.engine.add_request(t.request_id, t.prompt, t.params, handle, tenant=t.tenant,
-                                    max_queue_s=left)
+                                    max_queue_s=left,
+                                    base_if_not_invoked=t.base_if_not_invoked)
+        except AloraNotInvoked as exc:
+            self._release(t)
+            t.sink(NotInvoked(exc.message, **exc.detail))
+            return
         except EngineError as exc:
             self._release(t)
             t.sink(BadPrompt(str(exc), code=exc.code))

@@ -30,7 +30,7 @@ from dataplane.collections import CollectionError, read_bundle
 from dataplane.collections.bundle import CollectionBundle
 from dataplane.engine.adapters import AdapterError, LoadedAdapter, load_peft_adapter
 from dataplane.engine.native_members import BUNDLE_FILES, NativeMember, member_mismatch
-from dataplane.identity import h_adapter_semantic
+from dataplane.identity import activation_policy_sha256, h_adapter_semantic
 from dataplane.pool.errors import PoolError
 from dataplane.pool.faults import FaultInjector
 from dataplane.pool.host_tier import DiskCache
@@ -129,7 +129,9 @@ class ArtifactFetcher:
         except AdapterError as exc:
             raise LoadFailed(f"adapter rejected by the engine: {exc}",
                              artifact=info.digest) from exc
-        expected = h_adapter_semantic(self.base.h_base, info.digest)
+        # the activation policy comes from the downloaded config, which H_artifact covers
+        expected = h_adapter_semantic(self.base.h_base, info.digest,
+                                      activation_policy_sha256(loaded.invocation_tokens))
         if loaded.digest != expected:
             raise LoadFailed("downloaded adapter does not match its catalog digest",
                              artifact=info.digest)

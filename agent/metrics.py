@@ -26,6 +26,7 @@ from agent.event_ledger import EventLedger, Lookup
 
 if TYPE_CHECKING:
     from agent.residents import ResidentSet
+    from dataplane.engine.request_output import RequestOutput
     from dataplane.parallel.collectives import CollectiveCounter
 
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
@@ -127,6 +128,11 @@ class AgentMetrics:
                                 ["residency_state"], registry=r)
         self.ttft = Histogram("adapter_ttft_seconds", "Admission to first token.",
                               ["residency"], buckets=LATENCY_BUCKETS, registry=r)
+        self.prompt_tokens = Counter(
+            "prefix_cache_prompt_tokens_total",
+            "Prompt tokens of started requests by where their K/V came from: computed, "
+            "cached under the request's own execution, or (activated LoRA) cached base "
+            "execution shared with the base model and other aLoRAs.", ["source"], registry=r)
         self.token_latency = Histogram("adapter_token_latency_seconds",
                                        "Interval between consecutive output tokens.",
                                        buckets=LATENCY_BUCKETS, registry=r)
@@ -188,6 +194,16 @@ class AgentMetrics:
         self.collection_blocks.labels("free").set(blocks_total - blocks_used)
         self.collection_members.set(members)
         self.collection_resident_bytes.set(resident_bytes)
+
+    def observe_prompt(self, out: RequestOutput) -> None:
+        """A request's first output: split its prompt tokens by the prefix cache's part."""
+        base = out.num_cached_base_tokens
+        own = out.num_cached_tokens - base
+        computed = len(out.prompt_token_ids) - out.num_cached_tokens
+        for source, n in (("computed", computed), ("cached_same_execution", own),
+                          ("cached_base_for_alora", base)):
+            if n:
+                self.prompt_tokens.labels(source).inc(n)
 
     def observe_admission(self, counts: dict[str, int], wait_s: float) -> None:
         """The engine's offered / admitted / expired counts (cumulative) and wait estimate."""

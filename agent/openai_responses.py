@@ -35,9 +35,12 @@ class Answer:
                 "adapterplane": self.binding}
 
     @staticmethod
-    def usage(out: RequestOutput) -> dict[str, int]:
+    def usage(out: RequestOutput) -> dict[str, Any]:
+        """OpenAI's usage; `prompt_tokens_details.cached_tokens`: prompt tokens served from
+        the prefix cache (for an activated LoRA, also a base prefix other requests left)."""
         p, c = len(out.prompt_token_ids), len(out.token_ids)
-        return {"prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c}
+        return {"prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c,
+                "prompt_tokens_details": {"cached_tokens": out.num_cached_tokens}}
 
     def full(self, out: RequestOutput) -> dict[str, Any]:
         if self.is_chat:

@@ -33,6 +33,11 @@ class _Common(BaseModel):
         description="Extension: answer 503 (code QUEUE_TIMEOUT, with Retry-After) unless the "
                     "request starts within this many milliseconds of its arrival, adapter "
                     "load included (default: the agent's ADAPTERPLANE_AGENT_MAX_QUEUE_MS).")
+    alora_base_if_not_invoked: bool = Field(
+        default=False,
+        description="Extension: on an activated-LoRA model whose invocation tokens the prompt "
+                    "does not contain, answer with the base model instead of 422 "
+                    "ALORA_NOT_INVOKED.")
 
     def sampling(self, max_tokens_default: int = 16) -> SamplingParams:
         stop = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])

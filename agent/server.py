@@ -215,7 +215,8 @@ async def _serve(ctx: ServingContext, request: Request, model: str, prompt: str 
 
     max_queue_ms = body.max_queue_ms or ctx.max_queue_ms
     ctx.loop.submit(Ticket(request_id, prompt, params, gen, sink,
-                           max_queue_s=None if max_queue_ms is None else max_queue_ms / 1e3))
+                           max_queue_s=None if max_queue_ms is None else max_queue_ms / 1e3,
+                           base_if_not_invoked=body.alora_base_if_not_invoked))
     try:
         first = await events.get()
     except asyncio.CancelledError:

@@ -192,6 +192,7 @@ class EngineLoop(Admission, EngineObserver):
                                       service=completed_service(out))
             if ticket.last_token_at is None:
                 self.metrics.ttft.labels(ticket.residency).observe(now - ticket.created)
+                self.metrics.observe_prompt(out)
             else:
                 self.metrics.token_latency.observe(now - ticket.last_token_at)
             ticket.last_token_at = now

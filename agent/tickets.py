@@ -27,6 +27,13 @@ class BadPrompt(ServingError):
     status, code = 422, "VALIDATION_ERROR"
 
 
+class NotInvoked(ServingError):
+    """The model is an activated LoRA and the prompt lacks its invocation tokens (the
+    request may ask for the base model instead: `alora_base_if_not_invoked`)."""
+
+    status, code = 422, "ALORA_NOT_INVOKED"
+
+
 @dataclass
 class Ticket:
     """One admitted request; `generation` None = base model."""
@@ -41,6 +48,8 @@ class Ticket:
     last_token_at: float | None = None
     max_queue_s: float | None = None
     """Seconds from `created` within which the request must start (None: no limit)."""
+    base_if_not_invoked: bool = False
+    """On an activated LoRA whose invocation the prompt lacks: the base model, not 422."""
 
     @property
     def tenant(self) -> str:

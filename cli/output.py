@@ -104,6 +104,15 @@ def _artifact_ref(summary: Any) -> str:
     return f"{ident} ({short(digest)})" if digest else _cell(ident)
 
 
+def _activation(artifact: dict[str, Any]) -> str | None:
+    """"always on", or an activated LoRA's invocation token ids (None before validation)."""
+    record = artifact.get("validated_record")
+    if not isinstance(record, dict):
+        return None
+    tokens = record.get("alora_invocation_tokens")
+    return "always on" if tokens is None else f"aLoRA, invoked by tokens {tokens}"
+
+
 def render_artifact(artifact: dict[str, Any]) -> None:
     rejection = artifact.get("rejection") or {}
     modules = artifact.get("modules")
@@ -117,6 +126,7 @@ def render_artifact(artifact: dict[str, Any]) -> None:
             ("method", artifact.get("method")),
             ("size_bytes", artifact.get("size_bytes")),
             ("modules", len(modules) if isinstance(modules, list) else None),
+            ("activation", _activation(artifact)),
             ("upload_sha256", artifact.get("upload_sha256")),
             (
                 "rejection",

@@ -91,6 +91,14 @@ class BaseMismatch(AdapterplaneError):
     code = "BASE_MISMATCH"
 
 
+class AloraUnsupported(AdapterplaneError):
+    """An activated LoRA where only always-on adapters can go (a collection's members are
+    served on every row of their requests)."""
+
+    status_code = 422
+    code = "ALORA_UNSUPPORTED"
+
+
 class IdempotencyMismatch(AdapterplaneError):
     status_code = 422
     code = "IDEMPOTENCY_MISMATCH"

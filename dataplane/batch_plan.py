@@ -163,7 +163,7 @@ def build_batch_plan(
             input_ids.append(seq.token_ids[pos])
             positions.append(pos)
             row_request.append(r)
-            row_slot.append(seq.adapter_slot)
+            row_slot.append(seq.adapter_slot if pos >= seq.active_from else -1)
             slot_mapping.append(table[pos // block_size] * block_size + pos % block_size)
 
     for i in order:
@@ -202,7 +202,8 @@ def check_batch_plan(plan: BatchPlan) -> None:
     """Verify every BatchPlan invariant before launch; raise InvalidBatchPlan on the first.
 
     Checks the packing conditions (indptr monotone with last == doff, adapter runs
-    ending at o_K == T, row ownership contiguous per request, slot constant per request) and
+    ending at o_K == T, row ownership contiguous per request, a request's rows base (-1) up
+    to its activation offset and one adapter slot after it) and
     that positions, context lengths, slot mapping and sample rows agree with each other.
     """
     t = len(plan.input_ids)
@@ -246,8 +247,10 @@ def check_batch_plan(plan: BatchPlan) -> None:
             pos = plan.positions[i]
             if i > first_row[q] and pos != plan.positions[i - 1] + 1:
                 fail("prefill positions must be consecutive", row=i)
-            if plan.row_slot[i] != plan.row_slot[first_row[q]]:
-                fail("adapter slot must be constant within a request", row=i)
+            prev = plan.row_slot[i - 1] if i > first_row[q] else None
+            if prev is not None and plan.row_slot[i] != prev and prev != -1:
+                fail("a request's rows are base rows, then rows of one adapter slot",
+                     row=i)
             if plan.slot_mapping[i] != table[pos // bs] * bs + pos % bs:
                 fail("slot_mapping disagrees with block table", row=i)
     if len(plan.sample_rows) != len(plan.sample_request_ids):

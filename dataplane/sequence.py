@@ -50,6 +50,8 @@ class Sequence:
     cache (requests in different namespaces never share cached blocks). `tenant` is whose
     service the request's completed work counts as (dataplane/engine/fairness.py).
     `adapter_rank` is the adapter's largest module rank (the scheduler's cost vector).
+    `active_from` is the first position the adapter applies to (an activated LoRA's
+    invocation offset, engine/activation.py; 0 for plain LoRA): rows before it run as base.
     """
 
     request_id: str
@@ -58,6 +60,7 @@ class Sequence:
     adapter_slot: int = BASE_SLOT
     adapter_digest: str | None = None
     adapter_rank: int = 0
+    active_from: int = 0
     arrival: int = 0
     arrival_round: int = 0
     """The scheduling round in which the request was queued (its age is counted in rounds)."""
@@ -89,6 +92,10 @@ class Sequence:
         if (self.adapter_slot == BASE_SLOT) != (self.adapter_digest is None):
             raise InvalidRequest("adapter_digest must be set exactly when adapter_slot >= 0",
                                  request_id=self.request_id)
+        if not _is_int(self.active_from) or not 0 <= self.active_from < len(
+                self.prompt_token_ids):
+            raise InvalidRequest("active_from must be a prompt position",
+                                 request_id=self.request_id, active_from=self.active_from)
         if not self.token_ids:
             self.token_ids = list(self.prompt_token_ids)
 

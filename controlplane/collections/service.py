@@ -23,7 +23,7 @@ from controlplane.bases.repository import BaseModelRepository
 from controlplane.collections.repository import CollectionRepository
 from controlplane.collections.schemas import CollectionCreate
 from controlplane.db import begin_write
-from controlplane.errors import BadRequest, BaseMismatch, InvalidState
+from controlplane.errors import AloraUnsupported, BadRequest, BaseMismatch, InvalidState
 from controlplane.models import ArtifactState, Collection, CollectionState
 from controlplane.namespaces.repository import NamespaceRepository
 from controlplane.worker.jobs import JobQueue
@@ -76,6 +76,9 @@ def submit_collection(session: Session, jobs: JobQueue, *, namespace: str,
             raise BaseMismatch(f"source {ref} was validated against another base",
                                detail={"source": ref, "base": artifact.base.h_base,
                                        "expected": body.base})
+        if (artifact.validated_record or {}).get("alora_invocation_tokens") is not None:
+            raise AloraUnsupported(f"source {ref} is an activated LoRA: collection members "
+                                   "are always on", detail={"source": ref})
         sources.append({"artifact_id": artifact.id, "digest": artifact.digest})
     digests = [str(s["digest"]) for s in sources]
     if len(set(digests)) != len(digests):

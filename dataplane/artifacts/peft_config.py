@@ -40,10 +40,13 @@ SEMANTIC_FIELDS = ("peft_type", "r", "lora_alpha", "target_modules", "rank_patte
                    "alpha_pattern", "use_rslora", "layers_to_transform", "layers_pattern",
                    "exclude_modules")
 OFF_FIELDS = ("use_dora", "modules_to_save", "lora_bias", "fan_in_fan_out",
-              "layer_replication", "trainable_token_indices", "alora_invocation_tokens",
-              "target_parameters", "megatron_config", "use_qalora", "use_bdlora",
-              "velora_config")
+              "layer_replication", "trainable_token_indices", "target_parameters",
+              "megatron_config", "use_qalora", "use_bdlora", "velora_config")
 """Features we do not serve: each must be absent, null, false, empty or "none"."""
+ALORA_FIELD = "alora_invocation_tokens"
+"""Activated LoRA: the token ids whose last occurrence in a request switches the adapter on
+(rows before it run as the base model). Hashed when present; absent for plain LoRA, so a
+plain LoRA's digest does not depend on the field existing."""
 _LAYER_INDEX = re.compile(r".*?\.[^.]*\.(?P<idx>\d+)\.")
 
 
@@ -86,6 +89,8 @@ class LoraSettings:
     layers_to_transform: tuple[int, ...] | None
     exclude_modules: str | tuple[str, ...] | None
     peft_config_sha256: str
+    invocation_tokens: tuple[int, ...] | None = None
+    """aLoRA invocation token ids (None: a plain LoRA, always on)."""
 
     @property
     def scaling_rule(self) -> str:
@@ -174,7 +179,7 @@ def parse_lora_config(config: Mapping[str, Any]) -> LoraSettings:
     if config.get("bias", "none") != "none":
         raise _unsupported(f"bias={config['bias']!r}: trained biases are not supported",
                            field="bias")
-    known = set(SEMANTIC_FIELDS) | set(OFF_FIELDS) | IGNORED_FIELDS | {"bias"}
+    known = set(SEMANTIC_FIELDS) | set(OFF_FIELDS) | IGNORED_FIELDS | {"bias", ALORA_FIELD}
     for key, value in config.items():
         if key not in known and not _is_off(value):
             raise _unsupported(f"unknown config field {key!r}={value!r}", field=key)
@@ -209,8 +214,22 @@ def parse_lora_config(config: Mapping[str, Any]) -> LoraSettings:
         layers_to_transform=layers,
         exclude_modules=None if _is_off(exclude) else _module_spec(exclude, "exclude_modules"),
         peft_config_sha256=exact_digest(_semantic_record(config)),
+        invocation_tokens=_invocation_tokens(config.get(ALORA_FIELD)),
     )
     return settings
+
+
+def _invocation_tokens(value: object) -> tuple[int, ...] | None:
+    """aLoRA invocation tokens: absent/null, or a non-empty list of token ids (ints >= 0;
+    the base's vocabulary bound is checked against the base at validation)."""
+    if value is None:
+        return None
+    if (not isinstance(value, list) or not value
+            or not all(isinstance(t, int) and not isinstance(t, bool) and t >= 0
+                       for t in value)):
+        raise _malformed(f"{ALORA_FIELD} must be a non-empty list of token ids",
+                         field=ALORA_FIELD)
+    return tuple(value)
 
 
 def _semantic_record(config: Mapping[str, Any]) -> dict[str, Any]:
@@ -221,4 +240,6 @@ def _semantic_record(config: Mapping[str, Any]) -> dict[str, Any]:
     if isinstance(record["target_modules"], list):
         record["target_modules"] = sorted(set(record["target_modules"]))
     record["use_rslora"] = bool(config.get("use_rslora", False))
+    if config.get(ALORA_FIELD) is not None:
+        record[ALORA_FIELD] = list(config[ALORA_FIELD])
     return record

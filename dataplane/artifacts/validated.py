@@ -7,7 +7,16 @@ from dataclasses import dataclass
 from typing import Any
 
 from dataplane.artifacts.errors import ArtifactRejected, RejectionCode
-from dataplane.identity import ArtifactIdentity, IdentityError, JSONValue, ModuleSpec
+from dataplane.identity import (
+    ArtifactIdentity,
+    IdentityError,
+    JSONValue,
+    ModuleSpec,
+    activation_policy_sha256,
+    h_adapter_semantic,
+)
+
+ALORA_KEY = "alora_invocation_tokens"
 
 
 @dataclass(frozen=True)
@@ -15,7 +24,10 @@ class ValidatedArtifact:
     """A validated LoRA artifact. Invariants: `modules` strictly sorted by name;
     `h_artifact == ArtifactIdentity(method, peft_config_sha256, h_base, modules).h_artifact`;
     `total_params = sum(r * (d_in + d_out))`; `total_bytes` = factor payload bytes.
-    `target_modules` are the distinct roles adapted ("q_proj", ...), sorted."""
+    `target_modules` are the distinct roles adapted ("q_proj", ...), sorted.
+    `invocation_tokens`: an activated LoRA's invocation token ids (None: always on); they
+    are part of the PEFT config digest and so of `h_artifact`, and decide the activation
+    policy digest of the semantic identity."""
 
     h_artifact: str
     method: str
@@ -26,9 +38,11 @@ class ValidatedArtifact:
     total_params: int
     total_bytes: int
     dtype: str
+    invocation_tokens: tuple[int, ...] | None = None
 
     @classmethod
-    def from_identity(cls, identity: ArtifactIdentity) -> ValidatedArtifact:
+    def from_identity(cls, identity: ArtifactIdentity,
+                      invocation_tokens: tuple[int, ...] | None = None) -> ValidatedArtifact:
         modules = identity.modules
         return cls(
             h_artifact=identity.h_artifact, method=identity.method,
@@ -36,7 +50,7 @@ class ValidatedArtifact:
             modules=modules, target_modules=tuple(sorted({m.role for m in modules})),
             total_params=sum(m.scalars for m in modules),
             total_bytes=sum(m.nbytes for m in modules),
-            dtype=modules[0].dtype,
+            dtype=modules[0].dtype, invocation_tokens=invocation_tokens,
         )
 
     @property
@@ -47,14 +61,26 @@ class ValidatedArtifact:
     def max_rank(self) -> int:
         return max(m.rank for m in self.modules)
 
+    @property
+    def activation_policy_sha256(self) -> str:
+        return activation_policy_sha256(self.invocation_tokens)
+
+    @property
+    def h_adapter_semantic(self) -> str:
+        """The base-plus-adapter function served: H_base, H_artifact, activation policy."""
+        return h_adapter_semantic(self.h_base, self.h_artifact, self.activation_policy_sha256)
+
     def to_record(self) -> dict[str, JSONValue]:
-        return {
+        record: dict[str, JSONValue] = {
             "h_artifact": self.h_artifact, "method": self.method,
             "peft_config_sha256": self.peft_config_sha256, "h_base": self.h_base,
             "modules": [m.to_record() for m in self.modules],
             "target_modules": list(self.target_modules), "total_params": self.total_params,
             "total_bytes": self.total_bytes, "dtype": self.dtype,
         }
+        if self.invocation_tokens is not None:  # plain LoRA records carry no such key
+            record[ALORA_KEY] = list(self.invocation_tokens)
+        return record
 
     @classmethod
     def from_record(cls, record: Mapping[str, Any]) -> ValidatedArtifact:
@@ -63,10 +89,13 @@ class ValidatedArtifact:
             identity = ArtifactIdentity(
                 str(record["method"]), record["peft_config_sha256"], record["h_base"],
                 tuple(ModuleSpec.from_record(m) for m in record["modules"]))
-        except (KeyError, TypeError, IdentityError) as exc:
+            tokens = record.get(ALORA_KEY)
+            invocation = None if tokens is None else tuple(int(t) for t in tokens)
+            activation_policy_sha256(invocation)  # a well-formed policy
+        except (KeyError, TypeError, ValueError, IdentityError) as exc:
             raise ArtifactRejected(RejectionCode.INCONSISTENT_RECORD,
                                    f"malformed artifact record ({exc!r})") from exc
-        artifact = cls.from_identity(identity)
+        artifact = cls.from_identity(identity, invocation)
         if artifact.to_record() != dict(record):
             raise ArtifactRejected(RejectionCode.INCONSISTENT_RECORD,
                                    "artifact record does not re-derive from its modules",

@@ -156,6 +156,17 @@ def _check_config_agreement(modules: dict[str, dict[str, TensorInfo]], settings:
                          module=name, tensor_rank=rank, config_rank=settings.rank_for(name))
 
 
+def _check_invocation_tokens(settings: LoraSettings, base: BaseModelABI) -> None:
+    """An aLoRA's invocation tokens must be token ids of the base's vocabulary."""
+    tokens = settings.invocation_tokens or ()
+    outside = [t for t in tokens if t >= base.vocab_size]
+    if outside:
+        raise reject(RejectionCode.MALFORMED_CONFIG,
+                     f"alora_invocation_tokens {outside} are outside the base's vocabulary "
+                     f"of {base.vocab_size}", field="alora_invocation_tokens",
+                     vocab_size=base.vocab_size)
+
+
 def validate_peft_dir(adapter_dir: Path, base: BaseModelABI,
                       limits: ArtifactLimits = ArtifactLimits()) -> ValidatedArtifact:
     """Validate the PEFT LoRA adapter in `adapter_dir` for `base`; raise ArtifactRejected."""
@@ -177,6 +188,7 @@ def validate_peft_dir(adapter_dir: Path, base: BaseModelABI,
             raise reject(RejectionCode.RANK_LIMIT, f"{name}: rank {rank} > {limits.max_rank}",
                          module=name, rank=rank, limit=limits.max_rank)
     _check_config_agreement(modules, settings, base)
+    _check_invocation_tokens(settings, base)
     specs = []
     for name, factors in sorted(modules.items()):
         digests = {}
@@ -194,4 +206,4 @@ def validate_peft_dir(adapter_dir: Path, base: BaseModelABI,
         ))
     identity = ArtifactIdentity(METHOD_LORA, settings.peft_config_sha256, base.h_base,
                                 tuple(specs))
-    return ValidatedArtifact.from_identity(identity)
+    return ValidatedArtifact.from_identity(identity, settings.invocation_tokens)

@@ -34,10 +34,12 @@ def make_peft_adapter(
     use_rslora: bool = False,
     dtype: str = "float32",
     delta_scale: float = DEFAULT_DELTA_SCALE,
+    alora_invocation_tokens: list[int] | None = None,
 ) -> Path:
     """Create a LoRA adapter for the HF model in `base_dir`, save it to `dest`, return `dest`.
 
     `dtype` is the saved factor dtype: "float32", "float16" or "bfloat16".
+    `alora_invocation_tokens` makes it an activated LoRA (PEFT aLoRA).
     Shapes follow PEFT: `lora_A.weight` [r, d_in], `lora_B.weight` [d_out, r] where r
     comes from `rank_pattern` when a pattern matches the module, else `rank`.
     """
@@ -59,6 +61,7 @@ def make_peft_adapter(
         bias="none",
         init_lora_weights=False,
         task_type="CAUSAL_LM",
+        alora_invocation_tokens=alora_invocation_tokens,
     )
     model = get_peft_model(base, config)
     generator = torch.Generator().manual_seed(seed)

@@ -85,6 +85,10 @@ class PeftSources:
             except ArtifactRejected as exc:
                 raise CollectionError(f"member {index} rejected: {exc.message}", index=index,
                                       rejection=exc.code.value) from exc
+            if artifact.invocation_tokens is not None:  # members are served on every row
+                raise CollectionError(f"member {index} is an activated LoRA: a collection's "
+                                      "members are always on", index=index,
+                                      rejection="alora_unsupported")
             keys: dict[str, dict[str, str]] = {}
             with safe_open(str(directory / WEIGHTS_FILE), framework="pt") as handle:
                 for key in handle.keys():  # noqa: SIM118 - safe_open has no __iter__

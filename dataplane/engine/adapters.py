@@ -34,7 +34,7 @@ from dataplane.artifacts import (
 )
 from dataplane.core import EngineError, Sequence
 from dataplane.engine.kernel_identity import PAGED, single_device_kernel_local
-from dataplane.identity import ModuleSpec, h_adapter_semantic
+from dataplane.identity import ModuleSpec
 from dataplane.layers.lora_linear import LoRALinear
 from dataplane.models.config import ModelConfig
 from dataplane.models.llama import LORA_GROUPS
@@ -105,6 +105,8 @@ class LoadedAdapter:
     digest: str
     source: str = ""
     specs: tuple[ModuleSpec, ...] = ()
+    invocation_tokens: tuple[int, ...] | None = None
+    """An activated LoRA's invocation token ids (None: always on)."""
 
     @property
     def max_rank(self) -> int:
@@ -133,20 +135,22 @@ def load_peft_adapter(peft_dir: Path, base: BaseModelABI, max_rank: int) -> Load
             raise AdapterError(f"module {name!r} is not a supported projection", module=name)
         a, b = tensors[(name, "A")], tensors[(name, "B")]
         modules.append(ModuleFactors(where[0], where[1], a, b, spec.scale))
-    digest = h_adapter_semantic(artifact.h_base, artifact.h_artifact)
-    return LoadedAdapter(tuple(modules), digest, str(peft_dir),
-                         tuple(sorted(artifact.modules, key=lambda m: m.name)))
+    return LoadedAdapter(tuple(modules), artifact.h_adapter_semantic, str(peft_dir),
+                         tuple(sorted(artifact.modules, key=lambda m: m.name)),
+                         artifact.invocation_tokens)
 
 
 @dataclass(frozen=True)
 class AdapterHandle:
-    """A registered adapter: its slot, semantic digest and the slot's load generation."""
+    """A registered adapter: its slot, semantic digest and the slot's load generation;
+    an activated LoRA also has its invocation token ids (engine/activation.py)."""
 
     slot: int
     digest: str
     slot_generation: int
     max_rank: int
     source: str
+    invocation_tokens: tuple[int, ...] | None = None
 
 
 @functools.lru_cache(maxsize=1024)

@@ -40,6 +40,7 @@ from dataplane.core import (
     Sequence,
     build_batch_plan,
 )
+from dataplane.engine.activation import ALWAYS_ON, AloraNotInvoked, activation_offset
 from dataplane.engine.adapters import (
     AdapterError,
     AdapterHandle,
@@ -354,13 +355,17 @@ class Engine(StepLoop):
     def add_request(self, request_id: str, prompt: str | list[int],
                     sampling_params: SamplingParams | None = None,
                     adapter: AdapterHandle | None = None, *, tenant: str = "",
-                    max_queue_s: float | None = None) -> None:
+                    max_queue_s: float | None = None,
+                    base_if_not_invoked: bool = False) -> None:
         """Queue a request whose completed work counts as `tenant`'s service (the agent
         passes the alias's namespace; engine/fairness.py). With `max_queue_s` the request
         is dropped unstarted (an output with finish reason "deadline") unless it is
         admitted within that many seconds, or as soon as the estimated wait for its
-        prefill exceeds them (engine/scheduler.py). Bad input raises a typed error and
-        changes nothing."""
+        prefill exceeds them (engine/scheduler.py). On an activated LoRA the adapter
+        applies from the last occurrence of its invocation tokens in the prompt
+        (engine/activation.py); a prompt without them raises AloraNotInvoked, or with
+        `base_if_not_invoked` is served by the base model. Bad input raises a typed error
+        and changes nothing."""
         if not isinstance(tenant, str):
             raise InvalidRequest("tenant must be a str", request_id=request_id)
         deadline = None
@@ -376,13 +381,25 @@ class Engine(StepLoop):
                for t in prompt_ids):
             raise InvalidRequest("prompt token ids must be ints in [0, vocab_size)",
                                  request_id=request_id)
-        slot, digest, rank = -1, None, 0
+        slot, digest, rank, active_from = -1, None, 0, ALWAYS_ON
         if adapter is not None:
             self.adapters.check_handle(adapter)
+            if adapter.invocation_tokens is not None:
+                offset = activation_offset(prompt_ids, adapter.invocation_tokens)
+                if offset is None and not base_if_not_invoked:
+                    raise AloraNotInvoked(
+                        "the prompt does not contain the adapter's invocation tokens",
+                        request_id=request_id,
+                        invocation_tokens=list(adapter.invocation_tokens))
+                if offset is None:
+                    adapter = None  # the caller asked for the base model
+                else:
+                    active_from = offset
+        if adapter is not None:
             slot, digest, rank = adapter.slot, adapter.digest, adapter.max_rank
         seq = Sequence(request_id, tuple(prompt_ids), sampling_params or SamplingParams(),
                        adapter_slot=slot, adapter_digest=digest, adapter_rank=rank,
-                       tenant=tenant, queue_deadline=deadline)
+                       active_from=active_from, tenant=tenant, queue_deadline=deadline)
         if adapter is not None:
             self.pool.hold(adapter)  # never an eviction victim while this request lives
         try:

@@ -230,7 +230,7 @@ class PoolSlots:
             self._notify_evicted()
         slot = admission.handle.slot_id
         handle = AdapterHandle(slot, adapter.digest, admission.handle.slot_generation,
-                               adapter.max_rank, adapter.source)
+                               adapter.max_rank, adapter.source, adapter.invocation_tokens)
         self.engine.adapters.bind(handle, adapter)
         self._bound[slot] = _Bound(admission.handle, key, admission.generation, handle,
                                    pinned=not evictable)

@@ -20,3 +20,8 @@ class RequestOutput:
     finished: bool
     finish_reason: str | None
     logprobs: tuple[TokenLogprobs, ...] | None
+    num_cached_tokens: int = 0
+    """Prompt tokens whose K/V came from the prefix cache at the request's (last) admission."""
+    num_cached_base_tokens: int = 0
+    """Of those, the tokens an activated LoRA reused from base execution (blocks wholly
+    before its invocation, which base requests and other aLoRAs of the base also key)."""

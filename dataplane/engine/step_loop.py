@@ -199,4 +199,14 @@ class StepLoop:
             token_ids=tuple(seq.output_token_ids), new_token_ids=new_ids,
             text=seq.output_text, new_text=new_text, finished=seq.is_finished,
             finish_reason=seq.finish_reason.value if seq.finish_reason else None,
-            logprobs=tuple(lps) if seq.sampling.logprobs is not None else None)
+            logprobs=tuple(lps) if seq.sampling.logprobs is not None else None,
+            num_cached_tokens=seq.num_cached_tokens,
+            num_cached_base_tokens=self._cached_base_tokens(seq))
+
+    def _cached_base_tokens(self, seq: Sequence) -> int:
+        """Cached prompt tokens of an adapter request in blocks keyed by base execution:
+        the full blocks before its activation offset (0 for base and plain LoRA)."""
+        if seq.adapter_digest is None or seq.active_from == 0:
+            return 0
+        bs = self.scheduler.block_manager.block_size
+        return min(seq.num_cached_tokens, seq.active_from // bs * bs)

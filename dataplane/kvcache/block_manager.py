@@ -81,7 +81,7 @@ class BlockManager:
             prev = chain[-1][1] if chain else b""
             chain.extend(chain_keys(self.abi, seq.token_ids, adapter_digest=seq.adapter_digest,
                                     namespace=seq.isolation_namespace, start=len(chain),
-                                    stop=num_blocks, prev=prev))
+                                    stop=num_blocks, prev=prev, active_from=seq.active_from))
         return chain[:num_blocks]
 
     def _lookup(self, seq: Sequence) -> list[int]:

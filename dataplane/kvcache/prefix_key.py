@@ -15,9 +15,11 @@ K/V, so an adapter request never shares with base or with another adapter, even 
 0. Never in a key: request id, adapter alias or name, slot, block ids, sampling policy.
 Positions are implied by the chain (block i covers positions [i*bs, (i+1)*bs)).
 
-Activated LoRA (aLoRA): `execution_digest` keys a block wholly before the activation position
-with the base identity, so several adapters share it. The engine does not use it (that
-needs per-row adapter activation in the model), so every request keys with active_from = 0.
+Activated LoRA (aLoRA): `execution_digest` keys a block wholly before the request's
+activation position (`Sequence.active_from`, engine/activation.py) with the base identity:
+those rows ran as base rows, so the base model and every aLoRA of the base share the block.
+A block containing or after the activation position is keyed by the adapter, so reuse
+stops at the last full block before it.
 """
 
 from __future__ import annotations

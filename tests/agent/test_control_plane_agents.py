@@ -103,16 +103,19 @@ def test_serving_agent_reports_its_slots(deployment: Deployment) -> None:
     # each bound slot records its H_kernel_local: the adapter whole on one device, in the
     # unified page pool ("paged"), read by the torch kernels (CPU, float32; `lora_fold=auto`
     # keeps the launches on the CPU)
-    from dataplane.identity import digest, h_adapter_semantic
+    from dataplane.identity import activation_policy_sha256, digest, h_adapter_semantic
 
     by_digest = {a["digest"]: a for a in deployment.artifacts.values()}
     bound = [x for x in deployment.agent.state()["slots"] if x["slot"] is not None]
     assert bound
     for slot in bound:
         artifact = by_digest[slot["artifact_digest"]]
-        names = sorted(m["name"] for m in artifact["validated_record"]["modules"])
+        record = artifact["validated_record"]
+        names = sorted(m["name"] for m in record["modules"])
+        policy = activation_policy_sha256(record.get("alora_invocation_tokens"))
         assert slot["kernel_local"] == [digest({
-            "h_adapter_semantic": h_adapter_semantic(deployment.h_base, artifact["digest"]),
+            "h_adapter_semantic": h_adapter_semantic(deployment.h_base, artifact["digest"],
+                                                     policy),
             "kernel_family": "torch", "conversion_revision": 1, "dtype": "float32",
             "packing": "paged",
             "local_module_layouts": [{"name": n, "a_axes": ["rank", "input"],

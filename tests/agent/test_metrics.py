@@ -23,6 +23,7 @@ REQUIRED = {
     "adapter_rank_padding_ratio", "adapter_ttft_seconds", "adapter_token_latency_seconds",
     "adapter_slot_generation_mismatch_total", "adapter_page_reservations",
     "adapter_pages_reclaimable", "adapter_publication_generation",
+    "prefix_cache_prompt_tokens_total",
 }
 """The default CPU agent keeps its LoRA launches (`lora_fold=auto` is off on the CPU); the
 fold's metrics are checked where an agent folds (test_tp_agent_process.py)."""
@@ -39,6 +40,7 @@ BOUNDED = {
     "outcome": {"offered", "admitted", "expired"},
     "event": {e.value for e in Event},
     "use": {"transferred", "first_used"},
+    "source": {"computed", "cached_same_execution", "cached_base_for_alora"},
 }
 
 

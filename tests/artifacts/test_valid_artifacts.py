@@ -173,3 +173,49 @@ def test_importing_artifacts_does_not_import_torch() -> None:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True)
     assert out.stdout.strip() == ""
+
+
+def test_alora_is_accepted_and_its_activation_is_part_of_the_identity(
+        valid_adapter: Path, base_dir: Path, base_abi: BaseModelABI, tmp_path: Path) -> None:
+    """A PEFT aLoRA (saved by PEFT itself) validates; its invocation tokens are in the PEFT
+    config digest (so in H_artifact) and decide the activation-policy digest of the
+    semantic identity; the same factors as a plain LoRA are another function; the record
+    round-trips with the tokens and a plain LoRA's record has no such key."""
+    from dataplane.identity import ALWAYS_ON_POLICY_SHA256, activation_policy_sha256
+
+    plain = validate_peft_dir(valid_adapter, base_abi)
+    alora_dir = make_peft_adapter(base_dir, tmp_path / "alora", seed=3, rank=4, alpha=8,
+                                  target_modules=["q_proj", "v_proj"],
+                                  alora_invocation_tokens=[17, 4])
+    alora = validate_peft_dir(alora_dir, base_abi)
+    assert alora.invocation_tokens == (17, 4) and plain.invocation_tokens is None
+    assert alora.activation_policy_sha256 == activation_policy_sha256([17, 4])
+    assert plain.activation_policy_sha256 == ALWAYS_ON_POLICY_SHA256
+    assert "alora_invocation_tokens" not in plain.to_record()
+    record = json.loads(json.dumps(alora.to_record()))
+    assert record["alora_invocation_tokens"] == [17, 4]
+    assert ValidatedArtifact.from_record(record) == alora
+    with pytest.raises(ArtifactRejected) as info:  # the tokens are bound to the record
+        ValidatedArtifact.from_record({**record, "alora_invocation_tokens": "x"})
+    assert info.value.code == RejectionCode.INCONSISTENT_RECORD
+
+    def with_config(name: str, changes: dict[str, object]) -> ValidatedArtifact:
+        d = tmp_path / name
+        shutil.copytree(alora_dir, d)
+        config = json.loads((d / "adapter_config.json").read_text())
+        config.update(changes)
+        (d / "adapter_config.json").write_text(json.dumps(config))
+        return validate_peft_dir(d, base_abi)
+
+    always_on = with_config("always-on", {"alora_invocation_tokens": None})
+    other = with_config("other-invocation", {"alora_invocation_tokens": [4, 17]})
+    assert len({alora.h_artifact, always_on.h_artifact, other.h_artifact}) == 3
+    assert len({alora.h_adapter_semantic, always_on.h_adapter_semantic,
+                other.h_adapter_semantic}) == 3
+    # null and an absent field are the same plain LoRA (existing digests do not move)
+    dropped = tmp_path / "dropped"
+    shutil.copytree(alora_dir, dropped)
+    config = json.loads((dropped / "adapter_config.json").read_text())
+    del config["alora_invocation_tokens"]
+    (dropped / "adapter_config.json").write_text(json.dumps(config))
+    assert validate_peft_dir(dropped, base_abi).h_artifact == always_on.h_artifact

@@ -130,3 +130,26 @@ def test_sources_must_match_their_digests_and_modules(
         compress_collection([*collection_members[:2], other], base, spec=spec,
                             sources_h_artifact=[*digests[:2],
                                                 *_h_artifacts([other], collection_base)])
+
+
+def test_an_activated_lora_is_not_a_member(collection_base: Path,
+                                           collection_members: list[Path],
+                                           tmp_path: Path) -> None:
+    """A collection's members are served on every row of their requests, so an aLoRA
+    (whose rows before its invocation are base rows) is refused as a source."""
+    import shutil
+
+    base = read_base_abi(collection_base)
+    first = collection_members[0]
+    alora = tmp_path / "alora"
+    shutil.copytree(first, alora)  # the first member's factors, activated by [5, 6]
+    config = json.loads((alora / "adapter_config.json").read_text())
+    config["alora_invocation_tokens"] = [5, 6]
+    (alora / "adapter_config.json").write_text(json.dumps(config))
+    members = [alora, *collection_members[1:]]
+    with pytest.raises(CollectionError) as err:
+        compress_collection(members, base, spec=CompressionSpec(rank=4,
+                                                                max_relative_error=Fraction(1)),
+                            sources_h_artifact=_h_artifacts(members, collection_base))
+    assert err.value.detail["rejection"] == "alora_unsupported"
+    assert err.value.detail["index"] == 0

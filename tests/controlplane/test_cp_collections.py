@@ -128,8 +128,14 @@ def test_release_threshold_rejects_with_metrics(api: Api, assets: Assets,
     assert no_bundle.status_code == 409 and no_bundle.json()["code"] == "INVALID_STATE"
 
 
-def test_bad_requests_change_nothing(api: Api, assets: Assets, third_adapter: Path) -> None:
+def test_bad_requests_change_nothing(api: Api, assets: Assets, third_adapter: Path,
+                                     tmp_path: Path) -> None:
+    from dataplane.assets import make_peft_adapter
+
     a, b, c = _members(api, assets, third_adapter)
+    alora = push_validated(api, assets, make_peft_adapter(
+        assets.base_dir, tmp_path / "alora", seed=8, rank=2, alpha=4,
+        target_modules=["q_proj", "v_proj"], alora_invocation_tokens=[5, 6]))
     other = api.client.post("/v1/bases", headers=api.admin,
                             json={"name": "o", "abi": assets.other_abi}).json()["h_base"]
     o = push_validated(api, assets, assets.adapter_other_base, h_base=other)
@@ -151,6 +157,7 @@ def test_bad_requests_change_nothing(api: Api, assets: Assets, third_adapter: Pa
         (dict(sources=[a["id"], b["id"]], base="0" * 64, rank=2), 404, "NOT_FOUND"),
         (dict(sources=[], base=h, rank=2), 422, "VALIDATION_ERROR"),
         (dict(sources=[a["id"]], base=h, rank=0), 422, "VALIDATION_ERROR"),
+        (dict(sources=[a["id"], alora["id"]], base=h, rank=2), 422, "ALORA_UNSUPPORTED"),
     ]
     for spec, status, code in cases:
         r = _submit(api, **spec)
