@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from agent.catalog import ServingError
+from agent.openai_errors import error_body
 from agent.serving import EngineLoop, Event
 from dataplane.engine.engine import RequestOutput
 
@@ -87,7 +88,8 @@ async def stream_events(loop: EngineLoop, answer: Answer, first: RequestOutput,
             nxt = await events.get()
             if isinstance(nxt, ServingError):
                 finished = True
-                yield {"data": json.dumps({"error": nxt.message, "code": nxt.code})}
+                yield {"data": json.dumps(error_body(nxt.status, nxt.code, nxt.message,
+                                                     detail=nxt.detail), default=str)}
                 return
             out = nxt
         if include_usage:

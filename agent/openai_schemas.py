@@ -1,8 +1,9 @@
 """OpenAI-compatible request bodies (the subset the agent serves) -> SamplingParams.
 
-Unknown fields are ignored (clients send many); fields whose meaning the agent cannot
-honour (`n` > 1, `best_of`, `logit_bias`, `tools`) are refused with 422 rather than
-silently ignored.
+Fields the agent does not know are ignored (clients send many: `user`, `metadata`, ...),
+except OpenAI's (and vLLM's) generation fields whose meaning it does not honour yet:
+those are refused with 422 UNSUPPORTED_PARAMETER naming the field, unless they carry their
+neutral value (`UNSUPPORTED`), so no request is ever answered as if they had been applied.
 """
 
 from __future__ import annotations
@@ -13,9 +14,23 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from dataplane.core import SamplingParams
 
+UNSUPPORTED: dict[str, tuple[object, ...]] = {
+    "logprobs": (None, False), "top_logprobs": (None, 0), "echo": (None, False),
+    "best_of": (None, 1), "suffix": (None, ""), "logit_bias": (None, {}),
+    "presence_penalty": (None, 0), "frequency_penalty": (None, 0),
+    "repetition_penalty": (None, 1), "min_tokens": (None, 0), "min_p": (None, 0),
+    "stop_token_ids": (None, []), "tools": (None, []), "tool_choice": (None, "none"),
+    "functions": (None, []), "function_call": (None, "none"),
+    "response_format": (None, {"type": "text"}), "audio": (None,),
+    "modalities": (None, ["text"]), "prediction": (None,), "guided_json": (None,),
+    "guided_regex": (None,), "guided_choice": (None,), "guided_grammar": (None,),
+    "prompt_logprobs": (None,), "use_beam_search": (None, False),
+}
+"""Generation fields not served yet -> the values that leave a request unchanged."""
+
 
 class _Common(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="allow")
 
     model: str = Field(min_length=1, max_length=300)
     max_tokens: int | None = Field(default=None, ge=1)
@@ -38,6 +53,15 @@ class _Common(BaseModel):
         description="Extension: on an activated-LoRA model whose invocation tokens the prompt "
                     "does not contain, answer with the base model instead of 422 "
                     "ALORA_NOT_INVOKED.")
+
+    def unsupported(self) -> str | None:
+        """The first field of the body (`UNSUPPORTED`) set to a value the agent would not
+        honour, or None."""
+        extra = self.model_extra or {}
+        for name, neutral in UNSUPPORTED.items():
+            if name in extra and not any(_same(extra[name], v) for v in neutral):
+                return name
+        return None
 
     def sampling(self, max_tokens_default: int = 16) -> SamplingParams:
         stop = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
@@ -69,3 +93,13 @@ class ChatCompletionRequest(_Common):
                 seed=params.seed, max_tokens=self.max_completion_tokens, stop=params.stop,
                 ignore_eos=params.ignore_eos)
         return params
+
+
+def _same(value: object, neutral: object) -> bool:
+    """`value` is `neutral`: numbers by value, bools only as bools (`"echo": 0` is not
+    `false`), everything else by type and value."""
+    if isinstance(neutral, bool) or isinstance(value, bool):
+        return value is neutral
+    if isinstance(neutral, int | float) and isinstance(value, int | float):
+        return value == neutral
+    return type(value) is type(neutral) and value == neutral

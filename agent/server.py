@@ -37,10 +37,12 @@ from agent.catalog import (
     Unsupported,
 )
 from agent.metrics import AgentMetrics
+from agent.openai_errors import error_body
 from agent.openai_responses import Answer, stream_events
 from agent.openai_schemas import ChatCompletionRequest, CompletionRequest
 from agent.serving import BadPrompt, EngineLoop, Event, Ticket
 from agent.sync import ControlPlaneClient
+from agent.tickets import UnsupportedParameter
 from dataplane.core import EngineError
 from dataplane.engine.engine import RequestOutput
 
@@ -66,10 +68,13 @@ class ServingContext:
 
 
 def _error(exc: ServingError) -> JSONResponse:
-    """The error body; a refusal that says when to retry (429 overloaded, 503 queue
-    timeout) carries it as `Retry-After` too."""
+    """OpenAI's error object (agent/openai_errors.py); a refusal that says when to retry
+    (429 overloaded, 503 queue timeout) carries it as `Retry-After` too."""
     retry = exc.detail.get("retry_after_s")
-    return JSONResponse({"error": exc.message, "code": exc.code, "detail": exc.detail},
+    param = exc.detail.get("param")
+    return JSONResponse(error_body(exc.status, exc.code, exc.message,
+                                   param=param if isinstance(param, str) else None,
+                                   detail=exc.detail),
                         status_code=exc.status,
                         headers=None if retry is None else {"Retry-After": str(retry)})
 
@@ -85,9 +90,13 @@ def create_agent_app(ctx: ServingContext) -> FastAPI:
     async def _invalid(_r: Request, exc: RequestValidationError) -> JSONResponse:
         errors = [{k: v for k, v in e.items() if k in ("loc", "msg", "type")}
                   for e in exc.errors()]
-        return JSONResponse({"error": "invalid request", "code": "VALIDATION_ERROR",
-                             "detail": {"errors": json.loads(json.dumps(errors, default=str))}},
-                            status_code=422)
+        first = errors[0] if errors else {}
+        loc = [str(p) for p in first.get("loc", ()) if p != "body"]
+        message = f"{'.'.join(loc)}: {first['msg']}" if loc and "msg" in first else (
+            "invalid request")
+        return JSONResponse(error_body(
+            422, "VALIDATION_ERROR", message, param=".".join(loc) or None,
+            detail={"errors": json.loads(json.dumps(errors, default=str))}), status_code=422)
 
     @app.get("/healthz")
     async def healthz() -> dict[str, str]:
@@ -199,7 +208,11 @@ async def _admit(ctx: ServingContext, request: Request, model: str) -> Generatio
 async def _serve(ctx: ServingContext, request: Request, model: str, prompt: str | list[int],
                  body: CompletionRequest | ChatCompletionRequest, kind: str) -> Response:
     try:
-        gen = await _admit(ctx, request, model)
+        gen = await _admit(ctx, request, model)  # authentication first, then the body
+        unsupported = body.unsupported()
+        if unsupported is not None:
+            raise UnsupportedParameter(f"{unsupported} is not supported by this server",
+                                       param=unsupported)
         params = body.sampling(_default_max_tokens(ctx, prompt, kind))
     except ServingError as exc:
         ctx.metrics.rejected.labels(exc.code.lower()).inc()

@@ -27,6 +27,13 @@ class BadPrompt(ServingError):
     status, code = 422, "VALIDATION_ERROR"
 
 
+class UnsupportedParameter(ServingError):
+    """A request field the agent does not honour yet, set to a value that would matter
+    (agent/openai_schemas.py `UNSUPPORTED`); `detail.param` names it."""
+
+    status, code = 422, "UNSUPPORTED_PARAMETER"
+
+
 class NotInvoked(ServingError):
     """The model is an activated LoRA and the prompt lacks its invocation tokens (the
     request may ask for the base model instead: `alora_base_if_not_invoked`)."""

@@ -24,6 +24,8 @@
 #              (bench/fairness.py)
 #   noisy      noisy neighbour: tenant A at 10x tenant B's 8 req/s, B's TTFT under the fair
 #              policy vs B alone, at step token budgets 4096 and 1024 (bench/fairness.py)
+#   alora      N in {1, 4, 16} activated LoRAs on a cached 1k / 4k-token conversation vs the
+#              same factors as ordinary LoRAs and vs base requests (bench/alora.py)
 #   zipf       adapter residency: Zipf(1.2) over 1,000 adapters and 128 slots through the
 #              agent's engine loop (bench/zipf_residency.py)
 #   tp         TP=2 vs TP=1 decode, prefill and mixed steps through the engine, 0/16/128
@@ -58,7 +60,7 @@ for s in "$@"; do
     tests) section tests 240 env OMP_NUM_THREADS=1 python3 -m pytest -n 14 -q -p no:cacheprovider -m gpu --import-mode=append \
              tests/kernels tests/ops tests/attention/test_gpu.py tests/engine/test_gpu.py \
              tests/engine/test_pool_slots_gpu.py tests/pool/test_cuda_copy.py \
-             tests/collections/test_native_serving_gpu.py ;;
+             tests/collections/test_native_serving_gpu.py tests/engine/test_alora.py ;;
     kernels) section kernels 300 python3 bench/lora_kernels.py --tune --no-loop --no-stacked \
                --out "$OUT/kernels" ;;
     trace) section trace 640 bash -c 'for n in 128 16; do python3 bench/trace.py --mode cuda \
@@ -88,6 +90,9 @@ for s in "$@"; do
              --prompt-min 64 --prompt-max 512 --output-min 64 --output-max 128 \
              --max-num-seqs 128 --max-batched-tokens $b --kv-blocks 8192 \
              --out "$OUT/noisy-b$b"; done' ;;
+    alora) section alora 300 python3 bench/alora.py --shape llama3-8b --device cuda \
+             --dtype bfloat16 --contexts 1024 4096 --n 1 4 16 --max-batched-tokens 8192 \
+             --kv-blocks 8192 --out "$OUT/alora" ;;
     zipf) section zipf 300 python3 bench/zipf_residency.py --shape llama3-8b --device cuda \
             --dtype bfloat16 --adapters 1000 --slots 128 --rank 8 --targets q_proj v_proj \
             --rate 16 --duration-s 60 --prompt-min 64 --prompt-max 512 --output-min 64 \

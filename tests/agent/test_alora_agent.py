@@ -87,7 +87,7 @@ def test_a_prompt_without_the_invocation_is_refused_unless_base_is_asked_for(
     prompt = [9, 40, 41, 8, 42, 5]  # the invocation's tokens, never in a row
     with pytest.raises(openai.UnprocessableEntityError) as err:
         _complete(deployment, model, prompt)
-    assert err.value.response.json()["code"] == "ALORA_NOT_INVOKED"
+    assert err.value.response.json()["error"]["code"] == "ALORA_NOT_INVOKED"
     out = _complete(deployment, model, prompt, alora_base_if_not_invoked=True)
     reference = GreedyReference(agent_assets.base, {"intrinsic": path})
     assert out.choices[0].model_extra["token_ids"] == reference.greedy(  # type: ignore[attr-defined]

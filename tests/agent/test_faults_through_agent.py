@@ -54,7 +54,7 @@ def test_each_load_fault_gives_a_typed_error_and_leaks_nothing(
                 client.completions.create(model=f"{ns}/{name}", prompt=PROMPT, max_tokens=4,
                                           temperature=0, extra_body={"ignore_eos": True})
             assert err.value.status_code == 503, err.value.response.text
-            assert err.value.response.json()["code"] == "ADAPTER_LOAD_FAILED"
+            assert err.value.response.json()["error"]["code"] == "ADAPTER_LOAD_FAILED"
     counted = failures_by_stage(faulty_agent)
     assert [counted.get(s, 0.0) for s in STAGES[:3]] == [1.0, 1.0, 1.0], counted
     assert counted.get("publish", 0.0) >= 1, counted  # requests may share a load

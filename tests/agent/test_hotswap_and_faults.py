@@ -126,7 +126,7 @@ def test_overload_is_429(deployment: Deployment, slow_agent: AgentProcess) -> No
     slow_agent.wait_for(lambda s: s["live"] == MAX_LIVE)
     with pytest.raises(openai.RateLimitError) as err:
         oai(slow_agent, token).completions.create(model=f"{ns}/a", prompt=[5], max_tokens=1)
-    assert err.value.response.json()["code"] == "OVERLOADED"
+    assert err.value.response.json()["error"]["code"] == "OVERLOADED"
     for s in streams:
         s.close()
     slow_agent.wait_for(lambda s: s["live"] == 0)

@@ -131,7 +131,7 @@ def test_errors_have_documented_status(deployment: Deployment, case: str) -> Non
                           json={"model": model, "prompt": [5, 6, 7], "max_tokens": 2},
                           timeout=30)
     assert response.status_code == status, response.text
-    assert response.json()["code"] == code
+    assert response.json()["error"]["code"] == code
 
 
 def _knows(dep: Deployment, alias: str) -> bool:
@@ -150,7 +150,7 @@ def test_retired_alias_is_410_and_never_falls_back(deployment: Deployment) -> No
     with pytest.raises(openai.APIStatusError) as err:
         complete(deployment, f"{ns}/temp", [9, 9, 9])
     assert err.value.status_code == 410
-    assert err.value.response.json()["code"] == "ALIAS_RETIRED"
+    assert err.value.response.json()["error"]["code"] == "ALIAS_RETIRED"
 
 
 def test_corrupted_object_is_a_load_failure_never_a_fallback(deployment: Deployment) -> None:
@@ -165,7 +165,7 @@ def test_corrupted_object_is_a_load_failure_never_a_fallback(deployment: Deploym
     with pytest.raises(openai.APIStatusError) as err:
         complete(deployment, f"{ns}/corrupt", [4, 5, 6])
     assert err.value.status_code == 503
-    assert err.value.response.json()["code"] == "ADAPTER_LOAD_FAILED"
+    assert err.value.response.json()["error"]["code"] == "ADAPTER_LOAD_FAILED"
     state = deployment.agent.state()
     assert any(f["artifact"] == art["digest"] for f in state["load_failures"])
     assert all(s["artifact_digest"] != art["digest"] for s in state["slots"])
@@ -174,3 +174,52 @@ def test_corrupted_object_is_a_load_failure_never_a_fallback(deployment: Deploym
     deployment.agent.wait_for(lambda _s: any(
         f["artifact"] == art["digest"] for a in admin.get("/v1/agents").json()
         if a["name"] == "agent-0" for f in a["load_failures"]))
+
+
+@pytest.mark.parametrize(("field", "value"), [
+    ("logprobs", 2), ("echo", True), ("best_of", 2), ("suffix", "tail"),
+    ("logit_bias", {"5": 100}), ("presence_penalty", 0.5), ("frequency_penalty", 1.5),
+    ("repetition_penalty", 1.2), ("min_tokens", 3), ("stop_token_ids", [7]),
+    ("response_format", {"type": "json_object"}), ("tools", [{"type": "function"}]),
+    ("echo", 0),
+])
+def test_an_unhonoured_field_is_refused_naming_it(deployment: Deployment, field: str,
+                                                   value: object) -> None:
+    """Never silently ignored: 422 UNSUPPORTED_PARAMETER as an OpenAI error object, so the
+    official client raises with `code`, `param` and `type` set."""
+    with pytest.raises(openai.UnprocessableEntityError) as err:
+        client(deployment).completions.create(
+            model=f"{deployment.namespace}/a", prompt=[5, 6, 7], max_tokens=2,
+            extra_body={field: value})
+    assert (err.value.code, err.value.param, err.value.type) == (
+        "UNSUPPORTED_PARAMETER", field, "invalid_request_error")
+
+
+def test_neutral_values_of_those_fields_are_served(deployment: Deployment,
+                                                   reference: Any) -> None:
+    prompt = [5, 6, 7]
+    out = client(deployment).completions.create(
+        model=f"{deployment.namespace}/a", prompt=prompt, max_tokens=MAX_TOKENS, temperature=0,
+        extra_body={"ignore_eos": True, "echo": False, "best_of": 1, "logit_bias": {},
+                    "presence_penalty": 0, "frequency_penalty": 0.0, "stop_token_ids": [],
+                    "response_format": {"type": "text"}, "user": "someone"})
+    assert out.choices[0].model_extra["token_ids"] == reference.greedy(prompt, MAX_TOKENS, "a")
+
+
+def test_errors_are_openai_error_objects(deployment: Deployment) -> None:
+    ns = deployment.namespace
+    cases = [({"model": f"{ns}/nope", "prompt": [1]}, deployment.reader_token, 404,
+              "NOT_FOUND", "invalid_request_error", None),
+             ({"model": f"{ns}/a", "prompt": [1]}, deployment.outsider_token, 403,
+              "FORBIDDEN", "permission_error", None),
+             ({"model": f"{ns}/a", "prompt": [1]}, "wrong", 401, "UNAUTHENTICATED",
+              "authentication_error", None),
+             ({"model": f"{ns}/a", "prompt": [1], "max_tokens": 0}, deployment.reader_token,
+              422, "VALIDATION_ERROR", "invalid_request_error", "max_tokens")]
+    for body, token, status, code, kind, param in cases:
+        r = httpx.post(f"{deployment.agent.url}/v1/completions", json=body, timeout=30,
+                       headers={"Authorization": f"Bearer {token}"})
+        assert r.status_code == status, r.text
+        error = r.json()["error"]
+        assert (error["code"], error["type"], error["param"]) == (code, kind, param), error
+        assert isinstance(error["message"], str) and error["message"]

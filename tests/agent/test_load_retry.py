@@ -115,7 +115,7 @@ def test_a_failed_attempt_is_retried_under_a_new_id_and_serves_the_adapter(
         with pytest.raises(openai.APIStatusError) as err:
             late.result()
     assert err.value.status_code == 503, err.value.response.text
-    assert err.value.response.json()["code"] == "QUEUE_TIMEOUT"
+    assert err.value.response.json()["error"]["code"] == "QUEUE_TIMEOUT"
     assert res.model_extra["adapterplane"]["artifact_digest"] == up.digest
     assert res.choices[0].model_extra["token_ids"] == up.reference.greedy(PROMPT, MAX_TOKENS,
                                                                           "up")
@@ -142,7 +142,7 @@ def test_with_one_attempt_the_waiters_get_load_failed(
     with pytest.raises(openai.APIStatusError) as err:
         complete(single_attempt_agent, token, model)
     assert err.value.status_code == 503, err.value.response.text
-    assert err.value.response.json()["code"] == "ADAPTER_LOAD_FAILED"
+    assert err.value.response.json()["error"]["code"] == "ADAPTER_LOAD_FAILED"
     state = single_attempt_agent.wait_for(lambda s: s["live"] == 0)
     assert attempts_of(state, up.digest) == [(up.attempt_id(1), "copy", False)]
     assert not [s for s in state["slots"] if s["artifact_digest"] == up.digest]

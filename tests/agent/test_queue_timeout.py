@@ -38,7 +38,7 @@ def test_a_request_that_cannot_start_in_time_gets_503_with_retry_after(
             assert long.result(timeout=60).usage.completion_tokens == 40  # type: ignore[attr-defined]
         err = refused.value
         assert err.status_code == 503
-        assert err.response.json()["code"] == "QUEUE_TIMEOUT"
+        assert err.response.json()["error"]["code"] == "QUEUE_TIMEOUT"
         assert int(err.response.headers["Retry-After"]) >= 1
         state = agent.state()
         assert state["admission"]["expired"] >= 1

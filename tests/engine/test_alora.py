@@ -77,10 +77,25 @@ REQUESTS = [
 @pytest.mark.parametrize("lora_fold", [False, True])
 def test_mixed_batch_matches_peft_alora(tiny_llama: Path, alora_adapters: dict[str, Path],
                                         lora_fold: bool) -> None:
+    check_mixed_batch(tiny_llama, alora_adapters, "cpu", lora_fold=lora_fold)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("lora_fold", [False, True])
+def test_mixed_batch_matches_peft_alora_on_cuda(cuda_device: torch.device, tiny_llama: Path,
+                                                alora_adapters: dict[str, Path],
+                                                lora_fold: bool) -> None:
+    """The Triton kernels (and the fold, CUDA graphs) with base and adapted rows of one
+    request in one launch."""
+    check_mixed_batch(tiny_llama, alora_adapters, "cuda", lora_fold=lora_fold, graphs=True)
+
+
+def check_mixed_batch(tiny_llama: Path, alora_adapters: dict[str, Path], device: str, *,
+                      lora_fold: bool, graphs: bool = False) -> None:
     engine = build_engine(EngineSpec.of(
-        tiny_llama, dtype="float32", device="cpu", max_num_seqs=6, max_num_batched_tokens=16,
+        tiny_llama, dtype="float32", device=device, max_num_seqs=6, max_num_batched_tokens=16,
         num_kv_blocks=24 + adapter_pages(tiny_llama, alora_adapters, 4), block_size=4,
-        max_slots=4, max_rank=8, lora_fold=lora_fold))
+        max_slots=4, max_rank=8, lora_fold=lora_fold, enable_cuda_graphs=graphs))
     handles = {name: engine.register_adapter(path) for name, path in alora_adapters.items()}
     assert handles["alora_a"].invocation_tokens == tuple(INVOKE_A)
     assert handles["attn_r4"].invocation_tokens is None
