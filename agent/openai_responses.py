@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -17,6 +17,7 @@ from agent.catalog import ServingError
 from agent.openai_errors import error_body
 from agent.serving import EngineLoop, Event
 from dataplane.engine.engine import RequestOutput
+from dataplane.sampling.sampler import TokenLogprobs
 
 
 @dataclass
@@ -26,6 +27,31 @@ class Answer:
     model: str
     created: int
     binding: dict[str, Any] | None
+    token_text: Callable[[int], str] = str
+    """A token id's text (the tokenizer's decoding of it alone) for logprobs entries."""
+
+    def logprobs(self, lps: Sequence[TokenLogprobs] | None) -> dict[str, Any] | None:
+        """OpenAI's logprobs of generated tokens: completions' `tokens` / `token_logprobs`
+        / `top_logprobs` / `text_offset` (offsets into the completion text), chat's
+        `content` entries with their UTF-8 `bytes`. None when the request asked for none."""
+        if lps is None:
+            return None
+        text = self.token_text
+        if self.is_chat:
+            def entry(token_id: int, logprob: float) -> dict[str, Any]:
+                t = text(token_id)
+                return {"token": t, "logprob": logprob, "bytes": list(t.encode())}
+            return {"content": [{**entry(lp.token_id, lp.logprob),
+                                 "top_logprobs": [entry(i, v) for i, v in lp.top]}
+                                for lp in lps]}
+        tokens = [text(lp.token_id) for lp in lps]
+        offsets, at = [], 0
+        for t in tokens:
+            offsets.append(at)
+            at += len(t)
+        return {"tokens": tokens, "token_logprobs": [lp.logprob for lp in lps],
+                "top_logprobs": [_by_text(lp.top, text) for lp in lps],
+                "text_offset": offsets}
 
     @property
     def is_chat(self) -> bool:
@@ -47,27 +73,40 @@ class Answer:
         if self.is_chat:
             choice: dict[str, Any] = {"index": 0, "message": {"role": "assistant",
                                                               "content": out.text},
-                                      "finish_reason": out.finish_reason, "logprobs": None}
+                                      "finish_reason": out.finish_reason,
+                                      "logprobs": self.logprobs(out.logprobs)}
         else:
             choice = {"index": 0, "text": out.text, "finish_reason": out.finish_reason,
-                      "logprobs": None}
+                      "logprobs": self.logprobs(out.logprobs)}
         choice["token_ids"] = list(out.token_ids)
         return {**self.head(self.kind), "choices": [choice], "usage": self.usage(out)}
 
     def chunk(self, out: RequestOutput, first: bool) -> dict[str, Any]:
         finish = out.finish_reason if out.finished else None
+        new = None if out.logprobs is None else out.logprobs[
+            len(out.logprobs) - len(out.new_token_ids):]
         if self.is_chat:
             delta: dict[str, Any] = {"content": out.new_text}
             if first:
                 delta["role"] = "assistant"
-            choice: dict[str, Any] = {"index": 0, "delta": delta, "finish_reason": finish}
+            choice: dict[str, Any] = {"index": 0, "delta": delta, "finish_reason": finish,
+                                      "logprobs": self.logprobs(new)}
             obj = "chat.completion.chunk"
         else:
             choice = {"index": 0, "text": out.new_text, "finish_reason": finish,
-                      "logprobs": None}
+                      "logprobs": self.logprobs(new)}
             obj = "text_completion"
         choice["token_ids"] = list(out.new_token_ids)
         return {**self.head(obj), "choices": [choice]}
+
+
+def _by_text(top: Sequence[tuple[int, float]], text: Callable[[int], str]) -> dict[str, float]:
+    """Completions' `top_logprobs` entry: text -> logprob, most likely first; of ids whose
+    text is the same, the most likely one's value (OpenAI's format keys by text)."""
+    out: dict[str, float] = {}
+    for token_id, value in top:
+        out.setdefault(text(token_id), value)
+    return out
 
 
 async def stream_events(loop: EngineLoop, answer: Answer, first: RequestOutput,

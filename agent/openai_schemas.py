@@ -8,14 +8,16 @@ neutral value (`UNSUPPORTED`), so no request is ever answered as if they had bee
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from dataplane.core import SamplingParams
+from dataplane.sampling_params import MAX_LOGPROBS
 
 UNSUPPORTED: dict[str, tuple[object, ...]] = {
-    "logprobs": (None, False), "top_logprobs": (None, 0), "echo": (None, False),
+    "echo": (None, False),
     "best_of": (None, 1), "suffix": (None, ""), "logit_bias": (None, {}),
     "presence_penalty": (None, 0), "frequency_penalty": (None, 0),
     "repetition_penalty": (None, 1), "min_tokens": (None, 0), "min_p": (None, 0),
@@ -67,11 +69,22 @@ class _Common(BaseModel):
         stop = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
         return SamplingParams(temperature=self.temperature, top_p=self.top_p, top_k=self.top_k,
                               seed=self.seed, max_tokens=self.max_tokens or max_tokens_default,
-                              stop=tuple(stop), ignore_eos=self.ignore_eos)
+                              stop=tuple(stop), ignore_eos=self.ignore_eos,
+                              logprobs=self.top_logprobs_wanted())
+
+    def top_logprobs_wanted(self) -> int | None:
+        """Alternatives per generated token to report (None: no logprobs at all)."""
+        return None
 
 
 class CompletionRequest(_Common):
     prompt: str | list[int] = Field(description="Text, or token ids.")
+    logprobs: int | None = Field(default=None, ge=0, le=MAX_LOGPROBS,
+                                 description="Log-probabilities of each generated token and "
+                                             "of this many most likely alternatives.")
+
+    def top_logprobs_wanted(self) -> int | None:
+        return self.logprobs
 
 
 class ChatMessage(BaseModel):
@@ -84,14 +97,22 @@ class ChatMessage(BaseModel):
 class ChatCompletionRequest(_Common):
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: int | None = Field(default=None, ge=1)
+    logprobs: bool = False
+    top_logprobs: int | None = Field(default=None, ge=0, le=MAX_LOGPROBS)
+
+    @model_validator(mode="after")
+    def _top_needs_logprobs(self) -> ChatCompletionRequest:
+        if self.top_logprobs is not None and not self.logprobs:
+            raise ValueError("top_logprobs needs logprobs: true")
+        return self
+
+    def top_logprobs_wanted(self) -> int | None:
+        return (self.top_logprobs or 0) if self.logprobs else None
 
     def sampling(self, max_tokens_default: int = 16) -> SamplingParams:
         params = super().sampling(max_tokens_default)
         if self.max_completion_tokens is not None and self.max_tokens is None:
-            params = SamplingParams(
-                temperature=params.temperature, top_p=params.top_p, top_k=params.top_k,
-                seed=params.seed, max_tokens=self.max_completion_tokens, stop=params.stop,
-                ignore_eos=params.ignore_eos)
+            params = dataclasses.replace(params, max_tokens=self.max_completion_tokens)
         return params
 
 

@@ -18,6 +18,7 @@ import asyncio
 import json
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -178,6 +179,14 @@ def _binding(gen: Generation | None) -> dict[str, Any] | None:
             "artifact_digest": gen.artifact.digest}
 
 
+def _token_text(ctx: ServingContext) -> Callable[[int], str]:
+    """A token id's text for logprobs (its id as text when the model has no tokenizer)."""
+    tokenizer = ctx.loop.engine.tokenizer
+    if tokenizer is None:
+        return str
+    return lambda token_id: tokenizer.decode([token_id], skip_special_tokens=False)
+
+
 async def _admit(ctx: ServingContext, request: Request, model: str) -> Generation | None:
     """Auth, then resolve once (404/410), then capability checks (422)."""
     token = _token(request, ctx)
@@ -238,7 +247,8 @@ async def _serve(ctx: ServingContext, request: Request, model: str, prompt: str 
     if isinstance(first, ServingError):
         ctx.metrics.rejected.labels(first.code.lower()).inc()
         return _error(first)
-    answer = Answer(request_id, kind, model, int(time.time()), _binding(gen))
+    answer = Answer(request_id, kind, model, int(time.time()), _binding(gen),
+                    _token_text(ctx))
     if body.stream:
         include_usage = bool((body.stream_options or {}).get("include_usage"))
         return EventSourceResponse(stream_events(ctx.loop, answer, first, events, include_usage))

@@ -63,6 +63,22 @@ class GreedyReference:
             self._cache[key] = self._run(prompt, n, adapter)
         return self._cache[key]
 
+    def log_softmax(self, prompt: list[int], tokens: list[int], adapter: str | None) -> Any:
+        """Float32 log-softmax [len(tokens), vocab] of the distributions `tokens` were drawn
+        from (after `prompt` and the tokens before each), under `adapter` (None: base)."""
+        import contextlib
+
+        import torch
+
+        ctx: contextlib.AbstractContextManager[Any] = contextlib.nullcontext()
+        if adapter is None:
+            ctx = self.model.disable_adapter()
+        else:
+            self.model.set_adapter(adapter)
+        with torch.no_grad(), ctx:
+            logits = self.model(torch.tensor([[*prompt, *tokens]])).logits[0].float()
+        return logits.log_softmax(-1)[len(prompt) - 1:len(prompt) - 1 + len(tokens)]
+
     def _run(self, prompt: list[int], n: int, adapter: str | None) -> list[int]:
         import contextlib
 

@@ -177,7 +177,7 @@ def test_corrupted_object_is_a_load_failure_never_a_fallback(deployment: Deploym
 
 
 @pytest.mark.parametrize(("field", "value"), [
-    ("logprobs", 2), ("echo", True), ("best_of", 2), ("suffix", "tail"),
+    ("echo", True), ("best_of", 2), ("suffix", "tail"),
     ("logit_bias", {"5": 100}), ("presence_penalty", 0.5), ("frequency_penalty", 1.5),
     ("repetition_penalty", 1.2), ("min_tokens", 3), ("stop_token_ids", [7]),
     ("response_format", {"type": "json_object"}), ("tools", [{"type": "function"}]),
