@@ -17,7 +17,7 @@ from agent.catalog import ServingError
 from agent.openai_errors import error_body
 from agent.serving import EngineLoop, Event
 from dataplane.engine.engine import RequestOutput
-from dataplane.sampling.sampler import TokenLogprobs
+from dataplane.engine.request_output import TokenLogprobs
 
 
 @dataclass

@@ -6,6 +6,8 @@ from dataclasses import dataclass
 
 from dataplane.sampling.sampler import TokenLogprobs
 
+__all__ = ["RequestOutput", "TokenLogprobs"]
+
 
 @dataclass(frozen=True)
 class RequestOutput:
