@@ -21,7 +21,7 @@ UNSUPPORTED: dict[str, tuple[object, ...]] = {
     "best_of": (None, 1), "suffix": (None, ""), "logit_bias": (None, {}),
     "presence_penalty": (None, 0), "frequency_penalty": (None, 0),
     "repetition_penalty": (None, 1), "min_tokens": (None, 0), "min_p": (None, 0),
-    "stop_token_ids": (None, []), "tools": (None, []), "tool_choice": (None, "none"),
+    "tools": (None, []), "tool_choice": (None, "none"),
     "functions": (None, []), "function_call": (None, "none"),
     "response_format": (None, {"type": "text"}), "audio": (None,),
     "modalities": (None, ["text"]), "prediction": (None,), "guided_json": (None,),
@@ -45,6 +45,11 @@ class _Common(BaseModel):
     stream_options: dict[str, Any] | None = None
     n: int = Field(default=1, ge=1, le=1, description="Only n=1 is served.")
     ignore_eos: bool = False
+    stop_token_ids: list[int] = Field(
+        default_factory=list, max_length=1024,
+        description="Extension (as vLLM's): finish (reason `stop`) when one of these token "
+                    "ids is generated, even with `ignore_eos`; the id ends the output's "
+                    "token ids, its text is not added.")
     max_queue_ms: int | None = Field(
         default=None, ge=1, le=3_600_000,
         description="Extension: answer 503 (code QUEUE_TIMEOUT, with Retry-After) unless the "
@@ -70,6 +75,7 @@ class _Common(BaseModel):
         return SamplingParams(temperature=self.temperature, top_p=self.top_p, top_k=self.top_k,
                               seed=self.seed, max_tokens=self.max_tokens or max_tokens_default,
                               stop=tuple(stop), ignore_eos=self.ignore_eos,
+                              stop_token_ids=tuple(self.stop_token_ids),
                               logprobs=self.top_logprobs_wanted())
 
     def top_logprobs_wanted(self) -> int | None:

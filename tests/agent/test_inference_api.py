@@ -179,7 +179,7 @@ def test_corrupted_object_is_a_load_failure_never_a_fallback(deployment: Deploym
 @pytest.mark.parametrize(("field", "value"), [
     ("echo", True), ("best_of", 2), ("suffix", "tail"),
     ("logit_bias", {"5": 100}), ("presence_penalty", 0.5), ("frequency_penalty", 1.5),
-    ("repetition_penalty", 1.2), ("min_tokens", 3), ("stop_token_ids", [7]),
+    ("repetition_penalty", 1.2), ("min_tokens", 3),
     ("response_format", {"type": "json_object"}), ("tools", [{"type": "function"}]),
     ("echo", 0),
 ])
@@ -223,3 +223,16 @@ def test_errors_are_openai_error_objects(deployment: Deployment) -> None:
         error = r.json()["error"]
         assert (error["code"], error["type"], error["param"]) == (code, kind, param), error
         assert isinstance(error["message"], str) and error["message"]
+
+
+def test_stop_token_ids_end_the_answer_with_reason_stop(deployment: Deployment,
+                                                        reference: Any) -> None:
+    prompt = [8, 30, 2, 64]
+    greedy = reference.greedy(prompt, MAX_TOKENS, "a")
+    stop_at = next(i for i in range(1, MAX_TOKENS) if greedy[i] not in greedy[:i])
+    out = client(deployment).completions.create(
+        model=f"{deployment.namespace}/a", prompt=prompt, max_tokens=MAX_TOKENS, temperature=0,
+        extra_body={"ignore_eos": True, "stop_token_ids": [greedy[stop_at]]})
+    choice = out.choices[0]
+    assert choice.model_extra["token_ids"] == greedy[:stop_at + 1]
+    assert choice.finish_reason == "stop"
