@@ -139,6 +139,8 @@ class ArtifactInfo:
     collection: CollectionLink | None = None
     """Set when the artifact is a Compress-then-Serve member (served natively by agents
     with collection blocks, after checking its factors against the bundle)."""
+    invocation_tokens: tuple[int, ...] | None = None
+    """An activated LoRA's invocation token ids (from its validated record)."""
 
     @classmethod
     def from_wire(cls, doc: DesiredArtifact | Mapping[str, Any]) -> ArtifactInfo:
@@ -155,7 +157,8 @@ class ArtifactInfo:
                    max_rank=validated.max_rank,
                    roles=frozenset(m.role for m in validated.modules),
                    total_bytes=int(validated.total_bytes),
-                   collection=CollectionLink.from_wire(art.collection))
+                   collection=CollectionLink.from_wire(art.collection),
+                   invocation_tokens=validated.invocation_tokens)
 
 
 @dataclass(frozen=True)

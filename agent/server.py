@@ -43,8 +43,9 @@ from agent.openai_responses import Answer, stream_events
 from agent.openai_schemas import ChatCompletionRequest, CompletionRequest
 from agent.serving import BadPrompt, EngineLoop, Event, Ticket
 from agent.sync import ControlPlaneClient
-from agent.tickets import UnsupportedParameter
+from agent.tickets import NotInvoked, UnsupportedParameter
 from dataplane.core import EngineError
+from dataplane.engine.activation import activation_offset
 from dataplane.engine.engine import RequestOutput
 
 CHAT_MAX_TOKENS_DEFAULT = 512
@@ -179,6 +180,19 @@ def _binding(gen: Generation | None) -> dict[str, Any] | None:
             "artifact_digest": gen.artifact.digest}
 
 
+def _check_invoked(ctx: ServingContext, gen: Generation, prompt: str | list[int]) -> None:
+    """An activated LoRA's prompt must invoke it: refused here, before any cold load (the
+    engine applies the same rule to the same token ids when the request reaches it)."""
+    assert gen.artifact is not None
+    tokens = gen.artifact.invocation_tokens
+    if tokens is None:
+        return
+    ids = ctx.loop.engine.encode(prompt) if isinstance(prompt, str) else prompt
+    if activation_offset(ids, tokens) is None:
+        raise NotInvoked("the prompt does not contain the adapter's invocation tokens",
+                         invocation_tokens=list(tokens))
+
+
 def _token_text(ctx: ServingContext) -> Callable[[int], str]:
     """A token id's text for logprobs (its id as text when the model has no tokenizer)."""
     tokenizer = ctx.loop.engine.tokenizer
@@ -222,6 +236,8 @@ async def _serve(ctx: ServingContext, request: Request, model: str, prompt: str 
         if unsupported is not None:
             raise UnsupportedParameter(f"{unsupported} is not supported by this server",
                                        param=unsupported)
+        if gen is not None and not body.alora_base_if_not_invoked:
+            _check_invoked(ctx, gen, prompt)
         params = body.sampling(_default_max_tokens(ctx, prompt, kind))
     except ServingError as exc:
         ctx.metrics.rejected.labels(exc.code.lower()).inc()

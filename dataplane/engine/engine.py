@@ -376,7 +376,7 @@ class Engine(StepLoop):
             deadline = self.scheduler.clock() + float(max_queue_s)
         if request_id in self._seqs:
             raise InvalidRequest("duplicate request id", request_id=request_id)
-        prompt_ids = self._encode(prompt) if isinstance(prompt, str) else list(prompt)
+        prompt_ids = self.encode(prompt) if isinstance(prompt, str) else list(prompt)
         if any(not isinstance(t, int) or not 0 <= t < self.model.config.vocab_size
                for t in prompt_ids):
             raise InvalidRequest("prompt token ids must be ints in [0, vocab_size)",
@@ -437,7 +437,9 @@ class Engine(StepLoop):
         queued = sum(s.num_tokens - s.num_computed_tokens for s in sched.waiting)
         return (queued // sched.config.max_num_batched_tokens + 1) * (sched.step_interval or 0.0)
 
-    def _encode(self, text: str) -> list[int]:
+    def encode(self, text: str) -> list[int]:
+        """A text prompt's token ids, as `add_request` encodes it (InvalidRequest without a
+        tokenizer)."""
         if self.tokenizer is None:
             raise InvalidRequest("text prompts need a tokenizer; pass token ids")
         return self.tokenizer.encode(text)

@@ -85,9 +85,12 @@ def test_a_prompt_without_the_invocation_is_refused_unless_base_is_asked_for(
         deployment: Deployment, agent_assets: AgentAssets, alora: tuple[str, Path]) -> None:
     model, path = alora
     prompt = [9, 40, 41, 8, 42, 5]  # the invocation's tokens, never in a row
+    enqueued = deployment.agent.state()["events"]["events"]["queue_enqueued"]
     with pytest.raises(openai.UnprocessableEntityError) as err:
         _complete(deployment, model, prompt)
     assert err.value.response.json()["error"]["code"] == "ALORA_NOT_INVOKED"
+    # refused at admission: it never queued (nor waited for a load)
+    assert deployment.agent.state()["events"]["events"]["queue_enqueued"] == enqueued
     out = _complete(deployment, model, prompt, alora_base_if_not_invoked=True)
     reference = GreedyReference(agent_assets.base, {"intrinsic": path})
     assert out.choices[0].model_extra["token_ids"] == reference.greedy(  # type: ignore[attr-defined]
