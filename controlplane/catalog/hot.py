@@ -19,7 +19,7 @@ from controlplane.db import begin_write
 from controlplane.errors import BadRequest, NotFound
 from controlplane.models import Alias
 from controlplane.namespaces.repository import NamespaceRepository
-from controlplane.namespaces.service import notify_policy_change
+from controlplane.namespaces.service import bump_policy_revision
 
 
 def set_hot(session: Session, *, namespace: str, alias: str, hot: bool, actor: str) -> Alias:
@@ -39,8 +39,7 @@ def set_hot(session: Session, *, namespace: str, alias: str, hot: bool, actor: s
     before = row.hot
     row.hot = hot
     if hot != before:
-        ns.policy_revision += 1
-        notify_policy_change(session, namespace, ns.policy_revision)
+        bump_policy_revision(session, ns)
     record_audit(session, actor=actor, action="alias.hot", namespace=namespace,
                  target=f"alias:{namespace}/{alias}", detail={"before": before, "after": hot})
     session.commit()

@@ -74,8 +74,7 @@ def set_policy(session: Session, *, name: str, actor: str, weight: float | None 
         namespace.priority = priority
     after: dict[str, Any] = {"weight": namespace.weight, "priority": namespace.priority}
     if after != before:
-        namespace.policy_revision += 1
-        notify_policy_change(session, name, namespace.policy_revision)
+        bump_policy_revision(session, namespace)
     record_audit(session, actor=actor, action="namespace.update", namespace=name,
                  target=f"namespace:{name}", detail={"before": before, "after": after})
     session.commit()
@@ -88,6 +87,13 @@ def tenants_version(session: Session) -> int:
     and namespaces are never deleted)."""
     return int(session.scalar(select(func.coalesce(func.sum(Namespace.policy_revision), 0)))
                or 0)
+
+
+def bump_policy_revision(session: Session, namespace: Namespace) -> None:
+    """A change of what agents apply for `namespace` (its scheduling policy, an alias's hot
+    mark): the next revision, NOTIFYd at commit so waiting agents re-read desired state."""
+    namespace.policy_revision += 1
+    notify_policy_change(session, namespace.name, namespace.policy_revision)
 
 
 def notify_policy_change(session: Session, namespace: str, revision: int) -> None:
