@@ -11,16 +11,14 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from dataplane.core import SamplingParams
-from dataplane.sampling_params import MAX_LOGPROBS
+from dataplane.sampling_params import MAX_LOGIT_BIAS, MAX_LOGIT_BIAS_ENTRIES, MAX_LOGPROBS
 
 UNSUPPORTED: dict[str, tuple[object, ...]] = {
     "echo": (None, False),
-    "best_of": (None, 1), "suffix": (None, ""), "logit_bias": (None, {}),
-    "presence_penalty": (None, 0), "frequency_penalty": (None, 0),
-    "repetition_penalty": (None, 1), "min_tokens": (None, 0), "min_p": (None, 0),
+    "best_of": (None, 1), "suffix": (None, ""), "min_p": (None, 0),
     "tools": (None, []), "tool_choice": (None, "none"),
     "functions": (None, []), "function_call": (None, "none"),
     "response_format": (None, {"type": "text"}), "audio": (None,),
@@ -55,11 +53,34 @@ class _Common(BaseModel):
         description="Extension: answer 503 (code QUEUE_TIMEOUT, with Retry-After) unless the "
                     "request starts within this many milliseconds of its arrival, adapter "
                     "load included (default: the agent's ADAPTERPLANE_AGENT_MAX_QUEUE_MS).")
+    presence_penalty: float = Field(default=0.0, ge=-2, le=2)
+    frequency_penalty: float = Field(default=0.0, ge=-2, le=2)
+    repetition_penalty: float = Field(
+        default=1.0, gt=0, le=2,
+        description="Extension (as vLLM's): a logit of a token already in the prompt or "
+                    "the output is divided by this when positive, multiplied when not.")
+    logit_bias: dict[str, float] | None = Field(
+        default=None, max_length=MAX_LOGIT_BIAS_ENTRIES,
+        description="Token id (as a string) -> bias in [-100, 100] added to its logit.")
+    min_tokens: int = Field(
+        default=0, ge=0,
+        description="Extension (as vLLM's): no stop token or string ends the output before "
+                    "this many tokens.")
     alora_base_if_not_invoked: bool = Field(
         default=False,
         description="Extension: on an activated-LoRA model whose invocation tokens the prompt "
                     "does not contain, answer with the base model instead of 422 "
                     "ALORA_NOT_INVOKED.")
+
+    @field_validator("logit_bias")
+    @classmethod
+    def _bias_ids(cls, bias: dict[str, float] | None) -> dict[str, float] | None:
+        for key, value in (bias or {}).items():
+            if not key.isdigit():
+                raise ValueError(f"logit_bias keys are token ids, got {key!r}")
+            if not -MAX_LOGIT_BIAS <= value <= MAX_LOGIT_BIAS:
+                raise ValueError(f"logit_bias values are in [-100, 100], got {value}")
+        return bias
 
     def unsupported(self) -> str | None:
         """The first field of the body (`UNSUPPORTED`) set to a value the agent would not
@@ -76,7 +97,13 @@ class _Common(BaseModel):
                               seed=self.seed, max_tokens=self.max_tokens or max_tokens_default,
                               stop=tuple(stop), ignore_eos=self.ignore_eos,
                               stop_token_ids=tuple(self.stop_token_ids),
-                              logprobs=self.top_logprobs_wanted())
+                              logprobs=self.top_logprobs_wanted(),
+                              min_tokens=self.min_tokens,
+                              logit_bias=tuple((int(k), v)
+                                               for k, v in (self.logit_bias or {}).items()),
+                              presence_penalty=self.presence_penalty,
+                              frequency_penalty=self.frequency_penalty,
+                              repetition_penalty=self.repetition_penalty)
 
     def top_logprobs_wanted(self) -> int | None:
         """Alternatives per generated token to report (None: no logprobs at all)."""

@@ -239,11 +239,15 @@ async def _serve(ctx: ServingContext, request: Request, model: str, prompt: str 
         if gen is not None and not body.alora_base_if_not_invoked:
             _check_invoked(ctx, gen, prompt)
         params = body.sampling(_default_max_tokens(ctx, prompt, kind))
+        vocab = ctx.loop.engine.model.config.vocab_size
+        if params.logit_bias and params.logit_bias[-1][0] >= vocab:
+            raise BadPrompt(f"logit_bias token ids must be < vocab size {vocab}",
+                            param="logit_bias", token_id=params.logit_bias[-1][0])
     except ServingError as exc:
         ctx.metrics.rejected.labels(exc.code.lower()).inc()
         raise
     except EngineError as exc:
-        raise BadPrompt(str(exc)) from exc
+        raise BadPrompt(str(exc), code=exc.code) from exc
     events: asyncio.Queue[Event] = asyncio.Queue()
     aio = asyncio.get_running_loop()
     request_id = f"{'chatcmpl' if kind != 'text_completion' else 'cmpl'}-{uuid.uuid4().hex}"

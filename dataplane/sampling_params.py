@@ -6,6 +6,7 @@ Torch-free; validated on construction, so a bad request is refused before it is 
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from dataplane.errors import InvalidSamplingParams
@@ -17,6 +18,12 @@ MAX_LOGPROBS = 20
 GREEDY_TEMPERATURE = 1e-5
 """Temperatures below this sample greedily (dividing logits by them overflows float32)."""
 
+MAX_LOGIT_BIAS = 100.0
+"""|bias| bound of one `logit_bias` entry (OpenAI's)."""
+
+MAX_LOGIT_BIAS_ENTRIES = 1024
+"""Largest number of token ids one request may bias."""
+
 
 @dataclass(frozen=True)
 class SamplingParams:
@@ -26,6 +33,16 @@ class SamplingParams:
     those filters. `seed` makes the request's draws reproducible independently of batch
     composition. `logprobs` is the number of top alternatives returned with each token
     (None: no logprobs; 0: only the chosen one).
+
+    Logit adjustments (sampling/logits_processors.py), applied before temperature, also to
+    greedy rows: `logit_bias` adds a bias to a token id's logit (pairs sorted by id; a
+    mapping is accepted); `min_tokens` keeps the stop tokens (eos unless `ignore_eos`, and
+    `stop_token_ids`) from being sampled, and stop strings from matching, until that many
+    tokens were generated; `repetition_penalty` (HF's: a logit of a token seen in the
+    prompt or the output is divided by it when positive, multiplied when not),
+    `frequency_penalty` (minus penalty x the token's count in the output) and
+    `presence_penalty` (minus penalty once the token is in the output), OpenAI's and vLLM's
+    semantics.
     """
 
     temperature: float = 1.0
@@ -37,10 +54,18 @@ class SamplingParams:
     stop: tuple[str, ...] = ()
     logprobs: int | None = None
     ignore_eos: bool = False
+    min_tokens: int = 0
+    logit_bias: tuple[tuple[int, float], ...] = ()
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
 
     def __post_init__(self) -> None:
-        # Accept any iterable for the two tuple fields, store tuples (hashable, immutable).
+        # Accept any iterable for the tuple fields, store tuples (hashable, immutable).
         object.__setattr__(self, "stop_token_ids", tuple(self.stop_token_ids))
+        bias = self.logit_bias
+        object.__setattr__(self, "logit_bias",
+                           tuple(bias.items() if isinstance(bias, Mapping) else bias))
         object.__setattr__(self, "stop", tuple([self.stop] if isinstance(self.stop, str)
                                                else self.stop))
         t = self.temperature
@@ -68,7 +93,53 @@ class SamplingParams:
                                         logprobs=self.logprobs)
         if not isinstance(self.ignore_eos, bool):
             raise InvalidSamplingParams("ignore_eos must be a bool", ignore_eos=self.ignore_eos)
+        if not _is_int(self.min_tokens) or not 0 <= self.min_tokens <= self.max_tokens:
+            raise InvalidSamplingParams("min_tokens must be an int in [0, max_tokens]",
+                                        min_tokens=self.min_tokens, max_tokens=self.max_tokens)
+        self._check_logit_bias()
+        for name in ("presence_penalty", "frequency_penalty"):
+            value = getattr(self, name)
+            if not _is_number(value) or not -2.0 <= value <= 2.0:
+                raise InvalidSamplingParams(f"{name} must be a number in [-2, 2]",
+                                            **{name: value})
+        r = self.repetition_penalty
+        if not _is_number(r) or not 0.0 < r <= 2.0:
+            raise InvalidSamplingParams("repetition_penalty must be a number in (0, 2]",
+                                        repetition_penalty=r)
+
+    def _check_logit_bias(self) -> None:
+        pairs = self.logit_bias
+        if len(pairs) > MAX_LOGIT_BIAS_ENTRIES:
+            raise InvalidSamplingParams(
+                f"logit_bias may name at most {MAX_LOGIT_BIAS_ENTRIES} token ids",
+                entries=len(pairs))
+        for pair in pairs:
+            if (not isinstance(pair, tuple) or len(pair) != 2 or not _is_int(pair[0])
+                    or pair[0] < 0 or not _is_number(pair[1])
+                    or not -MAX_LOGIT_BIAS <= pair[1] <= MAX_LOGIT_BIAS):
+                raise InvalidSamplingParams(
+                    f"logit_bias maps token ids >= 0 to numbers in [-{MAX_LOGIT_BIAS:g}, "
+                    f"{MAX_LOGIT_BIAS:g}]", entry=repr(pair))
+        ids = [t for t, _ in pairs]
+        if len(set(ids)) != len(ids):
+            raise InvalidSamplingParams("logit_bias names a token id twice")
+        object.__setattr__(self, "logit_bias", tuple(sorted(pairs)))
+
+    @property
+    def adjusts_logits(self) -> bool:
+        """The request changes logits before sampling (logit bias, min_tokens, penalties)."""
+        return bool(self.logit_bias or self.min_tokens or self.penalized)
+
+    @property
+    def penalized(self) -> bool:
+        """A repetition, frequency or presence penalty applies."""
+        return (self.repetition_penalty != 1.0 or self.frequency_penalty != 0.0
+                or self.presence_penalty != 0.0)
 
     @property
     def greedy(self) -> bool:
         return self.temperature < GREEDY_TEMPERATURE
+
+
+def _is_number(x: object) -> bool:
+    return not isinstance(x, bool) and isinstance(x, int | float) and math.isfinite(x)

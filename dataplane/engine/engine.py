@@ -36,6 +36,7 @@ from dataplane.core import (
     BatchPlan,
     EngineError,
     InvalidRequest,
+    InvalidSamplingParams,
     SamplingParams,
     Sequence,
     build_batch_plan,
@@ -143,7 +144,7 @@ class Engine(StepLoop):
             adapter_ready=self.adapters.is_ready,
             detokenizer_factory=(None if tokenizer is None
                                  else lambda seq: tokenizer.detokenizer(seq.prompt_token_ids)))
-        self.sampler = Sampler(config.sampler_seed)
+        self.sampler = Sampler(config.sampler_seed, self.scheduler.eos_token_ids)
         self.observers: list[EngineObserver] = []
         """Notified of launched plans and evictions (engine/observer.py)."""
         self.pool.attach(self)
@@ -381,6 +382,12 @@ class Engine(StepLoop):
                for t in prompt_ids):
             raise InvalidRequest("prompt token ids must be ints in [0, vocab_size)",
                                  request_id=request_id)
+        sampling_params = sampling_params or SamplingParams()
+        vocab = self.model.config.vocab_size
+        if sampling_params.logit_bias and sampling_params.logit_bias[-1][0] >= vocab:
+            raise InvalidSamplingParams(f"logit_bias token ids must be < vocab size {vocab}",
+                                        request_id=request_id,
+                                        token_id=sampling_params.logit_bias[-1][0])
         slot, digest, rank, active_from = -1, None, 0, ALWAYS_ON
         if adapter is not None:
             self.adapters.check_handle(adapter)
@@ -397,7 +404,7 @@ class Engine(StepLoop):
                     active_from = offset
         if adapter is not None:
             slot, digest, rank = adapter.slot, adapter.digest, adapter.max_rank
-        seq = Sequence(request_id, tuple(prompt_ids), sampling_params or SamplingParams(),
+        seq = Sequence(request_id, tuple(prompt_ids), sampling_params,
                        adapter_slot=slot, adapter_digest=digest, adapter_rank=rank,
                        active_from=active_from, tenant=tenant, queue_deadline=deadline)
         if adapter is not None:

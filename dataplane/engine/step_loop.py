@@ -21,6 +21,7 @@ from dataplane.engine.deferred import DeferredTokens
 from dataplane.engine.model_runner import ModelRunner
 from dataplane.engine.request_output import RequestOutput
 from dataplane.engine.scheduler import ScheduleOutput, Scheduler
+from dataplane.sampling.logits_processors import PendingTokens
 from dataplane.sampling.sampler import Sampler, TokenLogprobs
 
 
@@ -134,7 +135,9 @@ class StepLoop:
         try:
             deferred = None if prev is None else deferred_inputs(plan, out, prev)
             logits = self.execute_plan(plan, deferred)
-            pending = self.sampler.launch(logits, out.sampled)
+            pending = self.sampler.launch(
+                logits, out.sampled,
+                None if prev is None else PendingTokens(prev.pending.tokens, prev.out.sampled))
         except BaseException:
             if prev is None:
                 self.on_plan_retired(token)

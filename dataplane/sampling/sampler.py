@@ -11,7 +11,9 @@ on its own seed, step and logits row — not on batch composition, row position 
 — and survives preemption (the step index is the number of tokens already generated).
 Unseeded rows draw from the sampler's own generator.
 
-Logprobs are the model's raw log-softmax (before temperature / top-k / top-p), as OpenAI
+Before temperature, each row's logit adjustments apply (logit_bias, min_tokens, penalties:
+logits_processors.py); greedy rows take the argmax of the adjusted logits. Logprobs are the
+model's raw log-softmax (before any adjustment, temperature, top-k or top-p), as OpenAI
 reports them: the chosen token's, plus the top `logprobs` alternatives.
 
 Two phases (async scheduling, engine.py): `launch` enqueues every device op of a step's
@@ -31,6 +33,7 @@ import torch
 
 from dataplane.core import EngineError, SamplingParams, Sequence
 from dataplane.h2d import to_device
+from dataplane.sampling.logits_processors import PendingTokens, adjust_logits
 
 
 class SamplerError(EngineError):
@@ -129,7 +132,10 @@ def processed_probs(logits: torch.Tensor, params: SequenceOf[SamplingParams]) ->
 
 
 class Sampler:
-    def __init__(self, seed: int | None = None) -> None:
+    def __init__(self, seed: int | None = None, eos_token_ids: frozenset[int] = frozenset()
+                 ) -> None:
+        self.eos_token_ids = eos_token_ids
+        """The stop tokens `min_tokens` holds back besides each request's stop_token_ids."""
         self._rng = torch.Generator()
         if seed is None:
             self._rng.seed()
@@ -151,20 +157,24 @@ class Sampler:
         """logits [N, V] (any float dtype, any device) for seqs [N] -> N token ids (+logprobs)."""
         return self.launch(logits, seqs).result()
 
-    def launch(self, logits: torch.Tensor, seqs: SequenceOf[Sequence]) -> PendingSample:
+    def launch(self, logits: torch.Tensor, seqs: SequenceOf[Sequence],
+               pending: PendingTokens | None = None) -> PendingSample:
         """Enqueue sampling of logits [N, V] for seqs [N] without a host sync.
 
-        Reads each seq's sampling params and `num_output_tokens` (the seeded draw's step
-        index) now; `logits` may be overwritten by device work enqueued after this call."""
+        Reads each seq's sampling params, tokens and `num_output_tokens` (the seeded draw's
+        step index) now; `pending` holds the tokens of seqs whose last token is still a
+        placeholder (async scheduling). `logits` may be overwritten by device work enqueued
+        after this call."""
         if logits.dim() != 2 or logits.shape[0] != len(seqs):
             raise SamplerError("logits must be [len(seqs), vocab]", shape=tuple(logits.shape),
                                num_seqs=len(seqs))
         logits = logits.float()
         dev = logits.device
         params = [s.sampling for s in seqs]
-        tokens = logits.argmax(dim=-1)
+        adjusted = adjust_logits(logits, seqs, self.eos_token_ids, pending)
+        tokens = adjusted.argmax(dim=-1)
         if any(not p.greedy for p in params):
-            cdf = processed_probs(logits, params).double().cumsum(dim=-1)
+            cdf = processed_probs(adjusted, params).double().cumsum(dim=-1)
             u = self._uniforms(seqs)
             target = (u.pin_memory().to(dev, non_blocking=True) if dev.type == "cuda"
                       else u.to(dev)) * cdf[:, -1]

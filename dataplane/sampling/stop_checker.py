@@ -3,9 +3,10 @@
 Order of checks for each appended token: eos (unless ignore_eos) and `stop_token_ids` finish
 with reason "stop" and contribute no text; otherwise the token's text is appended and stop
 strings are searched (the output is cut before the earliest match, which is not returned);
-then `max_tokens` / the model length finish with reason "length". Streaming text holds back
-the last max(len(stop)) - 1 characters until the request finishes, so a stop string that
-spans tokens is never partially streamed.
+then `max_tokens` / the model length finish with reason "length". Stop tokens and strings
+apply from the `min_tokens`-th generated token on (the sampler does not draw stop tokens
+before then). Streaming text holds back the last max(len(stop)) - 1 characters until the
+request finishes, so a stop string that spans tokens is never partially streamed.
 """
 
 from __future__ import annotations
@@ -46,12 +47,14 @@ class StopChecker:
     def on_token(self, token_id: int) -> str:
         """The token was appended to seq.token_ids; update text and status, return new text."""
         seq, sp = self.seq, self.seq.sampling
-        if (token_id in self.eos_token_ids and not sp.ignore_eos) or token_id in sp.stop_token_ids:
+        stops = seq.num_output_tokens >= sp.min_tokens
+        if stops and ((token_id in self.eos_token_ids and not sp.ignore_eos)
+                      or token_id in sp.stop_token_ids):
             self._finish(FinishReason.STOP, token_id)
         else:
             piece = self.detokenizer.push(token_id) if self.detokenizer else ""
             seq.output_text += piece
-            if sp.stop and piece:
+            if stops and sp.stop and piece:
                 self._check_stop_strings(len(piece))
         if not seq.is_finished and (
             seq.num_output_tokens >= sp.max_tokens or seq.num_tokens >= self.max_len

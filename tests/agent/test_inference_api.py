@@ -178,8 +178,6 @@ def test_corrupted_object_is_a_load_failure_never_a_fallback(deployment: Deploym
 
 @pytest.mark.parametrize(("field", "value"), [
     ("echo", True), ("best_of", 2), ("suffix", "tail"),
-    ("logit_bias", {"5": 100}), ("presence_penalty", 0.5), ("frequency_penalty", 1.5),
-    ("repetition_penalty", 1.2), ("min_tokens", 3),
     ("response_format", {"type": "json_object"}), ("tools", [{"type": "function"}]),
     ("echo", 0),
 ])

@@ -144,3 +144,57 @@ def _adapter_pages(model_dir: Path, adapters: tuple[Path, ...], block_size: int,
     for path in adapters:
         engine.register_adapter(path)
     return int(engine.pool.pool.pages.counts().adapter)
+
+
+class FrequencyPresence:
+    """HF logits processor: logit -= frequency x count(token in output) + presence x
+    [count > 0], in float64 (HF has no such processor; written from the definition)."""
+
+    def __init__(self, prompt_len: int, frequency: float, presence: float) -> None:
+        self.prompt_len, self.frequency, self.presence = prompt_len, frequency, presence
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        out = scores.double().clone()
+        for row in range(out.shape[0]):
+            counts: dict[int, int] = {}
+            for t in input_ids[row, self.prompt_len:].tolist():
+                counts[t] = counts.get(t, 0) + 1
+            for t, c in counts.items():
+                out[row, t] -= self.frequency * c + self.presence
+        return out.to(scores.dtype)
+
+
+def hf_generate(model: Any, prompt: list[int], adapter: str | None, p: SamplingParams,
+                eos: int) -> list[int]:
+    """Greedy HF `generate` of one request under `p`'s logit adjustments, in the engine's
+    order: HF's SequenceBias (logit_bias), MinNewTokensLength (min_tokens), RepetitionPenalty,
+    then FrequencyPresence. `model` is a PeftModel (adapter None: adapters disabled)."""
+    import contextlib
+
+    from transformers import (
+        LogitsProcessorList,
+        MinNewTokensLengthLogitsProcessor,
+        RepetitionPenaltyLogitsProcessor,
+        SequenceBiasLogitsProcessor,
+    )
+
+    stops = [*p.stop_token_ids, *([] if p.ignore_eos else [eos])]
+    procs: list[Any] = []
+    if p.logit_bias:
+        procs.append(SequenceBiasLogitsProcessor([[[t], b] for t, b in p.logit_bias]))
+    if p.min_tokens:
+        procs.append(MinNewTokensLengthLogitsProcessor(len(prompt), p.min_tokens, stops))
+    if p.repetition_penalty != 1.0:
+        procs.append(RepetitionPenaltyLogitsProcessor(p.repetition_penalty))
+    if p.frequency_penalty or p.presence_penalty:
+        procs.append(FrequencyPresence(len(prompt), p.frequency_penalty, p.presence_penalty))
+    ctx: contextlib.AbstractContextManager[object] = contextlib.nullcontext()
+    if adapter is None:
+        ctx = model.disable_adapter()
+    else:
+        model.set_adapter(adapter)
+    with torch.no_grad(), ctx:
+        out = model.generate(torch.tensor([prompt]), max_new_tokens=p.max_tokens,
+                             do_sample=False, logits_processor=LogitsProcessorList(procs),
+                             eos_token_id=stops or None, pad_token_id=0)
+    return list(out[0, len(prompt):].tolist())
