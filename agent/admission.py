@@ -89,7 +89,8 @@ class Admission(AdapterLoading):
         try:  # the engine holds `handle` (never an eviction victim) until the request ends
             self.engine.add_request(t.request_id, t.prompt, t.params, handle, tenant=t.tenant,
                                     max_queue_s=left,
-                                    base_if_not_invoked=t.base_if_not_invoked)
+                                    base_if_not_invoked=t.base_if_not_invoked,
+                                    prefill_after=t.prefill_after)
         except AloraNotInvoked as exc:
             self._release(t)
             t.sink(NotInvoked(exc.message, **exc.detail))

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from agent.catalog import ServingError
+from agent.openai_choices import Child
 from agent.openai_errors import error_body
 from agent.serving import EngineLoop, Event
 from dataplane.engine.engine import RequestOutput
@@ -29,12 +30,14 @@ class Answer:
     binding: dict[str, Any] | None
     token_text: Callable[[int], str] = str
     """A token id's text (the tokenizer's decoding of it alone) for logprobs entries."""
+    show_logprobs: bool = True
+    """False: the request asked for none (samples ranked by best_of compute them anyway)."""
 
     def logprobs(self, lps: Sequence[TokenLogprobs] | None) -> dict[str, Any] | None:
         """OpenAI's logprobs of generated tokens: completions' `tokens` / `token_logprobs`
         / `top_logprobs` / `text_offset` (offsets into the completion text), chat's
         `content` entries with their UTF-8 `bytes`. None when the request asked for none."""
-        if lps is None:
+        if lps is None or not self.show_logprobs:
             return None
         text = self.token_text
         if self.is_chat:
@@ -62,26 +65,37 @@ class Answer:
                 "adapterplane": self.binding}
 
     @staticmethod
-    def usage(out: RequestOutput) -> dict[str, Any]:
-        """OpenAI's usage; `prompt_tokens_details.cached_tokens`: prompt tokens served from
-        the prefix cache (for an activated LoRA, also a base prefix other requests left)."""
-        p, c = len(out.prompt_token_ids), len(out.token_ids)
+    def usage(prompts: Sequence[RequestOutput], samples: Sequence[RequestOutput]
+              ) -> dict[str, Any]:
+        """OpenAI's usage: each prompt counted once (`prompts`: its first sample), every
+        generated sample's tokens; `prompt_tokens_details.cached_tokens`: prompt tokens
+        served from the prefix cache (for an activated LoRA, also a base prefix other
+        requests left)."""
+        p = sum(len(out.prompt_token_ids) for out in prompts)
+        c = sum(len(out.token_ids) for out in samples)
         return {"prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c,
-                "prompt_tokens_details": {"cached_tokens": out.num_cached_tokens}}
+                "prompt_tokens_details": {
+                    "cached_tokens": sum(out.num_cached_tokens for out in prompts)}}
 
-    def full(self, out: RequestOutput) -> dict[str, Any]:
+    def choice(self, index: int, out: RequestOutput) -> dict[str, Any]:
+        """A finished sample as choice `index` of a full response."""
         if self.is_chat:
-            choice: dict[str, Any] = {"index": 0, "message": {"role": "assistant",
-                                                              "content": out.text},
+            choice: dict[str, Any] = {"index": index, "message": {"role": "assistant",
+                                                                  "content": out.text},
                                       "finish_reason": out.finish_reason,
                                       "logprobs": self.logprobs(out.logprobs)}
         else:
-            choice = {"index": 0, "text": out.text, "finish_reason": out.finish_reason,
+            choice = {"index": index, "text": out.text, "finish_reason": out.finish_reason,
                       "logprobs": self.logprobs(out.logprobs)}
         choice["token_ids"] = list(out.token_ids)
-        return {**self.head(self.kind), "choices": [choice], "usage": self.usage(out)}
+        return choice
 
-    def chunk(self, out: RequestOutput, first: bool) -> dict[str, Any]:
+    def full(self, choices: Sequence[tuple[int, RequestOutput]],
+             usage: dict[str, Any]) -> dict[str, Any]:
+        return {**self.head(self.kind), "choices": [self.choice(i, out) for i, out in choices],
+                "usage": usage}
+
+    def chunk(self, index: int, out: RequestOutput, first: bool) -> dict[str, Any]:
         finish = out.finish_reason if out.finished else None
         new = None if out.logprobs is None else out.logprobs[
             len(out.logprobs) - len(out.new_token_ids):]
@@ -89,11 +103,11 @@ class Answer:
             delta: dict[str, Any] = {"content": out.new_text}
             if first:
                 delta["role"] = "assistant"
-            choice: dict[str, Any] = {"index": 0, "delta": delta, "finish_reason": finish,
+            choice: dict[str, Any] = {"index": index, "delta": delta, "finish_reason": finish,
                                       "logprobs": self.logprobs(new)}
             obj = "chat.completion.chunk"
         else:
-            choice = {"index": 0, "text": out.new_text, "finish_reason": finish,
+            choice = {"index": index, "text": out.new_text, "finish_reason": finish,
                       "logprobs": self.logprobs(new)}
             obj = "text_completion"
         choice["token_ids"] = list(out.new_token_ids)
@@ -109,33 +123,36 @@ def _by_text(top: Sequence[tuple[int, float]], text: Callable[[int], str]) -> di
     return out
 
 
-async def stream_events(loop: EngineLoop, answer: Answer, first: RequestOutput,
-                        events: asyncio.Queue[Event], include_usage: bool
+async def stream_events(loop: EngineLoop, answer: Answer, kids: Sequence[Child],
+                        n: int, started: Sequence[tuple[int, Event]],
+                        events: asyncio.Queue[tuple[int, Event]], include_usage: bool
                         ) -> AsyncIterator[dict[str, str]]:
-    """SSE events of one request: a chunk per engine output, optional usage, [DONE].
-    A client that goes away aborts the request in the engine."""
-    out = first
-    finished = False
+    """SSE events of one request's samples (`kids`, every one returned): a chunk per
+    engine output with the sample's choice index, optional usage, [DONE]. `started` are
+    the events already received. A client that goes away aborts every sample."""
+    finals: dict[int, RequestOutput] = {}
+    seen: set[int] = set()
+    backlog = list(started)
     try:
-        is_first = True
-        while True:
-            yield {"data": json.dumps(answer.chunk(out, is_first))}
-            is_first = False
-            if out.finished:
-                finished = True
-                break
-            nxt = await events.get()
-            if isinstance(nxt, ServingError):
-                finished = True
-                yield {"data": json.dumps(error_body(nxt.status, nxt.code, nxt.message,
-                                                     detail=nxt.detail), default=str)}
+        while len(finals) < len(kids):
+            k, event = backlog.pop(0) if backlog else await events.get()
+            if isinstance(event, ServingError):
+                yield {"data": json.dumps(error_body(event.status, event.code, event.message,
+                                                     detail=event.detail), default=str)}
                 return
-            out = nxt
+            kid = kids[k]
+            yield {"data": json.dumps(answer.chunk(kid.prompt_index * n + kid.sample, event,
+                                                   k not in seen))}
+            seen.add(k)
+            if event.finished:
+                finals[k] = event
         if include_usage:
             obj = "chat.completion.chunk" if answer.is_chat else "text_completion"
+            firsts = [finals[k] for k, kid in enumerate(kids) if kid.sample == 0]
             yield {"data": json.dumps({**answer.head(obj), "choices": [],
-                                       "usage": Answer.usage(out)})}
+                                       "usage": Answer.usage(firsts, list(finals.values()))})}
         yield {"data": "[DONE]"}
-    finally:
-        if not finished:
-            loop.abort(answer.id)
+    finally:  # a failed sample, or a client gone: no sample keeps generating
+        for k, kid in enumerate(kids):
+            if k not in finals:
+                loop.abort(kid.request_id)

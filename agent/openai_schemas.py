@@ -13,12 +13,12 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from agent.openai_choices import MAX_CHILDREN, MAX_SAMPLES
 from dataplane.core import SamplingParams
 from dataplane.sampling_params import MAX_LOGIT_BIAS, MAX_LOGIT_BIAS_ENTRIES, MAX_LOGPROBS
 
 UNSUPPORTED: dict[str, tuple[object, ...]] = {
-    "echo": (None, False),
-    "best_of": (None, 1), "suffix": (None, ""), "min_p": (None, 0),
+    "echo": (None, False), "suffix": (None, ""), "min_p": (None, 0),
     "tools": (None, []), "tool_choice": (None, "none"),
     "functions": (None, []), "function_call": (None, "none"),
     "response_format": (None, {"type": "text"}), "audio": (None,),
@@ -41,7 +41,8 @@ class _Common(BaseModel):
     stop: str | list[str] | None = None
     stream: bool = False
     stream_options: dict[str, Any] | None = None
-    n: int = Field(default=1, ge=1, le=1, description="Only n=1 is served.")
+    n: int = Field(default=1, ge=1, le=MAX_SAMPLES,
+                   description="Choices per prompt; the prompt is prefilled once.")
     ignore_eos: bool = False
     stop_token_ids: list[int] = Field(
         default_factory=list, max_length=1024,
@@ -109,12 +110,45 @@ class _Common(BaseModel):
         """Alternatives per generated token to report (None: no logprobs at all)."""
         return None
 
+    @property
+    def samples(self) -> int:
+        """Samples generated per prompt (`best_of`, else `n`)."""
+        return self.n
+
 
 class CompletionRequest(_Common):
-    prompt: str | list[int] = Field(description="Text, or token ids.")
+    prompt: str | list[int] | list[str] | list[list[int]] = Field(
+        description="Text or token ids; or a list of either (one choice per prompt x n).")
     logprobs: int | None = Field(default=None, ge=0, le=MAX_LOGPROBS,
                                  description="Log-probabilities of each generated token and "
                                              "of this many most likely alternatives.")
+    best_of: int | None = Field(
+        default=None, ge=1, le=MAX_SAMPLES,
+        description="Samples generated per prompt, of which the n of highest mean token "
+                    "logprob are returned (>= n; not with stream).")
+
+    @model_validator(mode="after")
+    def _choices(self) -> CompletionRequest:
+        if isinstance(self.prompt, list) and not self.prompt:
+            raise ValueError("prompt must not be empty")
+        if self.best_of is not None and self.best_of < self.n:
+            raise ValueError(f"best_of ({self.best_of}) must be >= n ({self.n})")
+        if self.stream and self.samples > self.n:
+            raise ValueError("best_of > n cannot be streamed")
+        if len(self.prompts()) * self.samples > MAX_CHILDREN:
+            raise ValueError(f"prompts x best_of must be <= {MAX_CHILDREN}")
+        return self
+
+    def prompts(self) -> list[str | list[int]]:
+        """The prompts, in order: a string, a token-id list, or a list of either."""
+        p = self.prompt
+        if isinstance(p, str) or (p and isinstance(p[0], int)):
+            return [p]
+        return list(p)  # type: ignore[arg-type]
+
+    @property
+    def samples(self) -> int:
+        return self.best_of or self.n
 
     def top_logprobs_wanted(self) -> int | None:
         return self.logprobs

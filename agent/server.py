@@ -38,6 +38,7 @@ from agent.catalog import (
     Unsupported,
 )
 from agent.metrics import AgentMetrics
+from agent.openai_choices import children, returned
 from agent.openai_errors import error_body
 from agent.openai_responses import Answer, stream_events
 from agent.openai_schemas import ChatCompletionRequest, CompletionRequest
@@ -140,7 +141,7 @@ def create_agent_app(ctx: ServingContext) -> FastAPI:
 
     @app.post("/v1/completions", response_model=None)
     async def completions(body: CompletionRequest, request: Request) -> Response:
-        return await _serve(ctx, request, body.model, body.prompt, body, "text_completion")
+        return await _serve(ctx, request, body.model, body.prompts(), body, "text_completion")
 
     @app.post("/v1/chat/completions", response_model=None)
     async def chat(body: ChatCompletionRequest, request: Request) -> Response:
@@ -152,7 +153,7 @@ def create_agent_app(ctx: ServingContext) -> FastAPI:
                                             for m in body.messages], add_generation_prompt=True)
         except Exception as exc:
             raise BadPrompt(f"chat template failed: {exc}") from exc
-        return await _serve(ctx, request, body.model, prompt, body, "chat.completion")
+        return await _serve(ctx, request, body.model, [prompt], body, "chat.completion")
 
     return app
 
@@ -228,7 +229,8 @@ async def _admit(ctx: ServingContext, request: Request, model: str) -> Generatio
     return gen
 
 
-async def _serve(ctx: ServingContext, request: Request, model: str, prompt: str | list[int],
+async def _serve(ctx: ServingContext, request: Request, model: str,
+                 prompts: list[str | list[int]],
                  body: CompletionRequest | ChatCompletionRequest, kind: str) -> Response:
     try:
         gen = await _admit(ctx, request, model)  # authentication first, then the body
@@ -237,52 +239,87 @@ async def _serve(ctx: ServingContext, request: Request, model: str, prompt: str 
             raise UnsupportedParameter(f"{unsupported} is not supported by this server",
                                        param=unsupported)
         if gen is not None and not body.alora_base_if_not_invoked:
-            _check_invoked(ctx, gen, prompt)
-        params = body.sampling(_default_max_tokens(ctx, prompt, kind))
+            for prompt in prompts:
+                _check_invoked(ctx, gen, prompt)
+        params = [body.sampling(_default_max_tokens(ctx, p, kind)) for p in prompts]
         vocab = ctx.loop.engine.model.config.vocab_size
-        if params.logit_bias and params.logit_bias[-1][0] >= vocab:
+        bias = params[0].logit_bias
+        if bias and bias[-1][0] >= vocab:
             raise BadPrompt(f"logit_bias token ids must be < vocab size {vocab}",
-                            param="logit_bias", token_id=params.logit_bias[-1][0])
+                            param="logit_bias", token_id=bias[-1][0])
     except ServingError as exc:
         ctx.metrics.rejected.labels(exc.code.lower()).inc()
         raise
     except EngineError as exc:
         raise BadPrompt(str(exc), code=exc.code) from exc
-    events: asyncio.Queue[Event] = asyncio.Queue()
+    events: asyncio.Queue[tuple[int, Event]] = asyncio.Queue()
     aio = asyncio.get_running_loop()
     request_id = f"{'chatcmpl' if kind != 'text_completion' else 'cmpl'}-{uuid.uuid4().hex}"
+    kids = children(request_id, prompts, params, body.samples, body.samples > body.n)
 
-    def sink(event: Event) -> None:
-        aio.call_soon_threadsafe(events.put_nowait, event)
+    def sink(k: int) -> Callable[[Event], None]:
+        def put(event: Event) -> None:
+            aio.call_soon_threadsafe(events.put_nowait, (k, event))
+        return put
+
+    def abort_all() -> None:
+        for kid in kids:
+            ctx.loop.abort(kid.request_id)
 
     max_queue_ms = body.max_queue_ms or ctx.max_queue_ms
-    ctx.loop.submit(Ticket(request_id, prompt, params, gen, sink,
-                           max_queue_s=None if max_queue_ms is None else max_queue_ms / 1e3,
-                           base_if_not_invoked=body.alora_base_if_not_invoked))
+    for k, kid in enumerate(kids):
+        ctx.loop.submit(Ticket(kid.request_id, kid.prompt, kid.params, gen, sink(k),
+                               max_queue_s=None if max_queue_ms is None else max_queue_ms / 1e3,
+                               base_if_not_invoked=body.alora_base_if_not_invoked,
+                               prefill_after=kid.prefill_after))
     try:
-        first = await events.get()
+        started = await _until_started(events, len(kids))
     except asyncio.CancelledError:
-        ctx.loop.abort(request_id)
+        abort_all()
         raise
-    if isinstance(first, ServingError):
-        ctx.metrics.rejected.labels(first.code.lower()).inc()
-        return _error(first)
+    failed = next((e for _, e in started if isinstance(e, ServingError)), None)
+    if failed is not None:
+        abort_all()
+        ctx.metrics.rejected.labels(failed.code.lower()).inc()
+        return _error(failed)
     answer = Answer(request_id, kind, model, int(time.time()), _binding(gen),
-                    _token_text(ctx))
+                    _token_text(ctx), show_logprobs=body.top_logprobs_wanted() is not None)
     if body.stream:
         include_usage = bool((body.stream_options or {}).get("include_usage"))
-        return EventSourceResponse(stream_events(ctx.loop, answer, first, events, include_usage))
-    out: RequestOutput = first
+        return EventSourceResponse(stream_events(ctx.loop, answer, kids, body.n, started,
+                                                 events, include_usage))
+    finals: dict[str, RequestOutput] = {}
+    backlog = list(started)
     try:
-        while not out.finished:
-            nxt = await events.get()
-            if isinstance(nxt, ServingError):
-                return _error(nxt)
-            out = nxt
+        while len(finals) < len(kids):
+            k, event = backlog.pop(0) if backlog else await events.get()
+            if isinstance(event, ServingError):
+                abort_all()
+                return _error(event)
+            if event.finished:
+                finals[kids[k].request_id] = event
     except asyncio.CancelledError:  # the client went away: stop generating for it
-        ctx.loop.abort(request_id)
+        abort_all()
         raise
-    return JSONResponse(answer.full(out))
+    chosen = [(i, finals[kid.request_id]) for i, kid in returned(kids, finals, body.n)]
+    usage = Answer.usage([finals[kid.request_id] for kid in kids if kid.sample == 0],
+                         list(finals.values()))
+    return JSONResponse(answer.full(chosen, usage))
+
+
+async def _until_started(events: asyncio.Queue[tuple[int, Event]], count: int
+                         ) -> list[tuple[int, Event]]:
+    """The events received until each of `count` samples produced its first token, or
+    until one failed (so every failure before any output is a proper HTTP error)."""
+    got: list[tuple[int, Event]] = []
+    seen: set[int] = set()
+    while len(seen) < count:
+        k, event = await events.get()
+        got.append((k, event))
+        if isinstance(event, ServingError):
+            break
+        seen.add(k)
+    return got
 
 
 def _default_max_tokens(ctx: ServingContext, prompt: str | list[int], kind: str) -> int:

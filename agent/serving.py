@@ -51,8 +51,7 @@ log = logging.getLogger("adapterplane.agent.serving")
 
 def completed_service(out: RequestOutput) -> float:
     """A finished request's weighted service (engine/fairness.py's weights)."""
-    prompt = len(out.prompt_token_ids)
-    return INPUT_WEIGHT * prompt + OUTPUT_WEIGHT * (len(out.token_ids) - prompt)
+    return INPUT_WEIGHT * len(out.prompt_token_ids) + OUTPUT_WEIGHT * len(out.token_ids)
 
 
 class EngineLoop(Admission, EngineObserver):

@@ -57,6 +57,8 @@ class Ticket:
     """Seconds from `created` within which the request must start (None: no limit)."""
     base_if_not_invoked: bool = False
     """On an activated LoRA whose invocation the prompt lacks: the base model, not 422."""
+    prefill_after: str | None = None
+    """Another ticket with the same prompt whose prefill this one waits for (n > 1)."""
 
     @property
     def tenant(self) -> str:

@@ -141,7 +141,7 @@ class Engine(StepLoop):
             self.block_manager,
             eos_token_ids=(tokenizer.eos_token_ids if tokenizer is not None
                            and tokenizer.eos_token_ids else mc.eos_token_ids),
-            adapter_ready=self.adapters.is_ready,
+            adapter_ready=self._ready,
             detokenizer_factory=(None if tokenizer is None
                                  else lambda seq: tokenizer.detokenizer(seq.prompt_token_ids)))
         self.sampler = Sampler(config.sampler_seed, self.scheduler.eos_token_ids)
@@ -154,6 +154,8 @@ class Engine(StepLoop):
         self.lockstep = None if group is None else Lockstep(self, group)
         """This rank's side of tensor-parallel lockstep (None: one device)."""
         self._seqs: dict[str, Sequence] = {}
+        self._prefill_after: dict[str, str] = {}
+        """Waiting request -> the request whose prompt prefill it waits for (add_request)."""
         self._held: dict[str, AdapterHandle] = {}
         """Live request -> the adapter it holds in the pool (never an eviction victim)."""
         self._logprobs: dict[str, list[TokenLogprobs]] = {}
@@ -357,7 +359,8 @@ class Engine(StepLoop):
                     sampling_params: SamplingParams | None = None,
                     adapter: AdapterHandle | None = None, *, tenant: str = "",
                     max_queue_s: float | None = None,
-                    base_if_not_invoked: bool = False) -> None:
+                    base_if_not_invoked: bool = False,
+                    prefill_after: str | None = None) -> None:
         """Queue a request whose completed work counts as `tenant`'s service (the agent
         passes the alias's namespace; engine/fairness.py). With `max_queue_s` the request
         is dropped unstarted (an output with finish reason "deadline") unless it is
@@ -365,7 +368,10 @@ class Engine(StepLoop):
         prefill exceeds them (engine/scheduler.py). On an activated LoRA the adapter
         applies from the last occurrence of its invocation tokens in the prompt
         (engine/activation.py); a prompt without them raises AloraNotInvoked, or with
-        `base_if_not_invoked` is served by the base model. Bad input raises a typed error
+        `base_if_not_invoked` is served by the base model. With `prefill_after` (a live
+        request with the same prompt, e.g. the first of n samples) the request is not
+        admitted before that one computed its prompt, so it finds the prompt's full blocks
+        in the prefix cache instead of prefilling them again. Bad input raises a typed error
         and changes nothing."""
         if not isinstance(tenant, str):
             raise InvalidRequest("tenant must be a str", request_id=request_id)
@@ -416,6 +422,8 @@ class Engine(StepLoop):
                 self.pool.unhold(adapter)
             raise
         self._seqs[request_id] = seq
+        if prefill_after is not None and prefill_after in self._seqs:
+            self._prefill_after[request_id] = prefill_after
         if adapter is not None:
             self._held[request_id] = adapter
         self._logprobs[request_id] = []
@@ -461,9 +469,22 @@ class Engine(StepLoop):
             self._drop_inflight()  # nothing left to apply: retire its plan now, not later
         return True
 
+    def _ready(self, seq: Sequence) -> bool:
+        """Scheduler predicate: the request's adapter is ready (AdapterRegistry.is_ready)
+        and it does not wait for another request's prefill. That wait ends for good the
+        first time the other request is found past its prompt (or gone)."""
+        leader_id = self._prefill_after.get(seq.request_id)
+        if leader_id is not None:
+            leader = self._seqs.get(leader_id)
+            if leader is not None and leader.in_prefill:
+                return False
+            del self._prefill_after[seq.request_id]
+        return self.adapters.is_ready(seq)
+
     def _forget(self, request_id: str) -> None:
         """A request ended (finished or aborted): drop it and its hold on the adapter."""
         self._seqs.pop(request_id, None)
+        self._prefill_after.pop(request_id, None)
         self._logprobs.pop(request_id, None)
         held = self._held.pop(request_id, None)
         if held is not None:

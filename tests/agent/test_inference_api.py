@@ -177,7 +177,7 @@ def test_corrupted_object_is_a_load_failure_never_a_fallback(deployment: Deploym
 
 
 @pytest.mark.parametrize(("field", "value"), [
-    ("echo", True), ("best_of", 2), ("suffix", "tail"),
+    ("echo", True), ("suffix", "tail"),
     ("response_format", {"type": "json_object"}), ("tools", [{"type": "function"}]),
     ("echo", 0),
 ])
