@@ -7,7 +7,8 @@ The samples of one prompt after the first wait for its prefill (Engine.add_reque
 once. A seeded request gives sample k the seed (seed + k) mod 2**63, so samples differ and
 stay reproducible. With best_of > n a prompt's samples are ranked by mean token logprob
 (OpenAI's "highest log probability per token"), ties by sample order; such samples
-compute their chosen-token logprobs even when the response does not show them.
+compute their chosen-token logprobs even when the response does not show them. Prompt
+logprobs (echo) are computed by the first sample alone and shown for every choice.
 """
 
 from __future__ import annotations
@@ -51,6 +52,8 @@ def children(request_id: str, prompts: Sequence[str | list[int]],
                 child = dataclasses.replace(child, seed=(sp.seed + k) % 2**63)
             if ranked and sp.logprobs is None:
                 child = dataclasses.replace(child, logprobs=0)
+            if k and sp.prompt_logprobs is not None:  # the first sample scores the prompt
+                child = dataclasses.replace(child, prompt_logprobs=None)
             out.append(Child(f"{request_id}-{p}-{k}", p, k, prompt, child,
                              None if k == 0 else first))
     return out

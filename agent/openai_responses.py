@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import AsyncIterator, Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from agent.catalog import ServingError
@@ -19,6 +19,23 @@ from agent.openai_errors import error_body
 from agent.serving import EngineLoop, Event
 from dataplane.engine.engine import RequestOutput
 from dataplane.engine.request_output import TokenLogprobs
+
+
+@dataclass
+class Echo:
+    """Completions' `echo`: each prompt's text before its choices' text, and with logprobs
+    its tokens' prompt logprobs (first token: null), from each prompt's first sample."""
+
+    texts: list[str]
+    """By prompt index."""
+    drop_completion: bool = False
+    """max_tokens 0: the one generated token is left out (the prompt is only scored)."""
+    scores: dict[int, tuple[TokenLogprobs, ...]] = field(default_factory=dict)
+    """Prompt index -> its prompt logprobs, once its first sample reported them."""
+
+    def learn(self, prompt_index: int, out: RequestOutput) -> None:
+        if out.prompt_logprobs is not None and prompt_index not in self.scores:
+            self.scores[prompt_index] = out.prompt_logprobs
 
 
 @dataclass
@@ -32,11 +49,15 @@ class Answer:
     """A token id's text (the tokenizer's decoding of it alone) for logprobs entries."""
     show_logprobs: bool = True
     """False: the request asked for none (samples ranked by best_of compute them anyway)."""
+    echo: Echo | None = None
 
-    def logprobs(self, lps: Sequence[TokenLogprobs] | None) -> dict[str, Any] | None:
+    def logprobs(self, lps: Sequence[TokenLogprobs] | None,
+                 prompt: tuple[Sequence[int], Sequence[TokenLogprobs]] | None = None
+                 ) -> dict[str, Any] | None:
         """OpenAI's logprobs of generated tokens: completions' `tokens` / `token_logprobs`
-        / `top_logprobs` / `text_offset` (offsets into the completion text), chat's
-        `content` entries with their UTF-8 `bytes`. None when the request asked for none."""
+        / `top_logprobs` / `text_offset` (offsets into the choice's text), chat's
+        `content` entries with their UTF-8 `bytes`. None when the request asked for none.
+        `prompt` (echo): the prompt's token ids and their scores go first."""
         if lps is None or not self.show_logprobs:
             return None
         text = self.token_text
@@ -47,13 +68,22 @@ class Answer:
             return {"content": [{**entry(lp.token_id, lp.logprob),
                                  "top_logprobs": [entry(i, v) for i, v in lp.top]}
                                 for lp in lps]}
-        tokens = [text(lp.token_id) for lp in lps]
+        tokens: list[str] = []
+        values: list[float | None] = []
+        tops: list[dict[str, float] | None] = []
+        if prompt is not None:
+            ids, scores = prompt
+            tokens += [text(t) for t in ids]
+            values += [None, *(sc.logprob for sc in scores)]
+            tops += [None, *(_by_text(sc.top, text) for sc in scores)]
+        tokens += [text(lp.token_id) for lp in lps]
+        values += [lp.logprob for lp in lps]
+        tops += [_by_text(lp.top, text) for lp in lps]
         offsets, at = [], 0
         for t in tokens:
             offsets.append(at)
             at += len(t)
-        return {"tokens": tokens, "token_logprobs": [lp.logprob for lp in lps],
-                "top_logprobs": [_by_text(lp.top, text) for lp in lps],
+        return {"tokens": tokens, "token_logprobs": values, "top_logprobs": tops,
                 "text_offset": offsets}
 
     @property
@@ -77,41 +107,61 @@ class Answer:
                 "prompt_tokens_details": {
                     "cached_tokens": sum(out.num_cached_tokens for out in prompts)}}
 
-    def choice(self, index: int, out: RequestOutput) -> dict[str, Any]:
+    def choice(self, index: int, out: RequestOutput, prompt_index: int = 0) -> dict[str, Any]:
         """A finished sample as choice `index` of a full response."""
         if self.is_chat:
             choice: dict[str, Any] = {"index": index, "message": {"role": "assistant",
                                                                   "content": out.text},
                                       "finish_reason": out.finish_reason,
                                       "logprobs": self.logprobs(out.logprobs)}
-        else:
-            choice = {"index": index, "text": out.text, "finish_reason": out.finish_reason,
-                      "logprobs": self.logprobs(out.logprobs)}
-        choice["token_ids"] = list(out.token_ids)
-        return choice
+            choice["token_ids"] = list(out.token_ids)
+            return choice
+        text, ids, lps = self._completion(out.text, out.token_ids, out.logprobs)
+        head, prompt = self._echoed(prompt_index, out, True)
+        return {"index": index, "text": head + text, "finish_reason": out.finish_reason,
+                "logprobs": self.logprobs(lps, prompt), "token_ids": list(ids)}
 
-    def full(self, choices: Sequence[tuple[int, RequestOutput]],
+    def _completion(self, text: str, ids: Sequence[int],
+                    lps: Sequence[TokenLogprobs] | None
+                    ) -> tuple[str, Sequence[int], Sequence[TokenLogprobs] | None]:
+        """The generated part a choice shows (none when echo only scores the prompt)."""
+        if self.echo is not None and self.echo.drop_completion:
+            return "", (), None if lps is None else ()
+        return text, ids, lps
+
+    def _echoed(self, prompt_index: int, out: RequestOutput, first: bool
+                ) -> tuple[str, tuple[Sequence[int], Sequence[TokenLogprobs]] | None]:
+        """(echoed prompt text, (prompt ids, scores) for logprobs) of a choice's first
+        chunk or full body; ("", None) without echo."""
+        if self.echo is None or not first:
+            return "", None
+        self.echo.learn(prompt_index, out)
+        return (self.echo.texts[prompt_index],
+                (out.prompt_token_ids, self.echo.scores.get(prompt_index, ())))
+
+    def full(self, choices: Sequence[tuple[int, int, RequestOutput]],
              usage: dict[str, Any]) -> dict[str, Any]:
-        return {**self.head(self.kind), "choices": [self.choice(i, out) for i, out in choices],
-                "usage": usage}
+        """choices: (index, prompt index, finished sample)."""
+        return {**self.head(self.kind),
+                "choices": [self.choice(i, out, p) for i, p, out in choices], "usage": usage}
 
-    def chunk(self, index: int, out: RequestOutput, first: bool) -> dict[str, Any]:
+    def chunk(self, index: int, out: RequestOutput, first: bool,
+              prompt_index: int = 0) -> dict[str, Any]:
         finish = out.finish_reason if out.finished else None
         new = None if out.logprobs is None else out.logprobs[
             len(out.logprobs) - len(out.new_token_ids):]
-        if self.is_chat:
-            delta: dict[str, Any] = {"content": out.new_text}
-            if first:
-                delta["role"] = "assistant"
-            choice: dict[str, Any] = {"index": index, "delta": delta, "finish_reason": finish,
-                                      "logprobs": self.logprobs(new)}
-            obj = "chat.completion.chunk"
-        else:
-            choice = {"index": index, "text": out.new_text, "finish_reason": finish,
-                      "logprobs": self.logprobs(new)}
-            obj = "text_completion"
-        choice["token_ids"] = list(out.new_token_ids)
-        return {**self.head(obj), "choices": [choice]}
+        if not self.is_chat:
+            text, ids, lps = self._completion(out.new_text, out.new_token_ids, new)
+            head, prompt = self._echoed(prompt_index, out, first)
+            return {**self.head("text_completion"), "choices": [{
+                "index": index, "text": head + text, "finish_reason": finish,
+                "logprobs": self.logprobs(lps, prompt), "token_ids": list(ids)}]}
+        delta: dict[str, Any] = {"content": out.new_text}
+        if first:
+            delta["role"] = "assistant"
+        return {**self.head("chat.completion.chunk"), "choices": [{
+            "index": index, "delta": delta, "finish_reason": finish,
+            "logprobs": self.logprobs(new), "token_ids": list(out.new_token_ids)}]}
 
 
 def _by_text(top: Sequence[tuple[int, float]], text: Callable[[int], str]) -> dict[str, float]:
@@ -141,16 +191,20 @@ async def stream_events(loop: EngineLoop, answer: Answer, kids: Sequence[Child],
                                                      detail=event.detail), default=str)}
                 return
             kid = kids[k]
+            if answer.echo is not None and kid.sample == 0:
+                answer.echo.learn(kid.prompt_index, event)
             yield {"data": json.dumps(answer.chunk(kid.prompt_index * n + kid.sample, event,
-                                                   k not in seen))}
+                                                   k not in seen, kid.prompt_index))}
             seen.add(k)
             if event.finished:
                 finals[k] = event
         if include_usage:
             obj = "chat.completion.chunk" if answer.is_chat else "text_completion"
             firsts = [finals[k] for k, kid in enumerate(kids) if kid.sample == 0]
+            generated = () if answer.echo is not None and answer.echo.drop_completion else (
+                list(finals.values()))
             yield {"data": json.dumps({**answer.head(obj), "choices": [],
-                                       "usage": Answer.usage(firsts, list(finals.values()))})}
+                                       "usage": Answer.usage(firsts, generated)})}
         yield {"data": "[DONE]"}
     finally:  # a failed sample, or a client gone: no sample keeps generating
         for k, kid in enumerate(kids):

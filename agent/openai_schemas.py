@@ -126,11 +126,18 @@ class CompletionRequest(_Common):
         default=None, ge=1, le=MAX_SAMPLES,
         description="Samples generated per prompt, of which the n of highest mean token "
                     "logprob are returned (>= n; not with stream).")
+    echo: bool = Field(default=False,
+                       description="Return the prompt before the completion (and, with "
+                                   "logprobs, the prompt tokens' logprobs).")
+    max_tokens: int | None = Field(default=None, ge=0,
+                                   description="0 only with echo: score the prompt alone.")
 
     @model_validator(mode="after")
     def _choices(self) -> CompletionRequest:
         if isinstance(self.prompt, list) and not self.prompt:
             raise ValueError("prompt must not be empty")
+        if self.max_tokens == 0 and not self.echo:
+            raise ValueError("max_tokens 0 needs echo: true")
         if self.best_of is not None and self.best_of < self.n:
             raise ValueError(f"best_of ({self.best_of}) must be >= n ({self.n})")
         if self.stream and self.samples > self.n:
@@ -152,6 +159,15 @@ class CompletionRequest(_Common):
 
     def top_logprobs_wanted(self) -> int | None:
         return self.logprobs
+
+    def sampling(self, max_tokens_default: int = 16) -> SamplingParams:
+        """max_tokens 0 (echo) generates one token that the response leaves out."""
+        params = super().sampling(max_tokens_default)
+        if self.max_tokens == 0:
+            params = dataclasses.replace(params, max_tokens=1, min_tokens=0)
+        if self.echo and self.logprobs is not None:
+            params = dataclasses.replace(params, prompt_logprobs=self.logprobs)
+        return params
 
 
 class ChatMessage(BaseModel):

@@ -40,7 +40,7 @@ from agent.catalog import (
 from agent.metrics import AgentMetrics
 from agent.openai_choices import children, returned
 from agent.openai_errors import error_body
-from agent.openai_responses import Answer, stream_events
+from agent.openai_responses import Answer, Echo, stream_events
 from agent.openai_schemas import ChatCompletionRequest, CompletionRequest
 from agent.serving import BadPrompt, EngineLoop, Event, Ticket
 from agent.sync import ControlPlaneClient
@@ -283,7 +283,8 @@ async def _serve(ctx: ServingContext, request: Request, model: str,
         ctx.metrics.rejected.labels(failed.code.lower()).inc()
         return _error(failed)
     answer = Answer(request_id, kind, model, int(time.time()), _binding(gen),
-                    _token_text(ctx), show_logprobs=body.top_logprobs_wanted() is not None)
+                    _token_text(ctx), show_logprobs=body.top_logprobs_wanted() is not None,
+                    echo=_echo(ctx, body, prompts))
     if body.stream:
         include_usage = bool((body.stream_options or {}).get("include_usage"))
         return EventSourceResponse(stream_events(ctx.loop, answer, kids, body.n, started,
@@ -301,10 +302,29 @@ async def _serve(ctx: ServingContext, request: Request, model: str,
     except asyncio.CancelledError:  # the client went away: stop generating for it
         abort_all()
         raise
-    chosen = [(i, finals[kid.request_id]) for i, kid in returned(kids, finals, body.n)]
-    usage = Answer.usage([finals[kid.request_id] for kid in kids if kid.sample == 0],
-                         list(finals.values()))
-    return JSONResponse(answer.full(chosen, usage))
+    firsts = [finals[kid.request_id] for kid in kids if kid.sample == 0]
+    if answer.echo is not None:
+        for p, first in enumerate(firsts):
+            answer.echo.learn(p, first)
+    chosen = [(i, kid.prompt_index, finals[kid.request_id])
+              for i, kid in returned(kids, finals, body.n)]
+    generated = () if answer.echo is not None and answer.echo.drop_completion else list(
+        finals.values())
+    return JSONResponse(answer.full(chosen, Answer.usage(firsts, generated)))
+
+
+def _echo(ctx: ServingContext, body: CompletionRequest | ChatCompletionRequest,
+          prompts: list[str | list[int]]) -> Echo | None:
+    """Completions' echo: the prompt texts (token-id prompts decoded)."""
+    if not isinstance(body, CompletionRequest) or not body.echo:
+        return None
+    tokenizer = ctx.loop.engine.tokenizer
+
+    def text(p: str | list[int]) -> str:
+        if isinstance(p, str):
+            return p
+        return "" if tokenizer is None else tokenizer.decode(p, skip_special_tokens=False)
+    return Echo([text(p) for p in prompts], drop_completion=body.max_tokens == 0)
 
 
 async def _until_started(events: asyncio.Queue[tuple[int, Event]], count: int

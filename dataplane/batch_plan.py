@@ -42,6 +42,15 @@ class BatchPlan:
     sample_rows: tuple[int, ...]
     sample_request_ids: tuple[str, ...]
     block_size: int
+    prompt_logprob_rows: tuple[int, ...] = ()
+    """Prefill rows (never sampled) whose logits score the next prompt token, for requests
+    that ask for prompt logprobs; their logits follow the sample rows' (`logit_rows`)."""
+
+    @property
+    def logit_rows(self) -> tuple[int, ...]:
+        """Rows whose logits a step returns: the sample rows, then the prompt-logprob rows."""
+        return self.sample_rows + self.prompt_logprob_rows if self.prompt_logprob_rows else (
+            self.sample_rows)
 
     @property
     def num_rows(self) -> int:
@@ -174,6 +183,13 @@ def build_batch_plan(
     for seq in decodes:
         add_rows(seq, seq.num_tokens - 1, 1)
 
+    prompt_rows: list[int] = []
+    for k, i in enumerate(order):
+        seq, n = prefills[i]
+        if seq.sampling.prompt_logprobs is not None:  # positions scoring a later prompt token
+            start = seq.num_computed_tokens
+            prompt_rows.extend(indptr[k] + p - start
+                               for p in range(start, min(start + n, seq.num_prompt_tokens - 1)))
     sample_rows: list[int] = []
     sample_ids: list[str] = []
     for seq, n in prefills:  # scheduler order
@@ -191,7 +207,7 @@ def build_batch_plan(
         prefill_indptr=tuple(indptr), doff=doff, context_lens=tuple(context_lens),
         block_tables=tuple(tables), slot_mapping=tuple(slot_mapping),
         sample_rows=tuple(sample_rows), sample_request_ids=tuple(sample_ids),
-        block_size=block_size,
+        block_size=block_size, prompt_logprob_rows=tuple(prompt_rows),
     )
     if check:
         check_batch_plan(plan)
@@ -266,3 +282,7 @@ def check_batch_plan(plan: BatchPlan) -> None:
     sampled = set(plan.sample_rows)
     if any(row not in sampled for row in range(plan.doff, t)):
         fail("every decode row must be sampled")
+    scored = plan.prompt_logprob_rows
+    if len(set(scored)) != len(scored) or any(
+            not 0 <= row < plan.doff or row in sampled for row in scored):
+        fail("prompt-logprob rows must be distinct prefill rows that are not sampled")

@@ -32,7 +32,10 @@ class SamplingParams:
     temperature 0 (or below GREEDY_TEMPERATURE) means greedy. top_k 0 and top_p 1.0 disable
     those filters. `seed` makes the request's draws reproducible independently of batch
     composition. `logprobs` is the number of top alternatives returned with each token
-    (None: no logprobs; 0: only the chosen one).
+    (None: no logprobs; 0: only the chosen one). `prompt_logprobs` asks the same of every
+    prompt token after the first (scored by the model after the tokens before it); such a
+    request computes its whole prompt (no prefix-cache reads), and only it pays for the
+    extra logits.
 
     Logit adjustments (sampling/logits_processors.py), applied before temperature, also to
     greedy rows: `logit_bias` adds a bias to a token id's logit (pairs sorted by id; a
@@ -54,6 +57,7 @@ class SamplingParams:
     stop: tuple[str, ...] = ()
     logprobs: int | None = None
     ignore_eos: bool = False
+    prompt_logprobs: int | None = None
     min_tokens: int = 0
     logit_bias: tuple[tuple[int, float], ...] = ()
     presence_penalty: float = 0.0
@@ -91,6 +95,11 @@ class SamplingParams:
         ):
             raise InvalidSamplingParams(f"logprobs must be an int in [0, {MAX_LOGPROBS}]",
                                         logprobs=self.logprobs)
+        if self.prompt_logprobs is not None and (
+            not _is_int(self.prompt_logprobs) or not 0 <= self.prompt_logprobs <= MAX_LOGPROBS
+        ):
+            raise InvalidSamplingParams(f"prompt_logprobs must be an int in [0, {MAX_LOGPROBS}]",
+                                        prompt_logprobs=self.prompt_logprobs)
         if not isinstance(self.ignore_eos, bool):
             raise InvalidSamplingParams("ignore_eos must be a bool", ignore_eos=self.ignore_eos)
         if not _is_int(self.min_tokens) or not 0 <= self.min_tokens <= self.max_tokens:

@@ -26,6 +26,9 @@
 #              policy vs B alone, at step token budgets 4096 and 1024 (bench/fairness.py)
 #   alora      N in {1, 4, 16} activated LoRAs on a cached 1k / 4k-token conversation vs the
 #              same factors as ordinary LoRAs and vs base requests (bench/alora.py)
+#   sampling   decode step at B = 64 with top-5 logprobs / penalties / logit bias (and
+#              grammar) on 0, 50 and 100% of the rows vs an argmax-only sampler
+#              (bench/sampling.py)
 #   zipf       adapter residency: Zipf(1.2) over 1,000 adapters and 128 slots through the
 #              agent's engine loop (bench/zipf_residency.py)
 #   tp         TP=2 vs TP=1 decode, prefill and mixed steps through the engine, 0/16/128
@@ -93,6 +96,8 @@ for s in "$@"; do
     alora) section alora 300 python3 bench/alora.py --shape llama3-8b --device cuda \
              --dtype bfloat16 --contexts 1024 4096 --n 1 4 16 --max-batched-tokens 8192 \
              --kv-blocks 8192 --out "$OUT/alora" ;;
+    sampling) section sampling 300 python3 bench/sampling.py --shape llama3-8b --device cuda \
+             --dtype bfloat16 --batch 64 --ctx 512 --kv-blocks 4096 --out "$OUT/sampling" ;;
     zipf) section zipf 300 python3 bench/zipf_residency.py --shape llama3-8b --device cuda \
             --dtype bfloat16 --adapters 1000 --slots 128 --rank 8 --targets q_proj v_proj \
             --rate 16 --duration-s 60 --prompt-min 64 --prompt-max 512 --output-min 64 \

@@ -47,6 +47,9 @@ class Launched:
     out: ScheduleOutput
     pending: PendingSample
     token: object = None
+    scored: tuple[PendingSample, tuple[tuple[str, int], ...]] | None = None
+    """Prompt logprobs of the plan's prompt-logprob rows and each row's (request id,
+    position); None when no request in the step asked."""
     retired: bool = False
     after: list[object] = field(default_factory=list)
 

@@ -159,6 +159,7 @@ class Engine(StepLoop):
         self._held: dict[str, AdapterHandle] = {}
         """Live request -> the adapter it holds in the pool (never an eviction victim)."""
         self._logprobs: dict[str, list[TokenLogprobs]] = {}
+        self._prompt_logprobs: dict[str, list[TokenLogprobs]] = {}
         self._expired: list[RequestOutput] = []
         self._generation = 0
         self._generate_calls = 0
@@ -427,6 +428,8 @@ class Engine(StepLoop):
         if adapter is not None:
             self._held[request_id] = adapter
         self._logprobs[request_id] = []
+        if sampling_params.prompt_logprobs is not None:
+            self._prompt_logprobs[request_id] = []
 
     def set_tenant_policy(self, weights: Mapping[str, float],
                           priorities: Mapping[str, int]) -> None:
@@ -486,6 +489,7 @@ class Engine(StepLoop):
         self._seqs.pop(request_id, None)
         self._prefill_after.pop(request_id, None)
         self._logprobs.pop(request_id, None)
+        self._prompt_logprobs.pop(request_id, None)
         held = self._held.pop(request_id, None)
         if held is not None:
             self.pool.unhold(held)

@@ -233,7 +233,8 @@ class ModelRunner:
 
     @torch.inference_mode()
     def execute(self, plan: BatchPlan, deferred: DeferredTokens | None = None) -> torch.Tensor:
-        """Run one step; returns float32 logits [N, vocab] for `plan.sample_rows` in order.
+        """Run one step; returns float32 logits [N, vocab] for `plan.logit_rows` in order
+        (the sample rows, then any prompt-logprob rows).
 
         `deferred` supplies the placeholder rows' input ids from a device tensor (async
         scheduling, engine/deferred.py); without it the plan must have no placeholders."""
@@ -262,9 +263,9 @@ class ModelRunner:
         if self.max_slots > 0 and any(s >= 0 for s in plan.row_slot):
             lora = self.lora_context(plan.row_slot)
         hidden = self.model(input_ids, attn, self.cache, lora)
-        if not plan.sample_rows:
+        if not plan.logit_rows:
             return torch.empty(0, self.config.vocab_size, dtype=torch.float32, device=device)
-        rows = to_device(plan.sample_rows, torch.int64, device)
+        rows = to_device(plan.logit_rows, torch.int64, device)
         return self.model.compute_logits(hidden.index_select(0, rows))
 
 

@@ -194,7 +194,7 @@ class PiecewiseGraphRunner:
         self.captured.clear()
 
     def run(self, plan: BatchPlan, deferred: DeferredTokens | None) -> torch.Tensor | None:
-        """Float32 logits [N, vocab] for `plan.sample_rows`, or None when no bucket fits
+        """Float32 logits [N, vocab] for `plan.logit_rows`, or None when no bucket fits
         (or the bucket is not captured and not running eagerly). Host work: the staging
         fills, two non-blocking copies, per layer one graph launch and the attention
         launches; no device sync."""
@@ -228,10 +228,10 @@ class PiecewiseGraphRunner:
                                     write_kv=False, out=self.attn_out[:rows])
             if bucket is not None and self.group is not None and bucket_rows in self.ledgers:
                 self.group.counter.add(self.ledgers[bucket_rows])
-            if not plan.sample_rows:
+            if not plan.logit_rows:
                 return torch.empty(0, r.config.vocab_size, dtype=torch.float32,
                                    device=self.device)
-            picked = to_device(plan.sample_rows, torch.int64, self.device)
+            picked = to_device(plan.logit_rows, torch.int64, self.device)
             return r.model.compute_logits(io["hidden"].index_select(0, picked))
 
     def _fill(self, plan: BatchPlan, bucket_rows: int) -> None:

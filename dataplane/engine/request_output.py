@@ -27,3 +27,6 @@ class RequestOutput:
     num_cached_base_tokens: int = 0
     """Of those, the tokens an activated LoRA reused from base execution (blocks wholly
     before its invocation, which base requests and other aLoRAs of the base also key)."""
+    prompt_logprobs: tuple[TokenLogprobs, ...] | None = None
+    """With SamplingParams.prompt_logprobs: entry j scores prompt token j + 1 (the first
+    prompt token has none), as far as the prompt has been computed; else None."""

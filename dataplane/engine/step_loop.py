@@ -22,7 +22,7 @@ from dataplane.engine.model_runner import ModelRunner
 from dataplane.engine.request_output import RequestOutput
 from dataplane.engine.scheduler import ScheduleOutput, Scheduler
 from dataplane.sampling.logits_processors import PendingTokens
-from dataplane.sampling.sampler import Sampler, TokenLogprobs
+from dataplane.sampling.sampler import PendingSample, Sampler, TokenLogprobs
 
 
 class StepLoop:
@@ -40,6 +40,7 @@ class StepLoop:
     _expired: list[RequestOutput]
     _seqs: dict[str, Sequence]
     _logprobs: dict[str, list[TokenLogprobs]]
+    _prompt_logprobs: dict[str, list[TokenLogprobs]]
 
     if TYPE_CHECKING:
         def build_plan(self, out: ScheduleOutput) -> BatchPlan:
@@ -135,16 +136,40 @@ class StepLoop:
         try:
             deferred = None if prev is None else deferred_inputs(plan, out, prev)
             logits = self.execute_plan(plan, deferred)
+            n = len(plan.sample_rows)
             pending = self.sampler.launch(
-                logits, out.sampled,
+                logits[:n] if plan.prompt_logprob_rows else logits, out.sampled,
                 None if prev is None else PendingTokens(prev.pending.tokens, prev.out.sampled))
+            scored = self._score_prompts(plan, logits[n:]) if plan.prompt_logprob_rows else None
         except BaseException:
             if prev is None:
                 self.on_plan_retired(token)
             else:
                 prev.after.append(token)  # retired right after `prev`: launch order
             raise
-        return Launched(out, pending, token)
+        return Launched(out, pending, token, scored=scored)
+
+    def _score_prompts(self, plan: BatchPlan, logits: torch.Tensor
+                       ) -> tuple[PendingSample, tuple[tuple[str, int], ...]]:
+        """Enqueue the prompt logprobs of `plan.prompt_logprob_rows` (logits in that order):
+        the row at position p scores prompt token p + 1."""
+        where = tuple((plan.request_ids[plan.row_request[r]], plan.positions[r])
+                      for r in plan.prompt_logprob_rows)
+        seqs = [self._seqs[rid] for rid, _ in where]
+        targets = [seq.token_ids[pos + 1] for seq, (_, pos) in zip(seqs, where, strict=True)]
+        top = [seq.sampling.prompt_logprobs or 0 for seq in seqs]
+        return self.sampler.score(logits, targets, top), where
+
+    def _apply_prompt_logprobs(self, step: Launched) -> None:
+        """Append each scored prompt token to its request's list, in position order (a
+        position scored again after a preemption is already there)."""
+        if step.scored is None:
+            return
+        pending, where = step.scored
+        for (rid, pos), lp in zip(where, pending.result().logprobs, strict=True):
+            got = self._prompt_logprobs.get(rid)
+            if got is not None and lp is not None and pos == len(got):
+                got.append(lp)
 
     def _launch_continuation(self, cur: Launched) -> None:
         """After `cur` is committed and reserved: launch the next step if it is decidable."""
@@ -171,6 +196,7 @@ class StepLoop:
                     self.scheduler.apply_tokens(cur.out, cur.pending.result().token_ids)
                     raise
             result = cur.pending.result()
+            self._apply_prompt_logprobs(cur)
             updates = self.scheduler.apply_tokens(cur.out, result.token_ids)
         finally:
             try:
@@ -203,6 +229,8 @@ class StepLoop:
             text=seq.output_text, new_text=new_text, finished=seq.is_finished,
             finish_reason=seq.finish_reason.value if seq.finish_reason else None,
             logprobs=tuple(lps) if seq.sampling.logprobs is not None else None,
+            prompt_logprobs=(None if seq.sampling.prompt_logprobs is None
+                             else tuple(self._prompt_logprobs.get(seq.request_id, ()))),
             num_cached_tokens=seq.num_cached_tokens,
             num_cached_base_tokens=self._cached_base_tokens(seq))
 

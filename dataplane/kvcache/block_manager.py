@@ -85,8 +85,9 @@ class BlockManager:
         return chain[:num_blocks]
 
     def _lookup(self, seq: Sequence) -> list[int]:
-        """Verified cached blocks for the longest cached prefix (never the last token's block)."""
-        if not self.enable_prefix_caching:
+        """Verified cached blocks for the longest cached prefix (never the last token's block);
+        none for a request that scores its prompt (prompt logprobs need every row)."""
+        if not self.enable_prefix_caching or seq.sampling.prompt_logprobs is not None:
             return []
         bs = self.block_size
         chain = self._chain(seq, (seq.num_tokens - 1) // bs)

@@ -157,6 +157,18 @@ class Sampler:
         """logits [N, V] (any float dtype, any device) for seqs [N] -> N token ids (+logprobs)."""
         return self.launch(logits, seqs).result()
 
+    def score(self, logits: torch.Tensor, targets: SequenceOf[int],
+              top: SequenceOf[int]) -> PendingSample:
+        """Enqueue the log-probabilities of `targets` [N] under logits [N, V] and each row's
+        `top[i]` most likely alternatives (prompt logprobs), without a host sync; the
+        result's `logprobs[i]` is row i's TokenLogprobs."""
+        lp = logits.float().log_softmax(dim=-1)
+        tokens = to_device(list(targets), torch.int64, logits.device)
+        chosen = lp.gather(1, tokens.unsqueeze(1)).squeeze(1)
+        top_v, top_i = lp.topk(max(top, default=0), dim=-1)
+        return PendingSample(tokens, (_to_host(tokens), _to_host(chosen), _to_host(top_v),
+                                      _to_host(top_i)), list(top))
+
     def launch(self, logits: torch.Tensor, seqs: SequenceOf[Sequence],
                pending: PendingTokens | None = None) -> PendingSample:
         """Enqueue sampling of logits [N, V] for seqs [N] without a host sync.
