@@ -33,7 +33,7 @@ import torch
 
 from dataplane.core import EngineError, SamplingParams, Sequence
 from dataplane.h2d import to_device
-from dataplane.sampling.logits_processors import PendingTokens, adjust_logits
+from dataplane.sampling.logits_processors import LogitsAdjuster, PendingTokens
 
 
 class SamplerError(EngineError):
@@ -136,6 +136,7 @@ class Sampler:
                  ) -> None:
         self.eos_token_ids = eos_token_ids
         """The stop tokens `min_tokens` holds back besides each request's stop_token_ids."""
+        self.adjuster = LogitsAdjuster(eos_token_ids)
         self._rng = torch.Generator()
         if seed is None:
             self._rng.seed()
@@ -180,13 +181,18 @@ class Sampler:
         if logits.dim() != 2 or logits.shape[0] != len(seqs):
             raise SamplerError("logits must be [len(seqs), vocab]", shape=tuple(logits.shape),
                                num_seqs=len(seqs))
-        logits = logits.float()
+        given, logits = logits, logits.float()
         dev = logits.device
         params = [s.sampling for s in seqs]
-        adjusted = adjust_logits(logits, seqs, self.eos_token_ids, pending)
-        tokens = adjusted.argmax(dim=-1)
+        want = [p.logprobs for p in params]
+        lp = logits.log_softmax(dim=-1) if any(w is not None for w in want) else None
+        if any(p.adjusts_logits for p in params):
+            if logits is given:  # adjusted in place: the caller's logits stay the model's
+                logits = logits.clone()
+            self.adjuster.adjust(logits, seqs, pending)
+        tokens = logits.argmax(dim=-1)
         if any(not p.greedy for p in params):
-            cdf = processed_probs(adjusted, params).double().cumsum(dim=-1)
+            cdf = processed_probs(logits, params).double().cumsum(dim=-1)
             u = self._uniforms(seqs)
             target = (u.pin_memory().to(dev, non_blocking=True) if dev.type == "cuda"
                       else u.to(dev)) * cdf[:, -1]
@@ -197,10 +203,8 @@ class Sampler:
                 tokens = torch.where(is_greedy, tokens, drawn)
             else:
                 tokens = drawn
-        want = [p.logprobs for p in params]
         host: tuple[torch.Tensor, ...] = (_to_host(tokens),)
-        if any(w is not None for w in want):
-            lp = logits.log_softmax(dim=-1)
+        if lp is not None:
             chosen = lp.gather(1, tokens.unsqueeze(1)).squeeze(1)
             top_v, top_i = lp.topk(max(w or 0 for w in want), dim=-1)
             host += (_to_host(chosen), _to_host(top_v), _to_host(top_i))

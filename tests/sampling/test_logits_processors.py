@@ -12,9 +12,9 @@ from hypothesis import strategies as st
 
 from dataplane.core import PLACEHOLDER_TOKEN, InvalidSamplingParams, SamplingParams, Sequence
 from dataplane.sampling.logits_processors import (
+    LogitsAdjuster,
     LogitsProcessorError,
     PendingTokens,
-    adjust_logits,
 )
 
 V = 24
@@ -67,9 +67,8 @@ def test_batched_adjustments_equal_the_per_row_definition(
         rows: list[tuple[SamplingParams, list[int], list[int]]], seed: int) -> None:
     logits = torch.randn(len(rows), V, generator=torch.Generator().manual_seed(seed)) * 4
     seqs = [_seq(f"r{i}", prompt, out, p) for i, (p, prompt, out) in enumerate(rows)]
-    before = logits.clone()
-    got = adjust_logits(logits, seqs, {EOS})
-    assert torch.equal(logits, before)  # the raw logits (logprobs) are never modified
+    got = logits.clone()
+    assert LogitsAdjuster({EOS}).adjust(got, seqs) == any(p.adjusts_logits for p, _, _ in rows)
     for i, (p, prompt, out) in enumerate(rows):
         ref = torch.tensor(_reference(logits[i].tolist(), prompt, out, p), dtype=torch.float64)
         if not p.adjusts_logits:
@@ -83,13 +82,27 @@ def test_placeholder_reads_the_pending_device_token() -> None:
     other = _seq("other", [1], [5], SamplingParams())
     seq = _seq("a", [1], [5, PLACEHOLDER_TOKEN], p)
     pending = PendingTokens(torch.tensor([7, 9]), [other, seq])  # seq's token is 9
-    got = adjust_logits(logits, [other, seq], (), pending)
+    got = logits.clone()
+    LogitsAdjuster().adjust(got, [other, seq], pending)
     assert got[1, 5].item() == -2.0 and got[1, 9].item() == -2.0
     assert int((got[1] != 0).sum()) == 2 and torch.equal(got[0], logits[0])
     with pytest.raises(LogitsProcessorError):
-        adjust_logits(logits, [other, seq], (), None)
+        LogitsAdjuster().adjust(logits.clone(), [other, seq], None)
     with pytest.raises(LogitsProcessorError):
-        adjust_logits(logits, [other, seq], (), PendingTokens(torch.tensor([7]), [other]))
+        LogitsAdjuster().adjust(logits.clone(), [other, seq],
+                                PendingTokens(torch.tensor([7]), [other]))
+
+
+def test_cached_prompts_follow_the_request_not_its_id() -> None:
+    """A new request reusing an id must not be penalised with the old one's prompt."""
+    adjuster = LogitsAdjuster()
+    p = SamplingParams(repetition_penalty=2.0, max_tokens=8)
+    first = torch.ones(1, V)
+    adjuster.adjust(first, [_seq("r", [1, 2], [], p)])
+    assert first[0, 1].item() == 0.5 and first[0, 5].item() == 1.0
+    again = torch.ones(1, V)
+    adjuster.adjust(again, [_seq("r", [5, 6], [], p)])
+    assert again[0, 5].item() == 0.5 and again[0, 1].item() == 1.0
 
 
 @pytest.mark.parametrize("kwargs", [
