@@ -63,7 +63,8 @@ for s in "$@"; do
     tests) section tests 240 env OMP_NUM_THREADS=1 python3 -m pytest -n 14 -q -p no:cacheprovider -m gpu --import-mode=append \
              tests/kernels tests/ops tests/attention/test_gpu.py tests/engine/test_gpu.py \
              tests/engine/test_pool_slots_gpu.py tests/pool/test_cuda_copy.py \
-             tests/collections/test_native_serving_gpu.py tests/engine/test_alora.py ;;
+             tests/collections/test_native_serving_gpu.py tests/engine/test_alora.py \
+             tests/engine/test_sampling_controls.py tests/engine/test_prompt_logprobs.py ;;
     kernels) section kernels 300 python3 bench/lora_kernels.py --tune --no-loop --no-stacked \
                --out "$OUT/kernels" ;;
     trace) section trace 640 bash -c 'for n in 128 16; do python3 bench/trace.py --mode cuda \

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 import torch
 
 from dataplane.batch_plan import build_batch_plan
@@ -25,8 +26,20 @@ PROMPTS = {
 
 
 def test_prompt_logprobs_equal_hf_peft(tiny_llama: Path, tiny_adapters: dict[str, Path]) -> None:
+    check_prompt_logprobs(tiny_llama, tiny_adapters, "cpu")
+
+
+@pytest.mark.gpu
+def test_prompt_logprobs_equal_hf_peft_on_cuda(cuda_device: torch.device, tiny_llama: Path,
+                                               tiny_adapters: dict[str, Path]) -> None:
+    """On CUDA the mixed steps run through the piecewise graphs (their logit rows)."""
+    check_prompt_logprobs(tiny_llama, tiny_adapters, "cuda")
+
+
+def check_prompt_logprobs(tiny_llama: Path, tiny_adapters: dict[str, Path], device: str
+                          ) -> None:
     engine = build_engine(EngineSpec.of(
-        tiny_llama, dtype="float32", device="cpu", max_num_seqs=5, max_num_batched_tokens=8,
+        tiny_llama, dtype="float32", device=device, max_num_seqs=5, max_num_batched_tokens=8,
         num_kv_blocks=12 + adapter_pages(tiny_llama, tiny_adapters, 4), block_size=4,
         max_slots=3, max_rank=8))
     handles = {n: engine.register_adapter(p) for n, p in tiny_adapters.items()}

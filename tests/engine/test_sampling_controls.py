@@ -54,12 +54,13 @@ REQUESTS: list[tuple[list[int], str | None, SamplingParams]] = [
 ]
 
 
-def _engine(model_dir: Path, adapters: dict[str, Path], async_on: bool) -> tuple[Engine, Any]:
+def _engine(model_dir: Path, adapters: dict[str, Path], async_on: bool,
+            device: str = "cpu") -> tuple[Engine, Any]:
     config = EngineConfig(max_num_seqs=5, max_num_batched_tokens=16, block_size=4,
                           num_kv_blocks=16 + adapter_pages(model_dir, adapters, 4),
                           max_slots=3, max_rank=8, async_scheduling=async_on)
     abi = read_base_abi(model_dir)
-    engine = Engine(load_model(model_dir, torch.float32, torch.device("cpu")), config,
+    engine = Engine(load_model(model_dir, torch.float32, torch.device(device)), config,
                     abi.h_base, abi, None)
     return engine, {n: engine.register_adapter(p) for n, p in adapters.items()}
 
@@ -81,7 +82,19 @@ def _serve(engine: Engine, handles: Any) -> dict[str, RequestOutput]:
 @pytest.mark.parametrize("async_on", [False, True])
 def test_sampling_controls_match_hf_processors(tiny_llama: Path, tiny_adapters: dict[str, Path],
                                                async_on: bool) -> None:
-    engine, handles = _engine(tiny_llama, tiny_adapters, async_on)
+    check_controls(tiny_llama, tiny_adapters, async_on, "cpu")
+
+
+@pytest.mark.gpu
+def test_sampling_controls_match_hf_processors_on_cuda(
+        cuda_device: torch.device, tiny_llama: Path, tiny_adapters: dict[str, Path]) -> None:
+    """The same on CUDA: async steps (the placeholder read on the device), decode graphs."""
+    check_controls(tiny_llama, tiny_adapters, True, "cuda")
+
+
+def check_controls(tiny_llama: Path, tiny_adapters: dict[str, Path], async_on: bool,
+                   device: str) -> None:
+    engine, handles = _engine(tiny_llama, tiny_adapters, async_on, device)
     outputs = _serve(engine, handles)
     assert engine.num_preemptions > 0, "the KV pool was meant to force preemption"
     if async_on:
