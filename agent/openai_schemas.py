@@ -14,14 +14,14 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from agent.openai_choices import MAX_CHILDREN, MAX_SAMPLES
-from dataplane.core import SamplingParams
+from dataplane.core import ResponseFormat, SamplingParams
 from dataplane.sampling_params import MAX_LOGIT_BIAS, MAX_LOGIT_BIAS_ENTRIES, MAX_LOGPROBS
 
 UNSUPPORTED: dict[str, tuple[object, ...]] = {
     "echo": (None, False), "suffix": (None, ""), "min_p": (None, 0),
     "tools": (None, []), "tool_choice": (None, "none"),
     "functions": (None, []), "function_call": (None, "none"),
-    "response_format": (None, {"type": "text"}), "audio": (None,),
+    "audio": (None,),
     "modalities": (None, ["text"]), "prediction": (None,), "guided_json": (None,),
     "guided_regex": (None,), "guided_choice": (None,), "guided_grammar": (None,),
     "prompt_logprobs": (None,), "use_beam_search": (None, False),
@@ -67,6 +67,11 @@ class _Common(BaseModel):
         default=0, ge=0,
         description="Extension (as vLLM's): no stop token or string ends the output before "
                     "this many tokens.")
+    response_format: dict[str, Any] | None = Field(
+        default=None,
+        description='{"type": "text"}, {"type": "json_object"} or {"type": "json_schema", '
+                    '"json_schema": {"name", "schema", "strict"}}: the output is JSON (valid '
+                    "against the schema), enforced token by token.")
     alora_base_if_not_invoked: bool = Field(
         default=False,
         description="Extension: on an activated-LoRA model whose invocation tokens the prompt "
@@ -104,7 +109,8 @@ class _Common(BaseModel):
                                                for k, v in (self.logit_bias or {}).items()),
                               presence_penalty=self.presence_penalty,
                               frequency_penalty=self.frequency_penalty,
-                              repetition_penalty=self.repetition_penalty)
+                              repetition_penalty=self.repetition_penalty,
+                              response_format=ResponseFormat.from_openai(self.response_format))
 
     def top_logprobs_wanted(self) -> int | None:
         """Alternatives per generated token to report (None: no logprobs at all)."""

@@ -44,8 +44,8 @@ from agent.openai_responses import Answer, Echo, stream_events
 from agent.openai_schemas import ChatCompletionRequest, CompletionRequest
 from agent.serving import BadPrompt, EngineLoop, Event, Ticket
 from agent.sync import ControlPlaneClient
-from agent.tickets import NotInvoked, UnsupportedParameter
-from dataplane.core import EngineError
+from agent.tickets import BadResponseFormat, NotInvoked, UnsupportedParameter
+from dataplane.core import EngineError, InvalidResponseFormat
 from dataplane.engine.activation import activation_offset
 from dataplane.engine.engine import RequestOutput
 
@@ -241,7 +241,13 @@ async def _serve(ctx: ServingContext, request: Request, model: str,
         if gen is not None and not body.alora_base_if_not_invoked:
             for prompt in prompts:
                 _check_invoked(ctx, gen, prompt)
-        params = [body.sampling(_default_max_tokens(ctx, p, kind)) for p in prompts]
+        try:
+            params = [body.sampling(_default_max_tokens(ctx, p, kind)) for p in prompts]
+            fmt = params[0].response_format
+            if fmt is not None:  # compiled (and cached) off the engine thread
+                await asyncio.to_thread(ctx.loop.engine.grammar_compiler().compile, fmt)
+        except InvalidResponseFormat as exc:
+            raise BadResponseFormat(exc.message, param="response_format") from exc
         vocab = ctx.loop.engine.model.config.vocab_size
         bias = params[0].logit_bias
         if bias and bias[-1][0] >= vocab:

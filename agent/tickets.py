@@ -27,6 +27,12 @@ class BadPrompt(ServingError):
     status, code = 422, "VALIDATION_ERROR"
 
 
+class BadResponseFormat(ServingError):
+    """`response_format` malformed, or a schema the grammar compiler refuses."""
+
+    status, code = 422, "INVALID_RESPONSE_FORMAT"
+
+
 class UnsupportedParameter(ServingError):
     """A request field the agent does not honour yet, set to a value that would matter
     (agent/openai_schemas.py `UNSUPPORTED`); `detail.param` names it."""

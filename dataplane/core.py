@@ -20,6 +20,7 @@ from dataplane.errors import (
     InvalidSamplingParams,
     ModelInUse,
 )
+from dataplane.response_format import InvalidResponseFormat, ResponseFormat
 from dataplane.sampling_params import GREEDY_TEMPERATURE, MAX_LOGPROBS, SamplingParams
 from dataplane.sequence import (
     BASE_SLOT,
@@ -39,8 +40,10 @@ __all__ = [
     "FinishReason",
     "InvalidBatchPlan",
     "InvalidRequest",
+    "InvalidResponseFormat",
     "InvalidSamplingParams",
     "ModelInUse",
+    "ResponseFormat",
     "SamplingParams",
     "Sequence",
     "SequenceStatus",

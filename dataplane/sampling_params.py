@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 from dataplane.errors import InvalidSamplingParams
 from dataplane.errors import is_int as _is_int
+from dataplane.response_format import ResponseFormat
 
 MAX_LOGPROBS = 20
 """Largest number of top log-probabilities a request may ask for."""
@@ -45,7 +46,9 @@ class SamplingParams:
     prompt or the output is divided by it when positive, multiplied when not),
     `frequency_penalty` (minus penalty x the token's count in the output) and
     `presence_penalty` (minus penalty once the token is in the output), OpenAI's and vLLM's
-    semantics.
+    semantics. `response_format` constrains the output to JSON (an object, or one valid
+    against a schema: sampling/grammar.py); the request finishes when the JSON is complete,
+    so it cannot be combined with `ignore_eos` or `min_tokens`.
     """
 
     temperature: float = 1.0
@@ -63,6 +66,7 @@ class SamplingParams:
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     repetition_penalty: float = 1.0
+    response_format: ResponseFormat | None = None
 
     def __post_init__(self) -> None:
         # Accept any iterable for the tuple fields, store tuples (hashable, immutable).
@@ -106,6 +110,13 @@ class SamplingParams:
             raise InvalidSamplingParams("min_tokens must be an int in [0, max_tokens]",
                                         min_tokens=self.min_tokens, max_tokens=self.max_tokens)
         self._check_logit_bias()
+        if self.response_format is not None:
+            if not isinstance(self.response_format, ResponseFormat):
+                raise InvalidSamplingParams("response_format must be a ResponseFormat")
+            if self.ignore_eos or self.min_tokens:
+                raise InvalidSamplingParams(
+                    "response_format cannot be combined with ignore_eos or min_tokens (a "
+                    "constrained output ends when its JSON is complete)")
         for name in ("presence_penalty", "frequency_penalty"):
             value = getattr(self, name)
             if not _is_number(value) or not -2.0 <= value <= 2.0:

@@ -28,7 +28,7 @@
 #              same factors as ordinary LoRAs and vs base requests (bench/alora.py)
 #   sampling   decode step at B = 64 with top-5 logprobs / penalties / logit bias (and
 #              grammar) on 0, 50 and 100% of the rows vs an argmax-only sampler
-#              (bench/sampling.py)
+#              (bench/sampling.py; LLAMA3_TOKENIZER=<tokenizer.json> for the grammar rows)
 #   zipf       adapter residency: Zipf(1.2) over 1,000 adapters and 128 slots through the
 #              agent's engine loop (bench/zipf_residency.py)
 #   tp         TP=2 vs TP=1 decode, prefill and mixed steps through the engine, 0/16/128
@@ -64,7 +64,8 @@ for s in "$@"; do
              tests/kernels tests/ops tests/attention/test_gpu.py tests/engine/test_gpu.py \
              tests/engine/test_pool_slots_gpu.py tests/pool/test_cuda_copy.py \
              tests/collections/test_native_serving_gpu.py tests/engine/test_alora.py \
-             tests/engine/test_sampling_controls.py tests/engine/test_prompt_logprobs.py ;;
+             tests/engine/test_sampling_controls.py tests/engine/test_prompt_logprobs.py \
+             tests/sampling/test_grammar_gpu.py ;;
     kernels) section kernels 300 python3 bench/lora_kernels.py --tune --no-loop --no-stacked \
                --out "$OUT/kernels" ;;
     trace) section trace 640 bash -c 'for n in 128 16; do python3 bench/trace.py --mode cuda \
@@ -98,7 +99,8 @@ for s in "$@"; do
              --dtype bfloat16 --contexts 1024 4096 --n 1 4 16 --max-batched-tokens 8192 \
              --kv-blocks 8192 --out "$OUT/alora" ;;
     sampling) section sampling 300 python3 bench/sampling.py --shape llama3-8b --device cuda \
-             --dtype bfloat16 --batch 64 --ctx 512 --kv-blocks 4096 --out "$OUT/sampling" ;;
+             --dtype bfloat16 --batch 64 --ctx 512 --kv-blocks 4096 \
+             ${LLAMA3_TOKENIZER:+--tokenizer "$LLAMA3_TOKENIZER"} --out "$OUT/sampling" ;;
     zipf) section zipf 300 python3 bench/zipf_residency.py --shape llama3-8b --device cuda \
             --dtype bfloat16 --adapters 1000 --slots 128 --rank 8 --targets q_proj v_proj \
             --rate 16 --duration-s 60 --prompt-min 64 --prompt-max 512 --output-min 64 \

@@ -21,6 +21,7 @@ Usage::
 from __future__ import annotations
 
 import math
+import threading
 from collections.abc import Mapping
 from collections.abc import Sequence as SequenceOf
 from contextlib import AbstractContextManager, nullcontext
@@ -68,6 +69,7 @@ from dataplane.parallel.errors import ProcessGroupError
 from dataplane.pool.errors import StaleGeneration
 from dataplane.pool.faults import FaultInjector
 from dataplane.pool.slot_table import LaunchSnapshot
+from dataplane.sampling.grammar import GrammarCompiler, GrammarState
 from dataplane.sampling.sampler import Sampler, TokenLogprobs
 from dataplane.tokenizer import Tokenizer
 
@@ -160,6 +162,10 @@ class Engine(StepLoop):
         """Live request -> the adapter it holds in the pool (never an eviction victim)."""
         self._logprobs: dict[str, list[TokenLogprobs]] = {}
         self._prompt_logprobs: dict[str, list[TokenLogprobs]] = {}
+        self._grammar: dict[str, GrammarState] = {}
+        """Live request with a response_format -> its grammar state (tokens accepted)."""
+        self._grammar_compiler: GrammarCompiler | None = None
+        self._grammar_lock = threading.Lock()
         self._expired: list[RequestOutput] = []
         self._generation = 0
         self._generate_calls = 0
@@ -395,6 +401,9 @@ class Engine(StepLoop):
             raise InvalidSamplingParams(f"logit_bias token ids must be < vocab size {vocab}",
                                         request_id=request_id,
                                         token_id=sampling_params.logit_bias[-1][0])
+        grammar = None
+        if sampling_params.response_format is not None:
+            grammar = self.grammar_compiler().compile(sampling_params.response_format).new_state()
         slot, digest, rank, active_from = -1, None, 0, ALWAYS_ON
         if adapter is not None:
             self.adapters.check_handle(adapter)
@@ -423,6 +432,8 @@ class Engine(StepLoop):
                 self.pool.unhold(adapter)
             raise
         self._seqs[request_id] = seq
+        if grammar is not None:
+            self._grammar[request_id] = grammar
         if prefill_after is not None and prefill_after in self._seqs:
             self._prefill_after[request_id] = prefill_after
         if adapter is not None:
@@ -472,6 +483,19 @@ class Engine(StepLoop):
             self._drop_inflight()  # nothing left to apply: retire its plan now, not later
         return True
 
+    def grammar_compiler(self) -> GrammarCompiler:
+        """The compiler of structured-output formats for this model's tokenizer and logits
+        width, built on first use (reading the vocabulary takes up to a second). Its
+        `compile` is thread-safe and cached: a server can compile a request's format off
+        the engine thread (and refuse a bad schema) before `add_request`."""
+        with self._grammar_lock:
+            if self._grammar_compiler is None:
+                if self.tokenizer is None:
+                    raise InvalidSamplingParams("response_format needs the model's tokenizer")
+                self._grammar_compiler = GrammarCompiler.from_tokenizer(
+                    self.tokenizer, self.model.config.vocab_size)
+            return self._grammar_compiler
+
     def _ready(self, seq: Sequence) -> bool:
         """Scheduler predicate: the request's adapter is ready (AdapterRegistry.is_ready)
         and it does not wait for another request's prefill. That wait ends for good the
@@ -490,6 +514,7 @@ class Engine(StepLoop):
         self._prefill_after.pop(request_id, None)
         self._logprobs.pop(request_id, None)
         self._prompt_logprobs.pop(request_id, None)
+        self._grammar.pop(request_id, None)
         held = self._held.pop(request_id, None)
         if held is not None:
             self.pool.unhold(held)

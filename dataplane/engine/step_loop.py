@@ -20,7 +20,8 @@ from dataplane.engine.async_steps import Launched, deferred_inputs, has_live_row
 from dataplane.engine.deferred import DeferredTokens
 from dataplane.engine.model_runner import ModelRunner
 from dataplane.engine.request_output import RequestOutput
-from dataplane.engine.scheduler import ScheduleOutput, Scheduler
+from dataplane.engine.scheduler import ScheduleOutput, Scheduler, StepUpdate
+from dataplane.sampling.grammar import GrammarCompiler, GrammarState, allocate_bitmask
 from dataplane.sampling.logits_processors import PendingTokens
 from dataplane.sampling.sampler import PendingSample, Sampler, TokenLogprobs
 
@@ -41,6 +42,7 @@ class StepLoop:
     _seqs: dict[str, Sequence]
     _logprobs: dict[str, list[TokenLogprobs]]
     _prompt_logprobs: dict[str, list[TokenLogprobs]]
+    _grammar: dict[str, GrammarState]
 
     if TYPE_CHECKING:
         def build_plan(self, out: ScheduleOutput) -> BatchPlan:
@@ -49,6 +51,14 @@ class StepLoop:
 
         def _forget(self, request_id: str) -> None:
             """Engine._forget: a request ended; drop it and its adapter hold."""
+            ...
+
+        def grammar_compiler(self) -> GrammarCompiler:
+            """Engine.grammar_compiler: the structured-output compiler."""
+            ...
+
+        def abort(self, request_id: str) -> bool:
+            """Engine.abort: cancel a live request."""
             ...
 
     # ----- plan hooks ------------------------------------------------------------------
@@ -139,7 +149,8 @@ class StepLoop:
             n = len(plan.sample_rows)
             pending = self.sampler.launch(
                 logits[:n] if plan.prompt_logprob_rows else logits, out.sampled,
-                None if prev is None else PendingTokens(prev.pending.tokens, prev.out.sampled))
+                None if prev is None else PendingTokens(prev.pending.tokens, prev.out.sampled),
+                self._grammar_masks(out.sampled) if self._grammar else None)
             scored = self._score_prompts(plan, logits[n:]) if plan.prompt_logprob_rows else None
         except BaseException:
             if prev is None:
@@ -148,6 +159,27 @@ class StepLoop:
                 prev.after.append(token)  # retired right after `prev`: launch order
             raise
         return Launched(out, pending, token, scored=scored)
+
+    def _grammar_masks(self, sampled: list[Sequence]) -> tuple[torch.Tensor, list[int]] | None:
+        """(host bitmask, rows) of the sampled rows whose request has a response_format:
+        each row's allowed next tokens given the tokens its grammar accepted."""
+        rows = [i for i, s in enumerate(sampled) if s.request_id in self._grammar]
+        if not rows:
+            return None
+        compiler = self.grammar_compiler()
+        bitmask = allocate_bitmask(len(rows), compiler.vocab_size)
+        compiler.fill_bitmasks(bitmask, [self._grammar[sampled[i].request_id] for i in rows])
+        return bitmask, rows
+
+    def _accept_grammar(self, updates: list[StepUpdate]) -> list[str]:
+        """Advance each constrained request's grammar by its new token; the requests whose
+        token the grammar refused (never expected: the mask allowed it), to abort."""
+        refused = []
+        for u in updates:
+            state = self._grammar.get(u.seq.request_id)
+            if state is not None and not u.finished and not state.accept(u.token_id):
+                refused.append(u.seq.request_id)
+        return refused
 
     def _score_prompts(self, plan: BatchPlan, logits: torch.Tensor
                        ) -> tuple[PendingSample, tuple[tuple[str, int], ...]]:
@@ -172,7 +204,10 @@ class StepLoop:
                 got.append(lp)
 
     def _launch_continuation(self, cur: Launched) -> None:
-        """After `cur` is committed and reserved: launch the next step if it is decidable."""
+        """After `cur` is committed and reserved: launch the next step if it is decidable
+        (not while a constrained request decodes: its next mask needs `cur`'s token)."""
+        if self._grammar and any(s.request_id in self._grammar for s in cur.out.sampled):
+            return
         nxt = self.scheduler.schedule_continuation(cur.out)
         if nxt is not None:
             self._inflight = self._launch_step(nxt, cur)
@@ -198,6 +233,7 @@ class StepLoop:
             result = cur.pending.result()
             self._apply_prompt_logprobs(cur)
             updates = self.scheduler.apply_tokens(cur.out, result.token_ids)
+            refused = self._accept_grammar(updates) if self._grammar else []
         finally:
             try:
                 self._retire(cur)
@@ -219,6 +255,10 @@ class StepLoop:
             outputs.append(self._output(seq, (u.token_id,), u.text))
             if u.finished:
                 self._forget(seq.request_id)
+        for rid in refused:
+            seq = self._seqs[rid]
+            self.abort(rid)
+            outputs.append(self._output(seq, (), ""))
         return outputs
 
     def _output(self, seq: Sequence, new_ids: tuple[int, ...], new_text: str) -> RequestOutput:

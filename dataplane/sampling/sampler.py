@@ -12,7 +12,8 @@ on its own seed, step and logits row — not on batch composition, row position 
 Unseeded rows draw from the sampler's own generator.
 
 Before temperature, each row's logit adjustments apply (logit_bias, min_tokens, penalties:
-logits_processors.py); greedy rows take the argmax of the adjusted logits. Logprobs are the
+logits_processors.py), then the grammar masks of constrained rows (grammar.py); greedy rows
+take the argmax of the adjusted logits. Logprobs are the
 model's raw log-softmax (before any adjustment, temperature, top-k or top-p), as OpenAI
 reports them: the chosen token's, plus the top `logprobs` alternatives.
 
@@ -33,6 +34,7 @@ import torch
 
 from dataplane.core import EngineError, SamplingParams, Sequence
 from dataplane.h2d import to_device
+from dataplane.sampling.grammar import apply_bitmask
 from dataplane.sampling.logits_processors import LogitsAdjuster, PendingTokens
 
 
@@ -171,13 +173,15 @@ class Sampler:
                                       _to_host(top_i)), list(top))
 
     def launch(self, logits: torch.Tensor, seqs: SequenceOf[Sequence],
-               pending: PendingTokens | None = None) -> PendingSample:
+               pending: PendingTokens | None = None,
+               masks: tuple[torch.Tensor, SequenceOf[int]] | None = None) -> PendingSample:
         """Enqueue sampling of logits [N, V] for seqs [N] without a host sync.
 
         Reads each seq's sampling params, tokens and `num_output_tokens` (the seeded draw's
         step index) now; `pending` holds the tokens of seqs whose last token is still a
-        placeholder (async scheduling). `logits` may be overwritten by device work enqueued
-        after this call."""
+        placeholder (async scheduling); `masks` = (bitmask, rows): the grammar masks of
+        constrained rows (grammar.apply_bitmask), applied after the logit adjustments.
+        `logits` may be overwritten by device work enqueued after this call."""
         if logits.dim() != 2 or logits.shape[0] != len(seqs):
             raise SamplerError("logits must be [len(seqs), vocab]", shape=tuple(logits.shape),
                                num_seqs=len(seqs))
@@ -186,10 +190,12 @@ class Sampler:
         params = [s.sampling for s in seqs]
         want = [p.logprobs for p in params]
         lp = logits.log_softmax(dim=-1) if any(w is not None for w in want) else None
-        if any(p.adjusts_logits for p in params):
+        if masks is not None or any(p.adjusts_logits for p in params):
             if logits is given:  # adjusted in place: the caller's logits stay the model's
                 logits = logits.clone()
             self.adjuster.adjust(logits, seqs, pending)
+            if masks is not None:
+                apply_bitmask(logits, masks[0], masks[1])
         tokens = logits.argmax(dim=-1)
         if any(not p.greedy for p in params):
             cdf = processed_probs(logits, params).double().cumsum(dim=-1)

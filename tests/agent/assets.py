@@ -6,29 +6,17 @@ import json
 from pathlib import Path
 from typing import Any
 
+from dataplane.assets.byte_tokenizer import bytes_to_unicode
+
 CHAT_TEMPLATE = ("{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
                  "{% if add_generation_prompt %}assistant:{% endif %}")
-
-
-def _bytes_to_unicode() -> dict[int, str]:
-    """GPT-2's reversible byte -> printable character table."""
-    bs = (list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1))
-          + list(range(ord("®"), ord("ÿ") + 1)))
-    cs = bs[:]
-    n = 0
-    for b in range(256):
-        if b not in bs:
-            bs.append(b)
-            cs.append(256 + n)
-            n += 1
-    return {b: chr(c) for b, c in zip(bs, cs, strict=True)}
 
 
 def write_byte_tokenizer(model_dir: Path) -> None:
     """tokenizer.json (BPE, no merges, byte-level) + tokenizer_config.json (chat template)."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 
-    table = _bytes_to_unicode()
+    table = bytes_to_unicode()
     vocab = {table[b]: b for b in range(256)}
     tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)

@@ -178,7 +178,7 @@ def test_corrupted_object_is_a_load_failure_never_a_fallback(deployment: Deploym
 
 @pytest.mark.parametrize(("field", "value"), [
     ("suffix", "tail"),
-    ("response_format", {"type": "json_object"}), ("tools", [{"type": "function"}]),
+    ("tools", [{"type": "function"}]), ("use_beam_search", True),
 ])
 def test_an_unhonoured_field_is_refused_naming_it(deployment: Deployment, field: str,
                                                    value: object) -> None:

@@ -22,7 +22,7 @@ def test_every_scenario_reports_ratios_of_the_same_run(tmp_path: Path) -> None:
     rows = json.loads((tmp_path / "sampling.json").read_text())["results"]
     names = [r["scenario"] for r in rows]
     assert names[:2] == ["argmax", "none"]
-    assert set(names[2:]) == {f"{f}@{x}" for f in ("bias", "logprobs5", "penalties")
+    assert set(names[2:]) == {f"{f}@{x}" for f in ("bias", "grammar", "logprobs5", "penalties")
                               for x in ("0.5", "1")}
     none = next(r for r in rows if r["scenario"] == "none")
     assert none["over_none"] == 1.0
