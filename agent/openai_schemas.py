@@ -110,7 +110,8 @@ class _Common(BaseModel):
                               presence_penalty=self.presence_penalty,
                               frequency_penalty=self.frequency_penalty,
                               repetition_penalty=self.repetition_penalty,
-                              response_format=ResponseFormat.from_openai(self.response_format))
+                              response_format=None if self.response_format is None
+                              else ResponseFormat.from_openai(self.response_format))
 
     def top_logprobs_wanted(self) -> int | None:
         """Alternatives per generated token to report (None: no logprobs at all)."""
@@ -142,8 +143,6 @@ class CompletionRequest(_Common):
     def _choices(self) -> CompletionRequest:
         if isinstance(self.prompt, list) and not self.prompt:
             raise ValueError("prompt must not be empty")
-        if self.max_tokens == 0 and not self.echo:
-            raise ValueError("max_tokens 0 needs echo: true")
         if self.best_of is not None and self.best_of < self.n:
             raise ValueError(f"best_of ({self.best_of}) must be >= n ({self.n})")
         if self.stream and self.samples > self.n:

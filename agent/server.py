@@ -49,8 +49,6 @@ from dataplane.core import EngineError, InvalidResponseFormat
 from dataplane.engine.activation import activation_offset
 from dataplane.engine.engine import RequestOutput
 
-CHAT_MAX_TOKENS_DEFAULT = 512
-
 
 @dataclass
 class ServingContext:
@@ -234,6 +232,9 @@ async def _serve(ctx: ServingContext, request: Request, model: str,
                  body: CompletionRequest | ChatCompletionRequest, kind: str) -> Response:
     try:
         gen = await _admit(ctx, request, model)  # authentication first, then the body
+        if isinstance(body, CompletionRequest) and body.max_tokens == 0 and not body.echo:
+            raise BadPrompt("max_tokens must be >= 1 (0 only with echo: true)",
+                            param="max_tokens")
         unsupported = body.unsupported()
         if unsupported is not None:
             raise UnsupportedParameter(f"{unsupported} is not supported by this server",
@@ -349,8 +350,8 @@ async def _until_started(events: asyncio.Queue[tuple[int, Event]], count: int
 
 
 def _default_max_tokens(ctx: ServingContext, prompt: str | list[int], kind: str) -> int:
-    """OpenAI's defaults: 16 for completions; chat runs to the context limit (capped)."""
+    """OpenAI's defaults: 16 for completions; chat runs to the context limit."""
     if kind == "text_completion":
         return 16
     room = ctx.loop.engine.max_model_len - (len(prompt) if isinstance(prompt, list) else 0)
-    return max(1, min(CHAT_MAX_TOKENS_DEFAULT, room))
+    return max(1, room)
