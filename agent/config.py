@@ -70,6 +70,9 @@ class AgentSettings(BaseSettings):
     docs/PERFORMANCE.md measures what that does to goodput)."""
     max_queued_requests: int = Field(default=256, ge=1)
     """Live requests (queued + running) above which new ones get 429 (with Retry-After)."""
+    max_tokens_limit: int | None = Field(default=None, ge=1)
+    """Largest `max_tokens` one request may ask for (422 naming `max_tokens` above it, as
+    above the model's context less the prompt). None: the context is the only bound."""
     max_queue_ms: int | None = Field(default=None, ge=1, le=3_600_000)
     """Default of a request's `max_queue_ms`: a request that has not started this many
     milliseconds after it arrived (adapter load included) gets 503 QUEUE_TIMEOUT with

@@ -82,6 +82,7 @@ class AgentDaemon:
             served_model_name=settings.served_model_name or settings.model_dir.resolve().name,
             max_rank=settings.max_rank, targets=self.targets,
             require_auth=settings.require_auth, max_queue_ms=settings.max_queue_ms,
+            max_tokens_limit=settings.max_tokens_limit,
             state={"ready": False, "agent_id": None, "worker_epoch": None, "name": settings.name})
         self.app = create_agent_app(self.ctx)
         self._stop = threading.Event()

@@ -45,9 +45,12 @@ from agent.openai_schemas import ChatCompletionRequest, CompletionRequest
 from agent.serving import BadPrompt, EngineLoop, Event, Ticket
 from agent.sync import ControlPlaneClient
 from agent.tickets import BadResponseFormat, NotInvoked, UnsupportedParameter
-from dataplane.core import EngineError, InvalidResponseFormat
+from dataplane.core import EngineError, InvalidResponseFormat, SamplingParams
 from dataplane.engine.activation import activation_offset
 from dataplane.engine.engine import RequestOutput
+
+DISCONNECT_POLL_S = 0.25
+"""How often a waiting non-streaming request checks that its client is still there."""
 
 
 @dataclass
@@ -64,6 +67,8 @@ class ServingContext:
     require_auth: bool = True
     max_queue_ms: int | None = None
     """The default of a request's `max_queue_ms` (None: requests wait as long as it takes)."""
+    max_tokens_limit: int | None = None
+    """Largest `max_tokens` a request may ask for (None: the model's context)."""
     state: dict[str, Any] = field(default_factory=dict)
     """agent_id, worker_epoch, ready (set by the daemon)."""
 
@@ -249,6 +254,7 @@ async def _serve(ctx: ServingContext, request: Request, model: str,
                 await asyncio.to_thread(ctx.loop.engine.grammar_compiler().compile, fmt)
         except InvalidResponseFormat as exc:
             raise BadResponseFormat(exc.message, param="response_format") from exc
+        _check_max_tokens(ctx, body, prompts, params)
         vocab = ctx.loop.engine.model.config.vocab_size
         bias = params[0].logit_bias
         if bias and bias[-1][0] >= vocab:
@@ -274,16 +280,20 @@ async def _serve(ctx: ServingContext, request: Request, model: str,
             ctx.loop.abort(kid.request_id)
 
     max_queue_ms = body.max_queue_ms or ctx.max_queue_ms
+    watch = _Client(request)
     for k, kid in enumerate(kids):
         ctx.loop.submit(Ticket(kid.request_id, kid.prompt, kid.params, gen, sink(k),
                                max_queue_s=None if max_queue_ms is None else max_queue_ms / 1e3,
                                base_if_not_invoked=body.alora_base_if_not_invoked,
                                prefill_after=kid.prefill_after))
     try:
-        started = await _until_started(events, len(kids))
+        started = await _until_started(events, len(kids), watch)
     except asyncio.CancelledError:
         abort_all()
         raise
+    if started is None:  # the client went away before the first token
+        abort_all()
+        return Response(status_code=499)
     failed = next((e for _, e in started if isinstance(e, ServingError)), None)
     if failed is not None:
         abort_all()
@@ -300,7 +310,11 @@ async def _serve(ctx: ServingContext, request: Request, model: str,
     backlog = list(started)
     try:
         while len(finals) < len(kids):
-            k, event = backlog.pop(0) if backlog else await events.get()
+            got = backlog.pop(0) if backlog else await watch.next(events)
+            if got is None:  # the client went away: stop generating for it
+                abort_all()
+                return Response(status_code=499)
+            k, event = got
             if isinstance(event, ServingError):
                 abort_all()
                 return _error(event)
@@ -334,19 +348,68 @@ def _echo(ctx: ServingContext, body: CompletionRequest | ChatCompletionRequest,
     return Echo([text(p) for p in prompts], drop_completion=body.max_tokens == 0)
 
 
-async def _until_started(events: asyncio.Queue[tuple[int, Event]], count: int
-                         ) -> list[tuple[int, Event]]:
+class _Client:
+    """Whether a non-streaming request's client is still there, checked at most every
+    DISCONNECT_POLL_S (also while events keep arriving)."""
+
+    def __init__(self, request: Request) -> None:
+        self.request = request
+        self.checked = time.monotonic()
+
+    async def next(self, events: asyncio.Queue[tuple[int, Event]]
+                   ) -> tuple[int, Event] | None:
+        """The next sample event, or None once the client has disconnected."""
+        while True:
+            now = time.monotonic()
+            if now - self.checked >= DISCONNECT_POLL_S:
+                self.checked = now
+                if await self.request.is_disconnected():
+                    return None
+            try:
+                return await asyncio.wait_for(events.get(), timeout=DISCONNECT_POLL_S)
+            except TimeoutError:
+                continue
+
+
+async def _until_started(events: asyncio.Queue[tuple[int, Event]], count: int,
+                         client: _Client) -> list[tuple[int, Event]] | None:
     """The events received until each of `count` samples produced its first token, or
-    until one failed (so every failure before any output is a proper HTTP error)."""
+    until one failed (so every failure before any output is a proper HTTP error); None
+    when the client disconnected first."""
     got: list[tuple[int, Event]] = []
     seen: set[int] = set()
     while len(seen) < count:
-        k, event = await events.get()
+        nxt = await client.next(events)
+        if nxt is None:
+            return None
+        k, event = nxt
         got.append((k, event))
         if isinstance(event, ServingError):
             break
         seen.add(k)
     return got
+
+
+def _check_max_tokens(ctx: ServingContext, body: CompletionRequest | ChatCompletionRequest,
+                      prompts: list[str | list[int]], params: list[SamplingParams]) -> None:
+    """An explicit `max_tokens` (or `max_completion_tokens`) above the agent's limit, or
+    beyond the model's context after the prompt, is refused (422 naming the field)."""
+    asked = body.max_tokens if body.max_tokens is not None else getattr(
+        body, "max_completion_tokens", None)
+    if not asked:
+        return
+    name = "max_tokens" if body.max_tokens is not None else "max_completion_tokens"
+    limit = ctx.max_tokens_limit
+    if limit is not None and asked > limit:
+        raise BadPrompt(f"{name} {asked} exceeds this server's limit of {limit}", param=name,
+                        limit=limit)
+    context = ctx.loop.engine.max_model_len
+    for prompt, sp in zip(prompts, params, strict=True):
+        n = len(ctx.loop.engine.encode(prompt) if isinstance(prompt, str) else prompt)
+        if n + sp.max_tokens > context:
+            raise BadPrompt(f"the prompt's {n} tokens + {name} {sp.max_tokens} exceed the "
+                            f"model's context of {context} tokens", param=name,
+                            prompt_tokens=n, context=context)
 
 
 def _default_max_tokens(ctx: ServingContext, prompt: str | list[int], kind: str) -> int:
