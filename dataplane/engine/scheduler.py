@@ -16,7 +16,9 @@ Torch-free. One `schedule()` per engine step picks rows in this order:
      request's age in scheduling rounds, then the adapter cost vector (fairness.py
      `AdapterCost`: among requests queued in the same round, one whose adapter already
      has rows in the step adds no run), then arrival and id. When the next request's
-     blocks do not fit, admission stops (no smaller request overtakes it). A round with a
+     blocks do not fit, admission stops (no smaller request overtakes it), except when
+     nothing runs (nothing would ever free blocks): then the first ready request that fits
+     is admitted, so pages held by queued requests' adapters cannot stall the engine. A round with a
      free seat keys the ready waiting requests once (`_Candidates`: a heap; an admission
      re-keys only the requests on its adapter), so a deep queue costs O(W log W) per
      such round, not per admitted request.
@@ -382,26 +384,40 @@ class Scheduler:
             nxt = fair.pop() if fair is not None else self._next_fcfs(skipped)
             if nxt is None or not bm.can_allocate(nxt, keep=self.load_reservation):
                 break
-            seq = nxt
-            self.waiting.remove(seq)
-            if seq.status is SequenceStatus.WAITING:
-                self.counts["admitted"] += 1
-                self.admission_rate.add(now)
-            bm.allocate(seq)
-            seq.status = SequenceStatus.RUNNING
-            self.running.append(seq)
-            if seq.adapter_slot not in self._active:
-                self._active.add(seq.adapter_slot)
-                if fair is not None:
-                    fair.activated(seq.adapter_slot)
-            n = min(seq.num_tokens - seq.num_computed_tokens, budget)
-            out.prefills.append((seq, n))
-            budget -= n
+            budget -= self._admit(nxt, out, budget, now, fair)
         self.waiting.extendleft(reversed(skipped))
+        if not self.running and self.waiting and budget > 0 and not out.preempted:
+            # Liveness: nothing runs (so nothing will free blocks) and the first request
+            # in order does not fit, e.g. pool pages held by the adapters of requests that
+            # wait behind it: admit the first ready one that fits; the head follows once
+            # those finish and their adapters can be evicted.
+            fits = next((s for s in self.waiting if self.adapter_ready(s)
+                         and bm.can_allocate(s, keep=self.load_reservation)), None)
+            if fits is not None:
+                self._admit(fits, out, budget, now, None)
         out.sampled = [s for s, n in out.prefills if s.num_computed_tokens + n == s.num_tokens]
         out.sampled.extend(out.decodes)
         self._last_step = None if out.is_empty else now
         return out
+
+    def _admit(self, seq: Sequence, out: ScheduleOutput, budget: int, now: float,
+               fair: _Candidates | None) -> int:
+        """Move a waiting request to running with its first prefill chunk; the chunk's
+        tokens (taken from `budget`)."""
+        self.waiting.remove(seq)
+        if seq.status is SequenceStatus.WAITING:
+            self.counts["admitted"] += 1
+            self.admission_rate.add(now)
+        self.block_manager.allocate(seq)
+        seq.status = SequenceStatus.RUNNING
+        self.running.append(seq)
+        if seq.adapter_slot not in self._active:
+            self._active.add(seq.adapter_slot)
+            if fair is not None:
+                fair.activated(seq.adapter_slot)
+        n = min(seq.num_tokens - seq.num_computed_tokens, budget)
+        out.prefills.append((seq, n))
+        return n
 
     def schedule_continuation(self, prev: ScheduleOutput) -> ScheduleOutput | None:
         """The decode-only step after `prev`, scheduled while `prev` still runs on the device.

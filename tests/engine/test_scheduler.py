@@ -354,3 +354,30 @@ def test_abort_of_a_prefill_chunk_between_schedule_and_postprocess() -> None:
     assert a.num_output_tokens == 0 and b.num_computed_tokens == 2
     run_to_completion(sched)
     assert sched.block_manager.num_free_blocks == 64
+
+
+def test_a_head_that_cannot_fit_while_nothing_runs_lets_a_smaller_request_run() -> None:
+    """Liveness: pool pages held elsewhere (the adapters of the requests queued behind it)
+    leave too little for the first waiting request and nothing runs to free any; the first
+    ready request that fits is admitted, and the head runs once the pages come back."""
+    sched = _sched(pages=8)
+    pool = sched.block_manager.pool
+    pinned = pool.allocate(4, PageKind.ADAPTER)  # 4 of 8 pages: not obtainable for KV
+    head, small = _seq("head", 17, max_tokens=2), _seq("small", 2, max_tokens=2, start=50)
+    sched.add(head)
+    sched.add(small)
+    out = sched.schedule()
+    assert [s.request_id for s, _ in out.prefills] == ["small"]
+    finished: dict[str, list[int]] = {}
+    for _ in range(20):
+        if not out.is_empty:
+            for u in sched.postprocess(out, [next_token(s.token_ids) for s in out.sampled]):
+                if u.finished:
+                    finished[u.seq.request_id] = list(u.seq.output_token_ids)
+        if "small" in finished and pinned:
+            pool.free(pinned, PageKind.ADAPTER)  # its adapter left: the head fits now
+            pinned = []
+        if len(finished) == 2:
+            break
+        out = sched.schedule()
+    assert finished == {"small": reference_output(small), "head": reference_output(head)}
