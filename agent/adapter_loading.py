@@ -2,7 +2,8 @@
 
 A loader thread downloads, verifies and reads an artifact's factors (cache miss); the
 loop thread then places them in a slot, evicting only an idle adapter, and admits every
-waiter. A slot is reclaimed when no request holds it and no alias names it; the catalog
+waiter. An adapter no alias names any more stays in its slot as `cached` when no request
+holds it (a rollback finds it warm) until a load or KV growth needs the room; the catalog
 replica's prefetch targets are loaded ahead of requests (:meth:`AdapterLoading._reconcile`).
 
 Each load is a sequence of attempts, each with its own id (`Resident.attempt_id`). An
@@ -180,7 +181,7 @@ class AdapterLoading:
             if victim is None:
                 return  # retried when a request releases a slot
             self._unload(victim)
-            self.metrics.evictions.inc()
+            (self.metrics.evictions if victim.named else self.metrics.reclaimed).inc()
         prefetch = not self._tickets(res)
         if prefetch:
             self.events.prefetch_reserved()
@@ -272,12 +273,6 @@ class AdapterLoading:
             self.events.released(res.attempt_id, time.monotonic(), res.pages)
         self.residents.remove(res.info.digest)
 
-    def _reclaim(self) -> None:
-        for res in self.residents.reclaimable():
-            if not res.prefetch:
-                self._unload(res)
-                self.metrics.reclaimed.inc()
-
     # ---- catalog replica -----------------------------------------------------------------
     def _reconcile(self) -> None:
         named = self.catalog.named_digests()
@@ -285,16 +280,16 @@ class AdapterLoading:
         for res in self.residents.by_digest.values():
             res.named = res.info.digest in named
             res.prefetch = res.info.digest in wanted
-        self._reclaim()
         self.metrics.publication_generation.set(self.catalog.version)
         loading = sum(1 for r in self.residents.by_digest.values() if r.handle is None)
+        room = self.residents.free_slots + len(self.residents.cached()) - loading
         now = time.monotonic()
         for digest, info in wanted.items():
-            if digest in self.residents.by_digest or self.residents.free_slots - loading <= 0:
+            if digest in self.residents.by_digest or room <= 0:
                 continue
             if now - self._failed_at.get(digest, -PREFETCH_RETRY_S) < PREFETCH_RETRY_S:
                 continue  # requests still retry at once; placement waits a while
             res = self.residents.add(info)
             res.prefetch = True
-            loading += 1
+            room -= 1
             self._start_load(res)

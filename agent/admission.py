@@ -132,7 +132,7 @@ class Admission(AdapterLoading):
         self._release(t)
 
     def _release(self, t: Ticket) -> None:
-        """Drop the request's reference; reclaim or place what that unblocks. A request
+        """Drop the request's reference; place what that unblocks. A request
         that ends here without a finished output (aborted, expired, failed) completed no
         service."""
         self.events.completed(t.request_id, committed=False)
@@ -141,7 +141,6 @@ class Admission(AdapterLoading):
             if res is not None:
                 res.refcount -= 1
                 res.last_use = time.monotonic()
-                self._reclaim()
         # any request's end (base-model ones too) frees KV pages a waiting load may need
         for pending in list(self.residents.by_digest.values()):
             if pending.handle is None and pending.loaded is not None:

@@ -3,7 +3,11 @@
 The control plane is the source of truth; this is a read-only replica refreshed from
 `GET /v1/agents/{id}/desired-state` (a `controlplane.contracts.DesiredState`; see
 controlplane/agents). Each alias keeps its
-recent generations so a request may pin one (`namespace/alias@generation`).
+recent generations so a request may pin one (`namespace/alias@generation`). A pin to a
+generation the replica lacks (older than the desired state's history, or newer than the
+replica) is fetched from the control plane by the server and remembered here
+(:meth:`AgentCatalog.remember`, a small LRU whose entries expire before their download
+URLs do): generations are immutable, so a remembered one never goes stale in meaning.
 
 Resolution (`resolve`) happens once, at admission: it returns one immutable
 :class:`Generation` that the request keeps to the end, whatever is published later
@@ -16,13 +20,20 @@ from __future__ import annotations
 
 import re
 import threading
+import time
+from collections import OrderedDict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from pydantic import ValidationError
 
-from controlplane.contracts import DesiredArtifact, DesiredCollection, DesiredState
+from controlplane.contracts import (
+    DesiredAlias,
+    DesiredArtifact,
+    DesiredCollection,
+    DesiredState,
+)
 from dataplane.artifacts import ArtifactRejected, ValidatedArtifact
 
 
@@ -185,6 +196,13 @@ class AliasState:
     prefetch: bool = False
 
 
+PINNED_LIMIT = 256
+"""Fetched pinned generations remembered (LRU)."""
+PINNED_TTL_S = 60.0
+"""How long a fetched generation is used before it is fetched again (its download URLs
+live longer than this)."""
+
+
 class AgentCatalog:
     """Thread-safe replica: replaced wholesale by :meth:`update` (a full desired state)
     or patched by :meth:`merge` (an incremental one: changed aliases only)."""
@@ -192,7 +210,28 @@ class AgentCatalog:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._aliases: dict[str, AliasState] = {}
+        self._pinned: OrderedDict[tuple[str, int], tuple[float, Generation]] = OrderedDict()
         self.version = 0
+
+    def remember(self, gen: Generation) -> None:
+        """Keep a generation fetched for a pin (see module docstring)."""
+        with self._lock:
+            key = (gen.name, gen.generation)
+            self._pinned[key] = (time.monotonic() + PINNED_TTL_S, gen)
+            self._pinned.move_to_end(key)
+            while len(self._pinned) > PINNED_LIMIT:
+                self._pinned.popitem(last=False)
+
+    def _remembered(self, name: str, generation: int) -> Generation | None:
+        with self._lock:
+            hit = self._pinned.get((name, generation))
+            if hit is None:
+                return None
+            if hit[0] < time.monotonic():
+                del self._pinned[(name, generation)]
+                return None
+            self._pinned.move_to_end((name, generation))
+            return hit[1]
 
     def update(self, version: int, aliases: Iterable[AliasState]) -> None:
         fresh = {s.generations[s.current].name: s for s in aliases}
@@ -218,13 +257,17 @@ class AgentCatalog:
         key = f"{ref.namespace}/{ref.alias}"
         with self._lock:
             state = self._aliases.get(key)
-        if state is None:
+        gen = None
+        if ref.generation is not None:
+            gen = (state.generations.get(ref.generation) if state is not None else None) or (
+                self._remembered(key, ref.generation))
+            if gen is None:
+                raise UnknownAlias(f"{key} has no generation {ref.generation} on this agent",
+                                   model=key, generation=ref.generation)
+        elif state is None:
             raise UnknownAlias(f"model {key!r} is not published", model=key)
-        wanted = state.current if ref.generation is None else ref.generation
-        gen = state.generations.get(wanted)
-        if gen is None:
-            raise UnknownAlias(f"{key} has no generation {wanted} on this agent",
-                               model=key, generation=wanted)
+        else:
+            gen = state.generations[state.current]
         if gen.error is not None:
             raise LoadFailed(gen.error, model=key, generation=gen.generation)
         if gen.artifact is None:
@@ -267,19 +310,25 @@ def parse_desired_state(doc: DesiredState | Mapping[str, Any]
     state = doc if isinstance(doc, DesiredState) else DesiredState.model_validate(doc)
     states = []
     for item in state.aliases:
-        gens: dict[int, Generation] = {}
-        for g in item.generations:
-            info, error = None, None
-            if g.artifact is not None:
-                try:
-                    info = ArtifactInfo.from_wire(g.artifact)
-                except LoadFailed as exc:
-                    error = exc.message
-            gens[g.generation] = Generation(item.namespace, item.alias, g.generation,
-                                            g.action, info, error)
+        gens = parse_generations(item)
         if item.current_generation in gens:
             states.append(AliasState(item.current_generation, gens, item.prefetch))
     return state.version, states
+
+
+def parse_generations(item: DesiredAlias) -> dict[int, Generation]:
+    """An alias's generations on the wire -> generation number -> :class:`Generation`."""
+    gens: dict[int, Generation] = {}
+    for g in item.generations:
+        info, error = None, None
+        if g.artifact is not None:
+            try:
+                info = ArtifactInfo.from_wire(g.artifact)
+            except LoadFailed as exc:
+                error = exc.message
+        gens[g.generation] = Generation(item.namespace, item.alias, g.generation,
+                                        g.action, info, error)
+    return gens
 
 
 def tenant_policy(doc: DesiredState) -> dict[str, tuple[float, str]]:

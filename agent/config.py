@@ -125,8 +125,17 @@ class AgentSettings(BaseSettings):
     """Longest wait of one desired-state long-poll before it is sent again."""
     auth_cache_s: float = Field(default=5.0, ge=0)
     """How long a token's read permission on a namespace is cached."""
+    auth_stale_s: float = Field(default=60.0, ge=0)
+    """How long past `auth_cache_s` a cached permission still answers while the control
+    plane cannot be reached (stale-while-revalidate); past it such requests get 503
+    CONTROL_PLANE_UNAVAILABLE."""
     require_auth: bool = True
     """Inference requests must carry a bearer token with read on the alias's namespace."""
+
+    shutdown_grace_s: float = Field(default=30.0, ge=0)
+    """On SIGTERM/SIGINT: readiness turns 503 at once and no new connection is accepted;
+    requests in flight may finish for this long, then the rest are aborted (streams end
+    with an error event) and the process exits."""
 
     fault_delay_load_s: float = Field(default=0.0, ge=0)
     """Sleep this long inside every adapter load, after download, before the engine copy."""

@@ -24,11 +24,14 @@ re-derives its state from the control plane and re-checks every digest it reads.
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import math
 import os
+import signal
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from pydantic import ValidationError
@@ -74,7 +77,7 @@ class AgentDaemon:
                                cold_reserve_after_s=settings.cold_reserve_after_ms / 1000)
         self.client = ControlPlaneClient(settings.control_plane_url,
                                          settings.token.get_secret_value(),
-                                         settings.auth_cache_s)
+                                         settings.auth_cache_s, settings.auth_stale_s)
         every = ADAPTABLE_MODULES
         self.targets = frozenset(settings.adapter_targets) & every or every
         self.ctx = ServingContext(
@@ -165,6 +168,10 @@ class AgentDaemon:
                 if exc.code == "STALE_EPOCH":
                     self._fenced()
                     return
+                if exc.code == "AGENT_NAME_BOUND":
+                    log.error("%s; this process stops", exc)
+                    self._stop.set()
+                    return
                 log.warning("control plane: %s", exc)
                 self._stop.wait(0.5)
             except Exception:
@@ -232,8 +239,34 @@ class AgentDaemon:
 
         self.start_background()
         config = uvicorn.Config(self.app, host=self.settings.host, port=self.settings.port,
-                                log_level="info", access_log=False)
-        server = uvicorn.Server(config)
+                                log_level="info", access_log=False,
+                                timeout_graceful_shutdown=math.ceil(self.settings.shutdown_grace_s))
+        ctx = self.ctx
+
+        class Server(uvicorn.Server):
+            @contextlib.contextmanager
+            def capture_signals(self) -> Iterator[None]:
+                # uvicorn's own re-raises the signal after the drain, which would kill
+                # the process before `stop()`; a drained agent exits 0 instead
+                if threading.current_thread() is not threading.main_thread():
+                    yield
+                    return
+                signals = (signal.SIGINT, signal.SIGTERM)
+                previous = {s: signal.signal(s, self.handle_exit) for s in signals}
+                try:
+                    yield
+                finally:
+                    for s, handler in previous.items():
+                        signal.signal(s, handler)
+
+            def handle_exit(self, sig: int, frame: Any) -> None:
+                # a load balancer sees 503 on /readyz while in-flight requests finish
+                ctx.state["ready"] = False
+                log.info("signal %s: draining (at most %.0fs)", sig,
+                         config.timeout_graceful_shutdown or 0)
+                super().handle_exit(sig, frame)
+
+        server = Server(config)
 
         def watch_fence() -> None:
             while not self._stop.wait(0.2):
@@ -266,6 +299,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         overrides[key.replace("-", "_")] = value
     logging.basicConfig(level=logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    # httpx logs every request URL at INFO: presigned download URLs carry their signature
+    logging.getLogger("httpx").setLevel(logging.WARNING)
     settings = AgentSettings(**overrides)
     settings.cache_dir.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()

@@ -91,8 +91,8 @@ class AgentMetrics:
         self.evictions = Counter("adapter_evictions_total",
                                  "Idle adapters removed from a slot to make room.", registry=r)
         self.reclaimed = Counter("adapter_retirements_total",
-                                 "Adapters reclaimed after no alias named them and no request "
-                                 "held them.", registry=r)
+                                 "Cached adapters (named by no alias, held by no request) "
+                                 "evicted to make room.", registry=r)
         self.pinned = Gauge("adapter_pinned_count",
                             "Resident adapters held by placement (prefetch).", registry=r)
         self.residency = Gauge("adapter_residency_state_count",

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from pydantic import BaseModel, Field
+
 ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error",
                403: "permission_error", 404: "invalid_request_error",
                409: "invalid_request_error", 410: "invalid_request_error",
@@ -30,3 +32,33 @@ def error_body(status: int, code: str, message: str, *, param: str | None = None
     """The JSON body of one refusal."""
     return {"error": {"message": message, "type": error_type(status), "param": param,
                       "code": code, "detail": detail or {}}}
+
+
+class ErrorObject(BaseModel):
+    message: str
+    type: str = Field(description="OpenAI's class of the error (by HTTP status).")
+    param: str | None = Field(description="The offending request field, where there is one.")
+    code: str = Field(description="The product's stable code (docs/API.md).")
+    detail: dict[str, Any] = Field(description="Structured context of the refusal.")
+
+
+class ErrorResponse(BaseModel):
+    """The body of every refusal of the agent's API."""
+
+    error: ErrorObject
+
+
+ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
+    status: {"model": ErrorResponse, "description": description}
+    for status, description in (
+        (401, "Missing, unknown or revoked bearer token."),
+        (403, "The token lacks read on the alias's namespace (or on '*')."),
+        (404, "Unknown alias or generation."),
+        (410, "The alias is retired."),
+        (413, "Request too large."),
+        (422, "Invalid or unsupported request (the field is in `param`)."),
+        (429, "Overloaded (`Retry-After`)."),
+        (503, "Adapter load failed, queue timeout, or the control plane cannot be reached "
+              "(`Retry-After`)."),
+    )}
+"""Documented in the agent's OpenAPI document for its routes."""

@@ -3,9 +3,11 @@
 Owned by the engine-loop thread (no locks). A :class:`Resident` is one artifact
 (H_artifact) in one engine slot, with the requests that hold it (`refcount`, taken at
 admission and dropped when the request ends) and the requests waiting for its load.
-Reclamation is reference-counted: a resident leaves its slot only when no request holds
-it and (for reclamation after a retire/republish) no alias names it any more; LRU
-eviction to make room picks only idle residents (refcount 0, no waiters).
+A resident no alias names any more (superseded by a publish, a rollback or a retire)
+stays in its slot once no request holds it (`cached`), so rolling back to it, or
+publishing it again, is a warm hit. Eviction to make room picks only residents nothing
+holds (refcount 0, no waiters): cached ones first, least recently used first; the pool
+also evicts them for KV growth.
 
 The engine itself finishes a step before the loop thread runs again, so "last-use event
 completed" holds whenever the loop inspects a refcount of 0.
@@ -29,7 +31,9 @@ class ResidentState(enum.StrEnum):
     ACTIVE = "active"
     IDLE = "idle"
     RETIRING = "retiring"
-    """No alias names it; reclaimed when the last holder ends."""
+    """No alias names it; requests admitted before the switch still hold it."""
+    CACHED = "cached"
+    """No alias names it and nothing holds it: kept for a warm rollback, the first victim."""
 
 
 @dataclass
@@ -61,7 +65,8 @@ class Resident:
         if self.handle is None:
             return ResidentState.LOADING
         if not self.named:
-            return ResidentState.RETIRING
+            return ResidentState.RETIRING if self.refcount or self.waiting else (
+                ResidentState.CACHED)
         return ResidentState.ACTIVE if self.refcount else ResidentState.IDLE
 
     @property
@@ -100,16 +105,17 @@ class ResidentSet:
         return self.max_slots - len(self.in_slots())
 
     def idle_victim(self, protect: str | None = None) -> Resident | None:
-        """Least recently used resident that nothing holds (placement prefetch last)."""
+        """The resident to evict for room: nothing holds it; cached (named by no alias)
+        before named, placement's prefetch targets last, least recently used first."""
         idle = [r for r in self.in_slots()
                 if r.refcount == 0 and not r.waiting and r.info.digest != protect]
         if not idle:
             return None
-        return min(idle, key=lambda r: (r.prefetch and r.named, r.last_use))
+        return min(idle, key=lambda r: (r.named, r.prefetch and r.named, r.last_use))
 
-    def reclaimable(self) -> list[Resident]:
-        """In a slot, named by no alias, held by nobody: reclaim now."""
-        return [r for r in self.in_slots() if not r.named and r.refcount == 0 and not r.waiting]
+    def cached(self) -> list[Resident]:
+        """In a slot, named by no alias, held by nobody: evictable at once for room."""
+        return [r for r in self.in_slots() if r.state is ResidentState.CACHED]
 
     def state_counts(self) -> dict[str, int]:
         counts = {s.value: 0 for s in ResidentState}

@@ -3,8 +3,9 @@
 `model` is `namespace/alias` (current generation), `namespace/alias@generation` (pinned)
 or the served base model name. The alias is resolved once, at admission; the response
 names what it ran on in `adapterplane: {namespace, alias, generation, artifact_digest}`
-(null for the base model). Errors use the control plane's body
-`{"error", "code", "detail"}`: 401/403 token, 404 unknown alias, 410 retired, 422
+(null for the base model). Errors are OpenAI's error object with the product's stable
+code (agent/openai_errors.py; POSTs are authenticated before their body is read,
+agent/auth_gate.py): 401/403 token, 404 unknown alias, 410 retired, 422
 unsupported rank/target or bad input, 429 overloaded, 503 adapter load failed. No error
 is ever answered by running the base model or another adapter instead.
 
@@ -24,10 +25,12 @@ from typing import Any
 
 from fastapi import FastAPI, Query, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from sse_starlette import EventSourceResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from agent.auth_gate import AuthGate, control_plane_unavailable
 from agent.catalog import (
     AgentCatalog,
     Forbidden,
@@ -35,20 +38,27 @@ from agent.catalog import (
     ModelRef,
     ServingError,
     Unauthenticated,
+    UnknownAlias,
     Unsupported,
+    parse_generations,
 )
 from agent.metrics import AgentMetrics
 from agent.openai_choices import children, returned
-from agent.openai_errors import error_body
+from agent.openai_errors import ERROR_RESPONSES, error_body
 from agent.openai_responses import Answer, Echo, stream_events
 from agent.openai_schemas import ChatCompletionRequest, CompletionRequest
 from agent.serving import BadPrompt, EngineLoop, Event, Ticket
-from agent.sync import ControlPlaneClient
+from agent.sync import ControlPlaneClient, ControlPlaneError
 from agent.tickets import BadResponseFormat, NotInvoked, UnsupportedParameter
 from dataplane.core import EngineError, InvalidResponseFormat, SamplingParams
 from dataplane.engine.activation import activation_offset
 from dataplane.engine.engine import RequestOutput
 
+CONTROL_PLANE_RETRY_S = 1
+"""`Retry-After` of a 503 answered while the control plane cannot be reached."""
+READY: dict[str, Any] = {"type": "object", "required": ["status"],
+                         "properties": {"status": {"enum": ["ready", "not_ready"]}}}
+"""Body of `/readyz`, ready or not."""
 DISCONNECT_POLL_S = 0.25
 """How often a waiting non-streaming request checks that its client is still there."""
 
@@ -86,11 +96,29 @@ def _error(exc: ServingError) -> JSONResponse:
 
 
 def create_agent_app(ctx: ServingContext) -> FastAPI:
-    app = FastAPI(title="Adapterplane agent", version="1")
+    app = FastAPI(title="Adapterplane agent", version="1", responses=ERROR_RESPONSES)
+    if ctx.require_auth:
+        app.add_middleware(AuthGate, status=lambda token: _status(ctx, token, "*"),
+                           retry_after_s=CONTROL_PLANE_RETRY_S)
 
     @app.exception_handler(ServingError)
     async def _serving(_r: Request, exc: ServingError) -> JSONResponse:
         return _error(exc)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(_r: Request, exc: StarletteHTTPException) -> JSONResponse:
+        # the framework's own refusals in the one error object: an unparseable body is
+        # invalid input like any other (422), an unknown route 404, a wrong method 405
+        status = 422 if exc.status_code == 400 else exc.status_code
+        code = {404: "NOT_FOUND", 405: "METHOD_NOT_ALLOWED", 422: "VALIDATION_ERROR"}.get(
+            status, f"HTTP_{status}")
+        return JSONResponse(error_body(status, code, str(exc.detail)), status_code=status,
+                            headers=getattr(exc, "headers", None))
+
+    @app.exception_handler(ControlPlaneError)
+    async def _control_plane(_r: Request, _exc: ControlPlaneError) -> JSONResponse:
+        # a permission the control plane could not answer (and no recent cached answer)
+        return control_plane_unavailable(CONTROL_PLANE_RETRY_S)
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(_r: Request, exc: RequestValidationError) -> JSONResponse:
@@ -108,29 +136,37 @@ def create_agent_app(ctx: ServingContext) -> FastAPI:
     async def healthz() -> dict[str, str]:
         return {"status": "ok"}
 
-    @app.get("/readyz")
+    @app.get("/readyz", responses={503: {"description": "Not ready yet (or draining).",
+                                         "content": {"application/json": {"schema": READY}}},
+                                   200: {"content": {"application/json": {"schema": READY}}}})
     async def readyz() -> JSONResponse:
         ready = bool(ctx.state.get("ready"))
         return JSONResponse({"status": "ready" if ready else "not_ready"},
                             status_code=200 if ready else 503)
 
-    @app.get("/metrics")
+    @app.get("/metrics", response_class=PlainTextResponse,
+             responses={200: {"description": "Prometheus text exposition format."}})
     async def metrics() -> Response:
         return Response(generate_latest(ctx.metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
     @app.get("/v1/agent/state")
-    async def agent_state() -> dict[str, Any]:
+    async def agent_state(request: Request) -> dict[str, Any]:
+        await _require_operator(ctx, request)
         return {**ctx.state, "served_model_name": ctx.served_model_name,
                 "catalog_version": ctx.catalog.version, **ctx.loop.status,
                 "tenants": ctx.loop.tenant_state(), "admission": ctx.loop.admission_state()}
 
     @app.get("/v1/agent/top")
-    async def agent_top(k: int = Query(default=10, ge=1, le=100)) -> dict[str, Any]:
+    async def agent_top(request: Request,
+                        k: int = Query(default=10, ge=1, le=100)) -> dict[str, Any]:
+        await _require_operator(ctx, request)
         return ctx.loop.top(k)
 
     @app.get("/v1/models")
     async def models(request: Request) -> dict[str, Any]:
         token = _token(request, ctx)
+        if token is not None and ctx.require_auth and await _status(ctx, token, "*") == 401:
+            raise Unauthenticated("unknown or revoked token")
         data: list[dict[str, Any]] = [
             {"id": ctx.served_model_name, "object": "model", "owned_by": "adapterplane"}]
         for gen in ctx.catalog.current():
@@ -169,6 +205,19 @@ def _token(request: Request, ctx: ServingContext) -> str | None:
     if ctx.require_auth:
         raise Unauthenticated("missing bearer token")
     return None
+
+
+async def _require_operator(ctx: ServingContext, request: Request) -> None:
+    """The agent's own state names every namespace's adapters and requests: it needs a
+    token that reads every namespace (an agent token, or read on `*`)."""
+    if not ctx.require_auth:
+        return
+    status = await _status(ctx, _token(request, ctx) or "", "*")
+    if status == 401:
+        raise Unauthenticated("unknown or revoked token")
+    if status != 200:
+        raise Forbidden("this endpoint needs an agent token or read on every namespace ('*')",
+                        namespace="*")
 
 
 async def _status(ctx: ServingContext, token: str, namespace: str) -> int:
@@ -220,7 +269,12 @@ async def _admit(ctx: ServingContext, request: Request, model: str) -> Generatio
         if status != 200:
             raise Forbidden(f"token lacks read on namespace {ref.namespace!r}",
                             namespace=ref.namespace)
-    gen = ctx.catalog.resolve(ref)
+    try:
+        gen = ctx.catalog.resolve(ref)
+    except UnknownAlias:
+        if ref.generation is None or not await _fetch_pinned(ctx, ref):
+            raise
+        gen = ctx.catalog.resolve(ref)
     assert gen.artifact is not None  # resolve refuses retire generations
     if gen.artifact.max_rank > ctx.max_rank:
         raise Unsupported(f"adapter rank {gen.artifact.max_rank} exceeds this agent's max "
@@ -230,6 +284,23 @@ async def _admit(ctx: ServingContext, request: Request, model: str) -> Generatio
         raise Unsupported(f"adapter targets {sorted(missing)} are not served here",
                           targets=sorted(missing))
     return gen
+
+
+async def _fetch_pinned(ctx: ServingContext, ref: ModelRef) -> bool:
+    """Fetch a pinned generation the replica lacks from the control plane into the
+    catalog; False when the catalog has no such generation."""
+    agent_id, epoch = ctx.state.get("agent_id"), ctx.state.get("worker_epoch")
+    if ctx.client is None or agent_id is None or epoch is None or ref.generation is None:
+        return False
+    doc = await asyncio.to_thread(ctx.client.pinned_generation, agent_id, epoch,
+                                  ref.namespace, ref.alias, ref.generation)
+    if doc is None:
+        return False
+    gen = parse_generations(doc).get(ref.generation)
+    if gen is None:
+        return False
+    ctx.catalog.remember(gen)
+    return True
 
 
 async def _serve(ctx: ServingContext, request: Request, model: str,

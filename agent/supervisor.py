@@ -70,9 +70,17 @@ class AgentProcess:
                 raise AgentStartError(f"agent not ready after {timeout_s:g}s:\n{self.tail()}")
             time.sleep(0.2)
 
+    @property
+    def headers(self) -> dict[str, str]:
+        """The agent's own token, which may read its operator endpoints."""
+        token = self.env.get("ADAPTERPLANE_AGENT_TOKEN")
+        return {"Authorization": f"Bearer {token}"} if token else {}
+
     def state(self) -> dict[str, Any]:
         """`GET /v1/agent/state`: epoch, catalog version, slots, live requests."""
-        return dict(httpx.get(f"{self.url}/v1/agent/state", timeout=5.0).json())
+        response = httpx.get(f"{self.url}/v1/agent/state", headers=self.headers, timeout=5.0)
+        response.raise_for_status()
+        return dict(response.json())
 
     def wait_for(self, predicate: Callable[[dict[str, Any]], bool],
                  timeout_s: float = 30.0) -> dict[str, Any]:

@@ -5,6 +5,14 @@ state (long-poll). Client-token calls: `can_read` asks the control plane whether
 client's bearer token may read a namespace, cached for `auth_cache_s` per
 (token digest, namespace) so the hot path does not hit the control plane on every
 request; a refusal is cached too, a revoked token stops working within that TTL.
+While the control plane cannot answer (no connection, 5xx), a cached answer up to
+`auth_stale_s` past its TTL is used instead (stale-while-revalidate), so a short
+control-plane outage does not fail requests of callers seen recently; anyone else
+gets :class:`ControlPlaneError` (the server answers 503 with `Retry-After`).
+
+Connections are kept alive and reused; a connect failure is retried by the transport,
+and an idempotent GET whose reused connection was reset is retried on a fresh one
+(`GET_ATTEMPTS`).
 
 Bodies and answers are the shared wire models of `controlplane.contracts` (the only
 control-plane module the agent may import): every answer is validated into its model,
@@ -23,6 +31,7 @@ from pydantic import BaseModel, ValidationError
 
 from controlplane.contracts import (
     AgentOut,
+    DesiredAlias,
     DesiredState,
     HeartbeatOut,
     HeartbeatRequest,
@@ -30,6 +39,11 @@ from controlplane.contracts import (
 )
 
 M = TypeVar("M", bound=BaseModel)
+
+GET_ATTEMPTS = 3
+"""Tries of an idempotent GET whose connection failed (reset, refused, timed out)."""
+RETRY_PAUSE_S = 0.05
+"""Pause before the second try; doubled before each later one."""
 
 
 class ControlPlaneError(Exception):
@@ -52,16 +66,33 @@ def _raise_for(response: httpx.Response) -> None:
     raise ControlPlaneError(message, response.status_code, code)
 
 
+def _answer(response: httpx.Response, answer: type[M], what: str) -> M:
+    """The answer validated into its model (ControlPlaneError for a refusal or a misfit)."""
+    _raise_for(response)
+    try:
+        return answer.model_validate_json(response.content)
+    except ValidationError as exc:
+        raise ControlPlaneError(f"{what}: the answer is not a {answer.__name__}: {exc}",
+                                response.status_code) from exc
+
+
 class ControlPlaneClient:
-    def __init__(self, base_url: str, token: str, auth_cache_s: float = 5.0) -> None:
+    def __init__(self, base_url: str, token: str, auth_cache_s: float = 5.0,
+                 auth_stale_s: float = 60.0) -> None:
         self.base_url = base_url.rstrip("/")
         self._http = httpx.Client(base_url=self.base_url, timeout=httpx.Timeout(10.0),
-                                  headers={"Authorization": f"Bearer {token}"})
+                                  headers={"Authorization": f"Bearer {token}"},
+                                  transport=httpx.HTTPTransport(retries=2))
         self._poll = httpx.Client(base_url=self.base_url, timeout=httpx.Timeout(60.0),
-                                  headers={"Authorization": f"Bearer {token}"})
-        self._auth = httpx.Client(base_url=self.base_url, timeout=httpx.Timeout(10.0))
+                                  headers={"Authorization": f"Bearer {token}"},
+                                  transport=httpx.HTTPTransport(retries=2))
+        self._auth = httpx.Client(base_url=self.base_url, timeout=httpx.Timeout(5.0),
+                                  transport=httpx.HTTPTransport(retries=2),
+                                  limits=httpx.Limits(max_keepalive_connections=32))
         self.auth_cache_s = auth_cache_s
+        self.auth_stale_s = auth_stale_s
         self._auth_cache: dict[tuple[str, str], tuple[float, int]] = {}
+        """(token digest, namespace) -> (fresh until, status)."""
         self._lock = threading.Lock()
 
     def close(self) -> None:
@@ -74,12 +105,21 @@ class ControlPlaneClient:
             response = client.request(method, path, **kw)
         except httpx.HTTPError as exc:
             raise ControlPlaneError(f"{method} {path}: {exc}") from exc
-        _raise_for(response)
-        try:
-            return answer.model_validate_json(response.content)
-        except ValidationError as exc:
-            raise ControlPlaneError(f"{method} {path}: the answer is not a {answer.__name__}: "
-                                    f"{exc}", response.status_code) from exc
+        return _answer(response, answer, f"{method} {path}")
+
+    @staticmethod
+    def _get(client: httpx.Client, path: str, **kw: Any) -> httpx.Response:
+        """An idempotent GET, tried again on a fresh connection after a transport error."""
+        pause = RETRY_PAUSE_S
+        for attempt in range(GET_ATTEMPTS):
+            try:
+                return client.get(path, **kw)
+            except httpx.HTTPError as exc:
+                if attempt == GET_ATTEMPTS - 1:
+                    raise ControlPlaneError(f"GET {path}: {exc}") from exc
+                time.sleep(pause)
+                pause *= 2
+        raise AssertionError("unreachable")
 
     def register(self, body: RegisterRequest) -> AgentOut:
         return self._call(self._http, "POST", "/v1/agents/register", AgentOut,
@@ -103,6 +143,16 @@ class ControlPlaneClient:
         return self._call(self._poll, "GET", f"/v1/agents/{agent_id}/desired-state",
                           DesiredState, params=params)
 
+    def pinned_generation(self, agent_id: int, worker_epoch: int, namespace: str, alias: str,
+                          generation: int) -> DesiredAlias | None:
+        """One generation of an alias at any age (None: the catalog has no such one)."""
+        params = {"worker_epoch": worker_epoch, "namespace": namespace, "alias": alias,
+                  "generation": generation}
+        response = self._get(self._http, f"/v1/agents/{agent_id}/generation", params=params)
+        if response.status_code == 404:
+            return None
+        return _answer(response, DesiredAlias, "pinned generation")
+
     def can_read(self, token: str, namespace: str) -> int:
         """HTTP status of the read check: 200 allowed, 401 bad token, 403 no scope."""
         key = (hashlib.sha256(token.encode()).hexdigest(), namespace)
@@ -112,13 +162,18 @@ class ControlPlaneClient:
             if hit is not None and hit[0] > now:
                 return hit[1]
         try:
-            response = self._auth.get("/v1/agents/authorize", params={"namespace": namespace},
-                                      headers={"Authorization": f"Bearer {token}"})
-        except httpx.HTTPError as exc:
-            raise ControlPlaneError(f"authorize: {exc}") from exc
-        status = response.status_code
-        if status not in (200, 401, 403):
-            _raise_for(response)
+            response = self._get(self._auth, "/v1/agents/authorize",
+                                 params={"namespace": namespace},
+                                 headers={"Authorization": f"Bearer {token}"})
+            status = response.status_code
+            if status not in (200, 401, 403):
+                _raise_for(response)
+        except ControlPlaneError as exc:
+            if exc.status not in (0, 500, 502, 503, 504):
+                raise
+            if hit is not None and hit[0] + self.auth_stale_s > now:
+                return hit[1]
+            raise
         with self._lock:
             if len(self._auth_cache) > 10_000:
                 self._auth_cache.clear()

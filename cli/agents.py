@@ -1,4 +1,5 @@
-"""`adapterctl agents [list]|show`: registered agents, their liveness and resident adapters.
+"""`adapterctl agents [list]|show|unbind`: registered agents, their liveness and resident
+adapters; `unbind` releases a name from the token bound to it.
 
 Reads `GET /v1/agents` and `GET /v1/agents/{id}` (global read). `state` is the control
 plane's: `live` when the agent was heard from within the placement liveness window,
@@ -95,3 +96,12 @@ def show_command(ctx: typer.Context,
                  ref: str = typer.Argument(..., metavar="ID", help="Agent id or name.")) -> None:
     """One agent: capabilities, every slot it reported, recent load failures."""
     call_and_emit(ctx, render_agent, lambda client: find_agent(client, ref))
+
+
+@app.command("unbind")
+def unbind_command(ctx: typer.Context,
+                   ref: str = typer.Argument(..., metavar="ID", help="Agent id or name.")) -> None:
+    """Release an agent name from the token bound to it (admin on '*'); the next token
+    that registers the name owns it."""
+    call_and_emit(ctx, render_agent, lambda client: client.post(
+        f"/v1/agents/{find_agent(client, ref)['id']}/unbind"))

@@ -8,12 +8,13 @@ answers 202 with a `pending` artifact (200 with the existing one for the same by
 
 from __future__ import annotations
 
+import os
 import re
 import time
 from collections.abc import Callable
 from contextlib import ExitStack
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import typer
 
@@ -46,9 +47,18 @@ def resolve_base(client: ApiClient, base: str) -> str:
 
 
 def push_directory(client: ApiClient, namespace: str, h_base: str, directory: Path) -> Any:
-    """Upload `directory`'s adapter_config.json + adapter_model.safetensors (streamed)."""
+    """Upload `directory`'s adapter_config.json + adapter_model.safetensors (streamed).
+
+    Both files must be regular files in `directory` itself: a symlink is refused (it may
+    point anywhere on this machine), and the files are opened without following one.
+    """
     if not directory.is_dir():
         raise usage_error(f"{directory} is not a directory")
+    linked = [name for name in (ADAPTER_CONFIG, ADAPTER_WEIGHTS)
+              if (directory / name).is_symlink()]
+    if linked:
+        raise usage_error(f"{directory}: {', '.join(linked)} is a symlink; "
+                          "push a directory holding the files themselves")
     missing = [
         name for name in (ADAPTER_CONFIG, ADAPTER_WEIGHTS) if not (directory / name).is_file()
     ]
@@ -59,7 +69,7 @@ def push_directory(client: ApiClient, namespace: str, h_base: str, directory: Pa
         files = {
             name: (
                 name,
-                stack.enter_context((directory / name).open("rb")),
+                stack.enter_context(_open_no_follow(directory / name)),
                 "application/octet-stream",
             )
             for name in (ADAPTER_CONFIG, ADAPTER_WEIGHTS)
@@ -70,6 +80,14 @@ def push_directory(client: ApiClient, namespace: str, h_base: str, directory: Pa
             data={"base": h_base},
             files=files,
         )
+
+
+def _open_no_follow(path: Path) -> IO[bytes]:
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    except OSError as exc:  # ELOOP: replaced by a symlink since the check
+        raise usage_error(f"cannot open {path}: {exc.strerror}") from exc
+    return os.fdopen(fd, "rb")
 
 
 def push_uri(client: ApiClient, namespace: str, h_base: str, uri: str) -> Any:

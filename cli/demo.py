@@ -23,6 +23,7 @@ Generation lengths are small (`MAX_TOKENS`) so the demo stays short on a 2-core 
 
 from __future__ import annotations
 
+import json
 import shutil
 import signal
 import time
@@ -106,7 +107,8 @@ def run_demo(*, data_dir: Path, models_dir: Path, port: int = 0) -> dict[str, An
     say.step("2. two PEFT LoRA adapters, made offline with fixed seeds")
     adapter_dirs = [_make_adapter(base_dir, data_dir / "adapters", spec, say) for spec in ADAPTERS]
     say.step("3. embedded stack: API + Celery worker (SQLite, file:// storage)")
-    stack = EmbeddedStack(data_dir, port=port, embedded_only=True)
+    stack = EmbeddedStack(data_dir, port=port, embedded_only=True,
+                          extra_env=file_import_env(data_dir / "adapters"))
     stack.start()
     try:
         say.info(f"API {stack.url}   admin token in {stack.token_path}   logs {stack.log_dir}")
@@ -121,6 +123,13 @@ def run_demo(*, data_dir: Path, models_dir: Path, port: int = 0) -> dict[str, An
         raise StackError(f"the stack did not stop cleanly: {report.describe()}")
     say.info(f"demo finished in {time.monotonic() - started:.1f}s")
     return result
+
+
+def file_import_env(root: Path) -> dict[str, str]:
+    """The demo server may import `file://` directories under `root` (its own adapters);
+    every other server has `file://` imports off."""
+    return {"ADAPTERPLANE_ALLOW_FILE_URI_IMPORT": "true",
+            "ADAPTERPLANE_FILE_IMPORT_ROOTS": json.dumps([str(root)])}
 
 
 def _serve(

@@ -180,6 +180,36 @@ def bootstrap_token_command(
     typer.echo(f"admin token written to {write_to}", err=True)
 
 
+@app.command("reap-jobs")
+def reap_jobs_command(
+    older_than_s: int | None = typer.Option(
+        None, "--older-than-s", min=0,
+        help="Rows busy longer than this (default ADAPTERPLANE_JOB_REAP_AFTER_S)."),
+) -> None:
+    """Send again the jobs of artifacts and collections stuck validating/fitting (what
+    every worker's reaper does periodically); prints the row ids per kind as JSON."""
+    import json
+
+    from controlplane.db import make_engine, make_session_factory
+    from controlplane.worker.celery_app import make_celery
+    from controlplane.worker.context import dispose_worker_context
+    from controlplane.worker.jobs import JobQueue
+    from controlplane.worker.reaper import reap_stuck_jobs
+
+    settings = _settings()
+    if older_than_s is not None:
+        settings = settings.model_copy(update={"job_reap_after_s": older_than_s})
+    engine = make_engine(settings.database_url, pool_size=1)
+    celery = make_celery(settings)
+    try:
+        sent = reap_stuck_jobs(make_session_factory(engine),
+                               JobQueue(celery, settings.celery_queue), settings)
+    finally:
+        dispose_worker_context(celery)
+        engine.dispose()
+    typer.echo(json.dumps(sent))
+
+
 @app.command("up")
 def up_command(
     data_dir: Path | None = typer.Option(
@@ -257,6 +287,9 @@ def demo_command(
 
 
 def main() -> None:
+    from controlplane.kit.log_redaction import install_log_redaction
+
+    install_log_redaction()  # api, worker and agent alike: no presigned URL in any log
     app()
 
 

@@ -4,10 +4,15 @@ Resources on `app.state`: settings, engine, session factory, object store, Celer
 job queue. One error body everywhere: `{"error", "code", "detail"}` (see errors.py; an
 unhandled exception becomes 500 INTERNAL_ERROR in kit/request_log.py). Every request
 is logged as one structlog JSON line with its `X-Request-ID`.
+
+Middleware, outermost first: the request log; the auth gate (401 before a body is read,
+auth/gate.py); the body limits (kit/body_limit.py). An unreachable database is a
+retryable 503 DATABASE_UNAVAILABLE with `Retry-After`, wherever it surfaces.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -23,6 +28,7 @@ from controlplane.agents.endpoints import router as agents_router
 from controlplane.artifacts.endpoints import router as artifacts_router
 from controlplane.audit.endpoints import router as audit_router
 from controlplane.auth.endpoints import router as tokens_router
+from controlplane.auth.gate import AuthGateMiddleware
 from controlplane.bases.endpoints import router as bases_router
 from controlplane.catalog.endpoints import router as catalog_router
 from controlplane.collections.endpoints import router as collections_router
@@ -30,6 +36,13 @@ from controlplane.config import Settings
 from controlplane.db import make_engine, make_session_factory
 from controlplane.errors import ERROR_RESPONSES, AdapterplaneError, ErrorBody
 from controlplane.health.endpoints import router as health_router
+from controlplane.kit.body_limit import BodyLimitMiddleware
+from controlplane.kit.failures import (
+    DATABASE_DOWN,
+    database_unavailable,
+    domain_error_response,
+    error_response,
+)
 from controlplane.kit.request_log import RequestLogMiddleware, configure_logging
 from controlplane.namespaces.endpoints import router as namespaces_router
 from controlplane.storage import StorageError, store_from_settings
@@ -37,8 +50,14 @@ from controlplane.worker.celery_app import make_celery
 from controlplane.worker.context import dispose_worker_context
 from controlplane.worker.jobs import JobQueue
 
-HTTP_CODES = {400: "BAD_REQUEST", 401: "UNAUTHENTICATED", 403: "FORBIDDEN", 404: "NOT_FOUND",
+HTTP_CODES = {401: "UNAUTHENTICATED", 403: "FORBIDDEN", 404: "NOT_FOUND",
               405: "METHOD_NOT_ALLOWED", 413: "ARTIFACT_TOO_LARGE", 415: "UNSUPPORTED_MEDIA_TYPE"}
+"""Codes of the framework's own HTTP errors. Its 400 (a body it cannot parse: malformed
+multipart, undecodable bytes) is answered as 422 VALIDATION_ERROR, like malformed JSON."""
+UPLOAD_PATH = re.compile(r"/v1/namespaces/[^/]+/artifacts/?")
+"""The one route whose body is streamed (artifact push), not buffered."""
+MULTIPART_OVERHEAD_BYTES = 64 * 1024
+"""Multipart framing (boundaries, part headers, the `base` field) on top of the files."""
 
 
 def create_app(settings: Settings | None = None) -> FastAPI:
@@ -67,6 +86,10 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.jobs = JobQueue(celery, settings.celery_queue)
 
     configure_logging(settings.log_level)
+    app.add_middleware(BodyLimitMiddleware, max_body_bytes=settings.max_json_body_bytes,
+                       max_upload_bytes=settings.max_artifact_bytes + MULTIPART_OVERHEAD_BYTES,
+                       upload_path=UPLOAD_PATH)
+    app.add_middleware(AuthGateMiddleware)
     app.add_middleware(RequestLogMiddleware)
     app.include_router(health_router)
     for router in (bases_router, namespaces_router, artifacts_router, catalog_router,
@@ -74,26 +97,6 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         app.include_router(router, responses=ERROR_RESPONSES)
     _install_error_handlers(app)
     return app
-
-
-def _error(status_code: int, body: ErrorBody) -> JSONResponse:
-    content = {"error": body.error, "code": body.code, "detail": body.detail}
-    return JSONResponse(jsonable_encoder(_printable(content)), status_code=status_code)
-
-
-def _printable(value: Any) -> Any:
-    """Strings and bytes made valid UTF-8: a path may percent-decode to lone surrogates
-    and a body may be any bytes; error messages and details echo both back, and no
-    JSON encoder can write them as they are."""
-    if isinstance(value, str):
-        return value.encode("utf-8", "backslashreplace").decode("utf-8")
-    if isinstance(value, bytes):  # e.g. pydantic's `input` of an invalid JSON body
-        return value.decode("utf-8", "backslashreplace")
-    if isinstance(value, dict):
-        return {_printable(k): _printable(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_printable(v) for v in value]
-    return value
 
 
 def _validation_message(errors: list[Any]) -> str:
@@ -110,15 +113,22 @@ def _validation_message(errors: list[Any]) -> str:
 def _install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(AdapterplaneError)
     async def _domain(_request: Request, exc: AdapterplaneError) -> JSONResponse:
-        return _error(exc.status_code, exc.body())
+        return domain_error_response(exc)
+
+    async def _database_down(_request: Request, exc: Exception) -> JSONResponse:
+        return domain_error_response(database_unavailable(exc))
+
+    for down in DATABASE_DOWN:
+        app.add_exception_handler(down, _database_down)
 
     @app.exception_handler(RequestValidationError)
     async def _validation(_request: Request, exc: RequestValidationError) -> JSONResponse:
         errors: list[Any] = [
             {k: v for k, v in e.items() if k in ("loc", "msg", "type")} for e in exc.errors()
         ]
-        return _error(422, ErrorBody(error=_validation_message(errors), code="VALIDATION_ERROR",
-                                     detail={"errors": jsonable_encoder(errors)}))
+        return error_response(422, ErrorBody(error=_validation_message(errors),
+                                             code="VALIDATION_ERROR",
+                                             detail={"errors": jsonable_encoder(errors)}))
 
     @app.exception_handler(DataError)
     async def _data(_request: Request, exc: DataError) -> JSONResponse:
@@ -126,15 +136,33 @@ def _install_error_handlers(app: FastAPI) -> None:
         # string, an integer out of BIGINT range): the caller's input, not our fault.
         # Only the driver's first line is echoed, never the SQL or its parameters.
         reason = str(exc.orig).splitlines()[0] if exc.orig is not None else "invalid value"
-        return _error(422, ErrorBody(error="a value in the request cannot be stored",
-                                     code="VALIDATION_ERROR", detail={"reason": reason}))
+        return error_response(422, ErrorBody(error="a value in the request cannot be stored",
+                                             code="VALIDATION_ERROR", detail={"reason": reason}))
 
     @app.exception_handler(StorageError)
     async def _storage(_request: Request, exc: StorageError) -> JSONResponse:
-        return _error(502, ErrorBody(error=f"object storage failed: {exc}",
-                                     code="STORAGE_ERROR", detail={}))
+        return error_response(502, ErrorBody(error=f"object storage failed: {exc}",
+                                             code="STORAGE_ERROR", detail={}))
 
     @app.exception_handler(StarletteHTTPException)
-    async def _http(_request: Request, exc: StarletteHTTPException) -> JSONResponse:
+    async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        headers = dict(exc.headers or {})
+        if exc.status_code == 405:
+            headers["Allow"] = _allowed_methods(request)
+        if exc.status_code == 400:
+            return error_response(422, ErrorBody(error=f"invalid request: {exc.detail}",
+                                                 code="VALIDATION_ERROR", detail={}), headers)
         code = HTTP_CODES.get(exc.status_code, f"HTTP_{exc.status_code}")
-        return _error(exc.status_code, ErrorBody(error=str(exc.detail), code=code, detail={}))
+        return error_response(exc.status_code,
+                              ErrorBody(error=str(exc.detail), code=code, detail={}), headers)
+
+
+def _allowed_methods(request: Request) -> str:
+    """Every method the API documents at this path (the router's own `Allow` names only
+    those of the first route whose path matched)."""
+    path = request.scope["path"]
+    methods: set[str] = set()
+    for template, operations in request.app.openapi()["paths"].items():
+        if re.fullmatch(re.sub(r"\\\{[^/]+?\\\}", "[^/]+", re.escape(template)), path):
+            methods |= {method.upper() for method in operations}
+    return ", ".join(sorted(methods))

@@ -5,7 +5,7 @@ default needs no configuration at all: SQLite database, file object store and a
 SQLite-backed Celery broker/result backend all live under that one directory.
 
 Outside development/test, settings that still carry well-known default secrets are
-refused at start-up (`InsecureSettings`), and `file://` imports are off unless asked for.
+refused at start-up (`InsecureSettings`). `file://` imports are off unless asked for.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, SecretStr, model_validator
+from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 Environment = Literal["development", "test", "staging", "production"]
@@ -36,7 +36,7 @@ class Settings(BaseSettings):
 
     environment: Environment = "development"
     """Deployment environment; outside `development`/`test` default secrets are refused at
-    start-up and `file://` imports are off unless `allow_file_uri_import` is set."""
+    start-up."""
     data_dir: Path = Path("./var")
     """Directory of the embedded stores: the default database, object store and Celery
     broker/result backend all live under it (created on first use)."""
@@ -79,20 +79,41 @@ class Settings(BaseSettings):
     celery_task_always_eager: bool = False
     """Run jobs inline in the sending process (tests/debugging only)."""
     validation_max_retries: int = Field(default=8, ge=0)
-    """Retries of a job (artifact validation, collection fit) after a transient storage
-    error, before it fails."""
+    """Retries of a job (artifact validation, collection fit) after a transient fault (a
+    storage error, a lost or refused database connection) before the attempt fails; its
+    row then waits for the reaper (`job_reap_after_s`)."""
     validation_retry_backoff_s: int = Field(default=1, ge=1)
     """First retry delay in seconds; doubles per retry (`backoff_s * 2**retries`)."""
     validation_retry_backoff_max_s: int = Field(default=60, ge=1)
     """Cap on the retry delay in seconds."""
+    job_time_limit_s: int = Field(default=1800, ge=1)
+    """Hard time limit of one job attempt (validation, fit), in seconds (enforced by the
+    prefork pool: an attempt that runs longer is killed, its row stays busy and the reaper
+    sends the job again)."""
+    job_visibility_margin_s: int = Field(default=300, ge=1)
+    """Seconds added to `job_time_limit_s` to make the broker's visibility timeout (Redis):
+    a job whose worker died is delivered again that long after it was taken."""
+    job_reap_after_s: int = Field(default=3600, ge=1)
+    """A job row still `pending`/`validating` (`pending`/`fitting`) this many seconds after
+    it was created, or after the reaper last sent it again, gets its job sent again; keep
+    it above `job_time_limit_s + job_visibility_margin_s`."""
+    job_reap_interval_s: int = Field(default=300, ge=0)
+    """How often a worker runs the reaper (and once at start), in seconds; 0: never."""
 
     max_artifact_bytes: int = Field(default=2 * 1024**3, ge=1)
     """Upper bound on the sum of an artifact's file sizes (push and validation)."""
     max_rank: int = Field(default=256, ge=1)
     """Largest LoRA rank validation accepts; a higher-rank artifact is rejected."""
-    allow_file_uri_import: bool | None = None
-    """Whether pushes may name `file://` URIs the API server reads; default: only in
-    development/test (the server would otherwise read any local directory)."""
+    allow_file_uri_import: bool = False
+    """Whether pushes may name `file://` URIs the API server reads (only directories under
+    `file_import_roots`); off by default, since the server would read its own disk on a
+    caller's behalf. The embedded demo turns it on for its own adapter directory."""
+    file_import_roots: list[Path] = Field(default_factory=list)
+    """Absolute directories a `file://` import may read from (the resolved directory must
+    lie inside one); empty: no `file://` import is allowed even when enabled."""
+    max_json_body_bytes: int = Field(default=1024 * 1024, ge=1024)
+    """Upper bound on a request body that is not an artifact upload (JSON), enforced while
+    it streams in, chunked or not (413 REQUEST_TOO_LARGE)."""
 
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     """Level of the API's structlog JSON lines on stderr (one `request` line per request
@@ -117,11 +138,17 @@ class Settings(BaseSettings):
             self.celery_broker_url = f"sqla+sqlite:///{data / 'celery-broker.db'}"
         if not self.celery_result_backend:
             self.celery_result_backend = f"db+sqlite:///{data / 'celery-results.db'}"
-        if self.allow_file_uri_import is None:
-            self.allow_file_uri_import = self.is_development
         if not self.is_development:
             self._refuse_default_secrets()
         return self
+
+    @field_validator("file_import_roots")
+    @classmethod
+    def _absolute_roots(cls, roots: list[Path]) -> list[Path]:
+        relative = [str(r) for r in roots if not r.is_absolute()]
+        if relative:
+            raise ValueError(f"file_import_roots must be absolute directories: {relative}")
+        return roots
 
     @property
     def is_development(self) -> bool:

@@ -64,6 +64,14 @@ class GenerationConflict(AdapterplaneError):
     code = "GENERATION_CONFLICT"
 
 
+class ArtifactCorrupt(AdapterplaneError):
+    """An artifact's stored bytes no longer match the digests recorded at push (a blob
+    is missing, truncated or changed); re-pushing the same files repairs them."""
+
+    status_code = 409
+    code = "ARTIFACT_CORRUPT"
+
+
 class AliasRetired(AdapterplaneError):
     status_code = 410
     code = "ALIAS_RETIRED"
@@ -121,13 +129,33 @@ class StorageUnavailable(AdapterplaneError):
     code = "STORAGE_ERROR"
 
 
+class ImportSourceUnavailable(AdapterplaneError):
+    """A `file://` import names a directory that is missing, outside the allowed roots, or
+    reached through a symlink: one answer for all three, so it tells nothing about the
+    server's disk."""
+
+    status_code = 422
+    code = "IMPORT_SOURCE_UNAVAILABLE"
+
+
+class DatabaseUnavailable(AdapterplaneError):
+    """The database cannot be reached (refused, dropped, pool exhausted); retry later."""
+
+    status_code = 503
+    code = "DATABASE_UNAVAILABLE"
+    retry_after_s: ClassVar[int] = 5
+
+
 ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
     status: {"model": ErrorBody, "description": description}
     for status, description in (
         (401, "Missing or unknown bearer token (UNAUTHENTICATED)."),
         (403, "The token lacks the needed scope (FORBIDDEN)."),
         (404, "Not found (NOT_FOUND)."),
-        (409, "Conflict (GENERATION_CONFLICT, ALREADY_EXISTS, INVALID_STATE)."),
+        (409, "Conflict (GENERATION_CONFLICT, ALREADY_EXISTS, INVALID_STATE, "
+               "ARTIFACT_CORRUPT)."),
         (422, "Invalid input (VALIDATION_ERROR, BASE_MISMATCH, IDEMPOTENCY_MISMATCH...)."),
+        (503, "The database is unreachable (DATABASE_UNAVAILABLE); retry after `Retry-After` "
+              "seconds."),
     )
 }

@@ -13,6 +13,9 @@ namespace weight/priority change or an alias hot-mark change (which moves `prefe
 NOTIFYs the same channel, so it reaches a waiting agent as promptly as a publish (without
 it, only the catalog version is waited on).
 
+An agent name is bound to the token that registered it (`register` in service.py):
+register, heartbeat and desired state under another agent's name are refused.
+
 `GET /v1/agents/authorize?namespace=NS` is called by agents *with a client's token*:
 200 when that token may read NS, 401/403 otherwise.
 
@@ -36,13 +39,17 @@ from controlplane.agents.service import (
     desired_state,
     get_agent,
     heartbeat,
+    pinned_generation,
     register,
+    require_bound,
+    unbind,
 )
 from controlplane.auth.dependencies import CurrentPrincipal
 from controlplane.auth.scopes import Principal, Role
 from controlplane.contracts import (
     AgentOut,
     AuthorizeOut,
+    DesiredAlias,
     DesiredState,
     HeartbeatOut,
     HeartbeatRequest,
@@ -86,7 +93,7 @@ def register_agent(body: RegisterRequest, principal: CurrentPrincipal,
                    session: SessionDep) -> AgentOut:
     """Register (or re-register) an agent; the answer carries its new worker epoch."""
     _require_agent(principal)
-    return agent_out(register(session, body, principal.actor))
+    return agent_out(register(session, body, principal))
 
 
 @router.get("/authorize", response_model=AuthorizeOut)
@@ -112,14 +119,41 @@ def show_agent(agent_id: AgentId, principal: CurrentPrincipal, session: SessionD
     return agent_out(get_agent(session, agent_id))
 
 
+@router.post("/{agent_id}/unbind", response_model=AgentOut)
+def unbind_agent(agent_id: AgentId, principal: CurrentPrincipal,
+                 session: SessionDep) -> AgentOut:
+    """Release the agent's name from the token bound to it (admin on `*`, audited): the
+    next token that registers the name owns it."""
+    principal.require_global(Role.ADMIN)
+    return agent_out(unbind(session, agent_id, principal.actor))
+
+
 @router.post("/{agent_id}/heartbeat", response_model=HeartbeatOut)
 def post_heartbeat(agent_id: AgentId, body: HeartbeatRequest, principal: CurrentPrincipal,
                    session: SessionDep) -> HeartbeatOut:
     """Slot and load-failure report; 409 STALE_EPOCH from a superseded process."""
     _require_agent(principal)
-    agent = heartbeat(session, agent_id, body)
+    agent = heartbeat(session, agent_id, body, principal)
     version = AgentRepository(session).catalog_version()
     return HeartbeatOut(worker_epoch=agent.worker_epoch, catalog_version=version)
+
+
+@router.get("/{agent_id}/generation", response_model=DesiredAlias)
+def get_pinned_generation(
+    request: Request, agent_id: AgentId, principal: CurrentPrincipal, session: SessionDep,
+    worker_epoch: Annotated[int, Query(ge=1, le=2**31 - 1)],
+    namespace: Annotated[str, Query(max_length=63)],
+    alias: Annotated[str, Query(max_length=200)],
+    generation: Annotated[int, Query(ge=1, le=2**31 - 1)],
+) -> DesiredAlias:
+    """One generation of an alias, at any age (its artifact's files as in desired state):
+    how an agent serves a pin to a generation its desired state does not carry."""
+    _require_agent(principal)
+    agent = get_agent(session, agent_id)
+    require_bound(session, agent, principal)
+    check_epoch(agent, worker_epoch)
+    return pinned_generation(session, request.app.state.store, agent, namespace, alias,
+                             generation)
 
 
 @router.get("/{agent_id}/desired-state", response_model=DesiredState)
@@ -138,7 +172,9 @@ async def get_desired_state(
 
     def changed() -> bool:
         with factory() as session:
-            check_epoch(get_agent(session, agent_id), worker_epoch)
+            agent = get_agent(session, agent_id)
+            require_bound(session, agent, principal)
+            check_epoch(agent, worker_epoch)
             if AgentRepository(session).catalog_version() > after:
                 return True
             return tenants_after is not None and tenants_version(session) > tenants_after

@@ -2,6 +2,10 @@
 
 * `register`: one row per agent name; every call (a process start) bumps
   `worker_epoch`, so reports of a previous process are refused (409 STALE_EPOCH).
+  The name is bound to the token that first registered it: another token's
+  registration is 409 AGENT_NAME_BOUND unless the bound token was revoked (rotation:
+  issue a new token, revoke the old one, restart the agent) or an admin on `*` unbound
+  the name (`unbind`, audited). Heartbeats and desired state need the bound token.
 * `heartbeat`: replaces the agent's slot and load-failure report.
 * `desired_state`: every alias of the agent's base with its recent generations and the
   files to fetch (file:// or presigned URLs), plus `prefetch` from placement
@@ -28,6 +32,7 @@ from sqlalchemy.orm import Session
 
 from controlplane.agents.repository import AgentRepository
 from controlplane.audit.service import record_audit
+from controlplane.auth.scopes import Principal, Role
 from controlplane.contracts import (
     DesiredAlias,
     DesiredArtifact,
@@ -40,10 +45,12 @@ from controlplane.contracts import (
     TenantPolicy,
 )
 from controlplane.db import begin_write
-from controlplane.errors import AdapterplaneError, NotFound
+from controlplane.errors import AdapterplaneError, Forbidden, NotFound
 from controlplane.models import (
     Alias,
+    ApiToken,
     Artifact,
+    BaseModel,
     CatalogGeneration,
     CollectionMember,
     Namespace,
@@ -66,7 +73,12 @@ class StaleEpoch(AdapterplaneError):
     code = "STALE_EPOCH"
 
 
-def register(session: Session, body: RegisterRequest, actor: str) -> Agent:
+class AgentNameBound(AdapterplaneError):
+    status_code = 409
+    code = "AGENT_NAME_BOUND"
+
+
+def register(session: Session, body: RegisterRequest, principal: Principal) -> Agent:
     """Create or re-register `body.name` with a fresh worker epoch. Commits."""
     begin_write(session)
     repo = AgentRepository(session)
@@ -76,17 +88,52 @@ def register(session: Session, body: RegisterRequest, actor: str) -> Agent:
     if agent is None:
         agent = repo.add(Agent(name=body.name, url=body.url, h_base=body.capabilities.base,
                                capabilities=caps, worker_epoch=1, registered_at=now, slots=[],
-                               load_failures=[], catalog_version=0, registered_by=actor))
+                               load_failures=[], catalog_version=0,
+                               registered_by=principal.actor, token_id=principal.token_id))
     else:
+        if not _bound_to(session, agent, principal):
+            raise AgentNameBound(
+                f"agent name {body.name!r} is bound to another token; an admin can "
+                "unbind it (adapterctl agents unbind)",
+                detail={"name": body.name, "state": agent_state(agent)})
         agent.worker_epoch += 1
         agent.url, agent.h_base, agent.capabilities = body.url, body.capabilities.base, caps
         agent.registered_at, agent.slots, agent.load_failures = now, [], []
         agent.last_heartbeat_at, agent.catalog_version = None, 0
-    record_audit(session, actor=actor, action="agent.register", namespace=None,
+        agent.registered_by, agent.token_id = principal.actor, principal.token_id
+    record_audit(session, actor=principal.actor, action="agent.register", namespace=None,
                  target=f"agent:{body.name}",
                  detail={"worker_epoch": agent.worker_epoch, "base": body.capabilities.base})
     session.commit()
     return agent
+
+
+def _bound_to(session: Session, agent: Agent, principal: Principal) -> bool:
+    """Whether `principal` may act as `agent`: its bound token, or any token when the
+    name is unbound or its token was revoked."""
+    if agent.token_id is None or agent.token_id == principal.token_id:
+        return True
+    bound = session.get(ApiToken, agent.token_id)
+    return bound is None or bound.revoked
+
+
+def unbind(session: Session, agent_id: int, actor: str) -> Agent:
+    """Release the agent's name from its token: the next registration binds it. Commits."""
+    begin_write(session)
+    agent = get_agent(session, agent_id)
+    record_audit(session, actor=actor, action="agent.unbind", namespace=None,
+                 target=f"agent:{agent.name}", detail={"token_id": agent.token_id})
+    agent.token_id = None
+    session.commit()
+    return agent
+
+
+def require_bound(session: Session, agent: Agent, principal: Principal) -> None:
+    """403 unless `principal` is the agent's bound token (or an admin on `*`)."""
+    if principal.can_global(Role.ADMIN) or agent.token_id in (None, principal.token_id):
+        return
+    raise Forbidden(f"this token is not agent {agent.name!r}'s credential",
+                    detail={"agent": agent.name, "required": "the agent's token"})
 
 
 def get_agent(session: Session, agent_id: int) -> Agent:
@@ -103,9 +150,11 @@ def check_epoch(agent: Agent, worker_epoch: int) -> None:
                                  "current_epoch": agent.worker_epoch})
 
 
-def heartbeat(session: Session, agent_id: int, body: HeartbeatRequest) -> Agent:
+def heartbeat(session: Session, agent_id: int, body: HeartbeatRequest,
+              principal: Principal) -> Agent:
     begin_write(session)
     agent = get_agent(session, agent_id)
+    require_bound(session, agent, principal)
     check_epoch(agent, body.worker_epoch)
     agent.last_heartbeat_at = utcnow()
     agent.catalog_version = body.catalog_version
@@ -193,6 +242,29 @@ def desired_state(session: Session, store: ObjectStore, agent: Agent,
                         full=since is None, since=since, url_ttl_s=URL_TTL_S,
                         prefetch=prefetch, tenants_version=policy_version, tenants=tenants,
                         aliases=items)
+
+
+def pinned_generation(session: Session, store: ObjectStore, agent: Agent, namespace: str,
+                      alias: str, generation: int) -> DesiredAlias:
+    """One generation of an alias of the agent's base, whatever its age: what an agent
+    fetches to serve a pin (`ns/alias@N`) older than the `HISTORY_LIMIT` generations its
+    desired state carries, or newer than its replica. 404 when the alias or generation
+    does not exist (for this base)."""
+    row = session.scalars(
+        select(CatalogGeneration).join(Alias, Alias.id == CatalogGeneration.alias_id)
+        .join(Namespace, Namespace.id == Alias.namespace_id)
+        .join(BaseModel, BaseModel.id == Alias.base_id)
+        .where(Namespace.name == namespace, Alias.name == alias,
+               BaseModel.h_base == agent.h_base, CatalogGeneration.generation == generation)
+    ).unique().one_or_none()
+    if row is None:
+        raise NotFound(f"{namespace}/{alias} has no generation {generation}",
+                       detail={"kind": "generation", "ref": f"{namespace}/{alias}@{generation}"})
+    links = _collection_links(session, {row.artifact.id} if row.artifact is not None else set())
+    return DesiredAlias(namespace=namespace, alias=alias,
+                        current_generation=row.alias.current_generation,
+                        generations=[_generation_doc(store, row, links)], prefetch=False,
+                        hot=row.alias.hot)
 
 
 def tenant_policies(session: Session) -> list[TenantPolicy]:

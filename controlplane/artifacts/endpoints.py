@@ -16,7 +16,7 @@ from controlplane.artifacts.service import push_artifact
 from controlplane.auth.dependencies import CurrentPrincipal
 from controlplane.auth.scopes import Role
 from controlplane.bases.repository import BaseModelRepository
-from controlplane.errors import ArtifactTooLarge, BadRequest, RequestTooLarge
+from controlplane.errors import BadRequest, ErrorBody
 from controlplane.kit.deps import JobsDep, SessionDep, SettingsDep, StoreDep
 from controlplane.kit.pagination import PageOut, PageParams, page_out, page_params
 from controlplane.models import Artifact
@@ -47,13 +47,18 @@ PUSH_BODY: dict[str, Any] = {
 @router.post("", status_code=status.HTTP_202_ACCEPTED, response_model=ArtifactOut,
              openapi_extra=PUSH_BODY,
              responses={200: {"model": ArtifactOut,
-                              "description": "Same bytes and base already pushed here."}})
+                              "description": "Same bytes and base already pushed here."},
+                        413: {"model": ErrorBody, "description": "Body or artifact over its "
+                              "limit (REQUEST_TOO_LARGE, ARTIFACT_TOO_LARGE)."}})
 async def push(namespace: str, request: Request, principal: CurrentPrincipal,
                session: SessionDep, store: StoreDep, jobs: JobsDep, settings: SettingsDep,
                response: Response) -> ArtifactOut:
-    """Upload (multipart) or import (JSON `{base, uri}`) an adapter; validation runs later."""
+    """Upload (multipart) or import (JSON `{base, uri}`) an adapter; validation runs later.
+
+    The body is counted as it streams in, chunked or not (multipart: `max_artifact_bytes`
+    plus framing, 413 ARTIFACT_TOO_LARGE; JSON: `max_json_body_bytes`, 413
+    REQUEST_TOO_LARGE)."""
     principal.require(namespace, Role.PUBLISH)
-    _refuse_oversized(request, settings.max_artifact_bytes)
     content_type = request.headers.get("content-type", "")
     if content_type.startswith("multipart/form-data"):
         form = await request.form(max_files=4, max_fields=8)
@@ -81,7 +86,7 @@ async def push(namespace: str, request: Request, principal: CurrentPrincipal,
             await form.close()
     else:
         try:
-            body = ArtifactImport.model_validate_json(await _read_small_body(request))
+            body = ArtifactImport.model_validate_json(await request.body())
         except ValidationError as exc:
             raise BadRequest("invalid push body: send multipart files or JSON {base, uri}",
                              detail={"errors": exc.errors(include_url=False,
@@ -93,45 +98,14 @@ async def push(namespace: str, request: Request, principal: CurrentPrincipal,
     return artifact_out(artifact)
 
 
-MULTIPART_OVERHEAD_BYTES = 64 * 1024
-JSON_BODY_LIMIT_BYTES = 64 * 1024
-
-
-async def _read_small_body(request: Request) -> bytes:
-    """The JSON push body, refused (413 REQUEST_TOO_LARGE) past 64 KiB even if chunked."""
-    chunks: list[bytes] = []
-    size = 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > JSON_BODY_LIMIT_BYTES:
-            raise RequestTooLarge("JSON push body too large",
-                                  detail={"limit_bytes": JSON_BODY_LIMIT_BYTES})
-        chunks.append(chunk)
-    return b"".join(chunks)
-
-
-def _refuse_oversized(request: Request, max_bytes: int) -> None:
-    """413 before reading a body whose declared length cannot fit the limit."""
-    declared = request.headers.get("content-length", "")
-    if declared.isdigit() and int(declared) > max_bytes + MULTIPART_OVERHEAD_BYTES:
-        raise ArtifactTooLarge(f"artifact exceeds {max_bytes} bytes",
-                               detail={"limit_bytes": max_bytes,
-                                       "content_length": int(declared)})
-
-
 def _push_uri(session: Any, store: Any, jobs: Any, settings: Any, namespace: str,
               body: ArtifactImport, actor: str) -> tuple[Artifact, bool]:
     NamespaceRepository(session).get_by_name(namespace)  # 404s before any download
     BaseModelRepository(session).get_by_h_base(body.base)
     session.rollback()
-    with import_prefix(body.uri, settings) as paths:
-        handles = {name: path.open("rb") for name, path in paths.items()}
-        try:
-            return push_artifact(session, store, jobs, settings, namespace=namespace,
-                                 h_base=body.base, files=handles, actor=actor, source=body.uri)
-        finally:
-            for handle in handles.values():
-                handle.close()
+    with import_prefix(body.uri, settings) as handles:
+        return push_artifact(session, store, jobs, settings, namespace=namespace,
+                             h_base=body.base, files=handles, actor=actor, source=body.uri)
 
 
 @router.get("", response_model=PageOut[ArtifactOut])

@@ -1,6 +1,8 @@
 """The body of the validation job: claim, fetch with digest checks, validate, finish.
 
-Each step runs in its own short transaction on a fresh session:
+Each step runs in its own short transaction on a fresh session, and the job is
+idempotent: running it twice, or two runs at once (a redelivered message, the reaper),
+validates the artifact once and writes its outcome once:
 
 1. claim: `pending|validating -> validating`, attempts += 1 (row-locked). Artifacts
    already `validated`/`rejected` are left as they are: running the job twice is a no-op.
@@ -58,7 +60,8 @@ def validate_artifact_now(
                 fetch_failure if fetch_failure is not None
                 else validate_adapter_dir(Path(tmp), base_abi, settings))
         except Exception as exc:  # a bug or an environment fault, not a bad artifact
-            _record_error(session_factory, artifact_id, f"{type(exc).__name__}: {exc}")
+            record_validation_error(session_factory, artifact_id,
+                                    f"{type(exc).__name__}: {exc}")
             raise
     return _finish(session_factory, artifact_id, outcome)
 
@@ -84,11 +87,13 @@ def _claim(factory: sessionmaker[Session],
 def _fetch(factory: sessionmaker[Session], store: ObjectStore, artifact_id: int,
            files: dict[str, Any], dest: Path) -> Rejected | None:
     fault = fetch_blobs(store, files, dest, where="", detail={},
-                        on_error=lambda m: _record_error(factory, artifact_id, m))
+                        on_error=lambda m: record_validation_error(factory, artifact_id, m))
     return None if fault is None else Rejected(fault.code, fault.message, fault.detail)
 
 
-def _record_error(factory: sessionmaker[Session], artifact_id: int, message: str) -> None:
+def record_validation_error(factory: sessionmaker[Session], artifact_id: int,
+                            message: str) -> None:
+    """Note a transient fault on an artifact still `validating` (the job retries)."""
     record_error(factory, Artifact, artifact_id, ArtifactState.VALIDATING.value, message)
 
 

@@ -4,10 +4,9 @@ rollback (publish scope; optional `Idempotency-Key` header); PATCH an alias's ho
 
 from __future__ import annotations
 
-import re
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Depends, Header, Request, Response, status
+from fastapi import APIRouter, Depends, Header, Path, Request, Response, status
 from fastapi.concurrency import run_in_threadpool
 from sqlalchemy import Engine
 
@@ -32,15 +31,18 @@ from controlplane.catalog.schemas import (
     RollbackRequest,
 )
 from controlplane.catalog.service import CatalogRequest, apply_change
-from controlplane.errors import BadRequest, NotFound
-from controlplane.kit.deps import SessionDep, read_connection
+from controlplane.errors import NotFound
+from controlplane.kit.deps import SessionDep, StoreDep, read_connection
 from controlplane.kit.pagination import PageOut, PageParams, page_out, page_params
 from controlplane.models import CatalogAction, CatalogGeneration
 from controlplane.namespaces.repository import NamespaceRepository
+from controlplane.storage import ObjectStore
 
 router = APIRouter(prefix="/v1/namespaces/{namespace}/aliases", tags=["catalog"])
 
 IdempotencyKey = Annotated[str | None, Header(alias="Idempotency-Key", max_length=200)]
+AliasName = Annotated[str, Path(pattern=ALIAS_PATTERN, description="Alias name: 1-200 of "
+                                "`[A-Za-z0-9._-]`, starting and ending alphanumeric.")]
 CREATED: dict[int | str, dict[str, Any]] = {
     200: {"model": GenerationOut, "description": "Idempotent replay."}}
 
@@ -53,16 +55,10 @@ def generation_out(gen: CatalogGeneration) -> GenerationOut:
         actor=gen.actor, reason=gen.reason, created_at=gen.created_at)
 
 
-def _check_alias(alias: str) -> None:
-    if not re.fullmatch(ALIAS_PATTERN, alias):
-        raise BadRequest("invalid alias name", detail={"alias": alias, "pattern": ALIAS_PATTERN})
-
-
-def _change(session: Any, principal: Principal, response: Response,
+def _change(session: Any, store: ObjectStore, principal: Principal, response: Response,
             req: CatalogRequest) -> GenerationOut:
     principal.require(req.namespace, Role.PUBLISH)
-    _check_alias(req.alias)
-    gen, created = apply_change(session, req)
+    gen, created = apply_change(session, req, store)
     if not created:
         response.status_code = status.HTTP_200_OK
     alias_id, number = gen.alias_id, gen.generation
@@ -73,10 +69,10 @@ def _change(session: Any, principal: Principal, response: Response,
 
 @router.post("/{alias}/publish", status_code=status.HTTP_201_CREATED,
              response_model=GenerationOut, responses=CREATED)
-def publish(namespace: str, alias: str, body: PublishRequest, principal: CurrentPrincipal,
-            session: SessionDep, response: Response,
+def publish(namespace: str, alias: AliasName, body: PublishRequest, principal: CurrentPrincipal,
+            session: SessionDep, store: StoreDep, response: Response,
             idempotency_key: IdempotencyKey = None) -> GenerationOut:
-    return _change(session, principal, response, CatalogRequest(
+    return _change(session, store, principal, response, CatalogRequest(
         namespace=namespace, alias=alias, action=CatalogAction.PUBLISH, actor=principal.actor,
         artifact_ref=body.artifact, expected_generation=body.expected_generation,
         reason=body.reason, idempotency_key=idempotency_key))
@@ -84,10 +80,10 @@ def publish(namespace: str, alias: str, body: PublishRequest, principal: Current
 
 @router.post("/{alias}/retire", status_code=status.HTTP_201_CREATED,
              response_model=GenerationOut, responses=CREATED)
-def retire(namespace: str, alias: str, body: RetireRequest, principal: CurrentPrincipal,
-           session: SessionDep, response: Response,
+def retire(namespace: str, alias: AliasName, body: RetireRequest, principal: CurrentPrincipal,
+           session: SessionDep, store: StoreDep, response: Response,
            idempotency_key: IdempotencyKey = None) -> GenerationOut:
-    return _change(session, principal, response, CatalogRequest(
+    return _change(session, store, principal, response, CatalogRequest(
         namespace=namespace, alias=alias, action=CatalogAction.RETIRE, actor=principal.actor,
         expected_generation=body.expected_generation, reason=body.reason,
         idempotency_key=idempotency_key))
@@ -95,17 +91,17 @@ def retire(namespace: str, alias: str, body: RetireRequest, principal: CurrentPr
 
 @router.post("/{alias}/rollback", status_code=status.HTTP_201_CREATED,
              response_model=GenerationOut, responses=CREATED)
-def rollback(namespace: str, alias: str, body: RollbackRequest, principal: CurrentPrincipal,
-             session: SessionDep, response: Response,
+def rollback(namespace: str, alias: AliasName, body: RollbackRequest, principal: CurrentPrincipal,
+             session: SessionDep, store: StoreDep, response: Response,
              idempotency_key: IdempotencyKey = None) -> GenerationOut:
-    return _change(session, principal, response, CatalogRequest(
+    return _change(session, store, principal, response, CatalogRequest(
         namespace=namespace, alias=alias, action=CatalogAction.ROLLBACK, actor=principal.actor,
         expected_generation=body.expected_generation, to_generation=body.to_generation,
         reason=body.reason, idempotency_key=idempotency_key))
 
 
 @router.patch("/{alias}", response_model=ResolutionOut)
-def patch_alias(namespace: str, alias: str, body: AliasPatch, request: Request,
+def patch_alias(namespace: str, alias: AliasName, body: AliasPatch, request: Request,
                 principal: CurrentPrincipal, session: SessionDep) -> ResolutionOut:
     """Mark the alias hot (or not): placement keeps its current artifact resident on
     every compatible agent with room, so a publication to it is loaded before any
@@ -128,7 +124,7 @@ def patch_alias(namespace: str, alias: str, body: AliasPatch, request: Request,
 
 
 @router.get("/{alias}", response_model=ResolutionOut)
-async def get_resolution(namespace: str, alias: str, request: Request,
+async def get_resolution(namespace: str, alias: AliasName, request: Request,
                          credentials: Credentials) -> Response:
     """The current generation; 404 never published, 410 ALIAS_RETIRED when retired.
 
@@ -156,7 +152,7 @@ def list_aliases(namespace: str, principal: CurrentPrincipal, session: SessionDe
 
 
 @router.get("/{alias}/history", response_model=PageOut[GenerationOut])
-def history(namespace: str, alias: str, principal: CurrentPrincipal, session: SessionDep,
+def history(namespace: str, alias: AliasName, principal: CurrentPrincipal, session: SessionDep,
             params: Annotated[PageParams, Depends(page_params)]) -> dict[str, Any]:
     """Every generation, newest first."""
     principal.require(namespace, Role.READ)

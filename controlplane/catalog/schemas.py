@@ -15,7 +15,7 @@ ALIAS_PATTERN = r"^[A-Za-z0-9]([A-Za-z0-9._-]{0,198}[A-Za-z0-9])?$"
 
 class CasFields(BaseModel):
     expected_generation: int | None = Field(
-        default=None, ge=0,
+        default=None, ge=0, strict=True,
         description="Compare-and-swap: the alias's current generation (0: never published). "
                     "Mismatch -> 409 GENERATION_CONFLICT. Null: append after whatever is current.")
     reason: str | None = Field(default=None, max_length=2000)
@@ -31,7 +31,7 @@ class RetireRequest(CasFields):
 
 class RollbackRequest(CasFields):
     to_generation: int | None = Field(
-        default=None, ge=1,
+        default=None, ge=1, strict=True,
         description="Generation whose artifact to restore; default: the newest earlier "
                     "generation that pointed at a different artifact than the current state.")
 

@@ -12,6 +12,11 @@ Idempotency: a request with an `Idempotency-Key` stores the key and a digest of 
 body on the generation it created. Repeating the key with the same body returns that
 generation (created=False, HTTP 200) even after the alias moved on; with a different
 body it fails with 422 IDEMPOTENCY_MISMATCH. Keys are scoped to the alias.
+
+Publish verifies the artifact's bytes first (`verify_artifact_blobs`, outside any
+transaction and before the alias lock): a blob that is missing or no longer matches its
+recorded size and SHA-256 fails the publish with 409 ARTIFACT_CORRUPT and nothing is
+written. The generation then names the verified artifact by id.
 """
 
 from __future__ import annotations
@@ -29,14 +34,17 @@ from controlplane.audit.service import record_audit
 from controlplane.catalog.repository import AliasRepository, GenerationRepository
 from controlplane.db import begin_write
 from controlplane.errors import (
+    ArtifactCorrupt,
     BaseMismatch,
     GenerationConflict,
     IdempotencyMismatch,
     InvalidState,
     NotFound,
+    StorageUnavailable,
 )
 from controlplane.models import Alias, Artifact, ArtifactState, CatalogAction, CatalogGeneration
 from controlplane.namespaces.repository import NamespaceRepository
+from controlplane.storage import ObjectStore, StorageError
 
 
 @dataclass(frozen=True)
@@ -60,10 +68,22 @@ class CatalogRequest:
         return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
 
 
-def apply_change(session: Session, req: CatalogRequest) -> tuple[CatalogGeneration, bool]:
-    """Append one generation for `req`; return `(generation, created)`. Commits."""
+def apply_change(session: Session, req: CatalogRequest,
+                 store: ObjectStore) -> tuple[CatalogGeneration, bool]:
+    """Append one generation for `req`; return `(generation, created)`. Commits.
+
+    `store` holds the artifacts' bytes; a publish reads them back (`verify_artifact_blobs`).
+    """
+    verified_id: int | None = None
+    if req.action is CatalogAction.PUBLISH:
+        if req.idempotency_key is not None:
+            replay = _replay(session, req)  # a replay re-reads nothing
+            if replay is not None:
+                session.commit()
+                return replay, False
+        verified_id = _verified_artifact_id(session, store, req)
     try:
-        return _apply(session, req)
+        return _apply(session, req, verified_id)
     except IntegrityError as exc:
         session.rollback()
         if req.idempotency_key is not None:
@@ -74,13 +94,15 @@ def apply_change(session: Session, req: CatalogRequest) -> tuple[CatalogGenerati
                                  detail={"namespace": req.namespace, "alias": req.alias}) from exc
 
 
-def _apply(session: Session, req: CatalogRequest) -> tuple[CatalogGeneration, bool]:
+def _apply(session: Session, req: CatalogRequest,
+           verified_id: int | None) -> tuple[CatalogGeneration, bool]:
     begin_write(session)
     namespace = NamespaceRepository(session).get_by_name(req.namespace)
     aliases = AliasRepository(session)
     artifact: Artifact | None = None
     if req.action is CatalogAction.PUBLISH:
-        artifact = _publishable(session, namespace.id, req.artifact_ref or "")
+        ref = str(verified_id) if verified_id is not None else req.artifact_ref or ""
+        artifact = _publishable(session, namespace.id, ref)
         aliases.ensure(namespace.id, req.alias, artifact.base_id)
     alias = aliases.lock(namespace.id, req.alias)
     if alias is None or (alias.current_generation == 0 and req.action is not CatalogAction.PUBLISH):
@@ -134,6 +156,41 @@ def notify_catalog_change(session: Session, namespace: str, alias: str, generati
     payload = json.dumps({"namespace": namespace, "alias": alias, "generation": generation},
                          sort_keys=True)
     session.execute(select(func.pg_notify(CATALOG_CHANNEL, payload)))
+
+
+def _verified_artifact_id(session: Session, store: ObjectStore,
+                          req: CatalogRequest) -> int | None:
+    """Resolve the publish's artifact and verify its blobs; None when it is not validated
+    (`_apply` then refuses it with INVALID_STATE). No transaction stays open meanwhile."""
+    namespace = NamespaceRepository(session).get_by_name(req.namespace)
+    artifact = ArtifactRepository(session).get_by_ref(namespace.id, req.artifact_ref or "")
+    artifact_id, state, files = artifact.id, artifact.state, dict(artifact.files)
+    session.rollback()
+    if state != ArtifactState.VALIDATED.value:
+        return None
+    verify_artifact_blobs(store, artifact_id, files)
+    return artifact_id
+
+
+def verify_artifact_blobs(store: ObjectStore, artifact_id: int,
+                          files: dict[str, dict[str, object]]) -> None:
+    """Raise ARTIFACT_CORRUPT unless every file's blob has its recorded size and SHA-256.
+
+    Cost: per blob one size lookup (stat / S3 HEAD) and one full read of its bytes (in
+    place on the file store, one download on S3), i.e. the artifact's size read once
+    per publish. A storage failure is STORAGE_ERROR (502): nothing is published."""
+    for name, ref in sorted(files.items()):
+        sha256, size, key = str(ref["sha256"]), int(str(ref["size"])), str(ref["key"])
+        try:
+            fault = store.blob_fault(sha256, size, key)
+        except StorageError as exc:
+            raise StorageUnavailable(f"object storage failed while verifying {name}: {exc}",
+                                     detail={"artifact_id": artifact_id, "file": name}) from exc
+        if fault is not None:
+            raise ArtifactCorrupt(
+                f"artifact {artifact_id}: stored {name} is corrupt ({fault}); push the same "
+                "files again to repair it",
+                detail={"artifact_id": artifact_id, "file": name, "key": key, "fault": fault})
 
 
 def _publishable(session: Session, namespace_id: int, ref: str) -> Artifact:

@@ -51,9 +51,10 @@ class PageParams:
 
 def page_params(
     limit: Annotated[int, Query(ge=1, le=MAX_LIMIT)] = DEFAULT_LIMIT,
-    cursor: Annotated[str | None, Query(description="Opaque cursor from next_cursor")] = None,
+    cursor: Annotated[str | None, Query(description="Opaque cursor from next_cursor; "
+                                              "empty: the first page")] = None,
 ) -> PageParams:
-    return PageParams(limit=limit, cursor=cursor)
+    return PageParams(limit=limit, cursor=cursor or None)
 
 
 @dataclass(frozen=True)

@@ -14,8 +14,9 @@
   had started), so clients can quote the id and operators can find the traceback.
 
 Secrets never reach a log line: headers are not logged at all, and the
-`redact_secrets` processor masks any value that looks like an API token (`ap_...`)
-and any key named like a credential, whatever code logs it.
+`redact_secrets` processor masks any value that looks like an API token (`ap_...`),
+any key named like a credential and the signature of any presigned URL, whatever code
+logs it.
 """
 
 from __future__ import annotations
@@ -33,24 +34,27 @@ from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from controlplane.errors import ErrorBody
+from controlplane.kit.log_redaction import REDACTED, install_log_redaction, redact_url_secrets
 
 REQUEST_ID_HEADER = b"x-request-id"
 _VALID_ID = re.compile(rb"[A-Za-z0-9._-]{1,64}")
 _TOKEN = re.compile(r"(?<![A-Za-z0-9])ap_[A-Za-z0-9_-]{20,}")
 _SECRET_KEYS = ("token", "authorization", "secret", "password", "credential")
-REDACTED = "[redacted]"
 
 log = structlog.get_logger("adapterplane.api")
 
 
 def redact_secrets(_logger: Any, _method: str,
                    event: MutableMapping[str, Any]) -> MutableMapping[str, Any]:
-    """structlog processor: mask credential-named keys and token-shaped strings."""
+    """structlog processor: mask credential-named keys, token-shaped strings and the
+    signatures of presigned URLs."""
     for key, value in list(event.items()):
         if any(word in key.lower() for word in _SECRET_KEYS):
             event[key] = REDACTED
-        elif isinstance(value, str) and "ap_" in value:
-            event[key] = _TOKEN.sub(REDACTED, value)
+        elif isinstance(value, str):
+            if "ap_" in value:
+                value = _TOKEN.sub(REDACTED, value)
+            event[key] = redact_url_secrets(value)
     return event
 
 
@@ -58,8 +62,10 @@ def configure_logging(level: str = "info") -> None:
     """JSON lines on stderr: timestamp (UTC, ISO 8601), level, event, context.
 
     Idempotent; the last call wins. Loggers are not cached, so
-    `structlog.testing.capture_logs()` works in tests.
+    `structlog.testing.capture_logs()` works in tests. Installs the process-wide
+    redaction of presigned URLs in stdlib log records (kit/log_redaction.py).
     """
+    install_log_redaction()
     structlog.configure(
         processors=[
             structlog.contextvars.merge_contextvars,

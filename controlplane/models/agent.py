@@ -5,6 +5,8 @@ from a previous process of the same agent are recognisably stale (409). Capabili
 are what placement needs (base digest, dtypes, max rank, targets, pool size, TP
 degree); `slots` and `load_failures` are the agent's last heartbeat report, replaced
 wholesale each time (the agent re-derives them; they are observations, not truth).
+A name is bound to one token (`token_id`), so one agent's credential cannot register
+over, heartbeat for or read the desired state of another agent.
 """
 
 from __future__ import annotations
@@ -12,10 +14,10 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import String
+from sqlalchemy import ForeignKey, String
 from sqlalchemy.orm import Mapped, mapped_column
 
-from controlplane.models.base import Base, CreatedAtMixin, IdMixin, JsonDoc, utcnow
+from controlplane.models.base import Base, BigId, CreatedAtMixin, IdMixin, JsonDoc, utcnow
 
 
 class Agent(IdMixin, CreatedAtMixin, Base):
@@ -33,3 +35,7 @@ class Agent(IdMixin, CreatedAtMixin, Base):
     catalog_version: Mapped[int] = mapped_column(nullable=False, default=0)
     """The desired-state version the agent last applied (from its heartbeat)."""
     registered_by: Mapped[str] = mapped_column(String(200), nullable=False)
+    token_id: Mapped[int | None] = mapped_column(BigId, ForeignKey("api_tokens.id"))
+    """The credential this agent name is bound to: the first token that registered it
+    (or the one an admin forced it to). Reports and re-registrations under the name
+    from any other token are refused while that token is not revoked."""

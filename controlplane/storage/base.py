@@ -1,9 +1,11 @@
 """The object-store interface and its content-addressed blob layer.
 
-Blobs live at `blobs/sha256/<hex>` where hex is the SHA-256 of their bytes, so a
-blob is written once and every read can be checked against its own key. Data always
-moves through files on local disk in fixed-size chunks; no method holds a whole
-object in memory.
+Blobs live at `blobs/sha256/<hex>` where hex is the SHA-256 of their bytes, so every
+read can be checked against its own key. A blob whose key exists is trusted only after
+it verifies (`blob_fault`: size, then a digest of the stored bytes); one that does not
+is overwritten by the next `put_blob` of the right bytes, atomically. Data always moves
+through files on local disk in fixed-size chunks; no method holds a whole object in
+memory.
 """
 
 from __future__ import annotations
@@ -75,13 +77,48 @@ class ObjectStore(ABC):
     def exists(self, key: str) -> bool: ...
 
     @abstractmethod
+    def size_of(self, key: str) -> int | None:
+        """Size in bytes of the object `key`, None when absent (a stat or a HEAD)."""
+
+    def stored_sha256(self, key: str) -> str:
+        """SHA-256 hex of the stored bytes of `key`, read back in full (a download into a
+        temp file here; the file store hashes in place). `ObjectNotFound` when absent."""
+        fd, tmp_name = tempfile.mkstemp(prefix="adapterplane-verify-")
+        os.close(fd)
+        tmp = Path(tmp_name)
+        try:
+            self.get_file(key, tmp)
+            return file_sha256(tmp)
+        finally:
+            tmp.unlink(missing_ok=True)
+
+    def blob_fault(self, sha256: str, size: int, key: str | None = None) -> str | None:
+        """None when the blob stored under `key` (default `blob_key(sha256)`) has exactly
+        `size` bytes hashing to `sha256`; otherwise why not: "missing", "size" or "digest".
+
+        Cost: one size lookup, then (sizes equal) one full read of the stored bytes."""
+        key = key or blob_key(sha256)
+        stored_size = self.size_of(key)
+        if stored_size is None:
+            return "missing"
+        if stored_size != size:
+            return "size"
+        try:
+            actual = self.stored_sha256(key)
+        except ObjectNotFound:
+            return "missing"
+        return None if actual == sha256 else "digest"
+
+    @abstractmethod
     def check(self) -> None:
         """Raise `StorageError` when the store is unreachable (readiness probe)."""
 
     def put_blob(self, stream: IO[bytes], *, max_bytes: int | None = None) -> BlobRef:
         """Hash `stream` to a temp file, store it under its digest, return the reference.
 
-        Raises `BlobTooLarge` as soon as more than `max_bytes` were read.
+        An object already under that key is kept only if it verifies (`blob_fault`: one
+        read-back of it); a corrupt or truncated one is replaced by these bytes. Raises
+        `BlobTooLarge` as soon as more than `max_bytes` were read.
         """
         digest = hashlib.sha256()
         size = 0
@@ -96,7 +133,7 @@ class ObjectStore(ABC):
                     digest.update(chunk)
                     out.write(chunk)
             ref = BlobRef(sha256=digest.hexdigest(), size=size, key=blob_key(digest.hexdigest()))
-            if not self.exists(ref.key):
+            if self.blob_fault(ref.sha256, ref.size, ref.key) is not None:
                 self.put_file(ref.key, tmp)
             return ref
         finally:
@@ -114,10 +151,15 @@ class ObjectStore(ABC):
         On mismatch `dest` is removed, so a corrupt copy is never left behind.
         """
         self.get_file(key, dest)
-        digest = hashlib.sha256()
-        with dest.open("rb") as f:
-            while chunk := f.read(CHUNK_BYTES):
-                digest.update(chunk)
-        if digest.hexdigest() != expected_sha256:
+        actual = file_sha256(dest)
+        if actual != expected_sha256:
             dest.unlink(missing_ok=True)
-            raise ChecksumMismatch(key, expected_sha256, digest.hexdigest())
+            raise ChecksumMismatch(key, expected_sha256, actual)
+
+
+def file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        while chunk := f.read(CHUNK_BYTES):
+            digest.update(chunk)
+    return digest.hexdigest()

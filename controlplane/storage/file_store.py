@@ -7,7 +7,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from controlplane.storage.base import ObjectNotFound, ObjectStore, StorageError
+from controlplane.storage.base import ObjectNotFound, ObjectStore, StorageError, file_sha256
 
 
 class FileObjectStore(ObjectStore):
@@ -43,6 +43,23 @@ class FileObjectStore(ObjectStore):
 
     def exists(self, key: str) -> bool:
         return self._path(key).is_file()
+
+    def size_of(self, key: str) -> int | None:
+        try:
+            return self._path(key).stat().st_size
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            raise StorageError(f"cannot stat {key}: {exc}") from exc
+
+    def stored_sha256(self, key: str) -> str:
+        """Hashes the stored file where it lies (no copy)."""
+        try:
+            return file_sha256(self._path(key))
+        except FileNotFoundError as exc:
+            raise ObjectNotFound(f"no object {key}") from exc
+        except OSError as exc:
+            raise StorageError(f"cannot read {key}: {exc}") from exc
 
     def check(self) -> None:
         try:

@@ -102,14 +102,19 @@ class S3ObjectStore(ObjectStore):
             raise translate_error(exc, f"get {self._key(key)}") from exc
 
     def exists(self, key: str) -> bool:
+        return self.size_of(key) is not None
+
+    def size_of(self, key: str) -> int | None:
+        """From a HEAD. The digest (`stored_sha256`) needs a read-back: S3's own stored
+        checksums of multipart objects are per part, not of the whole object."""
         try:
-            self.client.head_object(Bucket=self.bucket, Key=self._key(key))
+            head = self.client.head_object(Bucket=self.bucket, Key=self._key(key))
         except (BotoCoreError, ClientError) as exc:
             err = translate_error(exc, f"head {self._key(key)}")
             if isinstance(err, ObjectNotFound):
-                return False
+                return None
             raise err from exc
-        return True
+        return int(head["ContentLength"])
 
     def check(self) -> None:
         try:

@@ -1,4 +1,10 @@
-"""Read URLs for stored objects: a `file://` path, or a presigned S3 GET valid URL_TTL_S."""
+"""Read URLs for stored objects: a `file://` path, or a presigned S3 GET valid URL_TTL_S.
+
+A presigned URL is a bearer credential until it expires, so it lives only as long as a
+download needs: readers (agents) refresh their desired state every `url_ttl_s / 2`, so
+a URL they start a download on has at least half its lifetime left. Its signature is
+redacted from every log line (kit/log_redaction.py).
+"""
 
 from __future__ import annotations
 
@@ -7,7 +13,8 @@ from controlplane.storage.base import ObjectStore
 from controlplane.storage.file_store import FileObjectStore
 from controlplane.storage.s3_store import S3ObjectStore
 
-URL_TTL_S = 3600
+URL_TTL_S = 300
+"""Seconds a presigned GET stays valid (sent to readers as `url_ttl_s`)."""
 
 
 def object_url(store: ObjectStore, key: str) -> str:

@@ -1,7 +1,11 @@
 """The Celery app. `celery -A controlplane.worker.celery_app worker -Q <queue>` runs it.
 
 `make_celery(settings)` builds an app from settings (JSON only, late acks, tasks
-re-queued when a worker dies mid-task, one prefetched task per process). The
+re-queued when a worker dies mid-task, one prefetched task per process, a hard time
+limit of `job_time_limit_s` per attempt). The broker's visibility timeout (Redis) is
+that limit plus `job_visibility_margin_s`: a message taken by a worker that died is
+delivered again after it, while no live attempt can still hold it. Worker start/stop
+hooks (scratch dirs, the reaper) are in `lifecycle.py`. The
 module-level `celery_app` (alias `app`) is built lazily from the environment
 (`ADAPTERPLANE_*`) on first access.
 """
@@ -38,14 +42,32 @@ def make_celery(settings: Settings) -> Celery:
         result_expires=24 * 3600,
         broker_connection_retry_on_startup=True,
         worker_hijack_root_logger=False,
+        task_time_limit=settings.job_time_limit_s,
+        broker_transport_options=broker_transport_options(settings),
     )
     # Kept off app.conf so configuration dumps (`celery inspect conf`) never show the
     # database URL or storage credentials.
     app.adapterplane_settings = settings
+    # register the shared tasks and connect the worker signals
     import controlplane.artifacts.tasks
-    import controlplane.collections.tasks  # noqa: F401  (register the shared tasks)
+    import controlplane.collections.tasks
+    import controlplane.worker.lifecycle  # noqa: F401
 
     return app
+
+
+def broker_transport_options(settings: Settings) -> dict[str, int]:
+    """Redis redelivery of a message whose worker died: after the visibility timeout
+    (`job_time_limit_s + job_visibility_margin_s`), found by a sweep every tenth of it
+    (1 to 60 s; kombu's default sweeps only every ~100 s). Redis brokers only: the
+    SQLAlchemy transport of the embedded broker hands its options to create_engine,
+    which refuses these (the reaper re-enqueues its lost jobs)."""
+    if not settings.celery_broker_url.startswith(("redis://", "rediss://")):
+        return {}
+    visibility = settings.job_time_limit_s + settings.job_visibility_margin_s
+    return {"visibility_timeout": visibility,
+            "unacked_restore_interval": max(1, min(60, visibility // 10)),
+            "unacked_restore_throttle": 1}
 
 
 @cache

@@ -41,11 +41,15 @@ def test_top_k_names_tenants_and_adapters_within_k(deployment: Deployment) -> No
     ns = deployment.namespace
     complete(deployment, f"{ns}/b", [1, 2, 3])
     url = f"{deployment.agent.url}/v1/agent/top"
-    top = httpx.get(url, params={"k": 1}, timeout=10).json()
+    auth = deployment.agent.headers
+    assert httpx.get(url, params={"k": 1}, timeout=10).status_code == 401
+    reader = {"Authorization": f"Bearer {deployment.reader_token}"}
+    assert httpx.get(url, params={"k": 1}, headers=reader, timeout=10).status_code == 403
+    top = httpx.get(url, params={"k": 1}, headers=auth, timeout=10).json()
     assert len(top["tenants"]) == 1 and len(top["adapters"]) <= 1
     assert len(top["queue_waits"]) <= 1
-    everyone = httpx.get(url, params={"k": 100}, timeout=10).json()
+    everyone = httpx.get(url, params={"k": 100}, headers=auth, timeout=10).json()
     assert ns in {t["tenant"] for t in everyone["tenants"]}
     assert all(t["completed_service"] > 0 for t in everyone["tenants"])
     for bad in (0, 101, "x"):
-        assert httpx.get(url, params={"k": bad}, timeout=10).status_code == 422
+        assert httpx.get(url, params={"k": bad}, headers=auth, timeout=10).status_code == 422

@@ -29,7 +29,7 @@ REQUIRED = {
 fold's metrics are checked where an agent folds (test_tp_agent_process.py)."""
 BOUNDED = {
     "phase": {"prefill", "decode"},
-    "state": {"loading", "active", "idle", "retiring", "used", "free", "reserved",
+    "state": {"loading", "active", "idle", "retiring", "cached", "used", "free", "reserved",
               "obtainable"},
     "class": {"kv", "adapter_slot", "adapter", "pool"},
     "result": {"ok", "failed", "hit", "cold_miss", "stale_miss"},

@@ -11,6 +11,7 @@ their own uniquely named namespace.
 
 from __future__ import annotations
 
+import json
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
@@ -89,6 +90,9 @@ def control_plane(
             "ADAPTERPLANE_S3_ENDPOINT_URL": s3_endpoint,
             "ADAPTERPLANE_S3_ACCESS_KEY_ID": S3_KEY,
             "ADAPTERPLANE_S3_SECRET_ACCESS_KEY": S3_KEY,
+            # `push file:///...` of the session's assets (file:// imports are off by default)
+            "ADAPTERPLANE_ALLOW_FILE_URI_IMPORT": "true",
+            "ADAPTERPLANE_FILE_IMPORT_ROOTS": json.dumps([str(tmp_path_factory.getbasetemp())]),
         },
     )
     with stack:

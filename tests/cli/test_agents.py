@@ -65,3 +65,29 @@ def test_agents_list_and_show(adapterctl: Invoke, control_plane: EmbeddedStack,
     assert missing.exit_code == 3 and "NOT_FOUND" in missing.stderr
     unknown_id = adapterctl("agents", "show", "987654321")
     assert unknown_id.exit_code == 3
+
+
+def test_agents_unbind_moves_a_name_to_another_token(adapterctl: Invoke,
+                                                     control_plane: EmbeddedStack,
+                                                     h_base: str) -> None:
+    tokens = [ok_json(adapterctl("-o", "json", "tokens", "create", "--name",
+                                 f"ag-{uuid.uuid4().hex[:6]}", "--agent"))["token"]
+              for _ in range(2)]
+    name = f"cli-agent-{uuid.uuid4().hex[:8]}"
+    body = {"name": name, "url": "http://127.0.0.1:9",
+            "capabilities": {"base": h_base, "dtypes": ["float32"], "max_rank": 8,
+                             "targets": ["q_proj"], "adapter_slots": 2, "pool_pages": 64,
+                             "page_bytes": 8192, "kv_reserve_pages": 4}}
+
+    def register(token: str) -> httpx.Response:
+        with httpx.Client(base_url=control_plane.url, timeout=10,
+                          headers={"Authorization": f"Bearer {token}"}) as http:
+            return http.post("/v1/agents/register", json=body)
+
+    assert register(tokens[0]).status_code == 201
+    refused = register(tokens[1])
+    assert refused.status_code == 409 and refused.json()["code"] == "AGENT_NAME_BOUND"
+    unbound = ok_json(adapterctl("-o", "json", "agents", "unbind", name))
+    assert unbound["name"] == name
+    assert register(tokens[1]).status_code == 201
+    assert register(tokens[0]).status_code == 409

@@ -175,8 +175,8 @@ def test_base_mismatch_and_bad_input_change_nothing(api: Api, assets: Assets) ->
         ("post", "/v1/namespaces/acme/artifacts", {"base": "0" * 64, "uri": "file:///nope"}, 404),
         ("post", "/v1/namespaces/acme/artifacts", {"base": assets.h_base, "uri": "http://x"},
          422),
-        ("post", "/v1/namespaces/acme/artifacts",
-         {"base": assets.h_base, "uri": assets.adapter_with_bin.as_uri()}, 422),
+        ("post", "/v1/namespaces/acme/artifacts",  # file:// imports are off by default
+         {"base": assets.h_base, "uri": assets.adapter_with_bin.as_uri()}, 403),
         ("get", "/v1/namespaces/acme/artifacts?cursor=%%%", None, 422),
     ]
     for method, path, body, status in bad_requests:
@@ -191,6 +191,8 @@ def test_base_mismatch_and_bad_input_change_nothing(api: Api, assets: Assets) ->
 
 def test_push_by_file_uri_and_artifact_pagination(api: Api, assets: Assets) -> None:
     setup_namespace(api, assets.abi)
+    api.settings.allow_file_uri_import = True  # off by default; the app reads these settings
+    api.settings.file_import_roots = [assets.adapter_a.parent]
     ids = []
     for adapter in (assets.adapter_a, assets.adapter_b, assets.adapter_big_rank):
         r = api.client.post("/v1/namespaces/acme/artifacts", headers=api.admin,
@@ -239,7 +241,9 @@ def test_size_limit_refuses_push_without_rows(sqlite_url: str, tmp_path: Any,
     from controlplane.app import create_app
 
     limit = (assets.adapter_a / "adapter_config.json").stat().st_size + 10
-    settings = make_settings(sqlite_url, tmp_path / "var", max_artifact_bytes=limit)
+    settings = make_settings(sqlite_url, tmp_path / "var", max_artifact_bytes=limit,
+                             allow_file_uri_import=True,
+                             file_import_roots=[assets.adapter_a.parent])
     app = create_app(settings)
     admin = {"Authorization": f"Bearer {bootstrap_token(settings)}"}
     try:
@@ -273,7 +277,8 @@ def test_bad_multipart_pushes_store_nothing(api: Api, assets: Assets) -> None:
                             files={n: (n, b) for n, b in files.items()})
         assert (r.status_code, r.json()["code"]) == (422, code), r.text
     huge = api.client.post("/v1/namespaces/acme/artifacts", headers=api.admin,
-                           json={"base": assets.h_base, "uri": "s3://b/" + "x" * 70_000})
+                           json={"base": assets.h_base,
+                                 "uri": "s3://b/" + "x" * api.settings.max_json_body_bytes})
     assert (huge.status_code, huge.json()["code"]) == (413, "REQUEST_TOO_LARGE")
     no_base = api.client.post("/v1/namespaces/acme/artifacts", headers=api.admin,
                               files={"adapter_config.json": ("c", cfg)})

@@ -25,7 +25,7 @@ def test_defaults_derive_from_data_dir(tmp_path: Path, monkeypatch: pytest.Monke
     assert s.storage_url == f"file://{(tmp_path / 'objects').resolve()}"
     assert s.celery_broker_url == f"sqla+sqlite:///{tmp_path / 'celery-broker.db'}"
     assert s.celery_result_backend == f"db+sqlite:///{tmp_path / 'celery-results.db'}"
-    assert s.allow_file_uri_import is True
+    assert s.allow_file_uri_import is False and s.file_import_roots == []
 
 
 def test_s3_bucket_shorthand_and_env_prefix(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -92,8 +92,8 @@ def test_import_prefix_s3_and_file(s3_endpoint: str, tmp_path: Path) -> None:
         client.put_object(Bucket="adapters", Key=f"team/a1/{name}", Body=body)  # type: ignore[attr-defined]
     client.put_object(Bucket="adapters", Key="team/a1/nested/ignored.txt", Body=b"x")  # type: ignore[attr-defined]
     settings = s3_settings(s3_endpoint, "adapters", tmp_path)
-    with import_prefix("s3://adapters/team/a1", settings) as paths:
-        assert {n: p.read_bytes() for n, p in paths.items()} == files
+    with import_prefix("s3://adapters/team/a1", settings) as streams:
+        assert {n: f.read() for n, f in streams.items()} == files
     client.put_object(Bucket="adapters", Key="team/a1/adapter_model.bin", Body=b"pickle")  # type: ignore[attr-defined]
     with pytest.raises(ForbiddenFile) as forbidden, \
             import_prefix("s3://adapters/team/a1", settings):
@@ -108,7 +108,9 @@ def test_import_prefix_s3_and_file(s3_endpoint: str, tmp_path: Path) -> None:
     local = tmp_path / "local"
     local.mkdir()
     (local / "adapter_config.json").write_bytes(files["adapter_config.json"])
-    with pytest.raises(MissingFile), import_prefix(local.as_uri(), settings):
+    local_ok = s3_settings(s3_endpoint, "adapters", tmp_path, allow_file_uri_import=True,
+                           file_import_roots=[tmp_path])
+    with pytest.raises(MissingFile), import_prefix(local.as_uri(), local_ok):
         pass
 
 

@@ -8,12 +8,9 @@ the same job finishes. Validation failures end in `rejected` after one attempt.
 
 from __future__ import annotations
 
-import contextlib
 import os
-import socket
 import subprocess
 import sys
-import threading
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -27,83 +24,29 @@ from cp_helpers import (
     LiveServer,
     bootstrap_token,
     close_app,
-    free_port,
     make_settings,
     wait_for,
 )
 
 from controlplane.app import create_app
 from controlplane.config import Settings
+from tests.tcp_proxy import TcpProxy
 
 BUCKET = "cp-worker"
 CREDS = {"s3_access_key_id": "test", "s3_secret_access_key": "test-secret"}
 
 
-class TcpRelay:
-    """Forwards 127.0.0.1:port to a target port; `stop()` refuses new connections."""
-
-    def __init__(self, target_port: int) -> None:
-        self.target_port = target_port
-        self.port = free_port()
-        self.listener: socket.socket | None = None
-        self.open: list[socket.socket] = []
-
-    def start(self) -> None:
-        listener = socket.socket()
-        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        listener.bind(("127.0.0.1", self.port))
-        listener.listen(64)
-        self.listener = listener
-        threading.Thread(target=self._accept, args=(listener,), daemon=True).start()
-
-    def stop(self) -> None:
-        """Refuse new connections and cut open ones (pooled keep-alive included)."""
-        if self.listener is not None:
-            self.listener.close()
-            self.listener = None
-        for sock in self.open:
-            with contextlib.suppress(OSError):
-                sock.shutdown(socket.SHUT_RDWR)
-            sock.close()
-        self.open.clear()
-
-    def _accept(self, listener: socket.socket) -> None:
-        while True:
-            try:
-                client, _ = listener.accept()
-            except OSError:
-                return
-            upstream = socket.create_connection(("127.0.0.1", self.target_port))
-            self.open += [client, upstream]
-            for src, dst in ((client, upstream), (upstream, client)):
-                threading.Thread(target=self._pump, args=(src, dst), daemon=True).start()
-
-    @staticmethod
-    def _pump(src: socket.socket, dst: socket.socket) -> None:
-        try:
-            while data := src.recv(65536):
-                dst.sendall(data)
-        except OSError:
-            pass
-        finally:
-            for s in (src, dst):
-                with contextlib.suppress(OSError):
-                    s.shutdown(socket.SHUT_RDWR)
-
-
 @pytest.fixture(scope="module")
-def relay(s3_endpoint: str) -> Iterator[TcpRelay]:
+def relay(s3_endpoint: str) -> Iterator[TcpProxy]:
     boto3.client("s3", endpoint_url=s3_endpoint, region_name="us-east-1",
                  aws_access_key_id="test", aws_secret_access_key="test-secret",
                  ).create_bucket(Bucket=BUCKET)
-    r = TcpRelay(int(s3_endpoint.rsplit(":", 1)[1]))
-    r.start()
-    yield r
-    r.stop()
+    with TcpProxy(int(s3_endpoint.rsplit(":", 1)[1])) as r:
+        yield r
 
 
 @pytest.fixture(scope="module")
-def worker_env(pg_migrated: str, redis_url: str, relay: TcpRelay,
+def worker_env(pg_migrated: str, redis_url: str, relay: TcpProxy,
                tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
     """Starts `celery -A controlplane.worker.celery_app worker` on a private queue."""
     env = {
@@ -210,10 +153,10 @@ def test_worker_validates_and_rejects(live: tuple[httpx.Client, Any], assets: As
 
 
 def test_transient_storage_error_is_retried(live: tuple[httpx.Client, Any], assets: Assets,
-                                            relay: TcpRelay, s3_endpoint: str) -> None:
+                                            relay: TcpProxy, s3_endpoint: str) -> None:
     client, _app = live
     uri = upload_prefix(s3_endpoint, assets.adapter_b, "team/flaky")
-    relay.stop()
+    relay.down()
     try:
         pushed = client.post("/v1/namespaces/acme/artifacts",
                              json={"base": assets.h_base, "uri": uri})
@@ -228,7 +171,7 @@ def test_transient_storage_error_is_retried(live: tuple[httpx.Client, Any], asse
         during = client.get(f"/v1/namespaces/acme/artifacts/{art_id}").json()
         assert "TransientStorageError" in during["last_error"]
     finally:
-        relay.start()
+        relay.up()
     done = wait_for(lambda: final_state(client, art_id), what="validation after recovery")
     # attempt 1 failed transiently (last_error above); a retry then succeeded
     assert done["state"] == "validated" and done["validation_attempts"] >= 2
