@@ -82,9 +82,9 @@ def api_command(
 
     settings = _settings()
     uvicorn.run(
-        # zero-argument factory (`--factory`): `create_app()` builds the app on environment
-        # settings in every uvicorn worker process
-        "controlplane.app:create_app",
+        # zero-argument factory (`--factory`): builds the app on environment settings, with
+        # its own scratch root, in every uvicorn worker process
+        "controlplane.app:create_server_app",
         factory=True,
         host=host or settings.api_host,
         port=port or settings.api_port,

@@ -36,7 +36,9 @@ from controlplane.config import Settings
 from controlplane.db import make_engine, make_session_factory
 from controlplane.errors import ERROR_RESPONSES, AdapterplaneError, ErrorBody
 from controlplane.health.endpoints import router as health_router
+from controlplane.kit.async_reads import AsyncReads
 from controlplane.kit.body_limit import BodyLimitMiddleware
+from controlplane.kit.deps import make_read_engine
 from controlplane.kit.failures import (
     DATABASE_DOWN,
     database_unavailable,
@@ -49,6 +51,11 @@ from controlplane.storage import StorageError, store_from_settings
 from controlplane.worker.celery_app import make_celery
 from controlplane.worker.context import dispose_worker_context
 from controlplane.worker.jobs import JobQueue
+from controlplane.worker.scratch import (
+    remove_own_scratch,
+    remove_stale_scratch,
+    use_process_scratch,
+)
 
 HTTP_CODES = {401: "UNAUTHENTICATED", 403: "FORBIDDEN", 404: "NOT_FOUND",
               405: "METHOD_NOT_ALLOWED", 413: "ARTIFACT_TOO_LARGE", 415: "UNSUPPORTED_MEDIA_TYPE"}
@@ -60,14 +67,30 @@ MULTIPART_OVERHEAD_BYTES = 64 * 1024
 """Multipart framing (boundaries, part headers, the `base` field) on top of the files."""
 
 
-def create_app(settings: Settings | None = None) -> FastAPI:
+def create_server_app() -> FastAPI:
+    """The app of an API server process (`adapterplane api`, one per uvicorn worker):
+    environment settings, and temp files (uploads being hashed, imports) under this
+    process's own scratch root, so a killed API process leaves nothing the next start
+    does not remove (controlplane/worker/scratch.py)."""
+    return create_app(process_scratch=True)
+
+
+def create_app(settings: Settings | None = None, *, process_scratch: bool = False) -> FastAPI:
     settings = settings or Settings()
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        yield
-        dispose_worker_context(app.state.celery)
-        app.state.engine.dispose()
+        if process_scratch:
+            remove_stale_scratch()
+            use_process_scratch()
+        try:
+            yield
+        finally:
+            if app.state.async_reads is not None:
+                await app.state.async_reads.close()
+            close_app_resources(app)
+            if process_scratch:
+                remove_own_scratch()
 
     app = FastAPI(
         lifespan=lifespan,
@@ -80,6 +103,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     celery = make_celery(settings)
     app.state.settings = settings
     app.state.engine = engine
+    app.state.read_engine = make_read_engine(engine, pool_size=settings.database_pool_size)
+    app.state.async_reads = None if engine.dialect.name == "sqlite" else AsyncReads(
+        engine.url, settings.database_pool_size)
     app.state.session_factory = make_session_factory(engine)
     app.state.store = store_from_settings(settings)
     app.state.celery = celery
@@ -92,11 +118,19 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.add_middleware(AuthGateMiddleware)
     app.add_middleware(RequestLogMiddleware)
     app.include_router(health_router)
-    for router in (bases_router, namespaces_router, artifacts_router, catalog_router,
+    # the catalog first: routes are matched in order, and resolve is the hot path
+    for router in (catalog_router, bases_router, namespaces_router, artifacts_router,
                    collections_router, audit_router, tokens_router, agents_router):
         app.include_router(router, responses=ERROR_RESPONSES)
     _install_error_handlers(app)
     return app
+
+
+def close_app_resources(app: FastAPI) -> None:
+    """Close the app's Celery connections and both database pools."""
+    dispose_worker_context(app.state.celery)
+    app.state.engine.dispose()
+    app.state.read_engine.dispose()
 
 
 def _validation_message(errors: list[Any]) -> str:

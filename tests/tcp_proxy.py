@@ -56,10 +56,11 @@ class TcpProxy:
     def reset(self) -> None:
         with self._lock:
             conns, self._conns = self._conns, set()
-        for conn in conns:
+        for conn in conns:  # shut down first: a thread blocked reading it wakes up at once
             with contextlib.suppress(OSError):
                 conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
-                conn.close()
+                conn.shutdown(socket.SHUT_RDWR)
+            conn.close()
 
     def _accept(self, listener: socket.socket) -> None:
         while True:

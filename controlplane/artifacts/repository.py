@@ -27,12 +27,14 @@ class ArtifactRepository(Repository[Artifact]):
             Artifact.namespace_id == namespace_id, Artifact.base_id == base_id,
             Artifact.upload_sha256 == upload_sha256))
 
-    def get_by_ref(self, namespace_id: int, ref: str, *, lean: bool = False) -> Artifact:
+    def get_by_ref(self, namespace_id: int, ref: str, *, lean: bool = False,
+                   with_files: bool = False) -> Artifact:
         """`ref` is an artifact id, or `sha256:<H_artifact>` (the oldest validated artifact
         with that digest in the namespace: equal digests mean equal adapters).
 
         `lean`: load only the scalar columns a catalog change needs (no JSONB column, no
-        joined namespace/base; those load on access)."""
+        joined namespace/base; those load on access); `with_files` adds the `files` column
+        (what a blob check reads)."""
         if ref.startswith(DIGEST_REF_PREFIX):
             digest = ref[len(DIGEST_REF_PREFIX):]
             stmt = (self.in_namespace(namespace_id, ArtifactState.VALIDATED.value)
@@ -43,7 +45,9 @@ class ArtifactRepository(Repository[Artifact]):
             raise NotFound(f"artifact not found: {ref}",
                            detail={"kind": "artifact", "ref": ref})
         if lean:
-            stmt = stmt.options(lazyload("*"), load_only(
-                Artifact.id, Artifact.namespace_id, Artifact.base_id, Artifact.state,
-                Artifact.digest, Artifact.method))
+            columns = [Artifact.id, Artifact.namespace_id, Artifact.base_id, Artifact.state,
+                       Artifact.digest, Artifact.method]
+            if with_files:
+                columns.append(Artifact.files)
+            stmt = stmt.options(lazyload("*"), load_only(*columns))
         return self.get_one(stmt, what=ref)

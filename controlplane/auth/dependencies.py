@@ -19,7 +19,7 @@ from sqlalchemy import Engine
 from controlplane.auth.scopes import Principal
 from controlplane.auth.service import authenticate
 from controlplane.errors import Unauthenticated
-from controlplane.kit.deps import read_connection
+from controlplane.kit.deps import run_read
 
 bearer = HTTPBearer(auto_error=False, description="API token: `Authorization: Bearer ap_...`")
 Credentials = Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)]
@@ -43,15 +43,14 @@ def bearer_from_header(authorization: str | None) -> str:
 
 
 def authenticate_token(engine: Engine, token: str) -> Principal:
-    with read_connection(engine) as conn:
-        return authenticate(conn, token)
+    return run_read(engine, lambda conn: authenticate(conn, token))
 
 
 def current_principal(request: Request, credentials: Credentials) -> Principal:
     known = getattr(request.state, PRINCIPAL_STATE, None)
     if isinstance(known, Principal):
         return known
-    return authenticate_token(request.app.state.engine, bearer_plaintext(credentials))
+    return authenticate_token(request.app.state.read_engine, bearer_plaintext(credentials))
 
 
 CurrentPrincipal = Annotated[Principal, Depends(current_principal)]

@@ -39,7 +39,7 @@ class AuthGateMiddleware:
         try:
             token = bearer_from_header(Headers(scope=scope).get("authorization"))
             principal = await run_in_threadpool(
-                authenticate_token, scope["app"].state.engine, token)
+                authenticate_token, scope["app"].state.read_engine, token)
         except AdapterplaneError as exc:
             await domain_error_response(exc)(scope, receive, send)
             return

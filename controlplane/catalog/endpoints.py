@@ -20,6 +20,7 @@ from controlplane.catalog.resolution import (
     read_alias,
     read_generation,
     resolve_as,
+    resolve_as_async,
 )
 from controlplane.catalog.schemas import (
     ALIAS_PATTERN,
@@ -32,7 +33,8 @@ from controlplane.catalog.schemas import (
 )
 from controlplane.catalog.service import CatalogRequest, apply_change
 from controlplane.errors import NotFound
-from controlplane.kit.deps import SessionDep, StoreDep, read_connection
+from controlplane.kit.async_reads import AsyncReads
+from controlplane.kit.deps import SessionDep, StoreDep, read_connection, run_read
 from controlplane.kit.pagination import PageOut, PageParams, page_out, page_params
 from controlplane.models import CatalogAction, CatalogGeneration
 from controlplane.namespaces.repository import NamespaceRepository
@@ -65,6 +67,31 @@ def _change(session: Any, store: ObjectStore, principal: Principal, response: Re
     session.rollback()  # the change is committed; read the response in autocommit
     with read_connection(session.get_bind()) as conn:
         return read_generation(conn, req.namespace, req.alias, alias_id, number)
+
+
+# declared first: routes are matched in declaration order and this is the hot path
+@router.get("/{alias}", response_model=ResolutionOut)
+async def get_resolution(namespace: str, alias: AliasName, request: Request,
+                         credentials: Credentials) -> Response:
+    """The current generation; 404 never published, 410 ALIAS_RETIRED when retired.
+
+    The hot path: authentication and resolution are one statement on one pooled
+    connection (catalog/resolution.py), on the event loop on Postgres
+    (kit/async_reads.py) and in a single threadpool hop on SQLite; the body is
+    serialised once instead of being re-validated against the response model.
+    """
+    token = bearer_plaintext(credentials)
+    reads: AsyncReads | None = request.app.state.async_reads
+    if reads is not None:  # Postgres: on the event loop
+        out = await resolve_as_async(reads, token, namespace, alias)
+    else:
+        out = await run_in_threadpool(_resolve, request.app.state.read_engine, token,
+                                      namespace, alias)
+    return Response(out.model_dump_json(), media_type="application/json")
+
+
+def _resolve(engine: Engine, token: str, namespace: str, alias: str) -> ResolutionOut:
+    return run_read(engine, lambda conn: resolve_as(conn, token, namespace, alias))
 
 
 @router.post("/{alias}/publish", status_code=status.HTTP_201_CREATED,
@@ -121,25 +148,6 @@ def patch_alias(namespace: str, alias: AliasName, body: AliasPatch, request: Req
     engine: Engine = request.app.state.engine
     with read_connection(engine) as conn:
         return read_alias(conn, namespace, alias, alias_id)
-
-
-@router.get("/{alias}", response_model=ResolutionOut)
-async def get_resolution(namespace: str, alias: AliasName, request: Request,
-                         credentials: Credentials) -> Response:
-    """The current generation; 404 never published, 410 ALIAS_RETIRED when retired.
-
-    The hot path: authentication and resolution are one statement on one pooled
-    connection (catalog/resolution.py), run in a single threadpool hop; the body is
-    serialised once instead of being re-validated against the response model.
-    """
-    token = bearer_plaintext(credentials)
-    out = await run_in_threadpool(_resolve, request.app.state.engine, token, namespace, alias)
-    return Response(out.model_dump_json(), media_type="application/json")
-
-
-def _resolve(engine: Engine, token: str, namespace: str, alias: str) -> ResolutionOut:
-    with read_connection(engine) as conn:
-        return resolve_as(conn, token, namespace, alias)
 
 
 @router.get("", response_model=PageOut[ResolutionOut])

@@ -36,6 +36,7 @@ from controlplane.auth.service import (
 )
 from controlplane.catalog.schemas import GenerationOut, ResolutionOut
 from controlplane.errors import AliasRetired, NotFound, Unauthenticated
+from controlplane.kit.async_reads import AsyncReads, CompiledRead
 from controlplane.kit.pagination import PageParams, decode_cursor, encode_cursor
 from controlplane.models import Alias, ApiToken, Artifact, BaseModel, CatalogGeneration, Namespace
 
@@ -81,8 +82,24 @@ def resolve_as(conn: Connection, token: str, namespace: str, alias: str) -> Reso
     Raises Unauthenticated, Forbidden (no read on `namespace`), NotFound (namespace
     missing; alias missing or never published) or AliasRetired.
     """
-    row = conn.execute(RESOLVE_AS, {"token_sha256": hash_token(token),
-                                    "namespace_name": namespace, "alias_name": alias}).first()
+    row = conn.execute(RESOLVE_AS, _resolve_params(token, namespace, alias)).first()
+    return resolution_of(row, namespace, alias)
+
+
+async def resolve_as_async(reads: AsyncReads, token: str, namespace: str,
+                           alias: str) -> ResolutionOut:
+    """`resolve_as` on the event loop (Postgres; kit/async_reads.py)."""
+    row = await reads.fetch_one(RESOLVE_READ, _resolve_params(token, namespace, alias))
+    return resolution_of(row, namespace, alias)
+
+
+def _resolve_params(token: str, namespace: str, alias: str) -> dict[str, str]:
+    return {"token_sha256": hash_token(token), "namespace_name": namespace,
+            "alias_name": alias}
+
+
+def resolution_of(row: Any, namespace: str, alias: str) -> ResolutionOut:
+    """The row of `RESOLVE_AS` (None: no such token) -> the resolution or its error."""
     if row is None:
         raise Unauthenticated("unknown or revoked token")
     principal_from_row(row).require(namespace, Role.READ)
@@ -96,6 +113,9 @@ def resolve_as(conn: Connection, token: str, namespace: str, alias: str) -> Reso
         raise AliasRetired(f"alias {namespace}/{alias} is retired",
                            detail={**where, "generation": row.generation})
     return _resolution(row, namespace, alias, hot=row.hot)
+
+
+RESOLVE_READ = CompiledRead(RESOLVE_AS)
 
 
 def _resolution(row: Any, namespace: str, alias: str, *, hot: bool = False) -> ResolutionOut:

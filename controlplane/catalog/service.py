@@ -163,7 +163,8 @@ def _verified_artifact_id(session: Session, store: ObjectStore,
     """Resolve the publish's artifact and verify its blobs; None when it is not validated
     (`_apply` then refuses it with INVALID_STATE). No transaction stays open meanwhile."""
     namespace = NamespaceRepository(session).get_by_name(req.namespace)
-    artifact = ArtifactRepository(session).get_by_ref(namespace.id, req.artifact_ref or "")
+    artifact = ArtifactRepository(session).get_by_ref(namespace.id, req.artifact_ref or "",
+                                                      lean=True, with_files=True)
     artifact_id, state, files = artifact.id, artifact.state, dict(artifact.files)
     session.rollback()
     if state != ArtifactState.VALIDATED.value:

@@ -4,6 +4,12 @@
 `after_commit` hook sends every parked job, and rollbacks drop them. A job therefore
 never sees a row its transaction did not commit, and a rolled-back request sends
 nothing.
+
+Jobs are sent with `ignore_result`: their outcome is their row, never a Celery result.
+So a send touches only the broker, never the result backend: with a Redis backend,
+waiting on a result subscribes to it on every send, which blocks a request for the
+backend's whole reconnect policy (~20 s) while Redis is down and then leaves the
+sender's result consumer broken.
 """
 
 from __future__ import annotations
@@ -39,9 +45,10 @@ class JobQueue:
     def send_now(self, job: Job) -> None:
         task = self.celery.tasks.get(job.task_name)
         if task is not None:
-            task.apply_async(args=list(job.args), queue=self.queue)
+            task.apply_async(args=list(job.args), queue=self.queue, ignore_result=True)
         else:
-            self.celery.send_task(job.task_name, args=list(job.args), queue=self.queue)
+            self.celery.send_task(job.task_name, args=list(job.args), queue=self.queue,
+                                  ignore_result=True)
 
 
 @event.listens_for(Session, "after_commit")

@@ -7,6 +7,8 @@
   at `worker_process_shutdown`. A prefork child forked to replace one killed with SIGKILL
   thereby removes its dead sibling's root, which no `worker_init` would see while the
   main process lives.
+- `worker_shutdown` (main process, after the pool): remove its own root and those of
+  children that ended without running their hook.
 - `worker_ready`: start the reaper thread (`reaper.py`) unless `job_reap_interval_s`
   is 0; stopped at `worker_shutdown`. It needs no Celery beat, so it runs with every
   broker, the embedded SQLite one included.
@@ -72,3 +74,4 @@ def _on_worker_shutdown(**_: Any) -> None:
     while _reapers:
         _reapers.pop().stop()
     remove_own_scratch()
+    remove_stale_scratch()  # pool children that ended without their own shutdown hook

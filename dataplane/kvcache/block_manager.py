@@ -62,20 +62,17 @@ class BlockManager:
 
     def check_request(self, seq: Sequence, max_tokens: int) -> None:
         """Admission check, before a request is queued: its cache identity is valid
-        (InvalidRequest) and `max_tokens` tokens fit the pool once every other request
-        has ended (KVCapacityError): pages of adapters KV can never take (pinned ones) do
-        not count, so such a request is refused now instead of waiting forever."""
+        (InvalidRequest) and `max_tokens` tokens fit an empty pool (KVCapacityError)."""
         try:
             chain_root(self.abi, seq.adapter_digest, seq.isolation_namespace)
         except InvalidCacheABI as exc:
             raise InvalidRequest(f"request has no valid cache identity: {exc.message}",
                                  request_id=seq.request_id) from exc
         need = self.blocks_for(max_tokens)
-        capacity = self.pool.kv_capacity
-        if need > capacity:
+        if need > self.pool.num_pages:
             raise KVCapacityError("request needs more KV blocks than the pool has",
                                   request_id=seq.request_id, blocks=need,
-                                  pool_pages=self.pool.num_pages, kv_capacity=capacity)
+                                  pool_pages=self.pool.num_pages)
 
     # ----- prefix lookup ----------------------------------------------------------------
     def _chain(self, seq: Sequence, num_blocks: int) -> list[tuple[bytes, bytes]]:

@@ -31,12 +31,6 @@ class PagePool(Protocol):
     def num_pages(self) -> int: ...
 
     @property
-    def kv_capacity(self) -> int:
-        """Most pages KV could ever hold: every page but those of adapters that are never
-        given up for KV (a unified pool's pinned adapters)."""
-        ...
-
-    @property
     def num_free(self) -> int:
         """Pages an allocation can obtain now (a unified pool: free + evictable adapters)."""
         ...
@@ -77,10 +71,6 @@ class FreeListPagePool:
     @property
     def num_pages(self) -> int:
         return self._num_pages
-
-    @property
-    def kv_capacity(self) -> int:
-        return self._num_pages - self._used[PageKind.ADAPTER]
 
     @property
     def num_free(self) -> int:

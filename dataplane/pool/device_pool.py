@@ -135,10 +135,6 @@ class DevicePool:
         self.refresh_host_sources()
         return [r for r in self.residents.values() if r.key != exclude_key and r.txn is None]
 
-    def pinned_pages(self) -> int:
-        """Pages of pinned residencies (never victims while pinned)."""
-        return sum(len(r.pages) for r in self.residents.values() if r.pin_count)
-
     def reclaimable_pages(self, exclude_key: str | None = None) -> int:
         """Pages of the residencies a victim search may take now (`is_eligible`). The
         cheap disqualifiers (references, pins, an open transaction) are checked first, so

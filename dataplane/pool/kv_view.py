@@ -42,14 +42,6 @@ class KvPageView:
         return self.pool.pages.total
 
     @property
-    def kv_capacity(self) -> int:
-        """Every page but those adapters hold that KV growth can never take: pinned ones,
-        or all of them without ``reclaim`` (they come back only when unloaded)."""
-        if not self.reclaim:
-            return self.pool.pages.total - self.pool.pages.counts().adapter
-        return self.pool.pages.total - self.pool.pinned_pages()
-
-    @property
     def num_free(self) -> int:
         """Pages a KV allocation can obtain now (free, plus reclaimable when ``reclaim``)."""
         free = self.pool.pages.num_free

@@ -14,10 +14,10 @@ import uvicorn
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
+from controlplane.app import close_app_resources
 from controlplane.auth.service import create_bootstrap_token
 from controlplane.config import Settings
 from controlplane.db import make_engine, make_session_factory
-from controlplane.worker.context import dispose_worker_context
 
 MAX_RANK = 16
 
@@ -69,8 +69,7 @@ def bootstrap_token(settings: Settings) -> str:
 
 
 def close_app(app: FastAPI) -> None:
-    dispose_worker_context(app.state.celery)
-    app.state.engine.dispose()
+    close_app_resources(app)
 
 
 @dataclass

@@ -4,6 +4,8 @@ revoked token refused on the very next request. Runs on Postgres and SQLite."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from cp_helpers import Api, Assets, setup_namespace
 from test_cp_catalog_flows import publish, push_validated
 
@@ -59,3 +61,51 @@ def test_error_order_and_revocation_at_once(api: Api, assets: Assets) -> None:
     assert _get(api, "acme/aliases/bot", revocable) == (200, "")
     assert api.client.delete(f"/v1/tokens/{token_id['id']}", headers=api.admin).status_code == 200
     assert _get(api, "acme/aliases/bot", revocable) == (401, "UNAUTHENTICATED")
+
+
+def test_reads_survive_connections_the_server_dropped(pg_url: str, tmp_path: Path,
+                                                      assets: Assets) -> None:
+    """The read pools ping nothing on checkout: a pooled connection the server killed
+    (a restart, an idle timeout) fails its statement, and the read is retried once on
+    a fresh connection, so no client sees the drop (the threadpool pool of
+    authentication and the event-loop pool of resolve alike)."""
+    import psycopg
+    from cp_helpers import bootstrap_token, close_app, make_settings
+    from fastapi.testclient import TestClient
+    from sqlalchemy import func, select
+
+    from controlplane.app import create_app
+    from controlplane.kit.async_reads import CompiledRead
+
+    settings = make_settings(pg_url, tmp_path / "var")
+    app = create_app(settings)
+    admin = {"Authorization": f"Bearer {bootstrap_token(settings)}"}
+    try:
+        with TestClient(app) as client:
+            api = Api(app=app, client=client, settings=settings, admin=admin)
+            setup_namespace(api, assets.abi)
+            a = push_validated(api, assets, assets.adapter_a)
+            assert publish(api, "bot", a["id"]).status_code == 201
+            reads = app.state.read_engine
+            held = [reads.connect() for _ in range(2)]  # two connections in the read pool
+            pids = [c.exec_driver_sql("SELECT pg_backend_pid()").scalar() for c in held]
+            for c in held:
+                c.close()
+            # and the event-loop pool's connection (resolve on Postgres)
+            # and every connection of the event-loop pool (resolve on Postgres), which
+            # hands its connections out in turn
+            backend = CompiledRead(select(func.pg_backend_pid().label("pid")))
+            assert client.portal is not None
+            seen = {client.portal.call(app.state.async_reads.fetch_one, backend, {}).pid
+                    for _ in range(20)}
+            assert len(seen) == app.state.async_reads.pool_size()
+            pids += sorted(seen)
+            plain = pg_url.replace("postgresql+psycopg://", "postgresql://")
+            with psycopg.connect(plain, autocommit=True) as conn:
+                for pid in pids:
+                    conn.execute("SELECT pg_terminate_backend(%s)", (pid,))
+            for path in ("/v1/namespaces/acme/aliases/bot", "/v1/namespaces"):
+                r = client.get(path, headers=admin)
+                assert r.status_code == 200, r.text
+    finally:
+        close_app(app)

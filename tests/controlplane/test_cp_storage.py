@@ -12,6 +12,7 @@ import boto3
 import pytest
 from cp_helpers import free_port
 
+from controlplane.app import close_app_resources
 from controlplane.config import Settings
 from controlplane.errors import BadRequest, ForbiddenFile, MissingFile
 from controlplane.storage import (
@@ -131,4 +132,4 @@ def test_readyz_reports_unreachable_storage(s3_endpoint: str, tmp_path: Path,
         make_bucket(s3_endpoint, "no-such-bucket")
         assert TestClient(app).get("/readyz").status_code == 200
     finally:
-        app.state.engine.dispose()
+        close_app_resources(app)

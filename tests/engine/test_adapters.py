@@ -156,28 +156,3 @@ def test_registered_slots_record_their_kernel_local_identity(
     assert engine.adapters.kernel_local[other.slot] != engine.adapters.kernel_local[handle.slot]
     engine.unregister_adapter(handle)
     assert handle.slot not in engine.adapters.kernel_local
-
-
-def test_pages_of_pinned_adapters_are_not_kv_capacity(tiny_llama: Path,
-                                                      tiny_adapters: dict[str, Path]) -> None:
-    """A request that fits the pool only if a pinned adapter's pages were KV is refused at
-    `add_request` (it would otherwise queue forever); the same request fits once the
-    adapter is unregistered, and an evictable adapter's pages do count."""
-    from dataplane.kvcache.errors import KVCapacityError
-
-    engine = _engine(tiny_llama, pages=32)
-    handle = engine.register_adapter(tiny_adapters["all_r8"])
-    pinned = engine.pool.pool.pinned_pages()
-    assert pinned > 0
-    capacity = engine.block_manager.pool.kv_capacity
-    assert capacity == 32 - pinned
-    too_long = SamplingParams(max_tokens=(capacity + 1) * 4 - 3, ignore_eos=True)
-    free = engine.block_manager.num_free_blocks
-    with pytest.raises(KVCapacityError) as refused:
-        engine.add_request("long", [1, 2, 3], too_long, None)
-    assert refused.value.detail["kv_capacity"] == capacity
-    assert not engine.has_unfinished() and engine.block_manager.num_free_blocks == free
-    engine.unregister_adapter(handle)
-    assert engine.block_manager.pool.kv_capacity == 32
-    engine.add_request("long", [1, 2, 3], too_long, None)
-    assert engine.has_unfinished()
