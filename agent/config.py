@@ -10,10 +10,13 @@ Fault injection (`fault_*`) is off by default; tests use it to stop an agent mid
 
 from __future__ import annotations
 
+import json
+import textwrap
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import Field, SecretStr
+from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -145,3 +148,46 @@ class AgentSettings(BaseSettings):
     @property
     def url(self) -> str:
         return self.advertise_url or f"http://{self.host}:{self.port}"
+
+
+def settings_usage(settings: type[BaseSettings] | None = None, width: int = 100) -> str:
+    """`adapterplane agent --help`: every setting as `--name=DEFAULT  description`.
+
+    `settings` is the class described (default `AgentSettings`). The `--name=DEFAULT`
+    column is as wide as its longest entry, so every description starts at one column;
+    a description is joined into one paragraph and wrapped under that column.
+    """
+    fields = (settings or AgentSettings).model_fields
+    heads = {
+        name: f"--{name.replace('_', '-')}={_default_text(info)}" for name, info in fields.items()
+    }
+    column = 2 + max(len(head) for head in heads.values()) + 2
+    lines = [
+        "usage: adapterplane agent [--SETTING=VALUE ...]",
+        "",
+        "settings (environment ADAPTERPLANE_AGENT_<NAME>, or --name=value):",
+    ]
+    for name, info in fields.items():
+        head = f"  {heads[name]}".ljust(column)
+        text = " ".join((info.description or "").split())
+        wrapped = textwrap.wrap(text, max(width - len(head), 40), break_on_hyphens=False)
+        wrapped = wrapped or [""]
+        lines.append((head + wrapped[0]).rstrip())
+        lines += [" " * len(head) + rest for rest in wrapped[1:]]
+    return "\n".join(lines)
+
+
+def _default_text(info: FieldInfo) -> str:
+    """A field's default as typed on the command line; `(required)` when it has none."""
+    if info.is_required():
+        return "(required)"
+    value: Any = info.get_default(call_default_factory=True)
+    if value is None:
+        return "(unset)"
+    if isinstance(value, SecretStr):
+        value = value.get_secret_value() and "(secret)"
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, list | dict):
+        return json.dumps(value)
+    return str(value) or '""'

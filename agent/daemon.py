@@ -38,7 +38,7 @@ from pydantic import ValidationError
 
 from agent.artifacts import ArtifactFetcher
 from agent.catalog import AgentCatalog, parse_desired_state, tenant_policy
-from agent.config import AgentSettings
+from agent.config import AgentSettings, settings_usage
 from agent.engine_factory import agent_engine
 from agent.metrics import AgentMetrics
 from agent.server import ServingContext, create_agent_app
@@ -286,10 +286,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     `argv` accepts `--KEY=VALUE` overrides of any setting (e.g. `--port=8501`).
     """
     if any(a in ("-h", "--help") for a in argv or ()):
-        print("usage: adapterplane agent [--SETTING=VALUE ...]\n\nsettings (environment "
-              "ADAPTERPLANE_AGENT_<NAME>, or --name=value):")
-        for name, info in AgentSettings.model_fields.items():
-            print(f"  --{name.replace('_', '-')}={info.default!s:<24} {info.description or ''}")
+        print(settings_usage())
         return 0
     overrides: dict[str, Any] = {}
     for arg in argv or ():

@@ -2,9 +2,11 @@
 
 `ApiClient` speaks JSON, sends `Authorization: Bearer <token>`, and turns every
 non-2xx answer into an `ApiError` carrying the API's stable `code`; connection
-failures and timeouts become `UNREACHABLE` (exit 7). Responses are returned exactly
-as decoded from the API (dicts/lists), never re-shaped, so `--output json` is
-machine-readable in the API's own schema.
+failures and timeouts become `UNREACHABLE` (exit 7). A URL without `http://` or
+`https://` is a usage error (exit 2) raised before any connection, and a 401 answered to
+a client without a token says how to give one. Responses are returned exactly as decoded
+from the API (dicts/lists), never re-shaped, so `--output json` is machine-readable in
+the API's own schema.
 """
 
 from __future__ import annotations
@@ -13,16 +15,31 @@ import os
 from collections.abc import Mapping
 from types import TracebackType
 from typing import Any
-from urllib.parse import quote
+from urllib.parse import quote, urlsplit
 
 import httpx
 
-from cli.errors import ApiError
+from cli.errors import ApiError, usage_error
 
 DEFAULT_URL = "http://127.0.0.1:8400"
 URL_ENV = "ADAPTERPLANE_URL"
 TOKEN_ENV = "ADAPTERPLANE_TOKEN"
 DEFAULT_TIMEOUT_S = 30.0
+
+
+def control_plane_url(url: str) -> str:
+    """`url` without its trailing `/`; a usage error unless it is an http(s) URL with a host.
+
+    httpx would read `localhost:8400` as scheme `localhost` and fail to connect, which
+    reads as an unreachable server rather than a mistyped URL.
+    """
+    parts = urlsplit(url.strip())
+    if parts.scheme not in ("http", "https") or not parts.netloc:
+        raise usage_error(
+            f"control-plane URL {url!r} needs http:// or https:// and a host "
+            f"(e.g. {DEFAULT_URL}); set it with --url or {URL_ENV}"
+        )
+    return url.strip().rstrip("/")
 
 
 def segment(value: str) -> str:
@@ -46,7 +63,7 @@ class ApiClient:
         timeout: float = DEFAULT_TIMEOUT_S,
         transport: httpx.BaseTransport | None = None,
     ) -> None:
-        self.base_url = (base_url or os.environ.get(URL_ENV) or DEFAULT_URL).rstrip("/")
+        self.base_url = control_plane_url(base_url or os.environ.get(URL_ENV) or DEFAULT_URL)
         self.token = token if token is not None else os.environ.get(TOKEN_ENV)
         headers = {"Accept": "application/json", "User-Agent": "adapterctl/0.1"}
         if self.token:
@@ -101,7 +118,13 @@ class ApiClient:
             raise ApiError("UNREACHABLE", f"cannot reach {self.base_url}: {exc}") from exc
         if response.is_success:
             return response.json() if response.content else None
-        raise _error_from(response)
+        raise _error_from(response, hint=self._auth_hint(response))
+
+    def _auth_hint(self, response: httpx.Response) -> str | None:
+        """How to give a token, for a 401 answered to a client that sent none."""
+        if response.status_code == 401 and not self.token:
+            return f"no token given: pass --token or set {TOKEN_ENV}"
+        return None
 
     def get(self, path: str, *, params: Mapping[str, Any] | None = None) -> Any:
         return self.request("GET", path, params=params)
@@ -134,15 +157,24 @@ class ApiClient:
         return {"items": items, "next_cursor": None}
 
 
-def _error_from(response: httpx.Response) -> ApiError:
-    """Build an ApiError from an error response, tolerating bodies not in our schema."""
+def _error_from(response: httpx.Response, *, hint: str | None = None) -> ApiError:
+    """Build an ApiError from an error response, tolerating bodies not in our schema.
+
+    `hint`, when given, is appended to the message in parentheses.
+    """
     status = response.status_code
     try:
         body = response.json()
     except ValueError:
         body = None
     if isinstance(body, dict) and isinstance(body.get("code"), str):
-        message = body.get("error") or body.get("message") or response.reason_phrase
-        return ApiError(body["code"], str(message), status=status, detail=body.get("detail"))
+        message = str(body.get("error") or body.get("message") or response.reason_phrase)
+        return ApiError(
+            body["code"], _hinted(message, hint), status=status, detail=body.get("detail")
+        )
     text = response.text.strip()[:500] or response.reason_phrase
-    return ApiError(f"HTTP_{status}", text, status=status, detail=body)
+    return ApiError(f"HTTP_{status}", _hinted(text, hint), status=status, detail=body)
+
+
+def _hinted(message: str, hint: str | None) -> str:
+    return f"{message} ({hint})" if hint else message

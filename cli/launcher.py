@@ -32,7 +32,6 @@ app = typer.Typer(
     name="adapterplane",
     help="Adapterplane control plane: migrations, API server, worker, embedded stack, demo.",
     no_args_is_help=True,
-    add_completion=False,
     pretty_exceptions_enable=False,
     context_settings={"help_option_names": ["-h", "--help"]},
 )

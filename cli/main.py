@@ -36,7 +36,6 @@ app = typer.Typer(
     help="Push, validate, publish and roll back LoRA adapters on an Adapterplane control plane.",
     no_args_is_help=True,
     pretty_exceptions_enable=False,
-    add_completion=False,
     context_settings={"help_option_names": ["-h", "--help"]},
 )
 

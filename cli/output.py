@@ -73,7 +73,20 @@ def _cell(value: Any) -> str:
     return str(value)
 
 
-def _table(title: str | None, columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> None:
+def _table(
+    title: str | None,
+    columns: Sequence[str],
+    rows: Sequence[Sequence[Any]],
+    *,
+    empty: str | None = None,
+) -> None:
+    """A rich table on stdout; with no rows and an `empty` note, that note on stderr instead.
+
+    An empty table reads as "nothing happened"; the note says what is absent.
+    """
+    if not rows and empty is not None:
+        note(empty)
+        return
     table = Table(title=title, show_lines=False, header_style="bold")
     for column in columns:
         table.add_column(column, overflow="fold")
@@ -158,6 +171,7 @@ def render_artifacts(page: dict[str, Any]) -> None:
         "artifacts",
         ["id", "state", "digest", "base", "method", "bytes", "rejection", "created"],
         rows,
+        empty="no artifacts",
     )
     _next_cursor(page)
 
@@ -199,7 +213,10 @@ def render_history(page: dict[str, Any]) -> None:
     items = page.get("items", [])
     title = f"history {items[0].get('namespace')}/{items[0].get('alias')}" if items else "history"
     _table(
-        title, ["gen", "action", "artifact", "actor", "reason", "created"], _generation_rows(items)
+        title,
+        ["gen", "action", "artifact", "actor", "reason", "created"],
+        _generation_rows(items),
+        empty="no generations",
     )
     _next_cursor(page)
 
@@ -217,7 +234,12 @@ def render_aliases(page: dict[str, Any]) -> None:
         )
         for g in page.get("items", [])
     ]
-    _table("aliases", ["alias", "gen", "action", "artifact", "base", "hot", "updated"], rows)
+    _table(
+        "aliases",
+        ["alias", "gen", "action", "artifact", "base", "hot", "updated"],
+        rows,
+        empty="no aliases published",
+    )
     _next_cursor(page)
 
 
@@ -238,7 +260,10 @@ def render_bases(page: dict[str, Any]) -> None:
         (b.get("name"), b.get("h_base"), b.get("architecture"), b.get("created_at"))
         for b in page.get("items", [])
     ]
-    _table("bases", ["name", "h_base", "architecture", "created"], rows)
+    _table(
+        "bases", ["name", "h_base", "architecture", "created"], rows,
+        empty="no base models registered",
+    )
     _next_cursor(page)
 
 
@@ -250,7 +275,10 @@ def render_namespaces(page: dict[str, Any]) -> None:
     items = page.get("items", [])
     rows = [(n.get("name"), n.get("id"), n.get("weight"), n.get("priority"), n.get("created_at"))
             for n in items]
-    _table("namespaces", ["name", "id", "weight", "priority", "created"], rows)
+    _table(
+        "namespaces", ["name", "id", "weight", "priority", "created"], rows,
+        empty="no namespaces",
+    )
     _next_cursor(page)
 
 
@@ -282,7 +310,10 @@ def render_audit(page: dict[str, Any]) -> None:
         )
         for e in page.get("items", [])
     ]
-    _table("audit", ["time", "actor", "action", "namespace", "target", "detail"], rows)
+    _table(
+        "audit", ["time", "actor", "action", "namespace", "target", "detail"], rows,
+        empty="no audit events",
+    )
     _next_cursor(page)
 
 
@@ -338,5 +369,6 @@ def render_collections(page: dict[str, Any]) -> None:
         ["id", "name", "state", "digest", "members", "method", "rank", "max rel err",
          "rejection"],
         rows,
+        empty="no collections",
     )
     _next_cursor(page)
