@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections import Counter
 
 from agent.adapter_loading import AdapterLoading
 from agent.catalog import Overloaded, QueueTimeout, ServingError
@@ -30,6 +31,7 @@ class Admission(AdapterLoading):
     """Submit, abort, finish and release of tickets (see module docstring)."""
 
     max_live: int
+    requests_by_digest: Counter[str]
 
     def _submit(self, t: Ticket) -> None:
         waiting = sum(len(r.waiting) for r in self.residents.by_digest.values())
@@ -51,6 +53,7 @@ class Admission(AdapterLoading):
         res = self.residents.get(info.digest) or self.residents.add(info)
         res.refcount += 1
         res.last_use = now
+        self.requests_by_digest[info.digest] += 1
         if res.handle is not None:
             self.events.enqueued(t.request_id, now, t.tenant, Lookup.HIT, res.attempt_id)
             t.residency = "resident"

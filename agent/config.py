@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import textwrap
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal
 
@@ -150,22 +151,26 @@ class AgentSettings(BaseSettings):
         return self.advertise_url or f"http://{self.host}:{self.port}"
 
 
-def settings_usage(settings: type[BaseSettings] | None = None, width: int = 100) -> str:
+def settings_usage(settings: type[BaseSettings] | None = None, width: int = 100,
+                   command: str = "agent") -> str:
     """`adapterplane agent --help`: every setting as `--name=DEFAULT  description`.
 
-    `settings` is the class described (default `AgentSettings`). The `--name=DEFAULT`
+    `settings` is the class described (default `AgentSettings`; `command` names the
+    `adapterplane` command it configures). The `--name=DEFAULT`
     column is as wide as its longest entry, so every description starts at one column;
     a description is joined into one paragraph and wrapped under that column.
     """
-    fields = (settings or AgentSettings).model_fields
+    cls = settings or AgentSettings
+    fields = cls.model_fields
+    prefix = str(cls.model_config.get("env_prefix") or "")
     heads = {
         name: f"--{name.replace('_', '-')}={_default_text(info)}" for name, info in fields.items()
     }
     column = 2 + max(len(head) for head in heads.values()) + 2
     lines = [
-        "usage: adapterplane agent [--SETTING=VALUE ...]",
+        f"usage: adapterplane {command} [--SETTING=VALUE ...]",
         "",
-        "settings (environment ADAPTERPLANE_AGENT_<NAME>, or --name=value):",
+        f"settings (environment {prefix}<NAME>, or --name=value):",
     ]
     for name, info in fields.items():
         head = f"  {heads[name]}".ljust(column)
@@ -191,3 +196,15 @@ def _default_text(info: FieldInfo) -> str:
     if isinstance(value, list | dict):
         return json.dumps(value)
     return str(value) or '""'
+
+
+def setting_overrides(argv: Sequence[str]) -> dict[str, Any]:
+    """`--key=value` arguments as settings overrides (`-` or `_` in keys); exits with a
+    message on anything else."""
+    overrides: dict[str, Any] = {}
+    for arg in argv:
+        key, sep, value = arg.removeprefix("--").partition("=")
+        if not sep:
+            raise SystemExit(f"expected --key=value, got {arg!r}")
+        overrides[key.replace("-", "_")] = value
+    return overrides

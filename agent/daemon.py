@@ -10,9 +10,17 @@ Start-up: load the base model into the engine, start the engine loop, serve HTTP
   (prefetch what placement assigns, reclaim what is no longer named) and hand the
   engine every namespace's scheduling weight and priority class when they changed. A
   publish or a policy change reaches the agent within the control plane's 100 ms check.
-* **heartbeat**: report slot states and load failures every `heartbeat_interval_s`.
-  A 409 STALE_EPOCH (a newer process took over this agent name) stops this process
-  from serving: it turns not-ready and exits.
+* **heartbeat**: report slot states, load failures and load (live requests, requests
+  waiting for a cold load, free KV pages) every `heartbeat_interval_s`. A 409
+  STALE_EPOCH (a newer process took over this agent name) stops this process from
+  serving: it turns not-ready and exits.
+
+Drain: when a heartbeat answer says `drain` (an operator's `adapterctl agents drain`,
+or a preStop hook with this agent's token), `/readyz` answers 503 `draining` (so a
+Kubernetes Service stops sending traffic; routers already skip the agent), requests
+that still reach the agent are served as before, and the heartbeat checks every
+`DRAIN_CHECK_S` so the report that it is `drained` (draining, nothing live or waiting)
+goes out as soon as the last request ends. An answer without `drain` ends draining.
 
 With `tp_degree > 1` the agent is rank 0 of its node's TP group; if a follower rank dies
 the agent exits with status 70 at once (`EXIT_TP_RANK_LOST`) instead of hanging in its
@@ -31,14 +39,14 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 from pydantic import ValidationError
 
 from agent.artifacts import ArtifactFetcher
 from agent.catalog import AgentCatalog, parse_desired_state, tenant_policy
-from agent.config import AgentSettings, settings_usage
+from agent.config import AgentSettings, setting_overrides, settings_usage
 from agent.engine_factory import agent_engine
 from agent.metrics import AgentMetrics
 from agent.server import ServingContext, create_agent_app
@@ -52,6 +60,10 @@ log = logging.getLogger("adapterplane.agent")
 
 EXIT_TP_RANK_LOST = 70
 """Exit status when a tensor-parallel follower rank died (EX_SOFTWARE)."""
+DRAIN_CHECK_S = 0.2
+"""While draining, how often the heartbeat loop checks whether the agent is drained."""
+RATE_WINDOW_S = 30.0
+"""Time constant of the per-adapter request-rate average heartbeats report."""
 
 
 class AgentDaemon:
@@ -61,6 +73,11 @@ class AgentDaemon:
         self.faults = FaultInjector.from_env()
         """`ADAPTERPLANE_FAULTS` (off unless set): pool copy/validate/publish + download."""
         self.engine, self.tp_ranks = agent_engine(settings, self.metrics, self.faults)
+        self._rates_at = time.monotonic()
+        self._rates_seen: dict[str, int] = {}
+        """Admitted requests per digest at the last heartbeat (for `rate`)."""
+        self._rates: dict[str, float] = {}
+        """Smoothed admitted requests/s per digest."""
         abi = self.engine.base_abi
         if abi is None:
             raise RuntimeError("the engine has no base ABI")
@@ -86,7 +103,8 @@ class AgentDaemon:
             max_rank=settings.max_rank, targets=self.targets,
             require_auth=settings.require_auth, max_queue_ms=settings.max_queue_ms,
             max_tokens_limit=settings.max_tokens_limit,
-            state={"ready": False, "agent_id": None, "worker_epoch": None, "name": settings.name})
+            state={"ready": False, "draining": False, "agent_id": None, "worker_epoch": None,
+                   "name": settings.name})
         self.app = create_agent_app(self.ctx)
         self._stop = threading.Event()
         self.ctx.state["lora_fold_rows"] = self.engine.model.lora_fold_rows
@@ -125,7 +143,8 @@ class AgentDaemon:
         return Capabilities(base=self.abi.h_base, dtypes=[s.dtype], max_rank=s.max_rank,
                             targets=sorted(self.targets), adapter_slots=s.max_slots,
                             pool_pages=pool_pages, page_bytes=page_bytes,
-                            kv_reserve_pages=reserve, tp_degree=s.tp_degree)
+                            kv_reserve_pages=reserve, tp_degree=s.tp_degree,
+                            served_model_name=self.ctx.served_model_name)
 
     def register(self) -> None:
         me = self.client.register(RegisterRequest(name=self.settings.name, url=self.settings.url,
@@ -178,29 +197,72 @@ class AgentDaemon:
                 log.exception("sync failed")
                 self._stop.wait(0.5)
 
-    def heartbeat_once(self) -> None:
+    def drained(self) -> bool:
+        """Asked to drain, and no request live in the engine or waiting for a load."""
+        status = self.loop.status
+        waiting = sum(int(s.get("waiting", 0)) for s in status.get("slots", []))
+        return bool(self.ctx.state.get("draining")) and status.get("live", 0) == 0 and (
+            waiting == 0)
+
+    def heartbeat_once(self) -> bool | None:
+        """Send one report; the `drained` it carried (None when not registered yet)."""
         state, status = self.ctx.state, self.loop.status
         if state["agent_id"] is None:
-            return
+            return None
+        slots = self._with_rates(status.get("slots", []), status.get("requests", {}))
+        drained = self.drained()
         try:  # the agent's own report; extra keys (kernel_local) are not part of it
             report = HeartbeatRequest.model_validate({
                 "worker_epoch": state["worker_epoch"], "catalog_version": self.catalog.version,
-                "live_requests": status.get("live", 0), "slots": status.get("slots", []),
-                "load_failures": status.get("load_failures", [])})
+                "live_requests": status.get("live", 0),
+                "waiting_requests": sum(int(s.get("waiting", 0)) for s in slots),
+                "free_pages": status.get("free_pages", 0),
+                "pool_pages": status.get("pool_pages", 0), "drained": drained,
+                "slots": slots, "load_failures": status.get("load_failures", [])})
         except ValidationError as exc:
             raise ControlPlaneError(f"heartbeat report does not fit the contract: {exc}",
                                     422, "VALIDATION_ERROR") from exc
-        self.client.heartbeat(state["agent_id"], report)
+        answer = self.client.heartbeat(state["agent_id"], report)
+        if answer.drain != bool(state.get("draining")):
+            log.info("control plane: %s", "drain" if answer.drain else "drain lifted")
+            state["draining"] = answer.drain
+        return drained
+
+    def _with_rates(self, slots: list[dict[str, Any]], requests: Mapping[str, int]
+                    ) -> list[dict[str, Any]]:
+        """`slots` with each adapter's admitted requests/s, smoothed over
+        :data:`RATE_WINDOW_S` (an exponential moving average), so a short burst does not
+        look like sustained demand to placement's replica count."""
+        now = time.monotonic()
+        elapsed = max(now - self._rates_at, 1e-6)
+        keep = math.exp(-elapsed / RATE_WINDOW_S)
+        seen, smoothed = self._rates_seen, self._rates
+        for digest in set(requests) | set(smoothed):
+            instant = max(0, requests.get(digest, 0) - seen.get(digest, 0)) / elapsed
+            smoothed[digest] = smoothed.get(digest, 0.0) * keep + instant * (1 - keep)
+        self._rates_at, self._rates_seen = now, dict(requests)
+        return [{**s, "rate": round(smoothed.get(str(s.get("artifact_digest")), 0.0), 6)}
+                for s in slots]
 
     def _heartbeat_loop(self) -> None:
-        while not self._stop.wait(self.settings.heartbeat_interval_s):
+        """Every `heartbeat_interval_s`; while draining, also as soon as `drained()`
+        differs from what the last report said (checked every `DRAIN_CHECK_S`)."""
+        interval = self.settings.heartbeat_interval_s
+        due = time.monotonic() + interval
+        sent: bool | None = None
+        while not self._stop.wait(min(DRAIN_CHECK_S, max(0.0, due - time.monotonic()))):
+            if time.monotonic() < due and not (
+                    self.ctx.state.get("draining") and self.drained() != sent):
+                continue
+            due = time.monotonic() + interval
             try:
-                self.heartbeat_once()
+                sent = self.heartbeat_once()
             except ControlPlaneError as exc:
                 if exc.code == "STALE_EPOCH":
                     self._fenced()
                     return
                 log.warning("heartbeat: %s", exc)
+                sent = self.drained()  # retried at the interval, not every check
 
     def _fenced(self) -> None:
         log.error("a newer process registered as %s; this one stops serving",
@@ -288,12 +350,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if any(a in ("-h", "--help") for a in argv or ()):
         print(settings_usage())
         return 0
-    overrides: dict[str, Any] = {}
-    for arg in argv or ():
-        key, sep, value = arg.removeprefix("--").partition("=")
-        if not sep:
-            raise SystemExit(f"expected --key=value, got {arg!r}")
-        overrides[key.replace("-", "_")] = value
+    overrides = setting_overrides(argv or ())
     logging.basicConfig(level=logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s %(message)s")
     # httpx logs every request URL at INFO: presigned download URLs carry their signature

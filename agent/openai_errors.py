@@ -11,9 +11,13 @@ OpenAI clients ignore).
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, Field
+from starlette.responses import JSONResponse
+
+if TYPE_CHECKING:
+    from agent.catalog import ServingError
 
 ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error",
                403: "permission_error", 404: "invalid_request_error",
@@ -25,6 +29,17 @@ ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error",
 def error_type(status: int) -> str:
     """OpenAI's error type for an HTTP status (5xx: server_error)."""
     return ERROR_TYPES.get(status, "server_error" if status >= 500 else "invalid_request_error")
+
+
+def error_response(exc: ServingError) -> JSONResponse:
+    """A refusal as OpenAI's error object; one that says when to retry (429 overloaded,
+    503 queue timeout, no agent available) carries it as `Retry-After` too."""
+    retry = exc.detail.get("retry_after_s")
+    param = exc.detail.get("param")
+    return JSONResponse(error_body(exc.status, exc.code, exc.message,
+                                   param=param if isinstance(param, str) else None,
+                                   detail=exc.detail), status_code=exc.status,
+                        headers=None if retry is None else {"Retry-After": str(retry)})
 
 
 def error_body(status: int, code: str, message: str, *, param: str | None = None,

@@ -44,7 +44,7 @@ from agent.catalog import (
 )
 from agent.metrics import AgentMetrics
 from agent.openai_choices import children, returned
-from agent.openai_errors import ERROR_RESPONSES, error_body
+from agent.openai_errors import ERROR_RESPONSES, error_body, error_response
 from agent.openai_responses import Answer, Echo, stream_events
 from agent.openai_schemas import ChatCompletionRequest, CompletionRequest
 from agent.serving import BadPrompt, EngineLoop, Event, Ticket
@@ -57,8 +57,9 @@ from dataplane.engine.engine import RequestOutput
 CONTROL_PLANE_RETRY_S = 1
 """`Retry-After` of a 503 answered while the control plane cannot be reached."""
 READY: dict[str, Any] = {"type": "object", "required": ["status"],
-                         "properties": {"status": {"enum": ["ready", "not_ready"]}}}
-"""Body of `/readyz`, ready or not."""
+                         "properties": {"status": {"enum": ["ready", "not_ready",
+                                                            "draining"]}}}
+"""Body of `/readyz`: ready (200), not ready yet or shutting down, or draining (503)."""
 DISCONNECT_POLL_S = 0.25
 """How often a waiting non-streaming request checks that its client is still there."""
 
@@ -80,19 +81,7 @@ class ServingContext:
     max_tokens_limit: int | None = None
     """Largest `max_tokens` a request may ask for (None: the model's context)."""
     state: dict[str, Any] = field(default_factory=dict)
-    """agent_id, worker_epoch, ready (set by the daemon)."""
-
-
-def _error(exc: ServingError) -> JSONResponse:
-    """OpenAI's error object (agent/openai_errors.py); a refusal that says when to retry
-    (429 overloaded, 503 queue timeout) carries it as `Retry-After` too."""
-    retry = exc.detail.get("retry_after_s")
-    param = exc.detail.get("param")
-    return JSONResponse(error_body(exc.status, exc.code, exc.message,
-                                   param=param if isinstance(param, str) else None,
-                                   detail=exc.detail),
-                        status_code=exc.status,
-                        headers=None if retry is None else {"Retry-After": str(retry)})
+    """agent_id, worker_epoch, ready, draining (set by the daemon)."""
 
 
 def create_agent_app(ctx: ServingContext) -> FastAPI:
@@ -103,7 +92,7 @@ def create_agent_app(ctx: ServingContext) -> FastAPI:
 
     @app.exception_handler(ServingError)
     async def _serving(_r: Request, exc: ServingError) -> JSONResponse:
-        return _error(exc)
+        return error_response(exc)
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(_r: Request, exc: StarletteHTTPException) -> JSONResponse:
@@ -140,9 +129,13 @@ def create_agent_app(ctx: ServingContext) -> FastAPI:
                                          "content": {"application/json": {"schema": READY}}},
                                    200: {"content": {"application/json": {"schema": READY}}}})
     async def readyz() -> JSONResponse:
-        ready = bool(ctx.state.get("ready"))
-        return JSONResponse({"status": "ready" if ready else "not_ready"},
-                            status_code=200 if ready else 503)
+        # draining (the control plane asked): 503 so a Service stops sending new traffic;
+        # requests that still arrive are served
+        if not ctx.state.get("ready"):
+            return JSONResponse({"status": "not_ready"}, status_code=503)
+        if ctx.state.get("draining"):
+            return JSONResponse({"status": "draining"}, status_code=503)
+        return JSONResponse({"status": "ready"}, status_code=200)
 
     @app.get("/metrics", response_class=PlainTextResponse,
              responses={200: {"description": "Prometheus text exposition format."}})
@@ -369,7 +362,7 @@ async def _serve(ctx: ServingContext, request: Request, model: str,
     if failed is not None:
         abort_all()
         ctx.metrics.rejected.labels(failed.code.lower()).inc()
-        return _error(failed)
+        return error_response(failed)
     answer = Answer(request_id, kind, model, int(time.time()), _binding(gen),
                     _token_text(ctx), show_logprobs=body.top_logprobs_wanted() is not None,
                     echo=_echo(ctx, body, prompts))
@@ -388,7 +381,7 @@ async def _serve(ctx: ServingContext, request: Request, model: str,
             k, event = got
             if isinstance(event, ServingError):
                 abort_all()
-                return _error(event)
+                return error_response(event)
             if event.finished:
                 finals[kids[k].request_id] = event
     except asyncio.CancelledError:  # the client went away: stop generating for it

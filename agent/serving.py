@@ -24,7 +24,7 @@ import logging
 import queue
 import threading
 import time
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -71,6 +71,8 @@ class EngineLoop(Admission, EngineObserver):
         self.failures: deque[dict[str, Any]] = deque(maxlen=32)
         self.load_attempts = load_attempts
         self.cold_reserve_after_s = cold_reserve_after_s
+        self.requests_by_digest: Counter[str] = Counter()
+        """Requests admitted per adapter digest since start (heartbeats report rates)."""
         self.events = EventLedger()
         """The event spine every serving metric advances at (agent/event_ledger.py)."""
         metrics.watch_events(self.events)
@@ -236,13 +238,16 @@ class EngineLoop(Admission, EngineObserver):
                   "attempt_id": r.attempt_id, "attempts": r.attempts}
                  for r in self.residents.by_digest.values()]
         pool = self.engine.pool.gauges()
+        kv = self.engine.block_manager.pool
+        # free_pages / pool_pages: the KV block pool, what the heartbeat's load reports
         self.status = {"slots": slots, "live": len(self._live),
                        "load_failures": list(self.failures), "pool": pool,
+                       "requests": dict(self.requests_by_digest),
+                       "free_pages": kv.num_free, "pool_pages": kv.num_pages,
                        "events": self.events.summary()}
         self._tenant_service = self.engine.tenant_service()
         self._admission = self.engine.admission_counts()
         self.metrics.observe_admission(self._admission, self.engine.queue_wait_estimate())
-        kv = self.engine.block_manager.pool
         registry = self.engine.collections
         if registry.blocks:
             used = sum(len(b) for b in registry.blocks_in_use().values())

@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import httpx
 
@@ -40,6 +40,10 @@ class AgentProcess:
     env: dict[str, str]
     port: int = field(default_factory=free_port)
     proc: subprocess.Popen[bytes] | None = None
+    module: ClassVar[str] = "agent.daemon"
+    """What `python -m` runs."""
+    env_prefix: ClassVar[str] = "ADAPTERPLANE_AGENT_"
+    """Of its settings (HOST, PORT and `start`'s overrides are set under it)."""
 
     @property
     def url(self) -> str:
@@ -48,18 +52,20 @@ class AgentProcess:
     def start(self, overrides: Mapping[str, str] | None = None,
               timeout_s: float = 120.0) -> None:
         """Start and wait for readiness; `overrides` are settings (`{"max_slots": "4"}`)."""
-        env = {**os.environ, **self.env, "ADAPTERPLANE_AGENT_HOST": "127.0.0.1",
-               "ADAPTERPLANE_AGENT_PORT": str(self.port), "PYTHONUNBUFFERED": "1"}
-        env.update({f"ADAPTERPLANE_AGENT_{k.upper()}": v for k, v in (overrides or {}).items()})
+        prefix = self.env_prefix
+        env = {**os.environ, **self.env, f"{prefix}HOST": "127.0.0.1",
+               f"{prefix}PORT": str(self.port), "PYTHONUNBUFFERED": "1"}
+        env.update({f"{prefix}{k.upper()}": v for k, v in (overrides or {}).items()})
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with self.log_path.open("ab") as log:
-            self.proc = subprocess.Popen([sys.executable, "-m", "agent.daemon"], env=env,
+            self.proc = subprocess.Popen([sys.executable, "-m", self.module], env=env,
                                          stdout=log, stderr=subprocess.STDOUT,
                                          stdin=subprocess.DEVNULL, start_new_session=True)
         deadline = time.monotonic() + timeout_s
         while True:
             if self.proc.poll() is not None:
-                raise AgentStartError(f"agent exited {self.proc.returncode}:\n{self.tail()}")
+                raise AgentStartError(f"{self.module} exited {self.proc.returncode}:\n"
+                                      f"{self.tail()}")
             try:
                 if httpx.get(f"{self.url}/readyz", timeout=1.0).status_code == 200:
                     return
@@ -67,7 +73,8 @@ class AgentProcess:
                 pass
             if time.monotonic() > deadline:
                 self.stop()
-                raise AgentStartError(f"agent not ready after {timeout_s:g}s:\n{self.tail()}")
+                raise AgentStartError(f"{self.module} not ready after {timeout_s:g}s:\n"
+                                      f"{self.tail()}")
             time.sleep(0.2)
 
     @property

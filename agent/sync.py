@@ -153,6 +153,14 @@ class ControlPlaneClient:
             return None
         return _answer(response, DesiredAlias, "pinned generation")
 
+    def cached_read(self, token: str, namespace: str) -> int | None:
+        """The fresh cached answer of :meth:`can_read`, None when it must ask (lets an
+        event loop skip the thread hop on the hot path)."""
+        key = (hashlib.sha256(token.encode()).hexdigest(), namespace)
+        with self._lock:
+            hit = self._auth_cache.get(key)
+        return hit[1] if hit is not None and hit[0] > time.monotonic() else None
+
     def can_read(self, token: str, namespace: str) -> int:
         """HTTP status of the read check: 200 allowed, 401 bad token, 403 no scope."""
         key = (hashlib.sha256(token.encode()).hexdigest(), namespace)

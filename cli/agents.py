@@ -1,14 +1,21 @@
-"""`adapterctl agents [list]|show|unbind`: registered agents, their liveness and resident
-adapters; `unbind` releases a name from the token bound to it.
+"""`adapterctl agents [list]|show|unbind|drain|undrain`: registered agents, their state,
+load and resident adapters; `unbind` releases a name from the token bound to it; `drain`
+asks an agent to take no new requests (`--wait`: until its in-flight ones finished) and
+`undrain` lifts that.
 
-Reads `GET /v1/agents` and `GET /v1/agents/{id}` (global read). `state` is the control
-plane's: `live` when the agent was heard from within the placement liveness window,
-else `stale`. Resident adapters are the slots the agent's last heartbeat reported in
-state `active` or `idle`; `loading` and `retiring` slots are shown by `show` only.
+Reads `GET /v1/agents` and `GET /v1/agents/{id}` (global read); a name is resolved with
+`GET /v1/agents?name=NAME`. `state` is the control plane's: `live` when the agent was
+heard from within the placement liveness window, `draining` when asked to drain with
+requests still in flight, `drained` when its last heartbeat said nothing is left, else
+`stale`. Load is the last heartbeat's: live requests (in the engine), requests waiting
+for a cold adapter load, free KV pages of the pool. Resident adapters are the slots the
+agent's last heartbeat reported in state `active` or `idle`; `loading` and `retiring`
+slots are shown by `show` only.
 """
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import typer
@@ -16,29 +23,42 @@ from rich.table import Table
 
 from cli import output
 from cli.client import ApiClient
-from cli.errors import CliError, ExitCode
+from cli.context import current
+from cli.errors import ApiError, CliError, ExitCode
 from cli.invoke import call_and_emit
 
-app = typer.Typer(help="List agents: state, last heartbeat, resident adapters.",
-                  invoke_without_command=True)
+app = typer.Typer(help="List agents: state, load, last heartbeat, resident adapters; "
+                  "drain and undrain them.", invoke_without_command=True)
 
 RESIDENT = ("active", "idle")
+DEFAULT_DRAIN_TIMEOUT_S = 300.0
+DRAIN_POLL_S = 0.25
 
 
 def resident(agent: dict[str, Any]) -> list[dict[str, Any]]:
     return [s for s in agent.get("slots") or [] if s.get("state") in RESIDENT]
 
 
+def load_text(agent: dict[str, Any]) -> str:
+    """`2 live, 1 waiting, 180/256 free` from the agent's last reported load."""
+    load = agent.get("load") or {}
+    text = f"{load.get('live_requests', 0)} live, {load.get('waiting_requests', 0)} waiting"
+    if load.get("pool_pages"):
+        text += f", {load.get('free_pages', 0)}/{load['pool_pages']} free"
+    return text
+
+
 def render_agents(agents: list[dict[str, Any]]) -> None:
     table = Table(title="agents", header_style="bold")
-    for column in ("id", "name", "state", "last heartbeat", "epoch", "catalog", "resident",
-                   "url"):
+    for column in ("id", "name", "state", "load", "last heartbeat", "epoch", "catalog",
+                   "resident", "url"):
         table.add_column(column, overflow="fold")
     for a in agents:
         digests = ", ".join(output.short(s.get("artifact_digest")) for s in resident(a))
         table.add_row(str(a.get("id")), str(a.get("name")), str(a.get("state", "-")),
-                      str(a.get("last_heartbeat_at") or "never"), str(a.get("worker_epoch")),
-                      str(a.get("catalog_version")), digests or "-", str(a.get("url")))
+                      load_text(a), str(a.get("last_heartbeat_at") or "never"),
+                      str(a.get("worker_epoch")), str(a.get("catalog_version")),
+                      digests or "-", str(a.get("url")))
     output.stdout_console().print(table)
 
 
@@ -48,8 +68,9 @@ def render_agent(agent: dict[str, Any]) -> None:
     head.add_column("field", style="bold")
     head.add_column("value", overflow="fold")
     for key in ("id", "state", "url", "base", "worker_epoch", "registered_at",
-                "last_heartbeat_at", "catalog_version"):
+                "last_heartbeat_at", "catalog_version", "drain", "drained"):
         head.add_row(key, str(agent.get(key) if agent.get(key) is not None else "-"))
+    head.add_row("load", load_text(agent))
     head.add_row("capabilities", ", ".join(f"{k}={v}" for k, v in sorted(caps.items())))
     console = output.stdout_console()
     console.print(head)
@@ -69,13 +90,41 @@ def render_agent(agent: dict[str, Any]) -> None:
 
 
 def find_agent(client: ApiClient, ref: str) -> Any:
-    """`ref` is an agent id or a name."""
+    """`ref` is an agent id or a name (resolved with `GET /v1/agents?name=`)."""
     if ref.isdigit():
         return client.get(f"/v1/agents/{int(ref)}")
-    for agent in client.get("/v1/agents"):
+    for agent in client.get("/v1/agents", params={"name": ref}):
         if agent.get("name") == ref:
             return agent
     raise CliError("NOT_FOUND", f"no agent named {ref!r}", exit_code=ExitCode.NOT_FOUND)
+
+
+def wait_drained(client: ApiClient, agent: dict[str, Any], *, timeout_s: float,
+                 poll_s: float = DRAIN_POLL_S) -> dict[str, Any]:
+    """Poll `GET /v1/agents/{id}` until the agent is `drained`, or the drained process is
+    gone (`stale`: no heartbeat within the liveness window; a new worker epoch: another
+    process registered; or no longer registered): nothing left to wait for. Raises
+    `CliError(WAIT_TIMEOUT)` (exit 9) after `timeout_s`, `CliError(INVALID_STATE)`
+    (exit 4) when the drain was lifted meanwhile."""
+    deadline = time.monotonic() + timeout_s
+    epoch = agent.get("worker_epoch")
+    while True:
+        if agent.get("drained") or agent.get("state") in ("drained", "stale") or (
+                agent.get("worker_epoch") != epoch):
+            return agent
+        if not agent.get("drain"):
+            raise CliError("INVALID_STATE", f"agent {agent.get('name')!r} is no longer "
+                           "draining (undrained meanwhile)", detail={"agent": agent})
+        if time.monotonic() + poll_s > deadline:
+            raise CliError("WAIT_TIMEOUT", f"agent {agent.get('name')!r} still draining after "
+                           f"{timeout_s:g}s ({load_text(agent)})", detail={"agent": agent})
+        time.sleep(poll_s)
+        try:
+            agent = client.get(f"/v1/agents/{agent['id']}")
+        except ApiError as exc:
+            if exc.code == "NOT_FOUND":
+                return agent
+            raise
 
 
 @app.callback()
@@ -105,3 +154,34 @@ def unbind_command(ctx: typer.Context,
     that registers the name owns it."""
     call_and_emit(ctx, render_agent, lambda client: client.post(
         f"/v1/agents/{find_agent(client, ref)['id']}/unbind"))
+
+
+@app.command("drain")
+def drain_command(
+    ctx: typer.Context,
+    ref: str = typer.Argument(..., metavar="NAME_OR_ID", help="Agent name or id."),
+    wait: bool = typer.Option(False, "--wait", help="Wait until the agent has no request "
+                              "in flight (drained) or is gone."),
+    timeout: float = typer.Option(DEFAULT_DRAIN_TIMEOUT_S, "--timeout",
+                                  help="Seconds to wait with --wait (then exit 9)."),
+) -> None:
+    """Ask an agent to drain (admin on '*' or the agent's own token): routers and its
+    readiness probe stop sending it new requests; in-flight ones finish."""
+    cli = current(ctx)
+    with cli.client() as client:
+        agent = client.post(f"/v1/agents/{find_agent(client, ref)['id']}/drain")
+        if wait:
+            output.note(f"draining agent {agent.get('name')}; waiting for its requests")
+            agent = wait_drained(client, agent, timeout_s=timeout)
+    output.emit(cli, agent, render_agent)
+
+
+@app.command("undrain")
+def undrain_command(
+    ctx: typer.Context,
+    ref: str = typer.Argument(..., metavar="NAME_OR_ID", help="Agent name or id."),
+) -> None:
+    """Lift a drain (admin on '*' or the agent's own token): the agent takes new
+    requests again."""
+    call_and_emit(ctx, render_agent, lambda client: client.post(
+        f"/v1/agents/{find_agent(client, ref)['id']}/undrain"))

@@ -40,6 +40,7 @@ from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings
 
 from agent.config import AgentSettings
+from agent.router.config import RouterSettings
 from controlplane.config import Settings
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -67,6 +68,11 @@ SECTIONS = (
         "Read by `adapterplane agent` / `python -m agent.daemon`. Every setting can also be "
         "given as an argument, `--<field>=<value>` with `-` or `_` (`--max-slots=16`), "
         "which wins over the environment; `adapterplane agent --help` lists them."),
+    Section(
+        "Router", RouterSettings,
+        "Read by `adapterplane router` (the fleet's OpenAI-compatible front door). "
+        "Settings can also be given as `--<field>=<value>` arguments; `adapterplane router "
+        "--help` lists them."),
 )
 
 

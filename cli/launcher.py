@@ -149,6 +149,17 @@ def agent_command(ctx: typer.Context) -> None:
     raise typer.Exit(agent_main(ctx.args))
 
 
+@app.command("router", context_settings={"allow_extra_args": True,
+                                         "ignore_unknown_options": True,
+                                         "help_option_names": []})
+def router_command(ctx: typer.Context) -> None:
+    """The fleet's OpenAI-compatible front door (settings: ADAPTERPLANE_ROUTER_* or
+    --name=value; --help lists them)."""
+    from agent.router.server import main as router_main
+
+    raise typer.Exit(router_main(ctx.args))
+
+
 @app.command("bootstrap-token")
 def bootstrap_token_command(
     name: str = typer.Option("admin", "--name"),

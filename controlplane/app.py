@@ -35,6 +35,7 @@ from controlplane.collections.endpoints import router as collections_router
 from controlplane.config import Settings
 from controlplane.db import make_engine, make_session_factory
 from controlplane.errors import ERROR_RESPONSES, AdapterplaneError, ErrorBody
+from controlplane.fleet.endpoints import router as fleet_router
 from controlplane.health.endpoints import router as health_router
 from controlplane.kit.async_reads import AsyncReads
 from controlplane.kit.body_limit import BodyLimitMiddleware
@@ -120,7 +121,8 @@ def create_app(settings: Settings | None = None, *, process_scratch: bool = Fals
     app.include_router(health_router)
     # the catalog first: routes are matched in order, and resolve is the hot path
     for router in (catalog_router, bases_router, namespaces_router, artifacts_router,
-                   collections_router, audit_router, tokens_router, agents_router):
+                   collections_router, audit_router, tokens_router, agents_router,
+                   fleet_router):
         app.include_router(router, responses=ERROR_RESPONSES)
     _install_error_handlers(app)
     return app

@@ -50,6 +50,9 @@ class Capabilities(BaseModel):
     page_bytes: int = Field(ge=1)
     kv_reserve_pages: int = Field(ge=0, description="Pages placement must leave for KV.")
     tp_degree: int = Field(default=1, ge=1)
+    served_model_name: str | None = Field(
+        default=None, max_length=200,
+        description="The name requests use for the bare base model on this agent.")
 
 
 class RegisterRequest(BaseModel):
@@ -73,6 +76,9 @@ class SlotReport(BaseModel):
     waiting: int = 0
     collection: str | None = Field(default=None, pattern=HEX64)
     """H_collection when the slot serves its artifact from a collection's shared bases."""
+    rate: float = Field(default=0.0, ge=0, le=1e9)
+    """Requests/s admitted for this adapter since the agent's previous heartbeat
+    (placement gives an adapter drawing more than the fleet-average share more replicas)."""
 
 
 class LoadFailureReport(BaseModel):
@@ -82,6 +88,18 @@ class LoadFailureReport(BaseModel):
     error: str
     stage: str
     at: float
+
+
+class AgentLoad(BaseModel):
+    """How busy an agent is, from its last heartbeat (what routers balance on)."""
+
+    live_requests: int = Field(default=0, ge=0, le=INT32,
+                               description="Requests admitted to the engine, running or queued.")
+    waiting_requests: int = Field(default=0, ge=0, le=INT32,
+                                  description="Requests waiting for a cold adapter load.")
+    free_pages: int = Field(default=0, ge=0, le=INT32,
+                            description="Unified-pool pages free for KV.")
+    pool_pages: int = Field(default=0, ge=0, le=INT32)
 
 
 class AgentOut(BaseModel):
@@ -99,8 +117,16 @@ class AgentOut(BaseModel):
     catalog_version: int
     slots: list[SlotReport]
     load_failures: list[LoadFailureReport]
+    load: AgentLoad = Field(default_factory=AgentLoad,
+                            description="The agent's last reported load.")
+    drain: bool = Field(default=False, description="An operator asked the agent to drain: "
+                        "routers send it no new requests.")
+    drained: bool = Field(default=False, description="Draining and nothing left in flight "
+                          "(the agent's last heartbeat said so).")
     state: str = Field(description="live: heard from (registration or heartbeat) within the "
-                       "liveness window placement uses (60 s); stale: not.")
+                       "liveness window placement uses (60 s); draining: live, asked to "
+                       "drain, requests still in flight; drained: live, drained, idle; "
+                       "stale: not heard from within the window.")
 
 
 # ---- heartbeat --------------------------------------------------------------------------
@@ -112,6 +138,11 @@ class HeartbeatRequest(BaseModel):
     worker_epoch: int = Field(ge=1, le=INT32)
     catalog_version: int = Field(ge=0, le=INT32)
     live_requests: int = Field(default=0, ge=0, le=INT32)
+    waiting_requests: int = Field(default=0, ge=0, le=INT32)
+    free_pages: int = Field(default=0, ge=0, le=INT32)
+    pool_pages: int = Field(default=0, ge=0, le=INT32)
+    drained: bool = Field(default=False, description="The agent was told to drain and has "
+                          "nothing left in flight.")
     slots: list[SlotReport] = Field(default_factory=list, max_length=4096)
     load_failures: list[LoadFailureReport] = Field(default_factory=list, max_length=256)
 
@@ -119,6 +150,7 @@ class HeartbeatRequest(BaseModel):
 class HeartbeatOut(BaseModel):
     worker_epoch: int
     catalog_version: int
+    drain: bool = Field(default=False, description="An operator asked this agent to drain.")
 
 
 class AuthorizeOut(BaseModel):
@@ -225,3 +257,59 @@ class DesiredState(BaseModel):
     tenants: list[TenantPolicy] = Field(default_factory=list, description="Every "
                                         "namespace's scheduling policy (by name).")
     aliases: list[DesiredAlias]
+
+
+# ---- fleet routing ----------------------------------------------------------------------
+
+
+class RouteAlias(BaseModel):
+    """An alias's current generation, as a router resolves it at admission."""
+
+    namespace: str
+    alias: str
+    current_generation: int
+    digest: str | None = Field(description="H_artifact of the current generation; None when "
+                               "the alias is retired (requests for it are 410).")
+    base: str = Field(description="H_base the alias's adapters are trained on.")
+    rank: int = Field(default=0, description="The adapter's largest module rank.")
+    roles: list[str] = Field(default_factory=list, description="Target roles it adapts.")
+    nbytes: int = Field(default=0, description="The adapter's tensor bytes.")
+    hot: bool = False
+
+
+class RouteAgent(BaseModel):
+    """An agent as routers see it: where it is, what it can serve, what it holds, how busy
+    it is and whether it takes new requests."""
+
+    id: int
+    name: str
+    url: str
+    base: str
+    served_model_name: str | None = None
+    max_rank: int
+    targets: list[str]
+    worker_epoch: int
+    heartbeat_age_s: float = Field(description="Seconds since its last heartbeat (or "
+                                   "registration).")
+    drain: bool
+    drained: bool
+    resident: list[str] = Field(description="Artifact digests in its pool (active, idle, "
+                                "retiring or cached) at its last heartbeat.")
+    arriving: list[str] = Field(default_factory=list, description="Artifact digests on "
+                                "their way there: loading at its last heartbeat, or assigned "
+                                "to it by placement now and not resident yet.")
+    load: AgentLoad
+
+
+class RoutingState(BaseModel):
+    """`GET /v1/fleet/routing`: what a router needs to admit and route requests.
+
+    `aliases` is None when the caller's `since` equals `version` (nothing in the catalog
+    changed; keep the replica); otherwise every alias. `agents` is always complete.
+    """
+
+    version: int = Field(description="The catalog change counter the aliases are complete at.")
+    lease_s: float = Field(description="An agent whose heartbeat is older than this is not "
+                           "routed to.")
+    aliases: list[RouteAlias] | None
+    agents: list[RouteAgent]

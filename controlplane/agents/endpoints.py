@@ -16,6 +16,12 @@ it, only the catalog version is waited on).
 An agent name is bound to the token that registered it (`register` in service.py):
 register, heartbeat and desired state under another agent's name are refused.
 
+`POST /v1/agents/{id}/drain` and `/undrain` (admin on `*`, or the agent's own bound
+token, so a Kubernetes preStop hook holding the agent's credential can drain it) set the
+drain flag routers obey; the agent hears it in its next heartbeat answer, turns its
+`/readyz` 503 and reports `drained` once nothing is in flight. `GET /v1/agents?name=N`
+lists the one agent of that name (or none), how the CLI resolves a name.
+
 `GET /v1/agents/authorize?namespace=NS` is called by agents *with a client's token*:
 200 when that token may read NS, 401/403 otherwise.
 
@@ -42,11 +48,13 @@ from controlplane.agents.service import (
     pinned_generation,
     register,
     require_bound,
+    set_drain,
     unbind,
 )
 from controlplane.auth.dependencies import CurrentPrincipal
 from controlplane.auth.scopes import Principal, Role
 from controlplane.contracts import (
+    AgentLoad,
     AgentOut,
     AuthorizeOut,
     DesiredAlias,
@@ -85,7 +93,8 @@ def agent_out(a: Agent) -> AgentOut:
         "capabilities": a.capabilities, "worker_epoch": a.worker_epoch,
         "registered_at": a.registered_at, "last_heartbeat_at": a.last_heartbeat_at,
         "catalog_version": a.catalog_version, "slots": a.slots,
-        "load_failures": a.load_failures, "state": agent_state(a)})
+        "load_failures": a.load_failures, "load": AgentLoad.model_validate(a.load or {}),
+        "drain": a.drain, "drained": a.drained, "state": agent_state(a)})
 
 
 @router.post("/register", status_code=status.HTTP_201_CREATED, response_model=AgentOut)
@@ -107,10 +116,18 @@ def authorize(namespace: Annotated[str, Query(max_length=63)],
 
 
 @router.get("", response_model=list[AgentOut])
-def list_agents(principal: CurrentPrincipal, session: SessionDep) -> list[AgentOut]:
+def list_agents(principal: CurrentPrincipal, session: SessionDep,
+                name: Annotated[str | None, Query(max_length=200, description=(
+                    "Only the agent of this exact name (an empty list when none)."))] = None,
+                ) -> list[AgentOut]:
+    """Every registered agent (global read; agent tokens have it), or with `name` the
+    one of that name."""
     principal.require_global(Role.READ)
     repo = AgentRepository(session)
-    return [agent_out(a) for a in repo.session.scalars(repo.select().order_by(Agent.id))]
+    query = repo.select().order_by(Agent.id)
+    if name is not None:
+        query = query.where(Agent.name == name)
+    return [agent_out(a) for a in repo.session.scalars(query)]
 
 
 @router.get("/{agent_id}", response_model=AgentOut)
@@ -128,14 +145,33 @@ def unbind_agent(agent_id: AgentId, principal: CurrentPrincipal,
     return agent_out(unbind(session, agent_id, principal.actor))
 
 
+@router.post("/{agent_id}/drain", response_model=AgentOut)
+def drain_agent(agent_id: AgentId, principal: CurrentPrincipal,
+                session: SessionDep) -> AgentOut:
+    """Ask the agent to drain (admin on `*` or the agent's own token; audited,
+    idempotent): routers send it no new requests, placement moves its adapters
+    elsewhere, and the agent reports `drained` once its in-flight requests finished."""
+    return agent_out(set_drain(session, agent_id, True, principal))
+
+
+@router.post("/{agent_id}/undrain", response_model=AgentOut)
+def undrain_agent(agent_id: AgentId, principal: CurrentPrincipal,
+                  session: SessionDep) -> AgentOut:
+    """Lift a drain (admin on `*` or the agent's own token; audited, idempotent): the
+    agent takes new requests again; `drained` is cleared."""
+    return agent_out(set_drain(session, agent_id, False, principal))
+
+
 @router.post("/{agent_id}/heartbeat", response_model=HeartbeatOut)
 def post_heartbeat(agent_id: AgentId, body: HeartbeatRequest, principal: CurrentPrincipal,
                    session: SessionDep) -> HeartbeatOut:
-    """Slot and load-failure report; 409 STALE_EPOCH from a superseded process."""
+    """Slot, load-failure and load report; 409 STALE_EPOCH from a superseded process.
+    The answer's `drain` says whether the agent should drain."""
     _require_agent(principal)
     agent = heartbeat(session, agent_id, body, principal)
     version = AgentRepository(session).catalog_version()
-    return HeartbeatOut(worker_epoch=agent.worker_epoch, catalog_version=version)
+    return HeartbeatOut(worker_epoch=agent.worker_epoch, catalog_version=version,
+                        drain=agent.drain)
 
 
 @router.get("/{agent_id}/generation", response_model=DesiredAlias)

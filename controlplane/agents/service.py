@@ -6,7 +6,14 @@
   registration is 409 AGENT_NAME_BOUND unless the bound token was revoked (rotation:
   issue a new token, revoke the old one, restart the agent) or an admin on `*` unbound
   the name (`unbind`, audited). Heartbeats and desired state need the bound token.
-* `heartbeat`: replaces the agent's slot and load-failure report.
+  A registration is a new process: it clears `drain` and `drained` (a restarted agent
+  joins serving again; drain it again if it should not).
+* `heartbeat`: replaces the agent's slot, load-failure and load report (and `drained`,
+  kept only while `drain` is set); the answer's `drain` tells the agent to drain.
+* `set_drain`: an operator's (or the agent's own preStop hook's) drain / undrain,
+  audited and idempotent. Routers send a draining agent no new requests; placement
+  stops counting it for the *other* agents (its adapters are placed elsewhere) and
+  gives it nothing new itself (its prefetch keeps only what it holds).
 * `desired_state`: every alias of the agent's base with its recent generations and the
   files to fetch (file:// or presigned URLs), plus `prefetch` from placement
   (controlplane/placement). `version` is the catalog change counter: long-polls
@@ -24,6 +31,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import replace
 from datetime import timedelta
 from typing import Any
 
@@ -34,6 +42,7 @@ from controlplane.agents.repository import AgentRepository
 from controlplane.audit.service import record_audit
 from controlplane.auth.scopes import Principal, Role
 from controlplane.contracts import (
+    AgentLoad,
     DesiredAlias,
     DesiredArtifact,
     DesiredCollection,
@@ -58,7 +67,12 @@ from controlplane.models import (
 )
 from controlplane.models.agent import Agent
 from controlplane.namespaces.service import tenants_version
-from controlplane.placement.policy import AdapterDemand, capacity_from_record, place
+from controlplane.placement.policy import (
+    AdapterDemand,
+    capacity_from_record,
+    place,
+    replica_targets,
+)
 from controlplane.storage import ObjectStore
 from controlplane.storage.urls import URL_TTL_S, object_url
 
@@ -79,7 +93,10 @@ class AgentNameBound(AdapterplaneError):
 
 
 def register(session: Session, body: RegisterRequest, principal: Principal) -> Agent:
-    """Create or re-register `body.name` with a fresh worker epoch. Commits."""
+    """Create or re-register `body.name` with a fresh worker epoch. Commits.
+
+    A registration is a new process of the agent: its last load report is dropped and
+    `drain`/`drained` are cleared, so a restarted agent joins serving."""
     begin_write(session)
     repo = AgentRepository(session)
     caps = body.capabilities.model_dump()
@@ -88,8 +105,9 @@ def register(session: Session, body: RegisterRequest, principal: Principal) -> A
     if agent is None:
         agent = repo.add(Agent(name=body.name, url=body.url, h_base=body.capabilities.base,
                                capabilities=caps, worker_epoch=1, registered_at=now, slots=[],
-                               load_failures=[], catalog_version=0,
-                               registered_by=principal.actor, token_id=principal.token_id))
+                               load_failures=[], catalog_version=0, load={}, drain=False,
+                               drained=False, registered_by=principal.actor,
+                               token_id=principal.token_id))
     else:
         if not _bound_to(session, agent, principal):
             raise AgentNameBound(
@@ -100,6 +118,7 @@ def register(session: Session, body: RegisterRequest, principal: Principal) -> A
         agent.url, agent.h_base, agent.capabilities = body.url, body.capabilities.base, caps
         agent.registered_at, agent.slots, agent.load_failures = now, [], []
         agent.last_heartbeat_at, agent.catalog_version = None, 0
+        agent.load, agent.drain, agent.drained = {}, False, False
         agent.registered_by, agent.token_id = principal.actor, principal.token_id
     record_audit(session, actor=principal.actor, action="agent.register", namespace=None,
                  target=f"agent:{body.name}",
@@ -160,8 +179,41 @@ def heartbeat(session: Session, agent_id: int, body: HeartbeatRequest,
     agent.catalog_version = body.catalog_version
     agent.slots = [s.model_dump() for s in body.slots]
     agent.load_failures = [f.model_dump() for f in body.load_failures]
+    agent.load = AgentLoad(live_requests=body.live_requests,
+                           waiting_requests=body.waiting_requests, free_pages=body.free_pages,
+                           pool_pages=body.pool_pages).model_dump()
+    # a report of a drain the operator has since lifted means nothing
+    agent.drained = body.drained and agent.drain
     session.commit()
     return agent
+
+
+def set_drain(session: Session, agent_id: int, drain: bool, principal: Principal) -> Agent:
+    """Drain (`drain=True`) or undrain an agent: admin on `*` or the agent's own bound
+    token. Idempotent (draining a draining agent changes nothing, but is audited like
+    any other call); undrain also clears `drained`. Commits."""
+    begin_write(session)
+    agent = get_agent(session, agent_id)
+    _require_admin_or_own(agent, principal)
+    was = agent.drain
+    agent.drain = drain
+    if not (drain and was):  # undrained, or a new drain the agent has yet to report on
+        agent.drained = False
+    record_audit(session, actor=principal.actor,
+                 action="agent.drain" if drain else "agent.undrain", namespace=None,
+                 target=f"agent:{agent.name}", detail={"was_draining": was})
+    session.commit()
+    return agent
+
+
+def _require_admin_or_own(agent: Agent, principal: Principal) -> None:
+    """403 unless `principal` is an admin on `*` or the agent token bound to `agent`
+    (not merely any agent token while the name is unbound)."""
+    if principal.can_global(Role.ADMIN) or agent.token_id == principal.token_id:
+        return
+    raise Forbidden(f"draining agent {agent.name!r} needs admin on '*' or its own token",
+                    detail={"agent": agent.name, "required": "admin on '*' or the agent's "
+                            "token"})
 
 
 def _files(store: ObjectStore, files: Mapping[str, Any]) -> dict[str, DesiredFile]:
@@ -227,7 +279,10 @@ def desired_state(session: Session, store: ObjectStore, agent: Agent,
             demands.append(demand)
     links = _collection_links(session, {g.artifact.id for _, gens in to_send for g in gens
                                         if g.artifact is not None})
-    placed = place(demands, _live_capacities(repo, agent)).get(agent.id, frozenset())
+    placed = place(with_replicas(demands, _live_agents(repo, agent)),
+                   _live_capacities(repo, agent)).get(agent.id, frozenset())
+    if agent.drain:  # leaving: keep what it holds, prefetch nothing new
+        placed = placed & holds(agent)
     items = [DesiredAlias(namespace=alias.namespace.name, alias=alias.name,
                           current_generation=alias.current_generation,
                           generations=[_generation_doc(store, g, links) for g in gens],
@@ -284,20 +339,50 @@ def _generation_doc(store: ObjectStore, g: CatalogGeneration,
 
 
 def agent_state(agent: Agent) -> str:
-    """`live` when heard from within :data:`LIVE_WINDOW` (what placement counts), else
-    `stale`."""
+    """`stale` when not heard from within :data:`LIVE_WINDOW` (placement does not count
+    it); otherwise `drained` (asked to drain, and its last heartbeat said nothing is left
+    in flight), `draining` (asked to drain) or `live`."""
     seen = agent.last_heartbeat_at or agent.registered_at
-    return "live" if seen >= utcnow() - LIVE_WINDOW else "stale"
+    if seen < utcnow() - LIVE_WINDOW:
+        return "stale"
+    if agent.drain:
+        return "drained" if agent.drained else "draining"
+    return "live"
+
+
+def _live_agents(repo: AgentRepository, me: Agent) -> list[Agent]:
+    """The agents placement counts for `me`'s desired state: `me`, and every other agent
+    of its base heard from within :data:`LIVE_WINDOW` that is not draining (a draining
+    agent is leaving: its adapters are placed elsewhere). `desired_state` narrows a
+    draining `me`'s own placement to what it holds."""
+    cutoff = utcnow() - LIVE_WINDOW
+    return [a for a in repo.for_base(me.h_base)
+            if a.id == me.id or ((a.last_heartbeat_at or a.registered_at) >= cutoff
+                                 and not a.drain)]
 
 
 def _live_capacities(repo: AgentRepository, me: Agent) -> list[Any]:
-    cutoff = utcnow() - LIVE_WINDOW
-    caps = []
-    for a in repo.for_base(me.h_base):
-        seen = a.last_heartbeat_at or a.registered_at
-        if a.id != me.id and seen < cutoff:
-            continue
-        holds = [str(s.get("artifact_digest")) for s in a.slots
-                 if s.get("state") in ("active", "idle")]
-        caps.append(capacity_from_record(a.id, a.h_base, a.capabilities, holds))
-    return caps
+    return [capacity_from_record(a.id, a.h_base, a.capabilities, sorted(holds(a)))
+            for a in _live_agents(repo, me)]
+
+
+def with_replicas(demands: list[AdapterDemand], agents: list[Agent]) -> list[AdapterDemand]:
+    """`demands` with the copies each wants from the request rates `agents` reported
+    (the sum over their slot reports' `rate`; placement/policy.py `replica_targets`)."""
+    rates: dict[str, float] = {}
+    for a in agents:
+        for slot in a.slots:
+            rate = slot.get("rate") or 0.0
+            if rate > 0:
+                digest = str(slot.get("artifact_digest"))
+                rates[digest] = rates.get(digest, 0.0) + float(rate)
+    targets = replica_targets(rates, len(agents))
+    return [replace(d, replicas=targets.get(d.digest)) for d in demands]
+
+
+def holds(agent: Agent) -> frozenset[str]:
+    """Digests the agent's last heartbeat reported resident (active or idle) or loading: a
+    load under way is the agent's to keep, so placement does not move it elsewhere (and
+    start a second load) while it runs."""
+    return frozenset(str(s.get("artifact_digest")) for s in agent.slots
+                     if s.get("state") in ("loading", "active", "idle"))

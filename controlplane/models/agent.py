@@ -4,7 +4,11 @@
 from a previous process of the same agent are recognisably stale (409). Capabilities
 are what placement needs (base digest, dtypes, max rank, targets, pool size, TP
 degree); `slots` and `load_failures` are the agent's last heartbeat report, replaced
-wholesale each time (the agent re-derives them; they are observations, not truth).
+wholesale each time (the agent re-derives them; they are observations, not truth), as
+is `load` (live and waiting requests, free pages: what routers balance on). `drain` is
+an operator's request that routers send the agent no new requests (cleared when a new
+process registers); `drained` is the agent's report that, draining, it has nothing left
+in flight.
 A name is bound to one token (`token_id`), so one agent's credential cannot register
 over, heartbeat for or read the desired state of another agent.
 """
@@ -14,7 +18,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import ForeignKey, String
+from sqlalchemy import Boolean, ForeignKey, String, false
 from sqlalchemy.orm import Mapped, mapped_column
 
 from controlplane.models.base import Base, BigId, CreatedAtMixin, IdMixin, JsonDoc, utcnow
@@ -39,3 +43,8 @@ class Agent(IdMixin, CreatedAtMixin, Base):
     """The credential this agent name is bound to: the first token that registered it
     (or the one an admin forced it to). Reports and re-registrations under the name
     from any other token are refused while that token is not revoked."""
+    load: Mapped[dict[str, Any]] = mapped_column(JsonDoc, nullable=False, default=dict)
+    drain: Mapped[bool] = mapped_column(Boolean, nullable=False, default=False,
+                                        server_default=false())
+    drained: Mapped[bool] = mapped_column(Boolean, nullable=False, default=False,
+                                          server_default=false())

@@ -12,12 +12,16 @@ Policy, deterministic for equal inputs:
    held or other adapter: a publication to a hot alias is resident fleet-wide before
    the first request for it arrives. Rules 1-3 then place the other adapters in the
    room that is left, so a hot adapter may displace a held one.
-1. Adapters an agent already holds (its last slot report) stay there while they fit
-   (no churn: consolidation keeps the working set where it is).
-2. Remaining adapters, heaviest first, go to the compatible agent that already holds
-   the most of the working set and still fits (consolidation onto few agents so
+1. Adapters an agent already holds (its last slot report, loads under way included) stay
+   there while they fit (no churn: consolidation keeps the working set where it is) — at
+   most `replicas` copies of an adapter with an observed request rate (agent-id order),
+   so a replica count that falls frees the extra copies for eviction.
+2. Remaining copies, heaviest adapter first, go to the compatible agent that already
+   holds the most of the working set and still fits (consolidation onto few agents so
    requests for popular adapters batch together), ties broken by most free pages,
-   then by agent id.
+   then by agent id, never two copies on one agent. An adapter wants `replicas` copies
+   (:func:`replica_targets`: one per fleet-average share of the request rate it draws,
+   at most one per :data:`REPLICA_MIN_RPS`), one when no rate was observed.
 3. An adapter that fits nowhere is left unplaced: agents still serve it on demand
    (cold load), placement only decides prefetch.
 
@@ -27,6 +31,7 @@ adapter's rank and its targets cover the adapter's target roles.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 
@@ -54,6 +59,8 @@ class AdapterDemand:
     nbytes: int
     hot: bool = False
     """Place on every compatible agent with room (rule 0)."""
+    replicas: int | None = None
+    """Copies wanted from the observed request rate (None: no rate observed)."""
 
 
 @dataclass
@@ -89,14 +96,38 @@ def place(adapters: Iterable[AdapterDemand],
     for a in order:
         if a.hot:
             _place_everywhere(a, rooms)
-    pending = [a for a in order if not a.hot and not _keep_held(a, rooms)]
-    for a in pending:
-        candidates = [r for r in rooms if r.compatible(a) and r.fits(a)]
-        if not candidates:
+    kept = {a.digest: _keep_held(a, rooms) for a in order if not a.hot}
+    for a in order:
+        if a.hot:
             continue
-        best = max(candidates, key=lambda r: (len(r.placed), r.pages, -r.cap.agent_id))
-        best.take(a)
+        for _ in range((a.replicas or 1) - kept[a.digest]):
+            candidates = [r for r in rooms
+                          if r.compatible(a) and r.fits(a) and a.digest not in r.placed]
+            if not candidates:
+                break
+            best = max(candidates, key=lambda r: (len(r.placed), r.pages, -r.cap.agent_id))
+            best.take(a)
     return {r.cap.agent_id: frozenset(r.placed) for r in rooms}
+
+
+REPLICA_MIN_RPS = 4.0
+"""Requests/s (smoothed over the agents' 30 s window) below which one copy takes an
+adapter's whole load: a replica is only worth a slot and a load for more than that."""
+
+
+def replica_targets(rates: Mapping[str, float], agents: int,
+                    min_rps: float = REPLICA_MIN_RPS) -> dict[str, int]:
+    """Copies per adapter from request rates (requests/s by digest, over a fleet of
+    `agents` compatible agents): one per fleet-average share of the total rate it draws,
+    ceil(rate x agents / total), but no more than one per `min_rps` of its own rate,
+    between 1 and `agents`. Adapters without a positive rate are absent (placement then
+    keeps their held copies and wants one)."""
+    total = sum(r for r in rates.values() if r > 0)
+    if total <= 0 or agents < 1:
+        return {}
+    return {d: max(1, min(agents, math.ceil(r * agents / total - 1e-9),
+                          math.ceil(r / min_rps - 1e-9)))
+            for d, r in rates.items() if r > 0}
 
 
 def _unique(adapters: Iterable[AdapterDemand]) -> list[AdapterDemand]:
@@ -117,13 +148,16 @@ def _place_everywhere(a: AdapterDemand, rooms: list[_Room]) -> None:
             room.take(a)
 
 
-def _keep_held(a: AdapterDemand, rooms: list[_Room]) -> bool:
-    """Rule 1: `a` stays on every room that holds it and still fits it; True if any."""
-    kept = False
+def _keep_held(a: AdapterDemand, rooms: list[_Room]) -> int:
+    """Rule 1: `a` stays on the rooms that hold it and still fit it (at most `replicas`
+    of them when set); how many kept it."""
+    kept = 0
     for room in rooms:
+        if a.replicas is not None and kept >= a.replicas:
+            break
         if a.digest in room.cap.holds and room.compatible(a) and room.fits(a):
             room.take(a)
-            kept = True
+            kept += 1
     return kept
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -44,12 +45,16 @@ class GreedyReference:
                 model.load_adapter(path, adapter_name=name)
         self.model = model
         self._cache: dict[tuple[tuple[int, ...], int, str | None], list[int]] = {}
+        self._lock = threading.Lock()
+        """One model switched between adapters (`set_adapter`): calls from several
+        threads take turns, or one thread's switch would land in another's forward."""
 
     def greedy(self, prompt: list[int], n: int, adapter: str | None) -> list[int]:
         key = (tuple(prompt), n, adapter)
-        if key not in self._cache:
-            self._cache[key] = self._run(prompt, n, adapter)
-        return self._cache[key]
+        with self._lock:
+            if key not in self._cache:
+                self._cache[key] = self._run(prompt, n, adapter)
+            return self._cache[key]
 
     def log_softmax(self, prompt: list[int], tokens: list[int], adapter: str | None) -> Any:
         """Float32 log-softmax [len(tokens), vocab] of the distributions `tokens` were drawn
@@ -59,12 +64,13 @@ class GreedyReference:
         import torch
 
         ctx: contextlib.AbstractContextManager[Any] = contextlib.nullcontext()
-        if adapter is None:
-            ctx = self.model.disable_adapter()
-        else:
-            self.model.set_adapter(adapter)
-        with torch.no_grad(), ctx:
-            logits = self.model(torch.tensor([[*prompt, *tokens]])).logits[0].float()
+        with self._lock:
+            if adapter is None:
+                ctx = self.model.disable_adapter()
+            else:
+                self.model.set_adapter(adapter)
+            with torch.no_grad(), ctx:
+                logits = self.model(torch.tensor([[*prompt, *tokens]])).logits[0].float()
         return logits.log_softmax(-1)[len(prompt) - 1:len(prompt) - 1 + len(tokens)]
 
     def _run(self, prompt: list[int], n: int, adapter: str | None) -> list[int]:

@@ -4,7 +4,9 @@ by hand from the policy's rules."""
 
 from __future__ import annotations
 
-from controlplane.placement.policy import AdapterDemand, AgentCapacity, place
+from dataclasses import replace
+
+from controlplane.placement.policy import AdapterDemand, AgentCapacity, place, replica_targets
 
 BASE = "0" * 64
 ALL = frozenset({"q_proj", "v_proj", "o_proj"})
@@ -122,3 +124,35 @@ def test_an_artifact_is_hot_if_any_alias_serving_it_is_hot() -> None:
     for demand in ([adapter("s"), hot("s")], [hot("s"), adapter("s")]):
         assert place(demand, [agent(1), agent(2)]) == {1: frozenset({"s"}),
                                                        2: frozenset({"s"})}
+
+
+def test_replica_targets_give_one_copy_per_fleet_average_share() -> None:
+    # 4 agents, 20 req/s in all: a fleet-average share is 5 req/s
+    got = replica_targets({"hot": 11.0, "warm": 5.0, "cool": 4.0, "idle": 0.0}, 4, 1.0)
+    assert got == {"hot": 3, "warm": 1, "cool": 1}  # ceil(11/5) = 3, ceil(5/5) = 1
+    assert replica_targets({"all": 9.0}, 3, 1.0) == {"all": 3}  # at most the agent count
+    # ... and at most one copy per `min_rps` of the adapter's own rate
+    assert replica_targets({"hot": 11.0, "warm": 5.0, "cool": 4.0}, 4, 5.0) == {
+        "hot": 3, "warm": 1, "cool": 1}
+    assert replica_targets({"hot": 11.0, "warm": 5.0, "cool": 4.0}, 4, 10.0) == {
+        "hot": 2, "warm": 1, "cool": 1}
+    assert replica_targets({"burst": 2.0}, 3, 4.0) == {"burst": 1}
+    assert replica_targets({"x": 0.0}, 3) == {}
+    assert replica_targets({"x": 1.0}, 0) == {}
+
+
+def test_replicas_put_copies_on_distinct_agents_fullest_first() -> None:
+    hot = replace(adapter("h"), replicas=2)
+    placed = place([hot, adapter("x")], [agent(1, holds=frozenset({"x"})), agent(2), agent(3)])
+    # x stays on 1 (held); h's first copy joins the fullest agent (1), the second the
+    # next by free pages then id (2); never two copies on one agent
+    assert placed == {1: frozenset({"x", "h"}), 2: frozenset({"h"}), 3: frozenset()}
+
+
+def test_a_falling_replica_count_keeps_only_that_many_held_copies() -> None:
+    held = frozenset({"h"})
+    agents = [agent(1, holds=held), agent(2, holds=held), agent(3, holds=held)]
+    assert place([replace(adapter("h"), replicas=1)], agents) == {
+        1: frozenset({"h"}), 2: frozenset(), 3: frozenset()}
+    # without an observed rate every held copy stays (no churn)
+    assert place([adapter("h")], agents) == {i: held for i in (1, 2, 3)}

@@ -39,7 +39,9 @@ def test_tp_agent_serves_then_exits_when_a_rank_dies(
             assert res.choices[0].model_extra["token_ids"] == \
                 reference.greedy(prompt, MAX_TOKENS, name)
         # adapter "a" is published on both ranks, each with its own H_kernel_local
-        [slot] = [e for e in agent.state()["slots"] if e["slot"] is not None]
+        a_digest = deployment.artifacts["a"]["digest"]
+        [slot] = [e for e in agent.state()["slots"]
+                  if e["slot"] is not None and e["artifact_digest"] == a_digest]
         assert len(slot["kernel_local"]) == 2 and len(set(slot["kernel_local"])) == 2
         assert all(len(d) == 64 and int(d, 16) for d in slot["kernel_local"])
         # the ledger on /metrics: base all-reduces, the plans' broadcasts, no LoRA call
