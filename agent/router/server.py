@@ -336,19 +336,17 @@ async def _forward(ctx: RouterContext, request: Request, path: str, payload: byt
         inflight[view.agent_id] = inflight.get(view.agent_id, 0) + 1
         handed_off = False
         try:
-            if (target.digest is not None and target.digest not in view.resident
-                    and target.digest not in view.arriving):
-                ctx.local.sent_cold.setdefault(
-                    target.digest, (view.agent_id, time.monotonic() + ctx.settings.cold_mark_s))
-                ctx.metrics.cold_routes.inc()
+            cold = _mark_cold(ctx, view, target)
             try:
                 upstream = await ctx.agents.post(agent.url.rstrip("/") + path, data=payload,
                                                  headers=headers)
             except UPSTREAM_ERRORS as exc:
+                _unmark_cold(ctx, cold, view)
                 last = _agent_lost(ctx, view.agent_id, agent.name, exc)
                 continue
             status = upstream.status
             if status >= 500 or status == 429:
+                _unmark_cold(ctx, cold, view)
                 refusal = await _read_quietly(upstream)
                 ctx.metrics.attempts.labels("status_429" if status == 429 else "status_5xx").inc()
                 last = Response(refusal, status, headers=_answer_headers(upstream, agent.name))
@@ -374,6 +372,24 @@ async def _forward(ctx: RouterContext, request: Request, path: str, payload: byt
     ctx.metrics.requests.labels("failed").inc()
     return last if last is not None else error_response(NoAgent("no agent could take the request",
                                                         retry_after_s=RETRY_AFTER_S))
+
+
+def _mark_cold(ctx: RouterContext, view: AgentView, target: Target) -> str | None:
+    """Sending `target`'s adapter to an agent that neither holds it nor has it on its way:
+    mark it there (its next requests follow it while it loads); the digest, or None."""
+    digest = target.digest
+    if digest is None or digest in view.resident or digest in view.arriving:
+        return None
+    ctx.metrics.cold_routes.inc()
+    ctx.local.sent_cold.setdefault(digest,
+                                   (view.agent_id, time.monotonic() + ctx.settings.cold_mark_s))
+    return digest
+
+
+def _unmark_cold(ctx: RouterContext, digest: str | None, view: AgentView) -> None:
+    """The agent refused or failed the request: it is not loading the adapter for us."""
+    if digest is not None and ctx.local.sent_cold.get(digest, (None,))[0] == view.agent_id:
+        del ctx.local.sent_cold[digest]
 
 
 def _agent_lost(ctx: RouterContext, agent_id: int, name: str, exc: BaseException) -> Response:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import re
 import threading
 import time
 import uuid
@@ -169,6 +170,21 @@ def test_models_lists_what_the_caller_may_read(fleet: Fleet) -> None:
         with pytest.raises(openai.AuthenticationError):
             openai.OpenAI(base_url=f"{router.url}/v1", api_key="nope",
                           max_retries=0).models.list()
+
+
+def test_every_router_metric_is_documented(fleet: Fleet) -> None:
+    from pathlib import Path
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "METRICS.md").read_text()
+    documented = set(re.findall(r"^\| `(adapterplane_router_[a-z_]+)` \|",
+                                doc.split("## Router metrics")[1], re.M))
+    text = httpx.get(f"{fleet.routers[0].url}/metrics", timeout=10).text
+    exported = {f.name + ("_total" if f.type == "counter" else "")
+                for f in text_string_to_metric_families(text)
+                if f.name.startswith("adapterplane_router_") and not f.name.endswith("_created")}
+    assert exported and exported == documented, exported ^ documented
 
 
 def test_refusals_are_the_agents_error_objects(fleet: Fleet) -> None:
