@@ -37,7 +37,7 @@ from fastapi import APIRouter, Path, Query, Request, status
 from fastapi.concurrency import run_in_threadpool
 from sqlalchemy.orm import Session, sessionmaker
 
-from controlplane.agents.notify import CatalogWaiter
+from controlplane.agents.notify import catalog_waiter
 from controlplane.agents.repository import AgentRepository
 from controlplane.agents.service import (
     agent_state,
@@ -70,15 +70,6 @@ from controlplane.namespaces.service import tenants_version
 
 router = APIRouter(prefix="/v1/agents", tags=["agents"])
 AgentId = Annotated[int, Path(ge=1, le=2**63 - 1)]
-
-
-def _waiter(request: Request) -> CatalogWaiter:
-    """One waiter per app (its LISTEN connection starts with the first long-poll)."""
-    waiter: CatalogWaiter | None = getattr(request.app.state, "catalog_waiter", None)
-    if waiter is None:
-        waiter = CatalogWaiter(request.app.state.settings.database_url)
-        request.app.state.catalog_waiter = waiter
-    return waiter
 
 
 def _require_agent(principal: Principal) -> None:
@@ -215,7 +206,7 @@ async def get_desired_state(
                 return True
             return tenants_after is not None and tenants_version(session) > tenants_after
 
-    waiter = _waiter(request)
+    waiter = catalog_waiter(request.app)
     deadline = time.monotonic() + wait
     while not await run_in_threadpool(changed):
         remaining = deadline - time.monotonic()

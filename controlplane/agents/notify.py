@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from typing import Any
 
 from sqlalchemy.engine import make_url
 
@@ -73,3 +74,13 @@ class CatalogWaiter:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await self._task
+
+
+def catalog_waiter(app: Any) -> CatalogWaiter:
+    """The app's one waiter (its LISTEN connection starts with the first long-poll): the
+    agents' desired-state and the routers' routing-state long-polls share it."""
+    waiter: CatalogWaiter | None = getattr(app.state, "catalog_waiter", None)
+    if waiter is None:
+        waiter = CatalogWaiter(app.state.settings.database_url)
+        app.state.catalog_waiter = waiter
+    return waiter

@@ -19,7 +19,7 @@ from fastapi import APIRouter, Query, Request
 from fastapi.concurrency import run_in_threadpool
 from sqlalchemy.orm import Session, sessionmaker
 
-from controlplane.agents.endpoints import _waiter
+from controlplane.agents.notify import catalog_waiter
 from controlplane.agents.repository import AgentRepository
 from controlplane.auth.dependencies import CurrentPrincipal
 from controlplane.auth.scopes import Role
@@ -47,7 +47,7 @@ async def get_routing_state(
         with factory() as session:
             return AgentRepository(session).catalog_version()
 
-    waiter = _waiter(request)
+    waiter = catalog_waiter(request.app)
     deadline = time.monotonic() + wait
     while since >= 0 and await run_in_threadpool(version) == since:
         remaining = deadline - time.monotonic()
