@@ -11,10 +11,11 @@ Fault injection (`fault_*`) is off by default; tests use it to stop an agent mid
 from __future__ import annotations
 
 import json
+import logging
 import textwrap
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 from pydantic import Field, SecretStr
 from pydantic.fields import FieldInfo
@@ -208,3 +209,20 @@ def setting_overrides(argv: Sequence[str]) -> dict[str, Any]:
             raise SystemExit(f"expected --key=value, got {arg!r}")
         overrides[key.replace("-", "_")] = value
     return overrides
+
+
+S = TypeVar("S", bound=BaseSettings)
+
+
+def command_line(settings: type[S], argv: Sequence[str], command: str) -> S | None:
+    """What `adapterplane <command> [--key=value ...]` starts with: the settings from the
+    environment and `argv`, with logging configured; None after printing `--help`."""
+    if any(a in ("-h", "--help") for a in argv):
+        print(settings_usage(settings, command=command))
+        return None
+    overrides = setting_overrides(argv)
+    logging.basicConfig(level=logging.INFO,
+                        format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    # httpx logs every request URL at INFO: presigned download URLs carry their signature
+    logging.getLogger("httpx").setLevel(logging.WARNING)
+    return settings(**overrides)

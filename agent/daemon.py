@@ -46,7 +46,7 @@ from pydantic import ValidationError
 
 from agent.artifacts import ArtifactFetcher
 from agent.catalog import AgentCatalog, parse_desired_state, tenant_policy
-from agent.config import AgentSettings, setting_overrides, settings_usage
+from agent.config import AgentSettings, command_line
 from agent.engine_factory import agent_engine
 from agent.metrics import AgentMetrics
 from agent.server import ServingContext, create_agent_app
@@ -347,15 +347,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     `argv` accepts `--KEY=VALUE` overrides of any setting (e.g. `--port=8501`).
     """
-    if any(a in ("-h", "--help") for a in argv or ()):
-        print(settings_usage())
+    settings = command_line(AgentSettings, argv or (), "agent")
+    if settings is None:
         return 0
-    overrides = setting_overrides(argv or ())
-    logging.basicConfig(level=logging.INFO,
-                        format="%(asctime)s %(levelname)s %(name)s %(message)s")
-    # httpx logs every request URL at INFO: presigned download URLs carry their signature
-    logging.getLogger("httpx").setLevel(logging.WARNING)
-    settings = AgentSettings(**overrides)
     settings.cache_dir.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
     daemon = AgentDaemon(settings)

@@ -475,16 +475,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     `--key=value` arguments."""
     import uvicorn
 
-    from agent.config import setting_overrides, settings_usage
+    from agent.config import command_line
 
-    if any(a in ("-h", "--help") for a in argv or ()):
-        print(settings_usage(RouterSettings, command="router"))
+    settings = command_line(RouterSettings, argv or (), "router")
+    if settings is None:
         return 0
-    overrides = setting_overrides(argv or ())
-    logging.basicConfig(level=logging.INFO,
-                        format="%(asctime)s %(levelname)s %(name)s %(message)s")
-    logging.getLogger("httpx").setLevel(logging.WARNING)
-    settings = RouterSettings(**overrides)
     app = create_router_app(make_context(settings))
     uvicorn.run(app, host=settings.host, port=settings.port, log_level="info",
                 access_log=False, timeout_graceful_shutdown=30)
