@@ -13,6 +13,12 @@
    whatever the agents' speed; then `--concurrency` closed-loop clients through the
    router for `--seconds`, to show the router is not what limits the fleet's rate
    (the agent is).
+
+On a machine with two or more cores the agent (one torch thread) is pinned to the first
+core and everything else (control plane, router, client) to the others, so the router's
+CPU work does not slow the agent's decode steps: in a deployment routers and agents run
+on different machines, and what is measured is the router's own hop. `--no-pin` shares
+every core.
 """
 
 from __future__ import annotations
@@ -39,7 +45,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--requests", type=int, default=400, help="per kind and path")
     p.add_argument("--concurrency", type=int, default=16)
     p.add_argument("--seconds", type=float, default=10.0)
+    p.add_argument("--pin", action=argparse.BooleanOptionalAction,
+                   default=len(os.sched_getaffinity(0)) >= 2)
     return p.parse_args(argv)
+
+
+def pin(pid: int, cpus: set[int]) -> None:
+    """Every thread of process `pid` onto `cpus` (threads it starts later inherit it)."""
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        os.sched_setaffinity(int(tid), cpus)
 
 
 def cpu_seconds(pid: int) -> float:
@@ -67,6 +81,10 @@ def one(http: httpx.Client, url: str, body: dict[str, object]) -> float:
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
+    cpus = sorted(os.sched_getaffinity(0))
+    if args.pin:
+        os.environ["OMP_NUM_THREADS"] = "1"  # the agent's torch: one thread on its core
+        os.sched_setaffinity(0, set(cpus[1:]))  # children inherit: control plane, router
     with tempfile.TemporaryDirectory(prefix="adapterplane-router-") as tmp:
         work = Path(tmp)
         extra = {"ADAPTERPLANE_DATABASE_URL": args.database_url,
@@ -75,6 +93,8 @@ def main(argv: list[str] | None = None) -> None:
                  "ADAPTERPLANE_LOG_LEVEL": "warning"}
         with EmbeddedStack(work / "cp", port=0, extra_env=extra) as stack:
             env, agent = seed(stack, work, 1)
+            if args.pin and agent.proc is not None:
+                pin(agent.proc.pid, {cpus[0]})
             router = RouterProcess(work / "router.log", {
                 "ADAPTERPLANE_ROUTER_CONTROL_PLANE_URL": stack.url,
                 "ADAPTERPLANE_ROUTER_TOKEN": stack.token()})

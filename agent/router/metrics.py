@@ -31,3 +31,8 @@ class RouterMetrics:
             "adapterplane_router_agents", "Agents in the routing table by state: routable, "
             "draining, stale (heartbeat older than the lease).", ["state"],
             registry=self.registry)
+        self.outcome = {o: self.requests.labels(o)
+                        for o in ("ok", "refused", "failed", "interrupted")}
+        """Bound series of `requests` (a label lookup per request costs more than the count)."""
+        self.attempt = {r: self.attempts.labels(r)
+                        for r in ("ok", "connect", "status_5xx", "status_429")}
