@@ -26,14 +26,23 @@ PUBLIC_PATHS = frozenset({"/healthz", "/readyz", "/openapi.json", "/docs",
 
 
 class AuthGateMiddleware:
-    """401 before the body for requests without a valid token (see module doc)."""
+    """401 before the body for requests without a valid token (see module doc).
 
-    def __init__(self, app: ASGIApp) -> None:
+    `self_authenticated_prefix`: a path tree that authenticates its own requests (the
+    web console at `/ui`, whose session cookie holds the token and is checked with the
+    same `authenticate_token` before any form is read)."""
+
+    def __init__(self, app: ASGIApp, self_authenticated_prefix: str | None = None) -> None:
         self.app = app
+        self.own_prefix = self_authenticated_prefix
+
+    def _self_authenticated(self, path: str) -> bool:
+        return self.own_prefix is not None and (
+            path == self.own_prefix or path.startswith(self.own_prefix + "/"))
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if (scope["type"] != "http" or scope["method"] in BODYLESS_METHODS
-                or scope["path"] in PUBLIC_PATHS):
+                or scope["path"] in PUBLIC_PATHS or self._self_authenticated(scope["path"])):
             await self.app(scope, receive, send)
             return
         try:

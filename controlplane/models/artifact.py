@@ -58,6 +58,7 @@ class Artifact(IdMixin, CreatedAtMixin, Base):
         UniqueConstraint("namespace_id", "base_id", "upload_sha256"),
         Index("ix_artifacts_namespace_id_id", "namespace_id", "id"),
         Index("ix_artifacts_namespace_id_digest", "namespace_id", "digest"),
+        Index("ix_artifacts_state", "state"),  # the job gauges and the reaper
     )
 
     namespace_id: Mapped[int] = mapped_column(BigId, ForeignKey("namespaces.id"), nullable=False)

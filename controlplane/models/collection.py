@@ -50,6 +50,7 @@ class Collection(IdMixin, CreatedAtMixin, Base):
     __table_args__ = (
         UniqueConstraint("namespace_id", "request_sha256"),
         Index("ix_collections_namespace_id_id", "namespace_id", "id"),
+        Index("ix_collections_state", "state"),  # the job gauges and the reaper
     )
 
     namespace_id: Mapped[int] = mapped_column(BigId, ForeignKey("namespaces.id"), nullable=False)

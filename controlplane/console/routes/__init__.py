@@ -1,0 +1,1 @@
+"""The console's routes, one module per page family; all use `ConsoleRoute`."""
