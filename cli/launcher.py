@@ -3,7 +3,8 @@
 Subcommands: `migrate` (Alembic to head), `api` (uvicorn on `controlplane.app:create_app`),
 `worker` (Celery worker of `controlplane.worker`), `bootstrap-token` (first admin token,
 straight into the DB), `up` (the embedded stack: API + worker as real processes),
-`demo` (the README's first command) and `agent` (the per-device daemon, agent/daemon.py).
+`backup`/`restore` (database + blobs, cli/backup.py), `demo` (the README's first command)
+and `agent` (the per-device daemon, agent/daemon.py).
 
 Settings are `controlplane.config.Settings` (environment, prefix `ADAPTERPLANE_`); the
 embedded default keeps SQLite, file:// objects and a SQLite Celery broker under
@@ -24,6 +25,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import typer
+
+from cli.backup import backup_command, restore_command
 
 if TYPE_CHECKING:
     from controlplane.config import Settings
@@ -108,6 +111,9 @@ def worker_command(
     ready_file: Path | None = typer.Option(
         None, "--ready-file", help="Touched when the worker is consuming; removed on exit."
     ),
+    beat: bool = typer.Option(
+        False, "--beat", help="Also run Celery beat (blob GC every ADAPTERPLANE_GC_INTERVAL_S); "
+        "start exactly one worker with it."),
 ) -> None:
     """Run a Celery worker for the validation jobs (broker from settings)."""
     celery_app = _celery_app()
@@ -121,6 +127,7 @@ def worker_command(
             f"--pool={pool}",
             "--without-gossip",
             "--without-mingle",
+            *(["--beat"] if beat else []),
         ]
     )
 
@@ -294,6 +301,10 @@ def demo_command(
         raise _fail(f"{exc.code}: {exc.message}", int(exc.exit_code)) from exc
     except StackError as exc:
         raise _fail(str(exc)) from exc
+
+
+app.command("backup")(backup_command)
+app.command("restore")(restore_command)
 
 
 def main() -> None:

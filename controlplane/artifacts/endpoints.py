@@ -1,4 +1,5 @@
-"""/v1/namespaces/{ns}/artifacts: push (publish scope), list and get (read scope)."""
+"""/v1/namespaces/{ns}/artifacts: push and delete (publish scope), list and get (read
+scope)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.datastructures import UploadFile
 
 from controlplane.artifacts.convert import artifact_out
+from controlplane.artifacts.deletion import delete_artifact
 from controlplane.artifacts.repository import ArtifactRepository
 from controlplane.artifacts.schemas import ArtifactImport, ArtifactOut
 from controlplane.artifacts.service import push_artifact
@@ -131,3 +133,17 @@ def get_artifact(namespace: str, ref: str, principal: CurrentPrincipal,
     principal.require(namespace, Role.READ)
     ns = NamespaceRepository(session).get_by_name(namespace)
     return artifact_out(ArtifactRepository(session).get_by_ref(ns.id, ref))
+
+
+@router.delete("/{ref}", response_model=ArtifactOut,
+               responses={409: {"model": ErrorBody, "description": "A catalog generation "
+                                "(current or historical) or a collection references the "
+                                "artifact (ARTIFACT_REFERENCED); nothing is deleted."}})
+def delete(namespace: str, ref: str, principal: CurrentPrincipal,
+           session: SessionDep) -> ArtifactOut:
+    """Delete an artifact nothing references (never published, no collection's source):
+    the row goes, audited (`artifact.delete`); its blobs stay until blob GC finds them
+    unreferenced. Answers the artifact as it was."""
+    principal.require(namespace, Role.PUBLISH)
+    return artifact_out(delete_artifact(session, namespace=namespace, ref=ref,
+                                        actor=principal.actor))

@@ -2,7 +2,9 @@
 `pending` row (with its audit row) and send the validation job after commit.
 
 Bytes are written before the row: a failed request can leave unreferenced blobs
-(content-addressed, harmless, collectable) but never a row without bytes. Pushing the
+(content-addressed, harmless, collectable) but never a row without bytes. Each blob is
+leased before the store is asked whether it already holds it (controlplane/retention),
+so blob GC never removes a blob between this check and the row's commit. Pushing the
 same files for the same base into the same namespace returns the existing artifact.
 """
 
@@ -24,7 +26,15 @@ from controlplane.db import begin_write
 from controlplane.errors import ArtifactTooLarge, BadRequest, StorageUnavailable
 from controlplane.models import Artifact, ArtifactState
 from controlplane.namespaces.repository import NamespaceRepository
-from controlplane.storage import ADAPTER_FILES, BlobRef, BlobTooLarge, ObjectStore, StorageError
+from controlplane.retention.leases import session_lease
+from controlplane.storage import (
+    ADAPTER_FILES,
+    BlobClaim,
+    BlobRef,
+    BlobTooLarge,
+    ObjectStore,
+    StorageError,
+)
 from controlplane.worker.jobs import JobQueue
 
 VALIDATE_TASK = "adapterplane.validate_artifact"
@@ -51,13 +61,14 @@ def push_artifact(
     base_id = BaseModelRepository(session).get_by_h_base(h_base).id
     session.rollback()  # no transaction stays open while bytes move
 
-    blobs = _store_blobs(store, files, settings.max_artifact_bytes)
+    lease = session_lease(session)
+    blobs = _store_blobs(store, files, settings.max_artifact_bytes, lease)
     manifest = json.dumps(
         {"format": MANIFEST_FORMAT,
          "files": {n: {"sha256": b.sha256, "size": b.size} for n, b in blobs.items()}},
         sort_keys=True, separators=(",", ":")).encode()
     try:
-        manifest_ref = store.put_blob_bytes(manifest)
+        manifest_ref = store.put_blob_bytes(manifest, claim=lease)
     except StorageError as exc:
         raise StorageUnavailable(str(exc)) from exc
     upload_sha256 = hashlib.sha256(manifest).hexdigest()
@@ -94,12 +105,12 @@ def push_artifact(
 
 
 def _store_blobs(store: ObjectStore, files: Mapping[str, IO[bytes]],
-                 max_bytes: int) -> dict[str, BlobRef]:
+                 max_bytes: int, lease: BlobClaim) -> dict[str, BlobRef]:
     blobs: dict[str, BlobRef] = {}
     remaining = max_bytes
     for name in ADAPTER_FILES:
         try:
-            blobs[name] = store.put_blob(files[name], max_bytes=remaining)
+            blobs[name] = store.put_blob(files[name], max_bytes=remaining, claim=lease)
         except BlobTooLarge as exc:
             raise ArtifactTooLarge(f"artifact exceeds {max_bytes} bytes",
                                    detail={"limit_bytes": max_bytes, "file": name}) from exc

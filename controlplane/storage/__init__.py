@@ -7,12 +7,15 @@
 from __future__ import annotations
 
 from controlplane.storage.base import (
+    BLOB_PREFIX,
+    BlobClaim,
     BlobRef,
     BlobTooLarge,
     ChecksumMismatch,
     ObjectNotFound,
     ObjectStore,
     StorageError,
+    StoredObject,
     TransientStorageError,
     blob_key,
 )
@@ -21,12 +24,15 @@ from controlplane.storage.importing import ADAPTER_FILES, import_prefix
 
 __all__ = [
     "ADAPTER_FILES",
+    "BLOB_PREFIX",
+    "BlobClaim",
     "BlobRef",
     "BlobTooLarge",
     "ChecksumMismatch",
     "ObjectNotFound",
     "ObjectStore",
     "StorageError",
+    "StoredObject",
     "TransientStorageError",
     "blob_key",
     "import_prefix",

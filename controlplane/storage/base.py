@@ -14,7 +14,9 @@ import hashlib
 import os
 import tempfile
 from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 from typing import IO
 
@@ -56,8 +58,26 @@ class BlobRef:
     key: str
 
 
+BLOB_PREFIX = "blobs/sha256/"
+
+
+@dataclass(frozen=True)
+class StoredObject:
+    """One object as a listing reports it; `modified_at` is its last write (UTC)."""
+
+    key: str
+    size: int
+    modified_at: datetime
+
+
+BlobClaim = Callable[[BlobRef], None]
+"""Called by `put_blob` with the blob's reference once its digest is known and before
+the store is asked whether the blob is already there (garbage collection's fence:
+controlplane/retention)."""
+
+
 def blob_key(sha256_hex: str) -> str:
-    return f"blobs/sha256/{sha256_hex}"
+    return f"{BLOB_PREFIX}{sha256_hex}"
 
 
 class ObjectStore(ABC):
@@ -113,12 +133,23 @@ class ObjectStore(ABC):
     def check(self) -> None:
         """Raise `StorageError` when the store is unreachable (readiness probe)."""
 
-    def put_blob(self, stream: IO[bytes], *, max_bytes: int | None = None) -> BlobRef:
+    @abstractmethod
+    def list_objects(self, prefix: str) -> Iterator[StoredObject]:
+        """Every object whose key starts with `prefix`, in no particular order (a
+        directory walk or a paginated S3 listing; read lazily)."""
+
+    @abstractmethod
+    def delete(self, key: str) -> None:
+        """Remove the object `key`; an absent one is not an error."""
+
+    def put_blob(self, stream: IO[bytes], *, max_bytes: int | None = None,
+                 claim: BlobClaim | None = None) -> BlobRef:
         """Hash `stream` to a temp file, store it under its digest, return the reference.
 
         An object already under that key is kept only if it verifies (`blob_fault`: one
         read-back of it); a corrupt or truncated one is replaced by these bytes. Raises
-        `BlobTooLarge` as soon as more than `max_bytes` were read.
+        `BlobTooLarge` as soon as more than `max_bytes` were read. `claim(ref)` runs
+        after hashing and before the store is consulted (see `BlobClaim`).
         """
         digest = hashlib.sha256()
         size = 0
@@ -133,17 +164,19 @@ class ObjectStore(ABC):
                     digest.update(chunk)
                     out.write(chunk)
             ref = BlobRef(sha256=digest.hexdigest(), size=size, key=blob_key(digest.hexdigest()))
+            if claim is not None:
+                claim(ref)
             if self.blob_fault(ref.sha256, ref.size, ref.key) is not None:
                 self.put_file(ref.key, tmp)
             return ref
         finally:
             tmp.unlink(missing_ok=True)
 
-    def put_blob_bytes(self, data: bytes) -> BlobRef:
+    def put_blob_bytes(self, data: bytes, *, claim: BlobClaim | None = None) -> BlobRef:
         """Small metadata objects (manifests) only."""
         import io
 
-        return self.put_blob(io.BytesIO(data))
+        return self.put_blob(io.BytesIO(data), claim=claim)
 
     def get_blob(self, key: str, dest: Path, *, expected_sha256: str) -> None:
         """Download `key` to `dest` and verify its SHA-256; `ChecksumMismatch` otherwise.

@@ -5,9 +5,17 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
+from collections.abc import Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 
-from controlplane.storage.base import ObjectNotFound, ObjectStore, StorageError, file_sha256
+from controlplane.storage.base import (
+    ObjectNotFound,
+    ObjectStore,
+    StorageError,
+    StoredObject,
+    file_sha256,
+)
 
 
 class FileObjectStore(ObjectStore):
@@ -68,3 +76,32 @@ class FileObjectStore(ObjectStore):
             raise StorageError(f"store root unusable: {exc}") from exc
         if not os.access(self.root, os.W_OK):
             raise StorageError(f"store root not writable: {self.root}")
+
+    def list_objects(self, prefix: str) -> Iterator[StoredObject]:
+        """Walks the directory holding `prefix` (its last `/`); in-flight `.tmp-` files of
+        `put_file` are listed like any file, under their own names."""
+        directory = prefix.rpartition("/")[0]
+        top = self._path(directory) if directory else self.root
+        if not top.is_dir():
+            return
+        try:
+            for dirpath, _dirs, names in os.walk(top):
+                for name in names:
+                    path = Path(dirpath) / name
+                    key = path.relative_to(self.root).as_posix()
+                    if not key.startswith(prefix):
+                        continue
+                    try:
+                        info = path.stat()
+                    except FileNotFoundError:  # removed while we walked
+                        continue
+                    yield StoredObject(key, info.st_size,
+                                       datetime.fromtimestamp(info.st_mtime, UTC))
+        except OSError as exc:
+            raise StorageError(f"cannot list {prefix}: {exc}") from exc
+
+    def delete(self, key: str) -> None:
+        try:
+            self._path(key).unlink(missing_ok=True)
+        except OSError as exc:
+            raise StorageError(f"cannot delete {key}: {exc}") from exc

@@ -103,6 +103,17 @@ def _allowed_directory(uri: str, settings: Settings) -> str:
     return real
 
 
+def allowed_import_directory(uri: str, settings: Settings) -> str:
+    """The real path of the `file://` directory `uri` names, under the rules of adapter
+    imports (off unless `allow_file_uri_import`, inside `file_import_roots`, no symlink);
+    FORBIDDEN or IMPORT_SOURCE_UNAVAILABLE otherwise. Merged releases read base
+    checkpoints under the same rules."""
+    if not settings.allow_file_uri_import:
+        raise Forbidden("file:// imports are disabled on this server",
+                        detail={"setting": "ADAPTERPLANE_ALLOW_FILE_URI_IMPORT"})
+    return _allowed_directory(uri, settings)
+
+
 @contextmanager
 def _import_file(uri: str, settings: Settings) -> Iterator[dict[str, IO[bytes]]]:
     if not settings.allow_file_uri_import:
@@ -192,4 +203,4 @@ def _download(client: Any, bucket: str, key: str, dest: Path, budget: int, uri: 
         body.close()
 
 
-__all__ = ["ADAPTER_FILES", "StorageError", "import_prefix"]
+__all__ = ["ADAPTER_FILES", "StorageError", "allowed_import_directory", "import_prefix"]

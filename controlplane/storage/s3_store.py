@@ -9,6 +9,7 @@ callers (Celery jobs) can retry later with backoff. Transfers go through s3trans
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +31,7 @@ from controlplane.storage.base import (
     ObjectNotFound,
     ObjectStore,
     StorageError,
+    StoredObject,
     TransientStorageError,
 )
 
@@ -121,3 +123,24 @@ class S3ObjectStore(ObjectStore):
             self.client.head_bucket(Bucket=self.bucket)
         except (BotoCoreError, ClientError) as exc:
             raise translate_error(exc, f"bucket {self.bucket}") from exc
+
+    def list_objects(self, prefix: str) -> Iterator[StoredObject]:
+        """ListObjectsV2 pages (1,000 keys each); `modified_at` is S3's LastModified."""
+        base = f"{self.prefix}/" if self.prefix else ""
+        try:
+            pages = self.client.get_paginator("list_objects_v2").paginate(
+                Bucket=self.bucket, Prefix=base + prefix)
+            for page in pages:
+                for obj in page.get("Contents", []):
+                    yield StoredObject(obj["Key"][len(base):], int(obj.get("Size", 0)),
+                                       obj["LastModified"])
+        except (BotoCoreError, ClientError) as exc:
+            raise translate_error(exc, f"list {base + prefix}") from exc
+
+    def delete(self, key: str) -> None:
+        try:
+            self.client.delete_object(Bucket=self.bucket, Key=self._key(key))
+        except (BotoCoreError, ClientError) as exc:
+            err = translate_error(exc, f"delete {self._key(key)}")
+            if not isinstance(err, ObjectNotFound):
+                raise err from exc
