@@ -103,11 +103,17 @@ class ModelRef:
     generation: int | None = None
 
     @classmethod
-    def parse(cls, model: str) -> ModelRef:
+    def parse(cls, model: str, base_names: Iterable[str] = ()) -> ModelRef:
+        """`model` as an alias reference; a 422 that names the valid forms and
+        `base_names` (the names of the base models served) when it is none."""
         match = _MODEL.match(model)
         if match is None:
-            raise BadModelName("model must be 'namespace/alias' or 'namespace/alias@generation'"
-                               " or the base model name", model=model)
+            bases = sorted(base_names)
+            served = ", ".join(repr(name) for name in bases) or "none"
+            raise BadModelName(
+                f"model {model!r} is not served: valid names are a base model ({served}), "
+                "'namespace/alias' or 'namespace/alias@generation' (GET /v1/models lists "
+                "the aliases you may read)", param="model", model=model, base_models=bases)
         gen = match.group(3)
         return cls(match.group(1), match.group(2), int(gen) if gen is not None else None)
 

@@ -38,7 +38,8 @@ class AgentSettings(BaseSettings):
     model_dir: Path = Path("./model")
     """HF directory of the base model (config.json + safetensors [+ tokenizer])."""
     served_model_name: str = ""
-    """`model` value that selects the base model alone; default: the model dir's name."""
+    """`model` value that selects the base model alone; default: the name the base was
+    registered under on the control plane (the model dir's name while it is not)."""
     device: str = "cpu"
     """torch device of the engine (`cpu`, `cuda`, `cuda:N`); with `tp_degree > 1` rank r
     uses `cuda:(N + r)`."""

@@ -51,7 +51,7 @@ from agent.engine_factory import agent_engine
 from agent.metrics import AgentMetrics
 from agent.server import ServingContext, create_agent_app
 from agent.serving import EngineLoop
-from agent.sync import ControlPlaneClient, ControlPlaneError
+from agent.sync import LEAVE_TIMEOUT_S, ControlPlaneClient, ControlPlaneError
 from controlplane.contracts import Capabilities, HeartbeatRequest, RegisterRequest
 from dataplane.engine.adapters import ADAPTABLE_MODULES
 from dataplane.pool.faults import FaultInjector
@@ -107,6 +107,7 @@ class AgentDaemon:
                    "name": settings.name})
         self.app = create_agent_app(self.ctx)
         self._stop = threading.Event()
+        self._fenced_out = False
         self.ctx.state["lora_fold_rows"] = self.engine.model.lora_fold_rows
         if self.engine.model.lora_fold_slots is not None:
             self.metrics.watch_fold(self.engine.model.lora_fold_slots)
@@ -147,10 +148,20 @@ class AgentDaemon:
                             served_model_name=self.ctx.served_model_name)
 
     def register(self) -> None:
+        self.ctx.served_model_name = self.served_model_name()
         me = self.client.register(RegisterRequest(name=self.settings.name, url=self.settings.url,
                                                   capabilities=self.capabilities()))
         self.ctx.state.update(agent_id=me.id, worker_epoch=me.worker_epoch)
         log.info("registered as agent %s epoch %s", me.id, me.worker_epoch)
+
+    def served_model_name(self) -> str:
+        """The `model` value of the bare base: `served_model_name` when set, else the name
+        the base was registered under (looked up again at every registration), else, while
+        it is not registered, the model directory's name."""
+        if self.settings.served_model_name:
+            return self.settings.served_model_name
+        registered = self.client.base_name(self.abi.h_base)
+        return registered or self.settings.model_dir.resolve().name
 
     def sync_once(self, wait_s: float) -> None:
         """One long-poll. Incremental (`since` = the replica's version) once a full state
@@ -204,7 +215,7 @@ class AgentDaemon:
         return bool(self.ctx.state.get("draining")) and status.get("live", 0) == 0 and (
             waiting == 0)
 
-    def heartbeat_once(self) -> bool | None:
+    def heartbeat_once(self, timeout: float | None = None) -> bool | None:
         """Send one report; the `drained` it carried (None when not registered yet)."""
         state, status = self.ctx.state, self.loop.status
         if state["agent_id"] is None:
@@ -222,7 +233,7 @@ class AgentDaemon:
         except ValidationError as exc:
             raise ControlPlaneError(f"heartbeat report does not fit the contract: {exc}",
                                     422, "VALIDATION_ERROR") from exc
-        answer = self.client.heartbeat(state["agent_id"], report)
+        answer = self.client.heartbeat(state["agent_id"], report, timeout)
         if answer.drain != bool(state.get("draining")):
             log.info("control plane: %s", "drain" if answer.drain else "drain lifted")
             state["draining"] = answer.drain
@@ -264,7 +275,25 @@ class AgentDaemon:
                 log.warning("heartbeat: %s", exc)
                 sent = self.drained()  # retried at the interval, not every check
 
+    def leave(self) -> None:
+        """A clean exit: drain this agent in the control plane and report it drained, so
+        placement moves its adapters and routers drop it at once rather than after its
+        heartbeat lapses (a restart registers again, which clears the drain). A fenced
+        process leaves nothing: its id belongs to the newer process. Best effort."""
+        if self._fenced_out or self.ctx.state["agent_id"] is None:
+            return
+        try:
+            # STALE_EPOCH here: a newer process took the name
+            self.heartbeat_once(LEAVE_TIMEOUT_S)
+            self.client.drain(self.ctx.state["agent_id"])
+            self.ctx.state["draining"] = True
+            self.heartbeat_once(LEAVE_TIMEOUT_S)
+        except ControlPlaneError as exc:
+            log.warning("leaving: %s (the control plane drops this agent when its "
+                        "heartbeat lapses)", exc)
+
     def _fenced(self) -> None:
+        self._fenced_out = True
         log.error("a newer process registered as %s; this one stops serving",
                   self.settings.name)
         self.ctx.state["ready"] = False
@@ -338,6 +367,7 @@ class AgentDaemon:
         threading.Thread(target=watch_fence, daemon=True).start()
         try:
             server.run()
+            self.leave()
         finally:
             self.stop()
 

@@ -28,9 +28,8 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from sse_starlette import EventSourceResponse
-from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from agent.auth_gate import AuthGate, control_plane_unavailable
+from agent.auth_gate import AuthGate
 from agent.catalog import (
     AgentCatalog,
     Forbidden,
@@ -42,13 +41,14 @@ from agent.catalog import (
     Unsupported,
     parse_generations,
 )
+from agent.error_handlers import install_error_handlers
 from agent.metrics import AgentMetrics
 from agent.openai_choices import children, returned
 from agent.openai_errors import ERROR_RESPONSES, error_body, error_response
 from agent.openai_responses import Answer, Echo, stream_events
 from agent.openai_schemas import ChatCompletionRequest, CompletionRequest
 from agent.serving import BadPrompt, EngineLoop, Event, Ticket
-from agent.sync import ControlPlaneClient, ControlPlaneError
+from agent.sync import ControlPlaneClient
 from agent.tickets import BadResponseFormat, NotInvoked, UnsupportedParameter
 from dataplane.core import EngineError, InvalidResponseFormat, SamplingParams
 from dataplane.engine.activation import activation_offset
@@ -90,24 +90,7 @@ def create_agent_app(ctx: ServingContext) -> FastAPI:
         app.add_middleware(AuthGate, status=lambda token: _status(ctx, token, "*"),
                            retry_after_s=CONTROL_PLANE_RETRY_S)
 
-    @app.exception_handler(ServingError)
-    async def _serving(_r: Request, exc: ServingError) -> JSONResponse:
-        return error_response(exc)
-
-    @app.exception_handler(StarletteHTTPException)
-    async def _http(_r: Request, exc: StarletteHTTPException) -> JSONResponse:
-        # the framework's own refusals in the one error object: an unparseable body is
-        # invalid input like any other (422), an unknown route 404, a wrong method 405
-        status = 422 if exc.status_code == 400 else exc.status_code
-        code = {404: "NOT_FOUND", 405: "METHOD_NOT_ALLOWED", 422: "VALIDATION_ERROR"}.get(
-            status, f"HTTP_{status}")
-        return JSONResponse(error_body(status, code, str(exc.detail)), status_code=status,
-                            headers=getattr(exc, "headers", None))
-
-    @app.exception_handler(ControlPlaneError)
-    async def _control_plane(_r: Request, _exc: ControlPlaneError) -> JSONResponse:
-        # a permission the control plane could not answer (and no recent cached answer)
-        return control_plane_unavailable(CONTROL_PLANE_RETRY_S)
+    install_error_handlers(app, CONTROL_PLANE_RETRY_S)
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(_r: Request, exc: RequestValidationError) -> JSONResponse:
@@ -254,7 +237,7 @@ async def _admit(ctx: ServingContext, request: Request, model: str) -> Generatio
         if token is not None and ctx.require_auth and await _status(ctx, token, "default") == 401:
             raise Unauthenticated("unknown or revoked token")
         return None
-    ref = ModelRef.parse(model)
+    ref = ModelRef.parse(model, [ctx.served_model_name])
     if token is not None and ctx.require_auth:
         status = await _status(ctx, token, ref.namespace)
         if status == 401:

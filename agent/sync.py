@@ -1,13 +1,13 @@
 """HTTP client of the control plane (httpx), as the agent uses it.
 
 Agent-token calls: register (fresh worker epoch), heartbeat (slot report), desired
-state (long-poll). Client-token calls: `can_read` asks the control plane whether a
-client's bearer token may read a namespace, cached for `auth_cache_s` per
-(token digest, namespace) so the hot path does not hit the control plane on every
-request; a refusal is cached too, a revoked token stops working within that TTL.
-While the control plane cannot answer (no connection, 5xx), a cached answer up to
-`auth_stale_s` past its TTL is used instead (stale-while-revalidate), so a short
-control-plane outage does not fail requests of callers seen recently; anyone else
+state (long-poll), the registered name of the agent's base model. Client-token calls:
+`can_read` asks the control plane whether a client's bearer token may read a namespace,
+cached for `auth_cache_s` per (token digest, namespace) so the hot path does not hit the
+control plane on every request; a refusal is cached too, a revoked token stops working
+within that TTL. While the control plane cannot answer (no connection, 5xx), a cached
+answer up to `auth_stale_s` past its TTL is used instead (stale-while-revalidate), so a
+short control-plane outage does not fail requests of callers seen recently; anyone else
 gets :class:`ControlPlaneError` (the server answers 503 with `Retry-After`).
 
 Connections are kept alive and reused; a connect failure is retried by the transport,
@@ -46,6 +46,13 @@ RETRY_PAUSE_S = 0.05
 """Pause before the second try; doubled before each later one."""
 
 
+class RegisteredBase(BaseModel):
+    """The part of the admin API's `GET /v1/bases/{h_base}` answer the agent reads: the
+    name the base model was registered under (what requests name it by)."""
+
+    name: str
+
+
 class ControlPlaneError(Exception):
     """A control-plane call failed; `status` is the HTTP status (0: no answer)."""
 
@@ -74,6 +81,10 @@ def _answer(response: httpx.Response, answer: type[M], what: str) -> M:
     except ValidationError as exc:
         raise ControlPlaneError(f"{what}: the answer is not a {answer.__name__}: {exc}",
                                 response.status_code) from exc
+
+
+LEAVE_TIMEOUT_S = 3.0
+"""A stopping agent's last calls (drain, final heartbeat) wait at most this long."""
 
 
 class ControlPlaneClient:
@@ -125,9 +136,15 @@ class ControlPlaneClient:
         return self._call(self._http, "POST", "/v1/agents/register", AgentOut,
                           json=body.model_dump(mode="json"))
 
-    def heartbeat(self, agent_id: int, body: HeartbeatRequest) -> HeartbeatOut:
+    def heartbeat(self, agent_id: int, body: HeartbeatRequest,
+                  timeout: float | None = None) -> HeartbeatOut:
         return self._call(self._http, "POST", f"/v1/agents/{agent_id}/heartbeat", HeartbeatOut,
-                          json=body.model_dump(mode="json"))
+                          json=body.model_dump(mode="json"),
+                          timeout=timeout if timeout is not None else self._http.timeout)
+
+    def drain(self, agent_id: int) -> AgentOut:
+        return self._call(self._http, "POST", f"/v1/agents/{agent_id}/drain", AgentOut,
+                          timeout=LEAVE_TIMEOUT_S)
 
     def desired_state(self, agent_id: int, worker_epoch: int, after: int,
                       wait_s: float, since: int = -1,
@@ -142,6 +159,13 @@ class ControlPlaneClient:
             params["tenants_after"] = tenants_after
         return self._call(self._poll, "GET", f"/v1/agents/{agent_id}/desired-state",
                           DesiredState, params=params)
+
+    def base_name(self, h_base: str) -> str | None:
+        """The name `h_base` was registered under (None: no such base is registered)."""
+        response = self._get(self._http, f"/v1/bases/{h_base}")
+        if response.status_code == 404:
+            return None
+        return _answer(response, RegisteredBase, "base model").name
 
     def pinned_generation(self, agent_id: int, worker_epoch: int, namespace: str, alias: str,
                           generation: int) -> DesiredAlias | None:

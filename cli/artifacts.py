@@ -8,13 +8,14 @@ answers 202 with a `pending` artifact (200 with the existing one for the same by
 
 from __future__ import annotations
 
+import io
 import os
 import re
 import time
 from collections.abc import Callable
 from contextlib import ExitStack
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 import typer
 
@@ -24,6 +25,7 @@ from cli.context import current
 from cli.errors import CliError, ExitCode, usage_error
 from cli.invoke import call_and_emit
 from cli.pagination import ALL_OPTION, CURSOR_OPTION, LIMIT_OPTION, list_pages
+from cli.progress import Progress
 
 ADAPTER_CONFIG = "adapter_config.json"
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
@@ -46,12 +48,15 @@ def resolve_base(client: ApiClient, base: str) -> str:
     raise CliError("NOT_FOUND", f"no base model named {base!r} (and it is not an h_base)")
 
 
-def push_directory(client: ApiClient, namespace: str, h_base: str, directory: Path) -> Any:
-    """Upload `directory`'s adapter_config.json + adapter_model.safetensors (streamed).
+def push_directory(client: ApiClient, namespace: str, h_base: str, directory: Path,
+                   progress: Progress | None = None) -> Any:
+    """Upload `directory`'s adapter_config.json + adapter_model.safetensors (streamed,
+    each with a bar on `progress`).
 
     Both files must be regular files in `directory` itself: a symlink is refused (it may
     point anywhere on this machine), and the files are opened without following one.
     """
+    progress = progress or Progress.off()
     if not directory.is_dir():
         raise usage_error(f"{directory} is not a directory")
     linked = [name for name in (ADAPTER_CONFIG, ADAPTER_WEIGHTS)
@@ -59,17 +64,12 @@ def push_directory(client: ApiClient, namespace: str, h_base: str, directory: Pa
     if linked:
         raise usage_error(f"{directory}: {', '.join(linked)} is a symlink; "
                           "push a directory holding the files themselves")
-    missing = [
-        name for name in (ADAPTER_CONFIG, ADAPTER_WEIGHTS) if not (directory / name).is_file()
-    ]
-    if missing:
-        hint = " (pickle .bin weights are not accepted)" if ADAPTER_WEIGHTS in missing else ""
-        raise usage_error(f"{directory} has no {', '.join(missing)}{hint}")
+    check_adapter_listing(directory)
     with ExitStack() as stack:
         files = {
             name: (
                 name,
-                stack.enter_context(_open_no_follow(directory / name)),
+                stack.enter_context(progress.reader(name, _open_no_follow(directory / name))),
                 "application/octet-stream",
             )
             for name in (ADAPTER_CONFIG, ADAPTER_WEIGHTS)
@@ -82,7 +82,25 @@ def push_directory(client: ApiClient, namespace: str, h_base: str, directory: Pa
         )
 
 
-def _open_no_follow(path: Path) -> IO[bytes]:
+def check_adapter_listing(directory: Path) -> None:
+    """The server's refusal of a directory, raised before anything is sent.
+
+    The same rule as a `file://` or `s3://` import (`controlplane.storage.importing`):
+    pickle weights anywhere at the top level exit 5 `FORBIDDEN_FILE`, a missing adapter
+    file exits 5 `MISSING_FILE`. A bad artifact is not a usage error, wherever it is read.
+    """
+    from controlplane.errors import AdapterplaneError
+    from controlplane.storage.importing import check_listing
+
+    names = [entry.name for entry in directory.iterdir()]  # as the server lists a prefix
+    try:
+        check_listing(names, directory.resolve().as_uri())
+    except AdapterplaneError as exc:
+        raise CliError(exc.code, f"{directory}: {exc.message}", status=exc.status_code,
+                       detail=exc.detail) from exc
+
+
+def _open_no_follow(path: Path) -> io.BufferedReader:
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
     except OSError as exc:  # ELOOP: replaced by a symlink since the check
@@ -97,13 +115,15 @@ def push_uri(client: ApiClient, namespace: str, h_base: str, uri: str) -> Any:
     )
 
 
-def push_source(client: ApiClient, namespace: str, h_base: str, source: str) -> Any:
-    """Push `source`: an object-store URI when it has a known scheme, else a local dir."""
+def push_source(client: ApiClient, namespace: str, h_base: str, source: str,
+                progress: Progress | None = None) -> Any:
+    """Push `source`: an object-store URI when it has a known scheme, else a local dir
+    (its upload shown on `progress`)."""
     if source.startswith(URI_SCHEMES):
         return push_uri(client, namespace, h_base, source)
     if "://" in source:
         raise usage_error(f"unsupported URI scheme in {source!r} (use s3:// or file://)")
-    return push_directory(client, namespace, h_base, Path(source))
+    return push_directory(client, namespace, h_base, Path(source), progress)
 
 
 def get_artifact(client: ApiClient, namespace: str, ref: str) -> Any:
@@ -172,17 +192,20 @@ def push_command(
 ) -> None:
     """Push a PEFT LoRA adapter; with --wait, exit 5 with the rejection code if rejected."""
     cli = current(ctx)
-    with cli.client() as client:
-        artifact = push_source(client, namespace, resolve_base(client, base), source)
+    with cli.client() as client, Progress.of(cli) as progress:
+        artifact = push_source(client, namespace, resolve_base(client, base), source, progress)
         if wait and artifact.get("state") not in TERMINAL_STATES:
             output.note(f"pushed artifact {artifact.get('id')}; waiting for validation")
-            artifact = wait_for_validation(
-                client,
-                namespace,
-                str(artifact["id"]),
-                timeout_s=timeout,
-                on_state=lambda state: output.note(f"  state: {state}"),
-            )
+            with progress.waiting(f"artifact {artifact.get('id')}") as show:
+
+                def on_state(state: str) -> None:
+                    output.note(f"  state: {state}")
+                    show(state)
+
+                artifact = wait_for_validation(
+                    client, namespace, str(artifact["id"]), timeout_s=timeout,
+                    on_state=on_state,
+                )
     output.emit(cli, artifact, output.render_artifact)
     error = rejection_error(artifact) if wait else None
     if error is not None:
@@ -218,3 +241,18 @@ def show_command(
 ) -> None:
     """Show one artifact, including its rejection reason if any."""
     call_and_emit(ctx, output.render_artifact, lambda client: get_artifact(client, namespace, ref))
+
+
+@app.command("delete")
+def delete_command(
+    ctx: typer.Context,
+    namespace: str = typer.Argument(..., metavar="NS"),
+    ref: str = typer.Argument(..., metavar="REF", help="Artifact id or sha256:<H_artifact>."),
+    yes: bool = typer.Option(False, "--yes", "-y", help="Do not ask for confirmation."),
+) -> None:
+    """Delete an artifact nothing references (never published, no collection's source);
+    its blobs are freed by the next blob GC. Referenced: exit 4 ARTIFACT_REFERENCED."""
+    if not yes and not typer.confirm(f"delete artifact {ref} of namespace {namespace}?"):
+        raise CliError("ABORTED", "nothing deleted", exit_code=ExitCode.USAGE)
+    call_and_emit(ctx, output.render_artifact, lambda client: client.delete(
+        f"/v1/namespaces/{segment(namespace)}/artifacts/{segment(ref)}"))

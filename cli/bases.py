@@ -71,9 +71,23 @@ def list_command(
     )
 
 
+def render_base_with_lineage(base: dict[str, Any]) -> None:
+    output.render_base(base)
+    from cli.merges import render_lineage
+
+    render_lineage(list(base.get("lineage") or []))
+
+
+def base_with_lineage(client: ApiClient, h_base: str) -> dict[str, Any]:
+    """The base plus `lineage`: the merged releases that produced it (source base and
+    ordered adapters; empty for a base registered from a checkpoint)."""
+    base: dict[str, Any] = client.get(f"/v1/bases/{segment(h_base)}")
+    lineage = client.get(f"/v1/bases/{segment(h_base)}/lineage")
+    return {**base, "lineage": lineage["merges"]}
+
+
 @app.command("show")
 def show_command(ctx: typer.Context, h_base: str = typer.Argument(..., metavar="H_BASE")) -> None:
-    """Show one base model."""
-    call_and_emit(
-        ctx, output.render_base, lambda client: client.get(f"/v1/bases/{segment(h_base)}")
-    )
+    """Show one base model; a merged base also shows its source base and adapters."""
+    call_and_emit(ctx, render_base_with_lineage,
+                  lambda client: base_with_lineage(client, h_base))

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 from urllib.parse import unquote, urlparse
@@ -27,6 +27,7 @@ from cli.context import current
 from cli.errors import CliError, ExitCode
 from cli.invoke import call_and_emit
 from cli.pagination import ALL_OPTION, CURSOR_OPTION, LIMIT_OPTION, list_pages
+from cli.progress import Advance, Progress
 
 TERMINAL_STATES = frozenset({"fitted", "rejected"})
 DEFAULT_WAIT_TIMEOUT_S = 1800.0
@@ -39,9 +40,10 @@ def _root(namespace: str) -> str:
     return f"/v1/namespaces/{segment(namespace)}/collections"
 
 
-def wait_for_fit(client: ApiClient, namespace: str, ref: str, *, timeout_s: float
-                 ) -> dict[str, Any]:
-    """Poll until `fitted` or `rejected` (CliError WAIT_TIMEOUT, exit 9, after timeout_s)."""
+def wait_for_fit(client: ApiClient, namespace: str, ref: str, *, timeout_s: float,
+                 on_state: Callable[[str], None] | None = None) -> dict[str, Any]:
+    """Poll until `fitted` or `rejected` (CliError WAIT_TIMEOUT, exit 9, after timeout_s);
+    every new state is noted on stderr and passed to `on_state`."""
     deadline = time.monotonic() + timeout_s
     delay, last = 0.25, None
     while True:
@@ -49,6 +51,8 @@ def wait_for_fit(client: ApiClient, namespace: str, ref: str, *, timeout_s: floa
         state = str(collection.get("state"))
         if state != last:
             output.note(f"  state: {state}")
+            if on_state is not None:
+                on_state(state)
         last = state
         if state in TERMINAL_STATES:
             return collection
@@ -80,7 +84,7 @@ def fit_command(
 ) -> None:
     """Submit a collection fit; with --wait, exit 5 with the rejection code if rejected."""
     cli = current(ctx)
-    with cli.client() as client:
+    with cli.client() as client, Progress.of(cli) as progress:
         body = {"name": name, "base": resolve_base(client, base), "sources": sources,
                 "method": method, "rank": rank, "clusters": clusters,
                 "iterations": iterations, "rounds": rounds, "seed": seed,
@@ -88,8 +92,9 @@ def fit_command(
         collection: dict[str, Any] = client.post(_root(namespace), json=body)
         if wait and collection.get("state") not in TERMINAL_STATES:
             output.note(f"submitted collection {collection.get('id')}; waiting for the fit")
-            collection = wait_for_fit(client, namespace, str(collection["id"]),
-                                      timeout_s=timeout)
+            with progress.waiting(f"collection {collection.get('id')}") as show:
+                collection = wait_for_fit(client, namespace, str(collection["id"]),
+                                          timeout_s=timeout, on_state=show)
     output.emit(cli, collection, output.render_collection)
     if wait and collection.get("state") == "rejected":
         rejection = collection.get("rejection") or {}
@@ -156,10 +161,12 @@ def download_command(
     with cli.client() as client:
         bundle: dict[str, Any] = client.get(f"{_root(namespace)}/{segment(ref)}/bundle")
     dest.mkdir(parents=True, exist_ok=True)
-    for name, meta in sorted(bundle["files"].items()):
-        if "/" in name or name.startswith("."):
-            raise CliError("INVALID_BUNDLE", f"unexpected file name {name!r} in the bundle")
-        _fetch(str(meta["url"]), dest / name, str(meta["sha256"]), name)
+    with Progress.of(cli) as progress:
+        for name, meta in sorted(bundle["files"].items()):
+            if "/" in name or name.startswith("."):
+                raise CliError("INVALID_BUNDLE", f"unexpected file name {name!r} in the bundle")
+            advance = progress.transfer(f"download {name}", _size(meta))
+            _fetch(str(meta["url"]), dest / name, str(meta["sha256"]), name, advance)
     output.emit(cli, {"digest": bundle["digest"], "dir": str(dest),
                       "files": sorted(bundle["files"])},
                 lambda doc: output.note(f"collection {doc['digest']} -> {doc['dir']}"))
@@ -177,14 +184,21 @@ def _chunks(url: str) -> Iterator[bytes]:
         yield from response.iter_bytes(1 << 20)
 
 
-def _fetch(url: str, path: Path, sha256: str, name: str) -> None:
-    """Stream `url` to `path` through a temporary file, digest-checked."""
+def _size(meta: dict[str, Any]) -> int | None:
+    size = meta.get("size")
+    return size if isinstance(size, int) else None
+
+
+def _fetch(url: str, path: Path, sha256: str, name: str, advance: Advance) -> None:
+    """Stream `url` to `path` through a temporary file, digest-checked; `advance` is told
+    of every chunk written."""
     digest = hashlib.sha256()
     partial = path.with_name(f".{path.name}.partial")
     with partial.open("wb") as out:
         for chunk in _chunks(url):
             digest.update(chunk)
             out.write(chunk)
+            advance(len(chunk))
     if digest.hexdigest() != sha256:
         partial.unlink()
         raise CliError("CHECKSUM_MISMATCH", f"{name}: downloaded bytes do not match "

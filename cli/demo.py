@@ -74,7 +74,7 @@ ADAPTERS = (
 )
 
 
-class _Narrator:
+class Narrator:
     """Prints steps and the equivalent adapterctl command lines."""
 
     def __init__(self) -> None:
@@ -87,7 +87,10 @@ class _Narrator:
         self.console.print(f"[dim]$[/dim] [cyan]adapterctl {line}[/cyan]", highlight=False)
 
     def info(self, line: str) -> None:
-        self.console.print(line, highlight=False)
+        """`line` as it is: generated text is neither wrapped (rich would fold a long run
+        of characters mid-word at the console width; the terminal wraps it instead, and a
+        copy keeps it whole) nor read as rich markup (a model may write `[b]`)."""
+        self.console.print(line, highlight=False, markup=False, soft_wrap=True)
 
 
 def run_demo(*, data_dir: Path, models_dir: Path, port: int = 0) -> dict[str, Any]:
@@ -96,7 +99,7 @@ def run_demo(*, data_dir: Path, models_dir: Path, port: int = 0) -> dict[str, An
 
     Raises `CliError` on any API failure and `StackError` if the stack cannot start.
     """
-    say = _Narrator()
+    say = Narrator()
     started = time.monotonic()
     _quiet_model_loading()
     say.step("1. base model: SmolLM2-135M-Instruct")
@@ -133,7 +136,7 @@ def file_import_env(root: Path) -> dict[str, str]:
 
 
 def _serve(
-    stack: EmbeddedStack, base_dir: Path, data_dir: Path, artifact_ids: list[str], say: _Narrator
+    stack: EmbeddedStack, base_dir: Path, data_dir: Path, artifact_ids: list[str], say: Narrator
 ) -> dict[str, Any]:
     """Steps 6-7: a real agent serves the alias and the base, then sees a hotswap.
 
@@ -151,7 +154,7 @@ def _serve(
     try:
         agent, token = start_demo_agent(
             stack.url, stack.token(), base_dir, data_dir, NAMESPACE,
-            served_model_name=BASE_NAME, long_poll_s="2",
+            long_poll_s="2",  # the base is served under BASE_NAME, its registered name
         )
         say.info(f"agent {agent.url} (pid {agent.proc.pid if agent.proc else '?'})   "
                  f"log {agent.log_path}")
@@ -174,7 +177,7 @@ def _serve(
     return {"completions": completions, "hotswap": hotswap}
 
 
-def _stop_agent(agent: AgentProcess | None, say: _Narrator) -> int | None:
+def _stop_agent(agent: AgentProcess | None, say: Narrator) -> int | None:
     """SIGTERM the agent (SIGKILL after a grace period); return its exit code."""
     if agent is None or agent.proc is None:
         return None
@@ -195,7 +198,7 @@ def _quiet_model_loading() -> None:
     warnings.filterwarnings("ignore", category=FutureWarning, module="transformers")
 
 
-def _prepare_base(dest: Path, say: _Narrator) -> Path:
+def _prepare_base(dest: Path, say: Narrator) -> Path:
     from dataplane.assets.smollm2 import is_prepared, prepare_smollm2
 
     cached = is_prepared(dest)
@@ -203,7 +206,7 @@ def _prepare_base(dest: Path, say: _Narrator) -> Path:
     return prepare_smollm2(dest)
 
 
-def _make_adapter(base_dir: Path, root: Path, spec: DemoAdapter, say: _Narrator) -> Path:
+def _make_adapter(base_dir: Path, root: Path, spec: DemoAdapter, say: Narrator) -> Path:
     from dataplane.assets import make_peft_adapter
 
     dest = make_peft_adapter(
@@ -222,7 +225,7 @@ def _make_adapter(base_dir: Path, root: Path, spec: DemoAdapter, say: _Narrator)
 
 
 def _lifecycle(
-    client: ApiClient, base_dir: Path, adapter_dirs: list[Path], say: _Narrator
+    client: ApiClient, base_dir: Path, adapter_dirs: list[Path], say: Narrator
 ) -> dict[str, Any]:
     say.step("4. register the base, create the namespace, push and validate")
     say.command(f"bases register {base_dir} --name {BASE_NAME}")

@@ -4,6 +4,10 @@ Every failure `adapterctl` reports is a `CliError` carrying a stable `code` (the
 error code, an artifact rejection code, or a local one such as `USAGE`) and an
 `ExitCode`. The mapping is part of the public interface: never renumber, only add.
 
+Codes are printed upper-case, whatever their source: the API's artifact and collection
+rejection codes are lower-case values (`non_finite`, kept as they are in `-o json`
+bodies), and `adapterctl` shows them as `NON_FINITE` like every other code.
+
 | exit | meaning | codes |
 |---|---|---|
 | 0 | success | |
@@ -13,7 +17,7 @@ error code, an artifact rejection code, or a local one such as `USAGE`) and an
 | 4 | conflict | GENERATION_CONFLICT, ALREADY_EXISTS, INVALID_STATE |
 | 5 | invalid / rejected | VALIDATION_ERROR, BASE_MISMATCH, IDEMPOTENCY_MISMATCH, FORBIDDEN_FILE, |
 |   |                    | MISSING_FILE, ARTIFACT_TOO_LARGE, any 4xx without a known code, |
-|   |                    | every (lower-case) artifact rejection code |
+|   |                    | every artifact rejection code (lower-case in the API) |
 | 6 | authentication / authorisation | UNAUTHENTICATED, FORBIDDEN |
 | 7 | server error or unreachable | STORAGE_ERROR, UNREACHABLE, HTTP 5xx |
 | 8 | alias retired | ALIAS_RETIRED |
@@ -74,6 +78,11 @@ _BY_STATUS: dict[int, ExitCode] = {
 }
 
 
+def shown_code(code: str) -> str:
+    """`code` as adapterctl prints it: upper case (rejection codes are lower-case in the API)."""
+    return code.upper()
+
+
 def exit_code_for(code: str, status: int | None = None) -> ExitCode:
     """Exit code for an error `code`, falling back on the HTTP `status` for unknown codes.
 
@@ -95,7 +104,11 @@ def exit_code_for(code: str, status: int | None = None) -> ExitCode:
 
 
 class CliError(Exception):
-    """A reportable failure: printed as `error: <code>: <message>`, exits `exit_code`."""
+    """A reportable failure: printed as `error: <CODE>: <message>`, exits `exit_code`.
+
+    `code` is stored upper-cased (`shown_code`); the exit code is derived from the code as
+    given, so a lower-case rejection code still exits 5.
+    """
 
     def __init__(
         self,
@@ -106,8 +119,8 @@ class CliError(Exception):
         detail: Any = None,
         exit_code: ExitCode | None = None,
     ) -> None:
-        super().__init__(f"{code}: {message}")
-        self.code = code
+        super().__init__(f"{shown_code(code)}: {message}")
+        self.code = shown_code(code)
         self.message = message
         self.status = status
         self.detail = detail

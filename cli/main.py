@@ -13,7 +13,19 @@ from typing import Any
 import typer
 from typer.core import TyperGroup
 
-from cli import agents, artifacts, audit, bases, catalog, collections, namespaces, output, tokens
+from cli import (
+    agents,
+    artifacts,
+    audit,
+    bases,
+    catalog,
+    collections,
+    gc,
+    merges,
+    namespaces,
+    output,
+    tokens,
+)
 from cli.client import DEFAULT_TIMEOUT_S, DEFAULT_URL, TOKEN_ENV, URL_ENV
 from cli.context import CliContext, OutputFormat
 from cli.errors import CliError
@@ -64,10 +76,12 @@ def root(
 app.command("push")(artifacts.push_command)
 catalog.register(app)
 audit.register(app)
+gc.register(app)
 app.add_typer(agents.app, name="agents")
 app.add_typer(artifacts.app, name="artifacts")
 app.add_typer(bases.app, name="bases")
 app.add_typer(collections.app, name="collections")
+app.add_typer(merges.app, name="merges")
 app.add_typer(namespaces.app, name="namespaces")
 app.add_typer(tokens.app, name="tokens")
 

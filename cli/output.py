@@ -19,7 +19,7 @@ from rich.console import Console
 from rich.table import Table
 
 from cli.context import CliContext, OutputFormat
-from cli.errors import CliError
+from cli.errors import CliError, shown_code
 
 Renderer = Callable[[Any], None]
 
@@ -48,7 +48,7 @@ def print_json(data: Any) -> None:
 
 def print_error(error: CliError) -> None:
     """`error: <CODE>: <message>` on stderr (plain text: CI logs grep it)."""
-    typer.echo(f"error: {error.code}: {error.message}", err=True)
+    typer.echo(f"error: {shown_code(error.code)}: {error.message}", err=True)
 
 
 def note(message: str) -> None:
@@ -126,6 +126,18 @@ def _activation(artifact: dict[str, Any]) -> str | None:
     return "always on" if tokens is None else f"aLoRA, invoked by tokens {tokens}"
 
 
+def _rejection_code(rejection: Any) -> str | None:
+    """A rejection's code as every error is printed (upper case); None without one."""
+    code = rejection.get("code") if isinstance(rejection, dict) else None
+    return shown_code(str(code)) if code else None
+
+
+def _rejection(rejection: dict[str, Any]) -> str | None:
+    if not rejection:
+        return None
+    return f"{_rejection_code(rejection)}: {rejection.get('message')}"
+
+
 def render_artifact(artifact: dict[str, Any]) -> None:
     rejection = artifact.get("rejection") or {}
     modules = artifact.get("modules")
@@ -143,7 +155,7 @@ def render_artifact(artifact: dict[str, Any]) -> None:
             ("upload_sha256", artifact.get("upload_sha256")),
             (
                 "rejection",
-                f"{rejection.get('code')}: {rejection.get('message')}" if rejection else None,
+                _rejection(rejection),
             ),
             ("validation_attempts", artifact.get("validation_attempts")),
             ("last_error", artifact.get("last_error")),
@@ -162,7 +174,7 @@ def render_artifacts(page: dict[str, Any]) -> None:
             short(a.get("base")),
             a.get("method"),
             a.get("size_bytes"),
-            (a.get("rejection") or {}).get("code"),
+            _rejection_code(a.get("rejection")),
             a.get("created_at"),
         )
         for a in page.get("items", [])
@@ -339,7 +351,7 @@ def render_collection(collection: dict[str, Any]) -> None:
             ("size_bytes", collection.get("size_bytes")),
             (
                 "rejection",
-                f"{rejection.get('code')}: {rejection.get('message')}" if rejection else None,
+                _rejection(rejection),
             ),
             ("fit_attempts", collection.get("fit_attempts")),
             ("last_error", collection.get("last_error")),
@@ -360,7 +372,7 @@ def render_collections(page: dict[str, Any]) -> None:
             (c.get("spec") or {}).get("method"),
             (c.get("spec") or {}).get("rank"),
             (c.get("metrics") or {}).get("max_relative_error"),
-            (c.get("rejection") or {}).get("code"),
+            _rejection_code(c.get("rejection")),
         )
         for c in page.get("items", [])
     ]

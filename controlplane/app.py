@@ -5,9 +5,10 @@ job queue. One error body everywhere: `{"error", "code", "detail"}` (see errors.
 unhandled exception becomes 500 INTERNAL_ERROR in kit/request_log.py). Every request
 is logged as one structlog JSON line with its `X-Request-ID`.
 
-Middleware, outermost first: the request log; the auth gate (401 before a body is read,
-auth/gate.py); the body limits (kit/body_limit.py). An unreachable database is a
-retryable 503 DATABASE_UNAVAILABLE with `Retry-After`, wherever it surfaces.
+Middleware, outermost first: the request metrics (metrics/, served at `GET /metrics`);
+the request log; the auth gate (401 before a body is read, auth/gate.py); the body limits
+(kit/body_limit.py). An unreachable database is a retryable 503 DATABASE_UNAVAILABLE with
+`Retry-After`, wherever it surfaces.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
-from fastapi import FastAPI, Request
+from fastapi import Depends, FastAPI, Request
 from fastapi.encoders import jsonable_encoder
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
@@ -33,6 +34,7 @@ from controlplane.bases.endpoints import router as bases_router
 from controlplane.catalog.endpoints import router as catalog_router
 from controlplane.collections.endpoints import router as collections_router
 from controlplane.config import Settings
+from controlplane.console import CONSOLE_PREFIX, install_console
 from controlplane.db import make_engine, make_session_factory
 from controlplane.errors import ERROR_RESPONSES, AdapterplaneError, ErrorBody
 from controlplane.fleet.endpoints import router as fleet_router
@@ -47,7 +49,12 @@ from controlplane.kit.failures import (
     error_response,
 )
 from controlplane.kit.request_log import RequestLogMiddleware, configure_logging
+from controlplane.kit.strict_query import strict_query
+from controlplane.merges.endpoints import lineage_router as merge_lineage_router
+from controlplane.merges.endpoints import router as merges_router
+from controlplane.metrics.endpoint import install_metrics
 from controlplane.namespaces.endpoints import router as namespaces_router
+from controlplane.retention.endpoints import router as retention_router
 from controlplane.storage import StorageError, store_from_settings
 from controlplane.worker.celery_app import make_celery
 from controlplane.worker.context import dispose_worker_context
@@ -116,14 +123,17 @@ def create_app(settings: Settings | None = None, *, process_scratch: bool = Fals
     app.add_middleware(BodyLimitMiddleware, max_body_bytes=settings.max_json_body_bytes,
                        max_upload_bytes=settings.max_artifact_bytes + MULTIPART_OVERHEAD_BYTES,
                        upload_path=UPLOAD_PATH)
-    app.add_middleware(AuthGateMiddleware)
+    app.add_middleware(AuthGateMiddleware, self_authenticated_prefix=CONSOLE_PREFIX)
     app.add_middleware(RequestLogMiddleware)
+    install_metrics(app)  # outermost: GET /metrics, and every answer counted
     app.include_router(health_router)
     # the catalog first: routes are matched in order, and resolve is the hot path
     for router in (catalog_router, bases_router, namespaces_router, artifacts_router,
                    collections_router, audit_router, tokens_router, agents_router,
-                   fleet_router):
-        app.include_router(router, responses=ERROR_RESPONSES)
+                   fleet_router, retention_router, merges_router, merge_lineage_router):
+        app.include_router(router, responses=ERROR_RESPONSES,
+                           dependencies=[Depends(strict_query)])
+    install_console(app)  # the web console at /ui (controlplane/console)
     _install_error_handlers(app)
     return app
 

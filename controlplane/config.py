@@ -100,6 +100,14 @@ class Settings(BaseSettings):
     job_reap_interval_s: int = Field(default=300, ge=0)
     """How often a worker runs the reaper (and once at start), in seconds; 0: never."""
 
+    gc_grace_s: int = Field(default=24 * 3600, ge=0)
+    """Blob garbage collection removes an unreferenced blob only when it was last written
+    this many seconds ago and no push or fit leased it within as long; keep it above the
+    longest push or fit (`job_time_limit_s`)."""
+    gc_interval_s: int = Field(default=3600, ge=0)
+    """How often Celery beat (`adapterplane worker --beat`) runs blob garbage collection,
+    in seconds; 0: never (`POST /v1/gc` still runs it on demand)."""
+
     max_artifact_bytes: int = Field(default=2 * 1024**3, ge=1)
     """Upper bound on the sum of an artifact's file sizes (push and validation)."""
     max_rank: int = Field(default=256, ge=1)

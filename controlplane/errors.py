@@ -72,6 +72,14 @@ class ArtifactCorrupt(AdapterplaneError):
     code = "ARTIFACT_CORRUPT"
 
 
+class ArtifactReferenced(AdapterplaneError):
+    """Delete of an artifact that a catalog generation (current or historical: history
+    stays resolvable for rollback) or a collection still names."""
+
+    status_code = 409
+    code = "ARTIFACT_REFERENCED"
+
+
 class AliasRetired(AdapterplaneError):
     status_code = 410
     code = "ALIAS_RETIRED"
@@ -153,7 +161,7 @@ ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
         (403, "The token lacks the needed scope (FORBIDDEN)."),
         (404, "Not found (NOT_FOUND)."),
         (409, "Conflict (GENERATION_CONFLICT, ALREADY_EXISTS, INVALID_STATE, "
-               "ARTIFACT_CORRUPT)."),
+               "ARTIFACT_CORRUPT, ARTIFACT_REFERENCED)."),
         (422, "Invalid input (VALIDATION_ERROR, BASE_MISMATCH, IDEMPOTENCY_MISMATCH...)."),
         (503, "The database is unreachable (DATABASE_UNAVAILABLE); retry after `Retry-After` "
               "seconds."),

@@ -8,7 +8,8 @@ Each step runs in its own short transaction, as in artifact validation:
    error propagates for the Celery retry after `last_error` is recorded.
 3. fit with `dataplane.collections.compress_collection` (validates every member against
    the base again, checks each member's bytes re-derive its recorded H_artifact).
-4. store the bundle files as content-addressed blobs plus a manifest blob.
+4. store the bundle files as content-addressed blobs plus a manifest blob, each leased
+   first so blob GC leaves it alone until step 5 references it (controlplane/retention).
 5. finish: `fitting -> fitted` (H_collection, files, assignment, metrics written once) or
    `-> rejected` (code, message, detail; a release refusal keeps its metrics), with an
    audit row, in one transaction. If another run finished first, nothing changes.
@@ -28,8 +29,9 @@ from sqlalchemy.orm import Session, sessionmaker
 from controlplane.audit.service import record_audit
 from controlplane.db import session_scope
 from controlplane.models import Artifact, Collection, CollectionState, utcnow
-from controlplane.storage import ObjectStore
-from controlplane.worker.job_rows import fetch_blobs, locked, record_error
+from controlplane.retention.leases import factory_lease
+from controlplane.storage import BlobClaim, ObjectStore
+from controlplane.worker.job_rows import Refused, fetch_blobs, locked, record_error
 
 WORKER_ACTOR = "worker:fit_collection"
 BUNDLE_MANIFEST_FORMAT = "adapterplane.collection-dir/v1"
@@ -46,14 +48,6 @@ class Fitted:
     @property
     def size_bytes(self) -> int:
         return sum(int(f["size"]) for f in self.files.values())
-
-
-@dataclass(frozen=True)
-class Refused:
-    code: str
-    message: str
-    detail: dict[str, Any]
-    metrics: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True)
@@ -79,7 +73,7 @@ def fit_collection_now(collection_id: int, *, session_factory: sessionmaker[Sess
             outcome = refused
         else:
             try:
-                outcome = _fit_and_store(claim, root, store)
+                outcome = _fit_and_store(claim, root, store, factory_lease(session_factory))
             except Exception as exc:  # storage (retried), a bug or an environment fault
                 _record_error(session_factory, collection_id, f"{type(exc).__name__}: {exc}")
                 raise
@@ -121,7 +115,8 @@ def _fetch(factory: sessionmaker[Session], store: ObjectStore, collection_id: in
     return None
 
 
-def _fit_and_store(claim: Claim, root: Path, store: ObjectStore) -> Fitted | Refused:
+def _fit_and_store(claim: Claim, root: Path, store: ObjectStore,
+                   lease: BlobClaim) -> Fitted | Refused:
     from fractions import Fraction
 
     from dataplane.artifacts import BaseModelABI
@@ -154,13 +149,13 @@ def _fit_and_store(claim: Claim, root: Path, store: ObjectStore) -> Fitted | Ref
     files: dict[str, Any] = {}
     for path in sorted(out.iterdir()):
         with path.open("rb") as handle:
-            ref = store.put_blob(handle)
+            ref = store.put_blob(handle, claim=lease)
         files[path.name] = {"sha256": ref.sha256, "size": ref.size, "key": ref.key}
     manifest = json.dumps({"format": BUNDLE_MANIFEST_FORMAT, "h_collection": bundle.h_collection,
                            "files": {n: {"sha256": f["sha256"], "size": f["size"]}
                                      for n, f in files.items()}},
                           sort_keys=True, separators=(",", ":")).encode()
-    manifest_ref = store.put_blob_bytes(manifest)
+    manifest_ref = store.put_blob_bytes(manifest, claim=lease)
     return Fitted(bundle.h_collection, files, manifest_ref.key, bundle.assignment,
                   dict(bundle.metrics))
 

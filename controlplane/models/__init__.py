@@ -12,9 +12,11 @@ from controlplane.models.artifact import (
 from controlplane.models.audit import AuditEntry
 from controlplane.models.base import Base, utcnow
 from controlplane.models.base_model import BaseModel
+from controlplane.models.blob_lease import BlobLease
 from controlplane.models.catalog import Alias, CatalogAction, CatalogGeneration
 from controlplane.models.collection import Collection, CollectionState, CollectionStateError
 from controlplane.models.collection_member import CollectionMember, CollectionMemberError
+from controlplane.models.merge import Merge, MergeState, MergeStateError
 from controlplane.models.namespace import Namespace
 
 __all__ = [
@@ -27,6 +29,7 @@ __all__ = [
     "AuditEntry",
     "Base",
     "BaseModel",
+    "BlobLease",
     "CatalogAction",
     "CatalogGeneration",
     "Collection",
@@ -34,6 +37,9 @@ __all__ = [
     "CollectionMemberError",
     "CollectionState",
     "CollectionStateError",
+    "Merge",
+    "MergeState",
+    "MergeStateError",
     "Namespace",
     "utcnow",
 ]

@@ -5,7 +5,8 @@ re-queued when a worker dies mid-task, one prefetched task per process, a hard t
 limit of `job_time_limit_s` per attempt). The broker's visibility timeout (Redis) is
 that limit plus `job_visibility_margin_s`: a message taken by a worker that died is
 delivered again after it, while no live attempt can still hold it. Worker start/stop
-hooks (scratch dirs, the reaper) are in `lifecycle.py`. The
+hooks (scratch dirs, the reaper) are in `lifecycle.py`; the beat schedule (blob garbage
+collection, `beat_schedule`) runs only in a worker started with `--beat`. The
 module-level `celery_app` (alias `app`) is built lazily from the environment
 (`ADAPTERPLANE_*`) on first access.
 """
@@ -19,7 +20,9 @@ from celery import Celery
 
 from controlplane.config import Settings
 
-TASK_MODULES = ("controlplane.artifacts.tasks", "controlplane.collections.tasks")
+TASK_MODULES = ("controlplane.artifacts.tasks", "controlplane.collections.tasks",
+                "controlplane.retention.tasks", "controlplane.merges.tasks")
+GC_TASK = "adapterplane.collect_garbage"
 
 
 def make_celery(settings: Settings) -> Celery:
@@ -44,6 +47,8 @@ def make_celery(settings: Settings) -> Celery:
         worker_hijack_root_logger=False,
         task_time_limit=settings.job_time_limit_s,
         broker_transport_options=broker_transport_options(settings),
+        beat_schedule=beat_schedule(settings),
+        beat_schedule_filename=str(settings.data_dir / "celerybeat-schedule"),
     )
     # Kept off app.conf so configuration dumps (`celery inspect conf`) never show the
     # database URL or storage credentials.
@@ -51,9 +56,22 @@ def make_celery(settings: Settings) -> Celery:
     # register the shared tasks and connect the worker signals
     import controlplane.artifacts.tasks
     import controlplane.collections.tasks
+    import controlplane.merges.tasks
+    import controlplane.retention.tasks
     import controlplane.worker.lifecycle  # noqa: F401
 
     return app
+
+
+def beat_schedule(settings: Settings) -> dict[str, dict[str, object]]:
+    """What Celery beat sends (only a worker started with `--beat` runs beat): blob
+    garbage collection every `gc_interval_s` (none when 0), to the jobs' queue. Beat
+    only sends messages, so it works on every broker, the embedded SQLite one included;
+    its last-run times are kept in `<data_dir>/celerybeat-schedule`."""
+    if settings.gc_interval_s <= 0:
+        return {}
+    return {"collect-garbage": {"task": GC_TASK, "schedule": float(settings.gc_interval_s),
+                                "options": {"queue": settings.celery_queue}}}
 
 
 def broker_transport_options(settings: Settings) -> dict[str, int]:

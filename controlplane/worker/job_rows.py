@@ -26,6 +26,17 @@ Row = TypeVar("Row")
 
 
 @dataclass(frozen=True)
+class Refused:
+    """A job's typed refusal of its row: the rejection code, message and detail (and the
+    metrics a release gate measured before refusing, kept on the row)."""
+
+    code: str
+    message: str
+    detail: dict[str, Any]
+    metrics: dict[str, Any] | None = None
+
+
+@dataclass(frozen=True)
 class Fault:
     code: str
     message: str

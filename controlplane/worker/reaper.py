@@ -33,6 +33,8 @@ from controlplane.models import (
     AuditEntry,
     Collection,
     CollectionState,
+    Merge,
+    MergeState,
     utcnow,
 )
 from controlplane.worker.jobs import JobQueue
@@ -57,6 +59,8 @@ JOB_KINDS = (
     JobKind("collection", Collection,
             (CollectionState.PENDING.value, CollectionState.FITTING.value),
             "adapterplane.fit_collection"),
+    JobKind("merge", Merge, (MergeState.PENDING.value, MergeState.MERGING.value),
+            "adapterplane.merge_release"),
 )
 
 

@@ -76,7 +76,7 @@ def test_drain_a_real_agent(deployment: Deployment,
                      {"ADAPTERPLANE_AGENT_FAULT_STEP_DELAY_S": str(STEP_DELAY_S)}) as agent:
         (me,) = deployment.admin.call("GET", "/v1/agents", params={"name": NAME})
         assert me["state"] == "live" and me["drain"] is False
-        assert me["capabilities"]["served_model_name"] == "tiny-base"
+        assert me["capabilities"]["served_model_name"] == "agent-tiny"  # registered name
 
         def shown() -> dict[str, Any]:
             return dict(deployment.admin.call("GET", f"/v1/agents/{me['id']}"))

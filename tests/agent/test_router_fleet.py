@@ -33,6 +33,8 @@ from .conftest import Deployment
 from .stack import AgentProcess
 
 MAX_TOKENS = 6
+BASE_NAME = "fleet-tiny"
+"""The base's registered name: what agents serve the bare base model as."""
 FLEET_ADAPTERS: dict[str, dict[str, Any]] = {
     "a": dict(seed=21, rank=4, alpha=8, target_modules=["q_proj", "v_proj"]),
     "b": dict(seed=22, rank=8, alpha=16, target_modules=["q_proj", "o_proj", "down_proj"]),
@@ -84,7 +86,7 @@ def fleet(deployment: Deployment, tmp_path_factory: pytest.TempPathFactory) -> I
     paths = {n: make_peft_adapter(base, root / n, **spec) for n, spec in FLEET_ADAPTERS.items()}
     admin = deployment.admin
     h_base = str(admin.call("POST", "/v1/bases", json={
-        "name": "fleet-tiny", "abi": read_base_abi(base).to_record()})["h_base"])
+        "name": BASE_NAME, "abi": read_base_abi(base).to_record()})["h_base"])
     namespace = f"fl-{uuid.uuid4().hex[:8]}"
     admin.call("POST", "/v1/namespaces", json={"name": namespace})
     artifacts = {n: admin.push(namespace, h_base, p) for n, p in paths.items()}
@@ -105,7 +107,7 @@ def fleet(deployment: Deployment, tmp_path_factory: pytest.TempPathFactory) -> I
     try:
         for process in (*agents, *routers):
             process.start()
-        fleet = Fleet(deployment, namespace, h_base, base.name, artifacts, reference, agents,
+        fleet = Fleet(deployment, namespace, h_base, BASE_NAME, artifacts, reference, agents,
                       routers, reader)
         for name in ("a", "b", "c"):
             fleet.wait_routers_see(f"{namespace}/{name}")
@@ -277,6 +279,34 @@ def test_republish_mid_load_every_answer_is_its_admitted_generation(fleet: Fleet
 def _restart(agent: AgentProcess) -> None:
     agent.stop()
     agent.start()
+
+
+def test_a_client_gone_aborts_its_request_at_the_agent(fleet: Fleet) -> None:
+    """Non-streaming and streaming: the router closes the agent's connection when its
+    client leaves, and the agent stops generating (200 tokens at >= 20 ms a step would
+    run >= 4 s)."""
+    router = fleet.routers[0]
+    headers = {"Authorization": f"Bearer {fleet.reader}"}
+    body = {"model": f"{fleet.namespace}/a", "prompt": [9, 8, 7], "max_tokens": 200,
+            "ignore_eos": True}
+
+    def live() -> int:
+        return sum(a.state()["live"] for a in fleet.agents)
+
+    for stream in (False, True):
+        started = time.monotonic()
+        if stream:
+            with httpx.stream("POST", f"{router.url}/v1/completions", headers=headers,
+                              json={**body, "stream": True}, timeout=30) as r:
+                assert r.status_code == 200
+                next(r.iter_lines())  # a token has come: the request is running
+        else:
+            with pytest.raises(httpx.ReadTimeout):
+                httpx.post(f"{router.url}/v1/completions", headers=headers, json=body,
+                           timeout=httpx.Timeout(30, read=0.5))
+        while live():
+            assert time.monotonic() - started < 2.5, f"stream={stream}: still generating"
+            time.sleep(0.05)
 
 
 def test_kill_9_mid_load_retries_elsewhere(fleet: Fleet) -> None:

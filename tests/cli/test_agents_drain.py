@@ -47,6 +47,8 @@ class FakeAgent:
         self.heard_drain_at: float | None = None
         self.reported_drained_at: float | None = None
         self._stop = threading.Event()
+        self.beat = threading.Event()
+        """Set by the first accepted heartbeat."""
         self._thread = threading.Thread(target=self._run, daemon=True)
 
     def _run(self) -> None:
@@ -61,6 +63,7 @@ class FakeAgent:
                 "free_pages": 40, "pool_pages": 64, "drained": drained})
             if r.status_code != 200:
                 continue
+            self.beat.set()
             if drained and self.reported_drained_at is None:
                 self.reported_drained_at = now
             if r.json()["drain"]:
@@ -70,6 +73,7 @@ class FakeAgent:
 
     def __enter__(self) -> FakeAgent:
         self._thread.start()
+        assert self.beat.wait(10), "the first heartbeat was never accepted"
         return self
 
     def __exit__(self, *_exc: object) -> None:

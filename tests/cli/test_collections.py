@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import unquote, urlparse
 
+from on_terminal import PROGRESS_BAR, adapterctl_on_terminal
 from test_lifecycle import CliAssets, Invoke, PushWait, ok_json
 
 
@@ -42,6 +43,14 @@ def test_fit_show_member_publish(adapterctl: Invoke, cli_assets: CliAssets, h_ba
     from dataplane.collections import read_bundle
 
     assert read_bundle(tmp_path / "bundle").h_collection == fitted["digest"]
+    # a person at a terminal sees each file's download progress
+    watched = adapterctl_on_terminal(control_plane.url, control_plane.token(), "collections",
+                                     "download", namespace, str(fitted["id"]),
+                                     str(tmp_path / "watched"))
+    assert watched.returncode == 0, watched.terminal
+    assert "download collection.safetensors" in watched.terminal
+    assert PROGRESS_BAR in watched.terminal
+    assert read_bundle(tmp_path / "watched").h_collection == fitted["digest"]
 
     member = ok_json(adapterctl("-o", "json", "collections", "member", namespace,
                                 str(fitted["id"]), "1", "--wait"))
@@ -74,6 +83,6 @@ def test_fit_of_mismatched_members_exits_with_the_rejection_code(
                         str(b["id"]), "--base", "cli-tests-tiny", "--name", "mixed",
                         "--rank", "2", "--wait", "--timeout", "120")
     assert result.exit_code == 5, result.output
-    assert "error: collection_invalid: members must adapt the same modules" in result.stderr
+    assert "error: COLLECTION_INVALID: members must adapt the same modules" in result.stderr
     shown: Any = json.loads(adapterctl("-o", "json", "collections", "list", namespace).stdout)
     assert shown["items"][0]["rejection"]["code"] == "collection_invalid"

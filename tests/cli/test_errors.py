@@ -50,8 +50,11 @@ def test_rejected_artifact_exits_5_with_its_rejection_code(
     artifact = json.loads(result.stdout)
     assert artifact["state"] == "rejected"
     code = artifact["rejection"]["code"]
-    assert code == code.lower() and code
-    assert result.stderr.strip().splitlines()[-1].startswith(f"error: {code}: ")
+    assert code == code.lower() and code  # the API's value, unchanged in -o json
+    # printed upper-case like every other code (`error: NON_FINITE: ...`)
+    assert result.stderr.strip().splitlines()[-1].startswith(f"error: {code.upper()}: ")
+    shown = adapterctl("artifacts", "show", namespace, str(artifact["id"]))
+    assert f"{code.upper()}: " in shown.stdout and f"{code}: " not in shown.stdout
     # A rejected artifact cannot be published: 409 INVALID_STATE.
     refused = adapterctl("publish", f"{namespace}/bad", str(artifact["id"]))
     assert refused.exit_code == 4
@@ -89,7 +92,7 @@ def test_scopes_forbid_and_bad_tokens_are_unauthenticated(
 
 def test_usage_errors_exit_2_without_a_request(adapterctl: Invoke, tmp_path: Path) -> None:
     assert adapterctl("resolve", "no-slash").exit_code == 2
-    result = adapterctl("push", str(tmp_path), "-n", "ns", "-b", "0" * 64)
+    result = adapterctl("push", str(tmp_path / "absent"), "-n", "ns", "-b", "0" * 64)
     assert result.exit_code == 2
     assert result.stderr.startswith("error: USAGE: ")
     assert adapterctl("tokens", "create", "--name", "x", "--grant", "ns:owner").exit_code == 2

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
+from pathlib import Path
+from typing import Any
 
 import pytest
 from pydantic import Field
@@ -11,7 +13,7 @@ from pydantic_settings import BaseSettings
 from typer.testing import CliRunner, Result
 
 from agent.config import settings_usage
-from cli import launcher, output
+from cli import demo, launcher, output
 from cli.main import app
 
 Invoke = Callable[..., Result]
@@ -97,3 +99,45 @@ def test_shell_completion_is_available(application: object, prog: str) -> None:
     )
     assert script.exit_code == 0, script.output
     assert f"_{prog.upper()}_COMPLETE=complete_bash" in script.stdout
+
+
+def _bad_adapter_dirs(root: Path, good: Path) -> dict[str, tuple[Path, str]]:
+    """Directories the server refuses, each with the code it refuses them with."""
+    config, weights = (good / "adapter_config.json"), (good / "adapter_model.safetensors")
+    made: dict[str, tuple[Path, str]] = {}
+    for name, files, code in (
+        ("pickle-beside", {"adapter_config.json": config.read_bytes(),
+                           "adapter_model.safetensors": weights.read_bytes(),
+                           "adapter_model.bin": b"\x80\x04pickle"}, "FORBIDDEN_FILE"),
+        ("pickle-only", {"adapter_config.json": config.read_bytes(),
+                         "adapter_model.bin": b"\x80\x04pickle"}, "FORBIDDEN_FILE"),
+        ("no-config", {"adapter_model.safetensors": weights.read_bytes()}, "MISSING_FILE"),
+        ("empty", {}, "MISSING_FILE"),
+    ):
+        directory = root / name
+        directory.mkdir()
+        for file, data in files.items():
+            (directory / file).write_bytes(data)
+        made[name] = (directory, code)
+    return made
+
+
+def test_a_bad_adapter_gets_one_code_pushed_locally_or_through_file_uri(
+        adapterctl: Invoke, cli_assets: Any, h_base: str, namespace: str,
+        tmp_path: Path) -> None:
+    for name, (directory, code) in _bad_adapter_dirs(tmp_path, cli_assets.adapter_a).items():
+        for source in (str(directory), directory.resolve().as_uri()):
+            result = adapterctl("push", source, "-n", namespace, "-b", h_base)
+            assert (result.exit_code, result.stdout) == (5, ""), (name, source, result.output)
+            assert result.stderr.startswith(f"error: {code}: "), (name, source, result.stderr)
+    listed = adapterctl("-o", "json", "artifacts", "list", namespace)
+    assert '"items": []' in listed.stdout  # nothing was stored
+
+
+def test_demo_lines_are_not_wrapped_nor_read_as_markup(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setenv("COLUMNS", "40")
+    line = ("demo/support-bot: generation 3 -> ' Paris.Paris.Paris.Paris.Paris.Paris.Paris."
+            "Paris. [b]The capital of France is Paris'")
+    demo.Narrator().info(line)
+    assert capsys.readouterr().out == line + "\n"

@@ -26,6 +26,16 @@ def test_empty_cursor_is_the_first_page(api: Api, assets: Assets) -> None:
     assert empty.json() == first.json()
 
 
+def test_unknown_or_repeated_query_parameters_are_refused(api: Api) -> None:
+    for query, key, why in (("limt=5", "limt", "not a parameter"),
+                            ("limit=5&limit=6", "limit", "more than once")):
+        r = api.client.get(f"/v1/namespaces?{query}", headers=api.admin)
+        assert r.status_code == 422, r.text
+        assert r.json()["code"] == "VALIDATION_ERROR"
+        assert f"query.{key}" in r.json()["error"] and why in r.json()["error"]
+    assert api.client.get("/v1/namespaces?limit=5", headers=api.admin).status_code == 200
+
+
 def test_malformed_bodies_are_validation_errors(api: Api, assets: Assets) -> None:
     setup_namespace(api, assets.abi)
     bad = [
