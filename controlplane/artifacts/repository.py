@@ -28,13 +28,16 @@ class ArtifactRepository(Repository[Artifact]):
             Artifact.upload_sha256 == upload_sha256))
 
     def get_by_ref(self, namespace_id: int, ref: str, *, lean: bool = False,
-                   with_files: bool = False) -> Artifact:
+                   with_files: bool = False, hold: bool = False) -> Artifact:
         """`ref` is an artifact id, or `sha256:<H_artifact>` (the oldest validated artifact
         with that digest in the namespace: equal digests mean equal adapters).
 
         `lean`: load only the scalar columns a catalog change needs (no JSONB column, no
         joined namespace/base; those load on access); `with_files` adds the `files` column
-        (what a blob check reads)."""
+        (what a blob check reads); `hold`: share-lock the row until the transaction ends,
+        for a new row that will name it as a source (an artifact delete locks it for update,
+        so it either waits and then sees the new reference, or deleted it first and this is
+        NotFound)."""
         if ref.startswith(DIGEST_REF_PREFIX):
             digest = ref[len(DIGEST_REF_PREFIX):]
             stmt = (self.in_namespace(namespace_id, ArtifactState.VALIDATED.value)
@@ -50,4 +53,6 @@ class ArtifactRepository(Repository[Artifact]):
             if with_files:
                 columns.append(Artifact.files)
             stmt = stmt.options(lazyload("*"), load_only(*columns))
+        if hold:
+            stmt = stmt.with_for_update(read=True, of=Artifact)
         return self.get_one(stmt, what=ref)

@@ -68,7 +68,7 @@ def submit_collection(session: Session, jobs: JobQueue, *, namespace: str,
     artifacts = ArtifactRepository(session)
     sources: list[dict[str, Any]] = []
     for ref in body.sources:
-        artifact = artifacts.get_by_ref(ns.id, str(ref))
+        artifact = artifacts.get_by_ref(ns.id, str(ref), hold=True)
         if artifact.state != ArtifactState.VALIDATED.value:
             raise InvalidState(f"source {ref} is {artifact.state}, not validated",
                                detail={"source": ref, "state": artifact.state})

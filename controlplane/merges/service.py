@@ -65,7 +65,7 @@ def _resolve_adapters(session: Session, namespace_id: int, base_id: int, body: M
     adapters: list[dict[str, Any]] = []
     for item in body.adapters:
         ref = str(item.artifact)
-        artifact = artifacts.get_by_ref(namespace_id, ref)
+        artifact = artifacts.get_by_ref(namespace_id, ref, hold=True)
         if artifact.state != ArtifactState.VALIDATED.value:
             raise InvalidState(f"adapter {ref} is {artifact.state}, not validated",
                                detail={"adapter": ref, "state": artifact.state})

@@ -182,6 +182,32 @@ def test_delete_refused_for_a_collection_source(pg_api: Api, assets: Assets) -> 
     assert bundle | blob_keys_of(a) <= stored_keys(store)
 
 
+def test_a_collection_submitted_during_its_sources_delete_is_refused(pg_api: Api,
+                                                                    assets: Assets) -> None:
+    """The delete holds the source row (FOR UPDATE) when the collection is submitted: the
+    submit waits for it, then finds the source gone (404), and no collection names a
+    deleted artifact."""
+    api = pg_api
+    setup_namespace(api, assets.abi)
+    a = push(api, assets.adapter_a)
+    answers: list[Any] = []
+    with session_scope(api.app.state.session_factory) as deleting:
+        row = deleting.scalars(select(Artifact).where(Artifact.id == a["id"])
+                               .with_for_update(of=Artifact)).one()
+        submit = threading.Thread(target=lambda: answers.append(api.client.post(
+            "/v1/namespaces/acme/collections", headers=api.admin, json={
+                "name": "c", "base": assets.h_base, "sources": [a["id"]], "rank": 4})))
+        submit.start()
+        submit.join(timeout=1.0)
+        assert submit.is_alive(), "the submit did not wait for the delete's lock"
+        deleting.delete(row)
+        deleting.commit()
+    submit.join(timeout=30)
+    assert answers and answers[0].status_code == 404, answers[0].text
+    listed = api.client.get("/v1/namespaces/acme/collections", headers=api.admin).json()
+    assert listed["items"] == []
+
+
 # ---------------------------------------------------------------- GC
 
 
