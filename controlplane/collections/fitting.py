@@ -31,7 +31,7 @@ from controlplane.db import session_scope
 from controlplane.models import Artifact, Collection, CollectionState, utcnow
 from controlplane.retention.leases import factory_lease
 from controlplane.storage import BlobClaim, ObjectStore
-from controlplane.worker.job_rows import Refused, fetch_blobs, locked, record_error
+from controlplane.worker.job_rows import Refused, fetch_blobs, locked, record_error, record_refusal
 
 WORKER_ACTOR = "worker:fit_collection"
 BUNDLE_MANIFEST_FORMAT = "adapterplane.collection-dir/v1"
@@ -192,14 +192,9 @@ def _finish(factory: sessionmaker[Session], collection_id: int,
                          detail={"digest": outcome.digest,
                                  "max_relative_error": outcome.metrics["max_relative_error"]})
         else:
-            collection.transition(CollectionState.REJECTED)
-            collection.rejection_code = outcome.code
-            collection.rejection_message = outcome.message
-            collection.rejection_detail = outcome.detail
-            collection.metrics = outcome.metrics
-            record_audit(session, actor=WORKER_ACTOR, action="collection.rejected",
-                         namespace=namespace, target=target,
-                         detail={"code": outcome.code, "message": outcome.message})
+            record_refusal(session, collection, outcome, CollectionState.REJECTED,
+                           actor=WORKER_ACTOR, action="collection.rejected",
+                           namespace=namespace, target=target)
         collection.last_error = None
         state = collection.state
         session.commit()

@@ -44,7 +44,7 @@ from controlplane.merges.checkpoint_source import CheckpointUnavailable, fetch_c
 from controlplane.models import Artifact, BaseModel, Merge, MergeState, utcnow
 from controlplane.retention.leases import factory_lease
 from controlplane.storage import BlobClaim, ObjectStore
-from controlplane.worker.job_rows import Refused, fetch_blobs, locked, record_error
+from controlplane.worker.job_rows import Refused, fetch_blobs, locked, record_error, record_refusal
 
 WORKER_ACTOR = "worker:merge_release"
 MANIFEST_FILE = "merge.json"
@@ -240,14 +240,8 @@ def _finish(factory: sessionmaker[Session], merge_id: int,
                          detail={"h_merged": outcome.digest, "merged_base": merged_base.h_base,
                                  "max_relative_error": outcome.metrics["max_relative_error"]})
         else:
-            merge.transition(MergeState.REJECTED)
-            merge.rejection_code = outcome.code
-            merge.rejection_message = outcome.message
-            merge.rejection_detail = outcome.detail
-            merge.metrics = outcome.metrics
-            record_audit(session, actor=WORKER_ACTOR, action="merge.rejected",
-                         namespace=namespace, target=target,
-                         detail={"code": outcome.code, "message": outcome.message})
+            record_refusal(session, merge, outcome, MergeState.REJECTED, actor=WORKER_ACTOR,
+                           action="merge.rejected", namespace=namespace, target=target)
         merge.last_error = None
         state = merge.state
         session.commit()

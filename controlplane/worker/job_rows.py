@@ -19,6 +19,7 @@ from typing import Any, TypeVar
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
+from controlplane.audit.service import record_audit
 from controlplane.db import begin_write, session_scope
 from controlplane.storage import ChecksumMismatch, ObjectNotFound, ObjectStore, StorageError
 
@@ -78,3 +79,16 @@ def fetch_blobs(store: ObjectStore, files: Mapping[str, Any], dest: Path, *, whe
             on_error(f"{type(exc).__name__}: {exc}")
             raise
     return None
+
+
+def record_refusal(session: Session, row: Any, refused: Refused, rejected: Any, *,
+                   actor: str, action: str, namespace: str, target: str) -> None:
+    """Move a job's row to `rejected` with the refusal's code, message, detail and
+    metrics, and its audit entry (`action`), in the caller's transaction."""
+    row.transition(rejected)
+    row.rejection_code = refused.code
+    row.rejection_message = refused.message
+    row.rejection_detail = refused.detail
+    row.metrics = refused.metrics
+    record_audit(session, actor=actor, action=action, namespace=namespace, target=target,
+                 detail={"code": refused.code, "message": refused.message})
