@@ -12,6 +12,7 @@ adapter can never be loaded under this name.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import shutil
@@ -38,6 +39,61 @@ from dataplane.pool.host_tier import DiskCache
 log = logging.getLogger(__name__)
 CHUNK = 1 << 20
 ALLOWED_FILES = frozenset({"adapter_config.json", "adapter_model.safetensors"})
+
+
+def assemble_verified(cache: DiskCache, files: Mapping[str, Mapping[str, Any]], target: Path,
+                      *, link: bool = False) -> tuple[Path, list[int | None]]:
+    """Directory `target` holding `files` (`{name: {"sha256", "url"}}`), each downloaded
+    through the digest-checked `cache` and published by one atomic rename; with the bytes
+    each file downloaded (None: a cache hit). `link`: hard-link the cache files instead of
+    copying them where the file system allows (large checkpoints)."""
+    paths: dict[str, Path] = {}
+    fetched: list[int | None] = []
+    for name, meta in sorted(files.items()):
+        sha = str(meta["sha256"])
+        try:
+            cached = cache.get(sha)
+            if cached is None:
+                cached = cache.put_stream(sha, stream_url(str(meta["url"])))
+                fetched.append(cached.stat().st_size)
+            else:
+                fetched.append(None)
+        except (PoolError, OSError, httpx.HTTPError) as exc:
+            raise LoadFailed(f"download of {name} failed: {exc}", file=name) from exc
+        paths[name] = cached
+    staging = target.parent / f".staging-{target.name}-{os.getpid()}-{time.monotonic_ns()}"
+    staging.mkdir(parents=True)
+    try:
+        for name, src in paths.items():
+            _place(src, staging / name, link)
+        shutil.rmtree(target, ignore_errors=True)
+        os.replace(staging, target)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return target, fetched
+
+
+def _place(src: Path, dest: Path, link: bool) -> None:
+    if link:
+        with contextlib.suppress(OSError):  # another file system: copy
+            os.link(src, dest)
+            return
+    shutil.copyfile(src, dest)
+
+
+def stream_url(url: str) -> Iterator[bytes]:
+    """The bytes at a file:// or http(s):// (presigned) URL, in chunks."""
+    parsed = urlparse(url)
+    if parsed.scheme == "file":
+        with open(unquote(parsed.path), "rb") as f:
+            while chunk := f.read(CHUNK):
+                yield chunk
+    elif parsed.scheme in ("http", "https"):
+        with httpx.stream("GET", url, timeout=60.0) as response:
+            response.raise_for_status()
+            yield from response.iter_bytes(CHUNK)
+    else:
+        raise LoadFailed(f"unsupported artifact URL scheme {parsed.scheme!r}")
 
 
 class ArtifactFetcher:
@@ -74,48 +130,18 @@ class ArtifactFetcher:
     def assemble(self, files: Mapping[str, Mapping[str, Any]], key: str) -> Path:
         """A directory `key` of `files` (`{name: {"sha256", "url"}}`), each downloaded
         through the digest-checked cache, published by one atomic rename."""
-        paths: dict[str, Path] = {}
-        for name, meta in sorted(files.items()):
-            sha = str(meta["sha256"])
-            try:
-                cached = self.cache.get(sha)
-                if cached is None:
-                    self.cache_misses += 1
-                    cached = self.cache.put_stream(sha, self._stream(str(meta["url"])))
-                    self.downloaded_bytes += cached.stat().st_size
-                else:
-                    self.cache_hits += 1
-            except (PoolError, OSError, httpx.HTTPError) as exc:
-                raise LoadFailed(f"download of {name} failed: {exc}", file=name) from exc
-            paths[name] = cached
-        target = self.dirs / key
-        staging = self.dirs / f".staging-{key}-{os.getpid()}-{time.monotonic_ns()}"
-        staging.mkdir(parents=True)
-        try:
-            for name, src in paths.items():
-                shutil.copyfile(src, staging / name)
-            shutil.rmtree(target, ignore_errors=True)
-            os.replace(staging, target)
-        finally:
-            shutil.rmtree(staging, ignore_errors=True)
+        target, fetched = assemble_verified(self.cache, files, self.dirs / key)
+        for nbytes in fetched:
+            if nbytes is None:
+                self.cache_hits += 1
+            else:
+                self.cache_misses += 1
+                self.downloaded_bytes += nbytes
         return target
 
     def cache_bytes(self) -> int:
         """Bytes of verified artifact files in the disk cache."""
         return sum(self.cache.path_for(d).stat().st_size for d in self.cache.digests())
-
-    def _stream(self, url: str) -> Iterator[bytes]:
-        parsed = urlparse(url)
-        if parsed.scheme == "file":
-            with open(unquote(parsed.path), "rb") as f:
-                while chunk := f.read(CHUNK):
-                    yield chunk
-        elif parsed.scheme in ("http", "https"):
-            with httpx.stream("GET", url, timeout=60.0) as response:
-                response.raise_for_status()
-                yield from response.iter_bytes(CHUNK)
-        else:
-            raise LoadFailed(f"unsupported artifact URL scheme {parsed.scheme!r}")
 
     def load(self, info: ArtifactInfo) -> LoadedAdapter:
         """Fetch, then read the factors; checks the semantic digest end to end. With

@@ -85,6 +85,13 @@ class Unauthenticated(ServingError):
     status, code = 401, "UNAUTHENTICATED"
 
 
+class WrongBase(ServingError):
+    """The generation is served by agents of another base model (a merged release's, or
+    the alias's adapters' base): this agent never answers it with its own weights."""
+
+    status, code = 421, "WRONG_BASE"
+
+
 class LoadFailed(ServingError):
     """Download, digest check or engine load of the adapter failed (nothing was served)."""
 
@@ -179,8 +186,20 @@ class ArtifactInfo:
 
 
 @dataclass(frozen=True)
+class ReleaseInfo:
+    """The merged release a generation serves: the base model `base` alone, no adapter."""
+
+    id: int
+    digest: str
+    """H_merged."""
+    base: str
+    """H_base of the merged checkpoint: only an agent of this base serves the generation."""
+
+
+@dataclass(frozen=True)
 class Generation:
-    """One alias generation; `artifact` None means the generation is a retire."""
+    """One alias generation: an adapter (`artifact`), a merged release (`release`), or a
+    retire (neither)."""
 
     namespace: str
     alias: str
@@ -189,6 +208,14 @@ class Generation:
     artifact: ArtifactInfo | None
     error: str | None = None
     """Why this generation cannot be served (its record did not check out)."""
+    release: ReleaseInfo | None = None
+    alias_base: str = ""
+    """H_base of the alias: its artifacts are adapters of this base."""
+
+    @property
+    def serving_base(self) -> str:
+        """The base model an agent must serve to serve this generation."""
+        return self.release.base if self.release is not None else self.alias_base
 
     @property
     def name(self) -> str:
@@ -276,7 +303,7 @@ class AgentCatalog:
             gen = state.generations[state.current]
         if gen.error is not None:
             raise LoadFailed(gen.error, model=key, generation=gen.generation)
-        if gen.artifact is None:
+        if gen.artifact is None and gen.release is None:
             raise AliasRetired(f"{key} is retired at generation {gen.generation}",
                                model=key, generation=gen.generation)
         return gen
@@ -332,8 +359,10 @@ def parse_generations(item: DesiredAlias) -> dict[int, Generation]:
                 info = ArtifactInfo.from_wire(g.artifact)
             except LoadFailed as exc:
                 error = exc.message
+        release = (None if g.release is None
+                   else ReleaseInfo(g.release.id, g.release.digest, g.release.base))
         gens[g.generation] = Generation(item.namespace, item.alias, g.generation,
-                                        g.action, info, error)
+                                        g.action, info, error, release, item.base)
     return gens
 
 

@@ -37,6 +37,12 @@ class AgentSettings(BaseSettings):
     """Stable agent name; a restart re-registers under it with a fresh worker epoch."""
     model_dir: Path = Path("./model")
     """HF directory of the base model (config.json + safetensors [+ tokenizer])."""
+    base_release: str = ""
+    """Serve a merged release instead of `model_dir`: the H_base of the base a merge job
+    registered (`adapterctl merges show` prints it as `merged base`). The checkpoint is
+    downloaded from the registry into `cache_dir/bases/`, every file's SHA-256 checked, and
+    the loaded model must re-derive this H_base. Aliases whose generation serves the
+    release are answered with no adapter."""
     served_model_name: str = ""
     """`model` value that selects the base model alone; default: the name the base was
     registered under on the control plane (the model dir's name while it is not)."""

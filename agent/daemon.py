@@ -45,6 +45,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from agent.artifacts import ArtifactFetcher
+from agent.base_release import check_served_base, fetch_base_release
 from agent.catalog import AgentCatalog, parse_desired_state, tenant_policy
 from agent.config import AgentSettings, command_line
 from agent.engine_factory import agent_engine
@@ -68,6 +69,13 @@ RATE_WINDOW_S = 30.0
 
 class AgentDaemon:
     def __init__(self, settings: AgentSettings) -> None:
+        self.client = ControlPlaneClient(settings.control_plane_url,
+                                         settings.token.get_secret_value(),
+                                         settings.auth_cache_s, settings.auth_stale_s)
+        if settings.base_release:
+            release_dir = fetch_base_release(self.client, settings.base_release,
+                                             settings.cache_dir)
+            settings = settings.model_copy(update={"model_dir": release_dir})
         self.settings = settings
         self.metrics = AgentMetrics()
         self.faults = FaultInjector.from_env()
@@ -81,6 +89,8 @@ class AgentDaemon:
         abi = self.engine.base_abi
         if abi is None:
             raise RuntimeError("the engine has no base ABI")
+        if settings.base_release:
+            check_served_base(abi.h_base, settings.base_release)
         self.abi = abi
         self.catalog = AgentCatalog()
         self.fetcher = ArtifactFetcher(settings.cache_dir, abi, settings.max_rank,
@@ -92,15 +102,12 @@ class AgentDaemon:
                                settings.fault_step_delay_s,
                                load_attempts=settings.load_attempts,
                                cold_reserve_after_s=settings.cold_reserve_after_ms / 1000)
-        self.client = ControlPlaneClient(settings.control_plane_url,
-                                         settings.token.get_secret_value(),
-                                         settings.auth_cache_s, settings.auth_stale_s)
         every = ADAPTABLE_MODULES
         self.targets = frozenset(settings.adapter_targets) & every or every
         self.ctx = ServingContext(
             catalog=self.catalog, loop=self.loop, metrics=self.metrics, client=self.client,
             served_model_name=settings.served_model_name or settings.model_dir.resolve().name,
-            max_rank=settings.max_rank, targets=self.targets,
+            max_rank=settings.max_rank, targets=self.targets, h_base=abi.h_base,
             require_auth=settings.require_auth, max_queue_ms=settings.max_queue_ms,
             max_tokens_limit=settings.max_tokens_limit,
             state={"ready": False, "draining": False, "agent_id": None, "worker_epoch": None,

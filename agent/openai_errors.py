@@ -71,6 +71,8 @@ ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
         (404, "Unknown alias or generation."),
         (410, "The alias is retired."),
         (413, "Request too large."),
+        (421, "The generation is served by agents of another base model (WRONG_BASE: a "
+              "merged release, or an adapter of the source base)."),
         (422, "Invalid or unsupported request (the field is in `param`)."),
         (429, "Overloaded (`Retry-After`)."),
         (503, "Adapter load failed, queue timeout, or the control plane cannot be reached "

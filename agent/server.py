@@ -39,6 +39,7 @@ from agent.catalog import (
     Unauthenticated,
     UnknownAlias,
     Unsupported,
+    WrongBase,
     parse_generations,
 )
 from agent.error_handlers import install_error_handlers
@@ -75,6 +76,8 @@ class ServingContext:
     served_model_name: str
     max_rank: int
     targets: frozenset[str]
+    h_base: str = ""
+    """H_base of the model this agent serves (generations of another base are refused)."""
     require_auth: bool = True
     max_queue_ms: int | None = None
     """The default of a request's `max_queue_ms` (None: requests wait as long as it takes)."""
@@ -203,17 +206,20 @@ async def _status(ctx: ServingContext, token: str, namespace: str) -> int:
 
 
 def _binding(gen: Generation | None) -> dict[str, Any] | None:
-    if gen is None or gen.artifact is None:
+    if gen is None:
         return None
-    return {"namespace": gen.namespace, "alias": gen.alias, "generation": gen.generation,
-            "artifact_digest": gen.artifact.digest}
+    where = {"namespace": gen.namespace, "alias": gen.alias, "generation": gen.generation}
+    if gen.release is not None:
+        return {**where, "release_digest": gen.release.digest, "base": gen.release.base}
+    if gen.artifact is None:
+        return None
+    return {**where, "artifact_digest": gen.artifact.digest}
 
 
 def _check_invoked(ctx: ServingContext, gen: Generation, prompt: str | list[int]) -> None:
     """An activated LoRA's prompt must invoke it: refused here, before any cold load (the
     engine applies the same rule to the same token ids when the request reaches it)."""
-    assert gen.artifact is not None
-    tokens = gen.artifact.invocation_tokens
+    tokens = gen.artifact.invocation_tokens if gen.artifact is not None else None
     if tokens is None:
         return
     ids = ctx.loop.engine.encode(prompt) if isinstance(prompt, str) else prompt
@@ -251,7 +257,13 @@ async def _admit(ctx: ServingContext, request: Request, model: str) -> Generatio
         if ref.generation is None or not await _fetch_pinned(ctx, ref):
             raise
         gen = ctx.catalog.resolve(ref)
-    assert gen.artifact is not None  # resolve refuses retire generations
+    if ctx.h_base and gen.serving_base and gen.serving_base != ctx.h_base:
+        what = "merged release" if gen.release is not None else "adapter"
+        raise WrongBase(f"{gen.name}@{gen.generation} serves a {what} of base "
+                        f"{gen.serving_base[:12]}…; this agent serves base {ctx.h_base[:12]}…",
+                        model=gen.name, generation=gen.generation, base=gen.serving_base)
+    if gen.artifact is None:  # a merged release of this agent's base: no adapter
+        return gen
     if gen.artifact.max_rank > ctx.max_rank:
         raise Unsupported(f"adapter rank {gen.artifact.max_rank} exceeds this agent's max "
                           f"rank {ctx.max_rank}", rank=gen.artifact.max_rank)

@@ -1,7 +1,8 @@
 """HTTP client of the control plane (httpx), as the agent uses it.
 
 Agent-token calls: register (fresh worker epoch), heartbeat (slot report), desired
-state (long-poll), the registered name of the agent's base model. Client-token calls:
+state (long-poll), the registered name of the agent's base model, the download URLs of a
+merged base's checkpoint. Client-token calls:
 `can_read` asks the control plane whether a client's bearer token may read a namespace,
 cached for `auth_cache_s` per (token digest, namespace) so the hot path does not hit the
 control plane on every request; a refusal is cached too, a revoked token stops working
@@ -31,6 +32,7 @@ from pydantic import BaseModel, ValidationError
 
 from controlplane.contracts import (
     AgentOut,
+    BaseCheckpoint,
     DesiredAlias,
     DesiredState,
     HeartbeatOut,
@@ -166,6 +168,11 @@ class ControlPlaneClient:
         if response.status_code == 404:
             return None
         return _answer(response, RegisteredBase, "base model").name
+
+    def base_checkpoint(self, h_base: str) -> BaseCheckpoint:
+        """Download URLs of the registry's checkpoint of merged base `h_base`."""
+        return _answer(self._get(self._http, f"/v1/bases/{h_base}/checkpoint"), BaseCheckpoint,
+                       "base checkpoint")
 
     def pinned_generation(self, agent_id: int, worker_epoch: int, namespace: str, alias: str,
                           generation: int) -> DesiredAlias | None:

@@ -75,11 +75,15 @@ def publish(
     client: ApiClient,
     namespace: str,
     alias: str,
-    artifact: str,
+    artifact: str | None = None,
+    *,
+    release: str | None = None,
     **guards: Unpack[MutationGuards],
 ) -> Any:
-    """Point `namespace/alias` at `artifact` (id or sha256:<H_artifact>); returns the generation."""
-    return mutate_alias(client, namespace, alias, "publish", {"artifact": artifact}, **guards)
+    """Point `namespace/alias` at `artifact` (id or sha256:<H_artifact>) or at a merged
+    `release` (merge id or sha256:<H_merged>); returns the generation."""
+    fields = {"artifact": artifact} if release is None else {"release": release}
+    return mutate_alias(client, namespace, alias, "publish", fields, **guards)
 
 
 def retire(client: ApiClient, namespace: str, alias: str, **guards: Unpack[MutationGuards]) -> Any:
@@ -95,7 +99,7 @@ def rollback(
     to_generation: int | None = None,
     **guards: Unpack[MutationGuards],
 ) -> Any:
-    """Restore `to_generation`'s artifact (default: the newest earlier different one)."""
+    """Restore `to_generation`'s target (default: the newest earlier different one)."""
     fields = {"to_generation": to_generation}
     return mutate_alias(client, namespace, alias, "rollback", fields, **guards)
 
@@ -165,15 +169,24 @@ def register(app: typer.Typer) -> None:
     def publish_command(
         ctx: typer.Context,
         ref: str = _ALIAS_ARG,
-        artifact: str = typer.Argument(
-            ..., metavar="ARTIFACT", help="Artifact id or sha256:<H_artifact>."
+        artifact: str | None = typer.Argument(
+            None, metavar="[ARTIFACT]", help="Artifact id or sha256:<H_artifact>."
+        ),
+        release: str | None = typer.Option(
+            None,
+            "--release",
+            metavar="MERGE",
+            help="Serve a merged release instead (merge id or sha256:<H_merged>): agents of "
+            "the release's base answer the alias with no adapter.",
         ),
         expected_generation: int | None = _EXPECTED,
         reason: str | None = _REASON,
         idempotency_key: str | None = _IDEMPOTENCY,
     ) -> None:
-        """Publish ARTIFACT (validated, same namespace) under NS/ALIAS."""
-        fields = {"artifact": artifact}
+        """Publish ARTIFACT (validated, same namespace) or --release MERGE under NS/ALIAS."""
+        if (artifact is None) == (release is None):
+            raise usage_error("give an ARTIFACT or --release MERGE (exactly one)")
+        fields = {"artifact": artifact} if release is None else {"release": release}
         _emit_mutation(ctx, ref, "publish", fields, expected_generation, reason, idempotency_key)
 
     @app.command("retire")
@@ -194,14 +207,14 @@ def register(app: typer.Typer) -> None:
         to_generation: int | None = typer.Option(
             None,
             "--to-generation",
-            help="Generation whose artifact to restore (default: the newest earlier "
-            "generation with a different artifact).",
+            help="Generation whose target (artifact or release) to restore (default: the "
+            "newest earlier generation with a different target).",
         ),
         expected_generation: int | None = _EXPECTED,
         reason: str | None = _REASON,
         idempotency_key: str | None = _IDEMPOTENCY,
     ) -> None:
-        """Append a rollback generation pointing at an older artifact (history is kept)."""
+        """Append a rollback generation pointing at an older target (history is kept)."""
         fields = {"to_generation": to_generation}
         _emit_mutation(ctx, ref, "rollback", fields, expected_generation, reason, idempotency_key)
 

@@ -117,6 +117,14 @@ def _artifact_ref(summary: Any) -> str:
     return f"{ident} ({short(digest)})" if digest else _cell(ident)
 
 
+def _target_ref(gen: dict[str, Any]) -> str:
+    """What a generation serves: its artifact, its merged release, or `-` (retired)."""
+    release = gen.get("release")
+    if isinstance(release, dict):
+        return f"release {release.get('id')} ({short(release.get('digest'))})"
+    return _artifact_ref(gen.get("artifact"))
+
+
 def _activation(artifact: dict[str, Any]) -> str | None:
     """"always on", or an activated LoRA's invocation token ids (None before validation)."""
     record = artifact.get("validated_record")
@@ -193,7 +201,7 @@ def render_generation(gen: dict[str, Any]) -> None:
         ("alias", f"{gen.get('namespace')}/{gen.get('alias')}"),
         ("generation", gen.get("generation")),
         ("action", gen.get("action")),
-        ("artifact", _artifact_ref(gen.get("artifact"))),
+        ("serves", _target_ref(gen)),
     ]
     if "base" in gen:
         pairs.append(("base", gen.get("base")))
@@ -212,7 +220,7 @@ def _generation_rows(items: Sequence[dict[str, Any]]) -> list[tuple[Any, ...]]:
         (
             g.get("generation"),
             g.get("action"),
-            _artifact_ref(g.get("artifact")),
+            _target_ref(g),
             g.get("actor"),
             g.get("reason"),
             g.get("created_at"),
@@ -226,7 +234,7 @@ def render_history(page: dict[str, Any]) -> None:
     title = f"history {items[0].get('namespace')}/{items[0].get('alias')}" if items else "history"
     _table(
         title,
-        ["gen", "action", "artifact", "actor", "reason", "created"],
+        ["gen", "action", "serves", "actor", "reason", "created"],
         _generation_rows(items),
         empty="no generations",
     )
@@ -239,7 +247,7 @@ def render_aliases(page: dict[str, Any]) -> None:
             g.get("alias"),
             g.get("generation"),
             g.get("action"),
-            _artifact_ref(g.get("artifact")),
+            _target_ref(g),
             short(g.get("base")),
             g.get("hot"),
             g.get("created_at"),
@@ -248,7 +256,7 @@ def render_aliases(page: dict[str, Any]) -> None:
     ]
     _table(
         "aliases",
-        ["alias", "gen", "action", "artifact", "base", "hot", "updated"],
+        ["alias", "gen", "action", "serves", "base", "hot", "updated"],
         rows,
         empty="no aliases published",
     )

@@ -195,10 +195,33 @@ class DesiredArtifact(BaseModel):
                     "collection has a bundle.")
 
 
+class BaseCheckpoint(BaseModel):
+    """`GET /v1/bases/{h_base}/checkpoint`: where an agent downloads a merged base's
+    checkpoint (every file with its SHA-256, size and a file:// or presigned URL)."""
+
+    h_base: str
+    merge_id: int = Field(description="The (oldest visible) release that produced the base.")
+    h_merged: str
+    files: dict[str, DesiredFile]
+    url_ttl_s: int
+
+
+class DesiredRelease(BaseModel):
+    """A merged release a generation serves: only an agent whose base is `base` serves it,
+    with no adapter."""
+
+    id: int = Field(description="The merge id.")
+    digest: str = Field(description="H_merged.")
+    base: str = Field(description="H_base of the merged checkpoint.")
+
+
 class DesiredGeneration(BaseModel):
     generation: int
     action: str = Field(description="publish, retire or rollback.")
-    artifact: DesiredArtifact | None = Field(description="None for a retire.")
+    artifact: DesiredArtifact | None = Field(description="None for a release or a retire.")
+    release: DesiredRelease | None = Field(
+        default=None, exclude_if=lambda value: value is None,
+        description="Present (never null) when the generation serves a merged release.")
 
 
 class DesiredAlias(BaseModel):
@@ -206,6 +229,9 @@ class DesiredAlias(BaseModel):
 
     namespace: str
     alias: str
+    base: str = Field(default="", description="H_base of the alias: its artifacts are "
+                      "adapters of this base (an agent of another base, one serving a "
+                      "merged release, refuses them).")
     current_generation: int
     generations: list[DesiredGeneration] = Field(
         description="The alias's most recent generations, newest first (at most 8).")
@@ -269,8 +295,12 @@ class RouteAlias(BaseModel):
     alias: str
     current_generation: int
     digest: str | None = Field(description="H_artifact of the current generation; None when "
-                               "the alias is retired (requests for it are 410).")
+                               "it serves a merged release or the alias is retired (requests "
+                               "for it are 410).")
     base: str = Field(description="H_base the alias's adapters are trained on.")
+    release: DesiredRelease | None = Field(
+        default=None, description="The merged release the current generation serves: "
+                                  "requests go to agents of `release.base`, with no adapter.")
     rank: int = Field(default=0, description="The adapter's largest module rank.")
     roles: list[str] = Field(default_factory=list, description="Target roles it adapts.")
     nbytes: int = Field(default=0, description="The adapter's tensor bytes.")

@@ -9,7 +9,8 @@ forwarded to one agent:
 2. `namespace/alias` is resolved on the router's replica of the catalog
    (agent/router/table.py) to its current generation, and forwarded as
    `namespace/alias@generation`, so the agent serves exactly the generation the request
-   was admitted under (404 unknown, 410 retired, as the agents answer). A pinned
+   was admitted under (404 unknown, 410 retired, as the agents answer); a generation
+   serving a merged release goes to the agents of the release's base. A pinned
    `@generation` is forwarded as given; the bare base model's name routes to any agent
    serving that base.
 3. :func:`agent.router.routing.route` orders the agents; the request goes to the first.
@@ -187,12 +188,15 @@ async def _resolve(ctx: RouterContext, token: str, model: str) -> tuple[Target, 
     if alias is None:
         raise UnknownAlias(f"unknown alias {ref.namespace}/{ref.alias}", model=model)
     if ref.generation is None or ref.generation == alias.current_generation:
+        pinned = f"{ref.namespace}/{ref.alias}@{alias.current_generation}"
+        if alias.release is not None:  # a merged release: any agent of its base, no adapter
+            return Target(base=alias.release.base), pinned
         if alias.digest is None:
             raise AliasRetired(f"{ref.namespace}/{ref.alias} is retired",
                                generation=alias.current_generation)
         target = Target(base=alias.base, digest=alias.digest, rank=alias.rank,
                         roles=frozenset(alias.roles))
-        return target, f"{ref.namespace}/{ref.alias}@{alias.current_generation}"
+        return target, pinned
     # an older (or unknown) pinned generation: the agent resolves it; route by the alias's
     # base, one ring point per pinned generation
     return Target(base=alias.base, digest=model), model

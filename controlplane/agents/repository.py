@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from sqlalchemy import func, select
+from sqlalchemy import func, or_, select
 
 from controlplane.kit.repository import Repository
-from controlplane.models import Alias, BaseModel, CatalogGeneration
+from controlplane.models import Alias, BaseModel, CatalogGeneration, Merge
 from controlplane.models.agent import Agent
 
 
@@ -28,9 +28,16 @@ class AgentRepository(Repository[Agent]):
         return int(self.session.scalar(select(func.max(CatalogGeneration.id))) or 0)
 
     def aliases_for_base(self, h_base: str) -> Sequence[Alias]:
+        """Published aliases an agent of `h_base` may serve: those of that base, and those
+        with a generation that serves a merged release whose checkpoint is that base."""
+        released = (select(CatalogGeneration.alias_id)
+                    .join(Merge, Merge.id == CatalogGeneration.merge_id)
+                    .join(BaseModel, BaseModel.id == Merge.merged_base_id)
+                    .where(BaseModel.h_base == h_base))
+        own = select(BaseModel.id).where(BaseModel.h_base == h_base).scalar_subquery()
         return self.session.scalars(
-            select(Alias).join(BaseModel, BaseModel.id == Alias.base_id)
-            .where(BaseModel.h_base == h_base, Alias.current_generation > 0)
+            select(Alias).where(or_(Alias.base_id == own, Alias.id.in_(released)),
+                                Alias.current_generation > 0)
             .order_by(Alias.id)).unique().all()
 
     def recent_generations(self, alias_id: int, limit: int) -> Sequence[CatalogGeneration]:

@@ -14,8 +14,9 @@
   audited and idempotent. Routers send a draining agent no new requests; placement
   stops counting it for the *other* agents (its adapters are placed elsewhere) and
   gives it nothing new itself (its prefetch keeps only what it holds).
-* `desired_state`: every alias of the agent's base with its recent generations and the
-  files to fetch (file:// or presigned URLs), plus `prefetch` from placement
+* `desired_state`: every alias of the agent's base (and every alias with a generation
+  serving a merged release whose checkpoint is that base) with its recent generations
+  and the files to fetch (file:// or presigned URLs), plus `prefetch` from placement
   (controlplane/placement). `version` is the catalog change counter: long-polls
   return as soon as it passes the caller's `after`. Incremental with `since=V` (the
   version the caller's replica is complete at): only aliases with a generation newer
@@ -48,6 +49,7 @@ from controlplane.contracts import (
     DesiredCollection,
     DesiredFile,
     DesiredGeneration,
+    DesiredRelease,
     DesiredState,
     HeartbeatRequest,
     RegisterRequest,
@@ -59,7 +61,6 @@ from controlplane.models import (
     Alias,
     ApiToken,
     Artifact,
-    BaseModel,
     CatalogGeneration,
     CollectionMember,
     Namespace,
@@ -273,6 +274,8 @@ def desired_state(session: Session, store: ObjectStore, agent: Agent,
             to_send.append((alias, list(gens)))
         current = next((g for g in gens if g.generation == alias.current_generation), None)
         art = current.artifact if current is not None else None
+        if alias.base.h_base != agent.h_base:
+            art = None  # a release agent serves no adapter
         current_digest[alias.id] = art.digest if art is not None else None
         demand = _demand(art, agent.h_base, alias.hot) if art is not None else None
         if demand is not None:
@@ -284,7 +287,7 @@ def desired_state(session: Session, store: ObjectStore, agent: Agent,
     if agent.drain:  # leaving: keep what it holds, prefetch nothing new
         placed = placed & holds(agent)
     items = [DesiredAlias(namespace=alias.namespace.name, alias=alias.name,
-                          current_generation=alias.current_generation,
+                          base=alias.base.h_base, current_generation=alias.current_generation,
                           generations=[_generation_doc(store, g, links) for g in gens],
                           prefetch=current_digest[alias.id] in placed, hot=alias.hot)
              for alias, gens in to_send]
@@ -308,15 +311,16 @@ def pinned_generation(session: Session, store: ObjectStore, agent: Agent, namesp
     row = session.scalars(
         select(CatalogGeneration).join(Alias, Alias.id == CatalogGeneration.alias_id)
         .join(Namespace, Namespace.id == Alias.namespace_id)
-        .join(BaseModel, BaseModel.id == Alias.base_id)
         .where(Namespace.name == namespace, Alias.name == alias,
-               BaseModel.h_base == agent.h_base, CatalogGeneration.generation == generation)
+               Alias.id.in_([a.id for a in AgentRepository(session).aliases_for_base(
+                   agent.h_base)]),
+               CatalogGeneration.generation == generation)
     ).unique().one_or_none()
     if row is None:
         raise NotFound(f"{namespace}/{alias} has no generation {generation}",
                        detail={"kind": "generation", "ref": f"{namespace}/{alias}@{generation}"})
     links = _collection_links(session, {row.artifact.id} if row.artifact is not None else set())
-    return DesiredAlias(namespace=namespace, alias=alias,
+    return DesiredAlias(namespace=namespace, alias=alias, base=row.alias.base.h_base,
                         current_generation=row.alias.current_generation,
                         generations=[_generation_doc(store, row, links)], prefetch=False,
                         hot=row.alias.hot)
@@ -333,9 +337,14 @@ def tenant_policies(session: Session) -> list[TenantPolicy]:
 
 def _generation_doc(store: ObjectStore, g: CatalogGeneration,
                     links: Mapping[int, CollectionMember]) -> DesiredGeneration:
+    release = None
+    if g.merge is not None and g.merge.digest is not None and g.merge.merged_base is not None:
+        release = DesiredRelease(id=g.merge.id, digest=g.merge.digest,
+                                 base=g.merge.merged_base.h_base)
     return DesiredGeneration(
         generation=g.generation, action=g.action,
-        artifact=_artifact_doc(store, g.artifact, links) if g.artifact is not None else None)
+        artifact=_artifact_doc(store, g.artifact, links) if g.artifact is not None else None,
+        release=release)
 
 
 def agent_state(agent: Agent) -> str:

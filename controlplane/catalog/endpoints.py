@@ -27,6 +27,7 @@ from controlplane.catalog.schemas import (
     AliasPatch,
     GenerationOut,
     PublishRequest,
+    ReleaseSummary,
     ResolutionOut,
     RetireRequest,
     RollbackRequest,
@@ -36,7 +37,7 @@ from controlplane.errors import NotFound
 from controlplane.kit.async_reads import AsyncReads
 from controlplane.kit.deps import SessionDep, StoreDep, read_connection, run_read
 from controlplane.kit.pagination import PageOut, PageParams, page_out, page_params
-from controlplane.models import CatalogAction, CatalogGeneration
+from controlplane.models import CatalogAction, CatalogGeneration, Merge
 from controlplane.namespaces.repository import NamespaceRepository
 from controlplane.storage import ObjectStore
 
@@ -54,7 +55,14 @@ def generation_out(gen: CatalogGeneration) -> GenerationOut:
         namespace=gen.alias.namespace.name, alias=gen.alias.name, generation=gen.generation,
         action=gen.action,  # type: ignore[arg-type]
         artifact=artifact_summary(gen.artifact) if gen.artifact is not None else None,
+        release=release_summary(gen.merge) if gen.merge is not None else None,
         actor=gen.actor, reason=gen.reason, created_at=gen.created_at)
+
+
+def release_summary(merge: Merge) -> ReleaseSummary:
+    assert merge.digest is not None and merge.merged_base is not None  # published: merged
+    return ReleaseSummary(id=merge.id, name=merge.name, digest=merge.digest,
+                          base=merge.merged_base.h_base)
 
 
 def _change(session: Any, store: ObjectStore, principal: Principal, response: Response,
@@ -101,7 +109,8 @@ def publish(namespace: str, alias: AliasName, body: PublishRequest, principal: C
             idempotency_key: IdempotencyKey = None) -> GenerationOut:
     return _change(session, store, principal, response, CatalogRequest(
         namespace=namespace, alias=alias, action=CatalogAction.PUBLISH, actor=principal.actor,
-        artifact_ref=body.artifact, expected_generation=body.expected_generation,
+        artifact_ref=body.artifact, release_ref=body.release,
+        expected_generation=body.expected_generation,
         reason=body.reason, idempotency_key=idempotency_key))
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from sqlalchemy import Select, select
+from sqlalchemy import Select, or_, select
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.orm import Session, lazyload
@@ -63,13 +63,17 @@ class GenerationRepository(Repository[CatalogGeneration]):
         return select(CatalogGeneration).where(CatalogGeneration.alias_id == alias_id)
 
     def previous_target(self, alias_id: int, below: int,
-                        current_artifact_id: int | None) -> CatalogGeneration | None:
-        """Newest generation < `below` that points at an artifact other than the current."""
-        stmt = (select(CatalogGeneration).options(lazyload("*"))
-                .where(CatalogGeneration.alias_id == alias_id,
-                       CatalogGeneration.generation < below,
-                       CatalogGeneration.artifact_id.is_not(None))
-                .order_by(CatalogGeneration.generation.desc()))
-        if current_artifact_id is not None:
-            stmt = stmt.where(CatalogGeneration.artifact_id != current_artifact_id)
+                        current: tuple[int | None, int | None]) -> CatalogGeneration | None:
+        """Newest generation < `below` that points at a target (an artifact or a merged
+        release) other than `current` (artifact_id, merge_id)."""
+        gen = CatalogGeneration
+        stmt = (select(gen).options(lazyload("*"))
+                .where(gen.alias_id == alias_id, gen.generation < below,
+                       or_(gen.artifact_id.is_not(None), gen.merge_id.is_not(None)))
+                .order_by(gen.generation.desc()))
+        artifact_id, merge_id = current
+        if artifact_id is not None:
+            stmt = stmt.where(or_(gen.artifact_id.is_(None), gen.artifact_id != artifact_id))
+        if merge_id is not None:
+            stmt = stmt.where(or_(gen.merge_id.is_(None), gen.merge_id != merge_id))
         return self.get_one_or_none(stmt.limit(1))

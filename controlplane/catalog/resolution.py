@@ -15,9 +15,10 @@ route: 401 (no row), 403 (scope, checked in Python on the fetched grants), 404
 token is read in the same statement, revocation is effective at once (no cache).
 
 Invariant relied on: an alias's generations only point at artifacts of the alias's
-own base (publish enforces it with BASE_MISMATCH; rollback only re-points at
-artifacts an earlier publish accepted), so the artifact summary's `base` is the
-alias's `h_base` and needs no second join of `base_models`.
+own base, or at merged releases made from it (publish enforces it with BASE_MISMATCH;
+rollback only re-points at targets an earlier publish accepted), so the artifact
+summary's `base` is the alias's `h_base`; a release's own base is read through
+`merges.merged_base_id`.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from __future__ import annotations
 from typing import Any, cast
 
 from sqlalchemy import Connection, and_, bindparam, select
+from sqlalchemy.sql import ColumnElement
 
 from controlplane.artifacts.schemas import ArtifactSummary
 from controlplane.auth.scopes import Role
@@ -34,11 +36,19 @@ from controlplane.auth.service import (
     principal_from_row,
     token_matches,
 )
-from controlplane.catalog.schemas import GenerationOut, ResolutionOut
+from controlplane.catalog.schemas import GenerationOut, ReleaseSummary, ResolutionOut
 from controlplane.errors import AliasRetired, NotFound, Unauthenticated
 from controlplane.kit.async_reads import AsyncReads, CompiledRead
 from controlplane.kit.pagination import PageParams, decode_cursor, encode_cursor
-from controlplane.models import Alias, ApiToken, Artifact, BaseModel, CatalogGeneration, Namespace
+from controlplane.models import (
+    Alias,
+    ApiToken,
+    Artifact,
+    BaseModel,
+    CatalogGeneration,
+    Merge,
+    Namespace,
+)
 
 _tokens = ApiToken.__table__
 _ns = Namespace.__table__
@@ -46,6 +56,21 @@ _alias = Alias.__table__
 _gen = CatalogGeneration.__table__
 _art = Artifact.__table__
 _base = BaseModel.__table__
+_merge = Merge.__table__
+_release_base = BaseModel.__table__.alias("release_base")
+
+RELEASE_COLUMNS: tuple[ColumnElement[object], ...] = (
+    _gen.c.merge_id, _merge.c.name.label("release_name"),
+    _merge.c.digest.label("release_digest"), _release_base.c.h_base.label("release_base"))
+"""What a generation's release summary needs (joined by `_with_release`)."""
+
+
+def _with_release(joined: Any) -> Any:
+    """`joined` (a FROM clause holding `catalog_generations`) with the generation's merged
+    release and its base outer-joined."""
+    return (joined.outerjoin(_merge, _merge.c.id == _gen.c.merge_id)
+            .outerjoin(_release_base, _release_base.c.id == _merge.c.merged_base_id))
+
 
 RESOLVE_AS = (
     select(
@@ -63,15 +88,16 @@ RESOLVE_AS = (
         _gen.c.created_at,
         _art.c.digest,
         _art.c.method,
+        *RELEASE_COLUMNS,
     )
-    .select_from(_tokens)
-    .outerjoin(_ns, _ns.c.name == bindparam("namespace_name"))
-    .outerjoin(_alias, and_(_alias.c.namespace_id == _ns.c.id,
-                            _alias.c.name == bindparam("alias_name")))
-    .outerjoin(_base, _base.c.id == _alias.c.base_id)
-    .outerjoin(_gen, and_(_gen.c.alias_id == _alias.c.id,
-                          _gen.c.generation == _alias.c.current_generation))
-    .outerjoin(_art, _art.c.id == _gen.c.artifact_id)
+    .select_from(_with_release(
+        _tokens.outerjoin(_ns, _ns.c.name == bindparam("namespace_name"))
+        .outerjoin(_alias, and_(_alias.c.namespace_id == _ns.c.id,
+                                _alias.c.name == bindparam("alias_name")))
+        .outerjoin(_base, _base.c.id == _alias.c.base_id)
+        .outerjoin(_gen, and_(_gen.c.alias_id == _alias.c.id,
+                              _gen.c.generation == _alias.c.current_generation))
+        .outerjoin(_art, _art.c.id == _gen.c.artifact_id)))
     .where(token_matches(bindparam("token_sha256")))
 )
 
@@ -109,7 +135,7 @@ def resolution_of(row: Any, namespace: str, alias: str) -> ResolutionOut:
     where = {"namespace": namespace, "alias": alias}
     if row.alias_id is None or row.current_generation == 0 or row.generation is None:
         raise NotFound(f"alias {namespace}/{alias} was never published", detail=where)
-    if row.artifact_id is None:
+    if row.artifact_id is None and row.merge_id is None:
         raise AliasRetired(f"alias {namespace}/{alias} is retired",
                            detail={**where, "generation": row.generation})
     return _resolution(row, namespace, alias, hot=row.hot)
@@ -123,22 +149,25 @@ def _resolution(row: Any, namespace: str, alias: str, *, hot: bool = False) -> R
     the alias's mark, which generation rows do not carry)."""
     summary = None if row.artifact_id is None else ArtifactSummary(
         id=row.artifact_id, digest=row.digest, base=row.h_base, method=row.method)
+    release = None if row.merge_id is None else ReleaseSummary(
+        id=row.merge_id, name=row.release_name, digest=row.release_digest,
+        base=row.release_base)
     return ResolutionOut(
         namespace=namespace, alias=alias, generation=row.generation,
-        action=cast(Any, row.action), artifact=summary, actor=row.actor, reason=row.reason,
-        created_at=row.created_at, base=row.h_base, hot=hot)
+        action=cast(Any, row.action), artifact=summary, release=release, actor=row.actor,
+        reason=row.reason, created_at=row.created_at, base=row.h_base, hot=hot)
 
 
 LIST = (
     select(_alias.c.id.label("alias_id"), _alias.c.name.label("alias_name"), _alias.c.hot,
            _base.c.h_base,
            _gen.c.generation, _gen.c.action, _gen.c.artifact_id, _gen.c.actor, _gen.c.reason,
-           _gen.c.created_at, _art.c.digest, _art.c.method)
-    .select_from(_alias)
-    .join(_base, _base.c.id == _alias.c.base_id)
-    .join(_gen, and_(_gen.c.alias_id == _alias.c.id,
-                     _gen.c.generation == _alias.c.current_generation))
-    .outerjoin(_art, _art.c.id == _gen.c.artifact_id)
+           _gen.c.created_at, _art.c.digest, _art.c.method, *RELEASE_COLUMNS)
+    .select_from(_with_release(
+        _alias.join(_base, _base.c.id == _alias.c.base_id)
+        .join(_gen, and_(_gen.c.alias_id == _alias.c.id,
+                         _gen.c.generation == _alias.c.current_generation))
+        .outerjoin(_art, _art.c.id == _gen.c.artifact_id)))
 )
 
 
@@ -166,11 +195,11 @@ def read_alias(conn: Connection, namespace: str, alias: str, alias_id: int) -> R
 
 GENERATION = (
     select(_gen.c.generation, _gen.c.action, _gen.c.artifact_id, _gen.c.actor, _gen.c.reason,
-           _gen.c.created_at, _art.c.digest, _art.c.method, _base.c.h_base)
-    .select_from(_gen)
-    .join(_alias, _alias.c.id == _gen.c.alias_id)
-    .join(_base, _base.c.id == _alias.c.base_id)
-    .outerjoin(_art, _art.c.id == _gen.c.artifact_id)
+           _gen.c.created_at, _art.c.digest, _art.c.method, _base.c.h_base, *RELEASE_COLUMNS)
+    .select_from(_with_release(
+        _gen.join(_alias, _alias.c.id == _gen.c.alias_id)
+        .join(_base, _base.c.id == _alias.c.base_id)
+        .outerjoin(_art, _art.c.id == _gen.c.artifact_id)))
     .where(_gen.c.alias_id == bindparam("alias_id"), _gen.c.generation == bindparam("generation"))
 )
 

@@ -13,10 +13,16 @@ body on the generation it created. Repeating the key with the same body returns 
 generation (created=False, HTTP 200) even after the alias moved on; with a different
 body it fails with 422 IDEMPOTENCY_MISMATCH. Keys are scoped to the alias.
 
-Publish verifies the artifact's bytes first (`verify_artifact_blobs`, outside any
+Targets: a publish names an adapter (`artifact_ref`) or a merged release (`release_ref`)
+made from the alias's base (BASE_MISMATCH otherwise; a release must be `merged`). A
+rollback restores an earlier generation's target, whichever kind it is: moving an alias
+from a release back to its adapter is a new generation pointing at the adapter again,
+never an unmerge.
+
+Publish verifies the target's bytes first (`verify_artifact_blobs`, outside any
 transaction and before the alias lock): a blob that is missing or no longer matches its
 recorded size and SHA-256 fails the publish with 409 ARTIFACT_CORRUPT and nothing is
-written. The generation then names the verified artifact by id.
+written. The generation then names the verified artifact or release by id.
 """
 
 from __future__ import annotations
@@ -42,7 +48,16 @@ from controlplane.errors import (
     NotFound,
     StorageUnavailable,
 )
-from controlplane.models import Alias, Artifact, ArtifactState, CatalogAction, CatalogGeneration
+from controlplane.merges.repository import MergeRepository
+from controlplane.models import (
+    Alias,
+    Artifact,
+    ArtifactState,
+    CatalogAction,
+    CatalogGeneration,
+    Merge,
+    MergeState,
+)
 from controlplane.namespaces.repository import NamespaceRepository
 from controlplane.storage import ObjectStore, StorageError
 
@@ -60,11 +75,15 @@ class CatalogRequest:
     to_generation: int | None = None
     reason: str | None = None
     idempotency_key: str | None = None
+    release_ref: str | None = None
 
     def body_sha256(self) -> str:
-        body = {"action": self.action.value, "artifact": self.artifact_ref,
-                "expected_generation": self.expected_generation,
-                "to_generation": self.to_generation, "reason": self.reason}
+        body: dict[str, object] = {
+            "action": self.action.value, "artifact": self.artifact_ref,
+            "expected_generation": self.expected_generation,
+            "to_generation": self.to_generation, "reason": self.reason}
+        if self.release_ref is not None:  # absent: digests of adapter publishes unchanged
+            body["release"] = self.release_ref
         return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
 
 
@@ -81,7 +100,8 @@ def apply_change(session: Session, req: CatalogRequest,
             if replay is not None:
                 session.commit()
                 return replay, False
-        verified_id = _verified_artifact_id(session, store, req)
+        verified_id = (_verified_release_id(session, store, req) if req.release_ref is not None
+                       else _verified_artifact_id(session, store, req))
     try:
         return _apply(session, req, verified_id)
     except IntegrityError as exc:
@@ -99,11 +119,15 @@ def _apply(session: Session, req: CatalogRequest,
     begin_write(session)
     namespace = NamespaceRepository(session).get_by_name(req.namespace)
     aliases = AliasRepository(session)
-    artifact: Artifact | None = None
+    published: Artifact | Merge | None = None
     if req.action is CatalogAction.PUBLISH:
-        ref = str(verified_id) if verified_id is not None else req.artifact_ref or ""
-        artifact = _publishable(session, namespace.id, ref)
-        aliases.ensure(namespace.id, req.alias, artifact.base_id)
+        if req.release_ref is not None:
+            ref = str(verified_id) if verified_id is not None else req.release_ref
+            published = _publishable_release(session, namespace.id, ref)
+        else:
+            ref = str(verified_id) if verified_id is not None else req.artifact_ref or ""
+            published = _publishable(session, namespace.id, ref)
+        aliases.ensure(namespace.id, req.alias, published.base_id)
     alias = aliases.lock(namespace.id, req.alias)
     if alias is None or (alias.current_generation == 0 and req.action is not CatalogAction.PUBLISH):
         raise NotFound(f"alias {req.namespace}/{req.alias} was never published",
@@ -124,18 +148,18 @@ def _apply(session: Session, req: CatalogRequest,
                     "current_generation": alias.current_generation})
     generations = GenerationRepository(session)
     current = generations.get(alias.id, alias.current_generation)
-    target_id = _target_artifact_id(generations, alias, current, artifact, req)
+    artifact_id, merge_id = _target(generations, alias, current, published, req)
     alias.current_generation += 1
     row = CatalogGeneration(
         alias_id=alias.id, generation=alias.current_generation, action=req.action.value,
-        artifact_id=target_id, actor=req.actor, reason=req.reason,
+        artifact_id=artifact_id, merge_id=merge_id, actor=req.actor, reason=req.reason,
         idempotency_key=req.idempotency_key,
         request_sha256=req.body_sha256() if req.idempotency_key is not None else None)
     generations.add(row)
     record_audit(session, actor=req.actor, action=f"catalog.{req.action.value}",
                  namespace=req.namespace, target=f"alias:{req.namespace}/{req.alias}",
-                 detail={"generation": row.generation, "artifact_id": target_id,
-                         "reason": req.reason})
+                 detail={"generation": row.generation, "artifact_id": artifact_id,
+                         "merge_id": merge_id, "reason": req.reason})
     notify_catalog_change(session, req.namespace, req.alias, row.generation)
     session.commit()
     return row, True
@@ -173,8 +197,21 @@ def _verified_artifact_id(session: Session, store: ObjectStore,
     return artifact_id
 
 
+def _verified_release_id(session: Session, store: ObjectStore,
+                         req: CatalogRequest) -> int | None:
+    """`_verified_artifact_id` for a merged release: every checkpoint file is re-read."""
+    namespace = NamespaceRepository(session).get_by_name(req.namespace)
+    merge = MergeRepository(session).get_by_ref(namespace.id, req.release_ref or "")
+    merge_id, state, files = merge.id, merge.state, dict(merge.files or {})
+    session.rollback()
+    if state != MergeState.MERGED.value:
+        return None
+    verify_artifact_blobs(store, merge_id, files, noun="release")
+    return merge_id
+
+
 def verify_artifact_blobs(store: ObjectStore, artifact_id: int,
-                          files: dict[str, dict[str, object]]) -> None:
+                          files: dict[str, dict[str, object]], *, noun: str = "artifact") -> None:
     """Raise ARTIFACT_CORRUPT unless every file's blob has its recorded size and SHA-256.
 
     Cost: per blob one size lookup (stat / S3 HEAD) and one full read of its bytes (in
@@ -186,12 +223,13 @@ def verify_artifact_blobs(store: ObjectStore, artifact_id: int,
             fault = store.blob_fault(sha256, size, key)
         except StorageError as exc:
             raise StorageUnavailable(f"object storage failed while verifying {name}: {exc}",
-                                     detail={"artifact_id": artifact_id, "file": name}) from exc
+                                     detail={f"{noun}_id": artifact_id, "file": name}) from exc
         if fault is not None:
+            repair = ("push the same files again to repair it" if noun == "artifact"
+                      else "run the same merge again to repair it")
             raise ArtifactCorrupt(
-                f"artifact {artifact_id}: stored {name} is corrupt ({fault}); push the same "
-                "files again to repair it",
-                detail={"artifact_id": artifact_id, "file": name, "key": key, "fault": fault})
+                f"{noun} {artifact_id}: stored {name} is corrupt ({fault}); {repair}",
+                detail={f"{noun}_id": artifact_id, "file": name, "key": key, "fault": fault})
 
 
 def _publishable(session: Session, namespace_id: int, ref: str) -> Artifact:
@@ -202,36 +240,51 @@ def _publishable(session: Session, namespace_id: int, ref: str) -> Artifact:
     return artifact
 
 
-def _target_artifact_id(generations: GenerationRepository, alias: Alias,
-                        current: CatalogGeneration | None, artifact: Artifact | None,
-                        req: CatalogRequest) -> int | None:
+def _publishable_release(session: Session, namespace_id: int, ref: str) -> Merge:
+    merge = MergeRepository(session).get_by_ref(namespace_id, ref)
+    if merge.state != MergeState.MERGED.value:
+        raise InvalidState(f"merge {merge.id} is {merge.state}, not merged",
+                           detail={"merge_id": merge.id, "state": merge.state})
+    return merge
+
+
+Target = tuple[int | None, int | None]
+"""(artifact_id, merge_id) of a generation; (None, None): retired."""
+
+
+def _target(generations: GenerationRepository, alias: Alias, current: CatalogGeneration | None,
+            published: Artifact | Merge | None, req: CatalogRequest) -> Target:
     where = {"namespace": req.namespace, "alias": req.alias}
     if req.action is CatalogAction.PUBLISH:
-        assert artifact is not None  # set by _apply for publish
-        if artifact.base_id != alias.base_id:
-            raise BaseMismatch("the artifact's base differs from the alias's base",
-                               detail={**where, "artifact_base": artifact.base.h_base,
+        assert published is not None  # set by _apply for publish
+        if published.base_id != alias.base_id:
+            noun, key = (("artifact's", "artifact_base") if isinstance(published, Artifact)
+                         else ("release's source", "release_source_base"))
+            raise BaseMismatch(f"the {noun} base differs from the alias's base",
+                               detail={**where, key: published.base.h_base,
                                        "alias_base": alias.base.h_base})
-        return artifact.id
+        if isinstance(published, Artifact):
+            return published.id, None
+        return None, published.id
     if req.action is CatalogAction.RETIRE:
-        if current is not None and current.artifact_id is None:
+        if current is not None and current.target == (None, None):
             raise InvalidState("the alias is already retired",
                                detail={**where, "generation": current.generation})
-        return None
-    current_artifact = current.artifact_id if current is not None else None
+        return None, None
+    current_target = current.target if current is not None else (None, None)
     if req.to_generation is not None:
         target = generations.get(alias.id, req.to_generation)
         if target is None or req.to_generation >= alias.current_generation:
             raise NotFound(f"no earlier generation {req.to_generation}",
                            detail={**where, "to_generation": req.to_generation})
-        if target.artifact_id is None:
+        if target.target == (None, None):
             raise InvalidState(f"generation {req.to_generation} is a retire",
                                detail={**where, "to_generation": req.to_generation})
-        return target.artifact_id
-    previous = generations.previous_target(alias.id, alias.current_generation, current_artifact)
+        return target.target
+    previous = generations.previous_target(alias.id, alias.current_generation, current_target)
     if previous is None:
         raise InvalidState("nothing to roll back to", detail=where)
-    return previous.artifact_id
+    return previous.target
 
 
 def _check_idempotency(session: Session, alias: Alias,

@@ -19,8 +19,16 @@ from sqlalchemy.orm import Session, aliased
 
 from controlplane.agents.repository import AgentRepository
 from controlplane.agents.service import LIVE_WINDOW, holds, with_replicas
-from controlplane.contracts import AgentLoad, RouteAgent, RouteAlias, RoutingState
-from controlplane.models import Alias, Artifact, BaseModel, CatalogGeneration, Namespace, utcnow
+from controlplane.contracts import AgentLoad, DesiredRelease, RouteAgent, RouteAlias, RoutingState
+from controlplane.models import (
+    Alias,
+    Artifact,
+    BaseModel,
+    CatalogGeneration,
+    Merge,
+    Namespace,
+    utcnow,
+)
 from controlplane.models.agent import Agent
 from controlplane.placement.policy import AdapterDemand, capacity_from_record, place
 
@@ -65,25 +73,32 @@ def _assignments(aliases: list[RouteAlias], agents: list[Agent]) -> dict[int, fr
 def route_aliases(session: Session) -> list[RouteAlias]:
     """Every alias with a generation: its current one and that artifact's shape."""
     gen = aliased(CatalogGeneration)
+    release_base = aliased(BaseModel)
     rows = session.execute(
         select(Namespace.name, Alias.name, Alias.current_generation, BaseModel.h_base,
-               Alias.hot, Artifact.digest, Artifact.validated_record, Artifact.tensor_bytes)
+               Alias.hot, Artifact.digest, Artifact.validated_record, Artifact.tensor_bytes,
+               Merge.id, Merge.digest, release_base.h_base)
         .join(Namespace, Namespace.id == Alias.namespace_id)
         .join(BaseModel, BaseModel.id == Alias.base_id)
         .join(gen, (gen.alias_id == Alias.id) & (gen.generation == Alias.current_generation))
         .outerjoin(Artifact, Artifact.id == gen.artifact_id)
+        .outerjoin(Merge, Merge.id == gen.merge_id)
+        .outerjoin(release_base, release_base.id == Merge.merged_base_id)
         .where(Alias.current_generation > 0)
         .order_by(Namespace.name, Alias.name)).all()
     return [_alias(*row) for row in rows]
 
 
 def _alias(namespace: str, name: str, current: int, h_base: str, hot: bool,
-           digest: str | None, record: dict[str, Any] | None,
-           tensor_bytes: int | None) -> RouteAlias:
+           digest: str | None, record: dict[str, Any] | None, tensor_bytes: int | None,
+           merge_id: int | None, h_merged: str | None, merged_base: str | None) -> RouteAlias:
     record = record or {}
     modules = record.get("modules") or []
+    release = None
+    if merge_id is not None and h_merged is not None and merged_base is not None:
+        release = DesiredRelease(id=merge_id, digest=h_merged, base=merged_base)
     return RouteAlias(namespace=namespace, alias=name, current_generation=current,
-                      digest=digest, base=h_base, hot=hot,
+                      digest=digest, base=h_base, hot=hot, release=release,
                       nbytes=int(tensor_bytes or record.get("total_bytes") or 0),
                       rank=max((int(m.get("rank", 0)) for m in modules), default=0),
                       roles=sorted({str(m.get("role")) for m in modules}))

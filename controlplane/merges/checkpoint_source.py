@@ -5,8 +5,10 @@ names where the worker finds the checkpoint. What is read there is trusted only 
 ABI re-derives the registered H_base (`job.py`): the location is provenance, not identity.
 
 Files read: `config.json`, `model.safetensors` or `model.safetensors.index.json` with its
-shards (top level only). A pickle weight file refuses the whole source, as for adapter
-imports; `file://` follows the adapter import rules (`allowed_import_directory`).
+shards, and the tokenizer files the checkpoint has (`TOKENIZER_FILES`; a release carries
+them so an agent serving it reads text), top level only. A pickle weight file refuses the
+whole source, as for adapter imports; `file://` follows the adapter import rules
+(`allowed_import_directory`).
 """
 
 from __future__ import annotations
@@ -26,6 +28,10 @@ from controlplane.storage.importing import FORBIDDEN_SUFFIXES, allowed_import_di
 CONFIG_FILE = "config.json"
 WEIGHTS_SUFFIX = ".safetensors"
 INDEX_FILE = "model.safetensors.index.json"
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
+                   "tokenizer.model", "vocab.json", "merges.txt", "added_tokens.json",
+                   "chat_template.jinja", "generation_config.json")
+"""Copied into a release as they are when the source has them (not part of H_base)."""
 
 
 class CheckpointUnavailable(Exception):
@@ -63,7 +69,7 @@ def _wanted(names: list[str], uri: str) -> list[str]:
     if not weights:
         raise CheckpointUnavailable("the base checkpoint has no .safetensors weights", uri=uri)
     extra = [INDEX_FILE] if INDEX_FILE in names else []
-    return [CONFIG_FILE, *extra, *weights]
+    return [CONFIG_FILE, *extra, *weights, *(n for n in TOKENIZER_FILES if n in names)]
 
 
 def fetch_checkpoint(uri: str, settings: Settings, dest: Path) -> None:

@@ -1,6 +1,7 @@
 """/v1/namespaces/{ns}/merges: submit a merged release (publish scope), list and get (read
 scope); /v1/bases/{h_base}/lineage: the releases that produced a base (those in
-namespaces the caller may read)."""
+namespaces the caller may read); /v1/bases/{h_base}/checkpoint: download URLs of a merged
+base's files (what an agent serving the release fetches)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,9 @@ from fastapi import APIRouter, Depends, Query, Response, status
 from controlplane.auth.dependencies import CurrentPrincipal
 from controlplane.auth.scopes import Role
 from controlplane.bases.repository import BaseModelRepository
-from controlplane.kit.deps import JobsDep, SessionDep, SettingsDep
+from controlplane.contracts import BaseCheckpoint, DesiredFile
+from controlplane.errors import NotFound
+from controlplane.kit.deps import JobsDep, SessionDep, SettingsDep, StoreDep
 from controlplane.kit.pagination import PageOut, PageParams, page_out, page_params
 from controlplane.merges.convert import merge_out
 from controlplane.merges.repository import MergeRepository
@@ -19,6 +22,7 @@ from controlplane.merges.schemas import LineageOut, MergeCreate, MergeOut
 from controlplane.merges.service import submit_merge
 from controlplane.models import Merge
 from controlplane.namespaces.repository import NamespaceRepository
+from controlplane.storage.urls import URL_TTL_S, object_url
 
 router = APIRouter(prefix="/v1/namespaces/{namespace}/merges", tags=["merges"])
 lineage_router = APIRouter(prefix="/v1/bases", tags=["merges"])
@@ -72,3 +76,22 @@ def get_lineage(h_base: str, principal: CurrentPrincipal, session: SessionDep) -
     merges = [m for m in MergeRepository(session).producing(base.id)
               if principal.can(m.namespace.name, Role.READ)]
     return LineageOut(h_base=base.h_base, merges=[merge_out(m) for m in merges])
+
+
+@lineage_router.get("/{h_base}/checkpoint", response_model=BaseCheckpoint)
+def get_checkpoint(h_base: str, principal: CurrentPrincipal, session: SessionDep,
+                   store: StoreDep) -> BaseCheckpoint:
+    """The files of the oldest merged release (in a namespace the caller may read; agent
+    tokens read every namespace) that produced base `h_base`; 404 for a base registered
+    from a checkpoint the registry does not hold."""
+    base = BaseModelRepository(session).get_by_h_base(h_base)
+    merge = next((m for m in MergeRepository(session).producing(base.id)
+                  if principal.can(m.namespace.name, Role.READ)), None)
+    if merge is None or merge.files is None or merge.digest is None:
+        raise NotFound(f"the registry holds no checkpoint of base {h_base}",
+                       detail={"kind": "checkpoint", "ref": h_base})
+    files = {name: DesiredFile(sha256=str(f["sha256"]), size=int(f["size"]),
+                               url=object_url(store, str(f["key"])))
+             for name, f in sorted(merge.files.items())}
+    return BaseCheckpoint(h_base=base.h_base, merge_id=merge.id, h_merged=merge.digest,
+                         files=files, url_ttl_s=URL_TTL_S)

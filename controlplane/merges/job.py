@@ -25,6 +25,7 @@ fits:
 from __future__ import annotations
 
 import json
+import shutil
 import tempfile
 from dataclasses import dataclass
 from fractions import Fraction
@@ -40,10 +41,15 @@ from controlplane.audit.service import record_audit
 from controlplane.bases.repository import BaseModelRepository
 from controlplane.config import Settings
 from controlplane.db import session_scope
-from controlplane.merges.checkpoint_source import CheckpointUnavailable, fetch_checkpoint
+from controlplane.merges.checkpoint_source import (
+    TOKENIZER_FILES,
+    CheckpointUnavailable,
+    fetch_checkpoint,
+)
 from controlplane.models import Artifact, BaseModel, Merge, MergeState, utcnow
 from controlplane.retention.leases import factory_lease
 from controlplane.storage import BlobClaim, ObjectStore
+from controlplane.storage.base import file_sha256
 from controlplane.worker.job_rows import Refused, fetch_blobs, locked, record_error, record_refusal
 
 WORKER_ACTOR = "worker:merge_release"
@@ -164,9 +170,14 @@ def _merge_and_store(claim: Claim, root: Path, store: ObjectStore,
     except MergeInputError as exc:
         return Refused(exc.code, exc.message, _jsonable(exc.detail))
     released = read_base_abi(out)
+    tokenizer = {}
+    for name in TOKENIZER_FILES:
+        if (root / "base" / name).is_file():
+            shutil.copyfile(root / "base" / name, out / name)
+            tokenizer[name] = file_sha256(out / name)
     manifest = build_manifest(base, [(d, w) for d, w, _ in claim.adapters],
                               released.dtype, merged.modules, merged.tensors,
-                              released.config_sha256)
+                              released.config_sha256, tokenizer)
     digest = h_merged(manifest)
     gate = exactness_gate(root / "base", out, adapters, base.vocab_size, claim.threshold)
     metrics = gate.metrics()

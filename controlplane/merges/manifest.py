@@ -5,7 +5,8 @@ its weights and the weights themselves,
 
     manifest = {format, source base (H_base and its component digests), ordered adapters
                 (H_artifact, exact weight), dtype schedule, target signature,
-                output tensors {name: {dtype, shape, sha256}}, output config digest}
+                output tensors {name: {dtype, shape, sha256}}, output config digest,
+                tokenizer files {name: sha256} copied from the source}
     H_merged = SHA-256(RFC 8785({"tag": H_MERGED_TAG, "manifest": manifest}))
 
 The tag separates H_merged from every other digest over canonical JSON (a manifest can
@@ -44,8 +45,10 @@ def target_signature(base: BaseModelABI, modules: Sequence[str]) -> dict[str, JS
 def build_manifest(base: BaseModelABI, adapters: Sequence[tuple[str, Fraction]],
                    release_dtype_name: str, modules: Sequence[str],
                    tensors: Mapping[str, Mapping[str, Any]],
-                   output_config_sha256: str) -> dict[str, JSONValue]:
-    """`adapters`: (H_artifact, weight) in release order."""
+                   output_config_sha256: str,
+                   tokenizer: Mapping[str, str] | None = None) -> dict[str, JSONValue]:
+    """`adapters`: (H_artifact, weight) in release order; `tokenizer`: the SHA-256 of each
+    tokenizer file the release carries (a release serves text with them)."""
     return {
         "format": RELEASE_FORMAT,
         "source": {"h_base": base.h_base, **base.identity.to_record()},
@@ -55,6 +58,7 @@ def build_manifest(base: BaseModelABI, adapters: Sequence[tuple[str, Fraction]],
         "tensors": {name: {"dtype": str(t["dtype"]), "shape": [int(d) for d in t["shape"]],
                            "sha256": str(t["sha256"])} for name, t in sorted(tensors.items())},
         "output_config_sha256": output_config_sha256,
+        "tokenizer": {name: str(sha) for name, sha in sorted((tokenizer or {}).items())},
     }
 
 

@@ -82,3 +82,4 @@ class LineageOut(BaseModel):
 
     h_base: str
     merges: list[MergeOut]
+

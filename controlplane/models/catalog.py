@@ -13,12 +13,22 @@ from __future__ import annotations
 
 import enum
 
-from sqlalchemy import Boolean, ForeignKey, String, Text, UniqueConstraint, false
+from sqlalchemy import (
+    Boolean,
+    CheckConstraint,
+    ForeignKey,
+    Index,
+    String,
+    Text,
+    UniqueConstraint,
+    false,
+)
 from sqlalchemy.orm import Mapped, mapped_column, relationship
 
 from controlplane.models.artifact import Artifact
 from controlplane.models.base import Base, BigId, CreatedAtMixin, IdMixin
 from controlplane.models.base_model import BaseModel
+from controlplane.models.merge import Merge
 from controlplane.models.namespace import Namespace
 
 
@@ -51,13 +61,21 @@ class CatalogGeneration(IdMixin, CreatedAtMixin, Base):
     __table_args__ = (
         UniqueConstraint("alias_id", "generation"),
         UniqueConstraint("alias_id", "idempotency_key"),
+        CheckConstraint("artifact_id IS NULL OR merge_id IS NULL",
+                        name="ck_catalog_generations_one_target"),
+        Index("ix_catalog_generations_merge_id", "merge_id"),
     )
 
     alias_id: Mapped[int] = mapped_column(BigId, ForeignKey("aliases.id"), nullable=False)
     generation: Mapped[int] = mapped_column(nullable=False)
     action: Mapped[str] = mapped_column(String(16), nullable=False)
     artifact_id: Mapped[int | None] = mapped_column(BigId, ForeignKey("artifacts.id"))
-    """The artifact the alias means from this generation on; None after a retire."""
+    """The artifact the alias means from this generation on (None for a release or a
+    retire)."""
+    merge_id: Mapped[int | None] = mapped_column(BigId, ForeignKey("merges.id"))
+    """The merged release the alias means from this generation on: requests are served by
+    agents of the release's base with no adapter. At most one of the two targets is set;
+    neither: a retire."""
     actor: Mapped[str] = mapped_column(String(200), nullable=False)
     reason: Mapped[str | None] = mapped_column(Text)
     idempotency_key: Mapped[str | None] = mapped_column(String(200))
@@ -65,3 +83,9 @@ class CatalogGeneration(IdMixin, CreatedAtMixin, Base):
 
     alias: Mapped[Alias] = relationship(lazy="joined")
     artifact: Mapped[Artifact | None] = relationship(lazy="joined")
+    merge: Mapped[Merge | None] = relationship(lazy="joined")
+
+    @property
+    def target(self) -> tuple[int | None, int | None]:
+        """(artifact_id, merge_id): what the alias serves from here on; both None: retired."""
+        return self.artifact_id, self.merge_id

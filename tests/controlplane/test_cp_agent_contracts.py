@@ -49,7 +49,7 @@ def test_openapi_declares_the_agent_contracts(api: Api) -> None:
     for name in ("RegisterRequest", "Capabilities", "HeartbeatRequest", "SlotReport",
                  "LoadFailureReport", "AgentOut", "DesiredState", "DesiredAlias",
                  "DesiredGeneration", "DesiredArtifact", "DesiredFile", "DesiredCollection",
-                 "TenantPolicy"):
+                 "TenantPolicy", "DesiredRelease", "BaseCheckpoint"):
         assert name in schemas, name
     # everything this control plane always sends is required in its answers' schemas
     assert set(schemas["DesiredState"]["required"]) == {
@@ -57,7 +57,8 @@ def test_openapi_declares_the_agent_contracts(api: Api) -> None:
         "tenants_version", "tenants", "aliases"}
     assert set(schemas["TenantPolicy"]["required"]) == {"namespace", "weight", "priority"}
     assert set(schemas["DesiredAlias"]["required"]) == {
-        "namespace", "alias", "current_generation", "generations", "prefetch", "hot"}
+        "namespace", "alias", "base", "current_generation", "generations", "prefetch", "hot"}
+    assert "release" in schemas["DesiredGeneration"]["properties"]  # sent only for releases
     artifact = schemas["DesiredArtifact"]
     assert set(artifact["required"]) == {"id", "digest", "files", "validated_record"}
     assert "collection" in artifact["properties"]  # sent only for collection members

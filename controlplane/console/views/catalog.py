@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from sqlalchemy import or_
 from sqlalchemy.orm import Session
 
 from controlplane.auth.scopes import Principal, Role
@@ -113,8 +114,10 @@ def generation_diff(session: Session, store: ObjectStore, principal: Principal,
     old_out, new_out = generation_out(old), generation_out(new)
     if old.artifact is None or new.artifact is None:
         which = before if old.artifact is None else after
+        kind = ("serves a merged release" if (old if which == before else new).merge_id
+                else "is a retire")
         return GenerationDiff(old_out, new_out, None,
-                              f"generation {which} is a retire: it names no adapter")
+                              f"generation {which} {kind}: it names no adapter")
     if old.artifact_id == new.artifact_id:
         return GenerationDiff(old_out, new_out, None,
                               f"both generations name artifact {old.artifact_id}: "
@@ -139,13 +142,13 @@ def rollback_plan(session: Session, principal: Principal, namespace: str, alias:
     earlier = session.scalars(
         generations.history(row.id)
         .where(CatalogGeneration.generation < row.current_generation,
-               CatalogGeneration.artifact_id.is_not(None))
+               or_(CatalogGeneration.artifact_id.is_not(None),
+                   CatalogGeneration.merge_id.is_not(None)))
         .order_by(CatalogGeneration.generation.desc()).limit(ROLLBACK_CANDIDATES)
     ).unique().all()
-    candidates = [g for g in earlier if g.artifact_id != current.artifact_id]
+    candidates = [g for g in earlier if g.target != current.target]
     if to_generation is None:  # the service's default target
-        default = generations.previous_target(row.id, row.current_generation,
-                                              current.artifact_id)
+        default = generations.previous_target(row.id, row.current_generation, current.target)
         if default is None:
             raise InvalidState("nothing to roll back to", detail=where)
         target = default
@@ -154,7 +157,7 @@ def rollback_plan(session: Session, principal: Principal, namespace: str, alias:
         if to_generation >= row.current_generation:
             raise NotFound(f"no earlier generation {to_generation}",
                            detail={**where, "to_generation": to_generation})
-        if target.artifact_id is None:
+        if target.target == (None, None):
             raise InvalidState(f"generation {to_generation} is a retire",
                                detail={**where, "to_generation": to_generation})
     if all(g.generation != target.generation for g in candidates):
