@@ -206,6 +206,7 @@ class Engine(StepLoop):
             from dataplane.engine.cuda_graphs import CudaGraphRunner
 
             self.runner.warm_up_lora()  # eager steps then never wait on Triton's JIT
+            self.runner.warm_up_attention()
             graphs = CudaGraphRunner(self.runner, self.config.max_num_seqs,
                                      min(self.max_model_len, self.config.max_graph_context),
                                      group=self.model.tp_group)

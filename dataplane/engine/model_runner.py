@@ -205,6 +205,39 @@ class ModelRunner:
                 calls += 1
         return calls
 
+    @torch.inference_mode()
+    def warm_up_attention(self) -> int:
+        """Launch every variant of the Triton decode-attention kernels a step can use, once
+        each, on one row reading KV block 0 into a scratch output: the context-split count
+        (`SPLITS`, 1 to `MAX_SPLITS`, chosen per step from its decode rows, so a run's few
+        last rows pick a count its full steps never did) times the block table's width
+        class (Triton specializes an integer stride on 1 and on multiples of 16) times each
+        attention window of the model. Without it the first step with a new split count
+        waits on the JIT. Returns the number of launches (0 on the torch decode path). The
+        metadata tensors are fresh int64 ones, as eager steps build them (captured decode
+        graphs compile their own variants, over their staging buffer's views, at capture)."""
+        if self.decode_kernel != "triton":
+            return 0
+        from dataplane.attention.triton_decode import MAX_SPLITS, paged_decode_attention
+
+        c, cache = self.config, self.cache
+        q = torch.zeros((1, c.num_heads, c.head_dim), dtype=cache.k[0].dtype,
+                        device=self.device)
+        one = torch.ones(1, dtype=torch.int64, device=self.device)
+        zero = torch.zeros(1, dtype=torch.int64, device=self.device)
+        calls = 0
+        for window in sorted(set(c.layer_windows), key=lambda w: -1 if w is None else w):
+            for width in (1, 2, 16):
+                tables = torch.zeros((1, width), dtype=torch.int64, device=self.device)
+                splits = 1
+                while splits <= MAX_SPLITS:
+                    paged_decode_attention(q, cache.k[0], cache.v[0], tables, one, zero,
+                                           cache.block_size, c.head_dim ** -0.5, window,
+                                           splits=splits)
+                    calls += 1
+                    splits *= 2
+        return calls
+
     def lora_context(self, rows: Sequence[int]) -> LoraStepContext | None:
         """Per-step row grouping of `rows` (each row's slot); None when LoRA is disabled.
         Steps of at most the model's `lora_fold_rows` rows also get their fold slots."""

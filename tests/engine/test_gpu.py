@@ -231,3 +231,37 @@ def test_warm_up_compiles_every_eager_lora_variant(cuda_device: torch.device, ti
     outs = engine.generate(prompts, params, [handles[i % len(handles)] for i in range(5)])
     assert all(len(o.token_ids) == 5 for o in outs)
     assert _compiled_variants() == before
+
+
+def _attention_variants() -> dict[str, int]:
+    """Compiled variants of the Triton attention kernels (decode, its split combine,
+    varlen prefill)."""
+    from dataplane.attention import triton_decode, triton_prefill
+
+    fns = [triton_decode._paged_decode_kernel, triton_decode._combine_kernel,
+           triton_prefill._varlen_prefill_kernel]
+    return {fn.__name__: sum(len(c[0]) for c in fn.device_caches.values()) for fn in fns}
+
+
+def test_warm_up_compiles_every_decode_attention_variant(cuda_device: torch.device,
+                                                         tiny_llama: Path) -> None:
+    """A step's decode rows choose the context-split count, so a run's shrinking tail (128
+    rows down to 1, contexts over several block-table width classes) launches split counts
+    its full steps never did: after the engine's warm-up none of them compiles."""
+    engine = build_engine(EngineSpec.of(tiny_llama, dtype="bfloat16", device="cuda",
+                                        max_num_seqs=128, max_num_batched_tokens=1024,
+                                        num_kv_blocks=4096, block_size=4, max_slots=0,
+                                        max_rank=8))
+    before = _attention_variants()
+    assert before["_paged_decode_kernel"] > 0, before
+    for i in range(128):
+        prompt = [(11 * i + j) % 250 + 1 for j in range(5 + (i * 7) % 90)]
+        engine.add_request(f"r{i}", prompt, SamplingParams(
+            temperature=0, max_tokens=1 + (i * 13) % 48, ignore_eos=True))
+    steps = 0
+    while engine.has_unfinished():
+        engine.step()
+        steps += 1
+    after = _attention_variants()
+    decode = ("_paged_decode_kernel", "_combine_kernel")
+    assert {k: after[k] for k in decode} == {k: before[k] for k in decode}, (before, after, steps)
