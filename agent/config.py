@@ -66,7 +66,9 @@ class AgentSettings(BaseSettings):
     """Largest LoRA rank this agent loads (advertised to the control plane)."""
     num_kv_blocks: int = Field(default=512, ge=1)
     """Pages of the unified pool, each one KV block of `block_size` tokens, shared by KV
-    blocks and adapter factors."""
+    blocks and adapter factors. Left unset on the CPU, the pool gets room for `max_slots`
+    adapters of `max_rank` on every target on top (host memory), so that resident
+    adapters never shrink the 512 KV blocks into preempting running requests."""
     block_size: int = Field(default=16, ge=1)
     """Tokens per KV block (one pool page)."""
     max_num_seqs: int = Field(default=32, ge=1)
@@ -115,7 +117,8 @@ class AgentSettings(BaseSettings):
     the weight) and its consumer op (RoPE, add-RMSNorm, SiLU·mul): no LoRA launch, one more
     copy of the factors of as many adapters as a decode step can use (per rank), filled
     from the pool's pages. `auto`: on CUDA, unless reading idle fold slots' `A` costs more
-    than the launches saved (`dataplane.parallel.fold_cost`); off on the CPU."""
+    than the launches saved (`dataplane.parallel.fold_cost`); off on the CPU, where it is
+    slower than the torch backend's grouped LoRA path (`bench/cpu_serving_step.py`)."""
     piecewise_graphs: bool = True
     """On CUDA: replay mixed (prefill + decode) steps as piecewise CUDA graphs
     (`EngineConfig.enable_piecewise_graphs`; with tp_degree > 1 on every rank)."""

@@ -21,10 +21,25 @@ if TYPE_CHECKING:
 log = logging.getLogger("adapterplane.agent")
 
 
+def pool_pages(settings: AgentSettings) -> int:
+    """The unified pool's pages: `num_kv_blocks`, plus on the CPU, unless `num_kv_blocks`
+    was set, room for `max_slots` adapters of `max_rank` on every target (the setting's
+    docstring says why)."""
+    if "num_kv_blocks" in settings.model_fields_set or not settings.device.startswith("cpu"):
+        return settings.num_kv_blocks
+    from dataplane.engine.builder import DTYPES, model_config
+    from dataplane.pool.unified import adapter_room_pages
+
+    room = adapter_room_pages(model_config(settings.model_dir), block_size=settings.block_size,
+                              elem_bytes=DTYPES[settings.dtype].itemsize,
+                              rank=settings.max_rank, slots=settings.max_slots)
+    return settings.num_kv_blocks + room
+
+
 def engine_config(settings: AgentSettings) -> EngineConfig:
     """The engine's sizes from the agent's settings."""
     return EngineConfig(max_slots=settings.max_slots, max_rank=settings.max_rank,
-                        num_kv_blocks=settings.num_kv_blocks, block_size=settings.block_size,
+                        num_kv_blocks=pool_pages(settings), block_size=settings.block_size,
                         max_num_seqs=settings.max_num_seqs,
                         max_num_batched_tokens=settings.max_num_batched_tokens,
                         scheduling_policy=settings.scheduling_policy,

@@ -15,8 +15,8 @@ The extra last slot (block ``num_blocks``, offset 0 in the page-major layout) is
 slot*: padded rows of a CUDA-graph batch write their K/V there and read only it, so
 padding never touches a request's blocks.
 
-Every reader and writer takes either form; :func:`kv_strides`, :func:`gather_slots` and
-:func:`write_slots` turn a slot into an address for both.
+Every reader and writer takes either form; :func:`kv_strides`, :func:`gather_slots`,
+:func:`gather_blocks` and :func:`write_slots` turn a slot into an address for both.
 """
 
 from __future__ import annotations
@@ -58,6 +58,28 @@ def gather_slots(cache: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
         bs = cache.shape[1]
         return cache[slots // bs, slots % bs]
     return cache[slots]
+
+
+def gather_blocks(cache: torch.Tensor, block_tables: torch.Tensor, block_size: int
+                  ) -> torch.Tensor:
+    """Whole KV blocks of ``block_tables`` (int64 ``[D, B]``) -> ``[D, B * block_size, Hkv,
+    D]`` (a copy): row d's keys in position order. One row gather of whole blocks (each
+    block is ``block_size`` contiguous token rows in either layout) instead of one
+    element-wise gather per slot: the torch decode path's key read.
+
+    In the private layout the trash slot is a single row, not a whole block: the trash
+    block id (which only graph padding rows name) reads the last whole block instead,
+    and a padding row's output is never used."""
+    d, b = block_tables.shape
+    ids = block_tables.reshape(-1)
+    if cache.dim() == 4:
+        blocks = cache
+    else:
+        usable = cache.shape[0] // block_size * block_size
+        blocks = cache[:usable].view(-1, block_size, *cache.shape[1:])
+        ids = ids.clamp(max=blocks.shape[0] - 1)
+    rows = blocks.index_select(0, ids)
+    return rows.view(d, b * block_size, *cache.shape[-2:])
 
 
 def write_slots(cache: torch.Tensor, slots: torch.Tensor, x: torch.Tensor) -> None:

@@ -115,14 +115,14 @@ class DecodeBatch:
     """Decode rows `[doff, doff + D)`.
 
     Always: block_tables [D, max_blocks] int64, context_lens [D], positions [D] (int64) —
-    what the Triton paged kernel reads in place. Torch path only: padded key slots [D, L]
-    and masks[w] [D, L] bool for a gather + SDPA (None when the Triton kernel runs).
+    what the Triton paged kernel reads in place. Torch path only: masks[w] [D, L] bool over
+    the first L key positions of each row's blocks, for a block gather + SDPA (None when
+    the Triton kernel runs).
     """
 
     block_tables: torch.Tensor
     context_lens: torch.Tensor
     positions: torch.Tensor
-    key_slots: torch.Tensor | None
     masks: dict[int | None, torch.Tensor] | None
 
 
@@ -155,19 +155,18 @@ def decode_batch(block_tables: torch.Tensor, context_lens: torch.Tensor,
     """Decode metadata computed on the device (no host loop; CUDA-graph capturable).
 
     block_tables [D, >= ceil(width / block_size)] int64, context_lens [D] int64 (>= 1),
-    positions [D] int64. With `gather`, also key_slots [D, width] and masks[w] [D, width]
-    bool for the torch path; padding entries (beyond a row's context) address some cache
-    slot <= `max_slot` (the trash slot) and are masked out.
+    positions [D] int64. With `gather`, also masks[w] [D, width] bool for the torch path
+    (it reads the first `width` key positions of each row's blocks); entries beyond a
+    row's context (padding blocks, the tail of its last block) are masked out.
+    `max_slot` (the trash slot) is the largest slot any row addresses.
     """
     if not gather:
-        return DecodeBatch(block_tables, context_lens, positions, None, None)
+        return DecodeBatch(block_tables, context_lens, positions, None)
     k_pos = torch.arange(width, dtype=torch.int64, device=block_tables.device)
-    blocks = block_tables.index_select(1, k_pos // block_size)
-    key_slots = (blocks * block_size + (k_pos % block_size)[None, :]).clamp(max=max_slot)
     valid = k_pos[None, :] < context_lens[:, None]
     q_pos = positions[:, None]
     masks = {w: _window_mask(q_pos, k_pos[None, :], valid, w) for w in windows}
-    return DecodeBatch(block_tables, context_lens, positions, key_slots, masks)
+    return DecodeBatch(block_tables, context_lens, positions, masks)
 
 
 def distinct_windows(windows: tuple[int | None, ...]) -> tuple[int | None, ...]:

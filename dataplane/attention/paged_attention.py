@@ -7,10 +7,12 @@ caller's fused RoPE kernel did), then
   alone: its rows attend to its own context (this chunk's fresh keys when the chunk starts at
   position 0, else the cache gathered through its block table);
 - all decode rows at once: each row attends to its own cached keys, either through the
-  Triton paged kernel (K/V read in place, CUDA) or a padded gather + SDPA (torch path).
+  Triton paged kernel (K/V read in place, CUDA) or a gather of each row's whole KV blocks
+  (one row copy per block, not per slot) + one SDPA call (torch path).
 Masks come from `AttentionMetadata` (built once per step). GQA through `enable_gqa`.
 Either KV layout of `PagedKVCache` (private flat slots or page-major pool views) works:
-slots are turned into addresses by `kv_cache.gather_slots` / the kernels' block strides.
+slots are turned into addresses by `kv_cache.gather_slots` / `gather_blocks` / the kernels'
+block strides.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from dataplane.attention.kv_cache import PagedKVCache, gather_slots
+from dataplane.attention.kv_cache import PagedKVCache, gather_blocks, gather_slots
 from dataplane.attention.metadata import AttentionMetadata
 
 
@@ -63,12 +65,14 @@ def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: in
             q[meta.doff:], k_all, v_all, dec.block_tables, dec.context_lens, dec.positions,
             cache.block_size, scale, window, out=out[meta.doff:])
     elif meta.decode is not None:
-        if meta.decode.key_slots is None or meta.decode.masks is None:
-            raise ValueError("torch decode path needs gathered key slots and masks")
-        slots = meta.decode.key_slots  # [D, L]
-        out[meta.doff:] = grouped_decode(q[meta.doff:], gather_slots(k_all, slots),
-                                         gather_slots(v_all, slots),
-                                         meta.decode.masks[window], scale)
+        if meta.decode.masks is None:
+            raise ValueError("torch decode path needs the decode masks")
+        mask = meta.decode.masks[window]  # [D, L]
+        blocks = meta.decode.block_tables[:, :-(-mask.shape[1] // cache.block_size)]
+        width = mask.shape[1]
+        out[meta.doff:] = grouped_decode(
+            q[meta.doff:], gather_blocks(k_all, blocks, cache.block_size)[:, :width],
+            gather_blocks(v_all, blocks, cache.block_size)[:, :width], mask, scale)
     return out
 
 
@@ -76,13 +80,12 @@ def grouped_decode(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torc
                    scale: float) -> torch.Tensor:
     """One query row per request, GQA without repeating K/V (torch path).
 
-    q [D, Hq, Dh], k/v [D, L, Hkv, Dh] (gathered context), mask [D, L] bool -> [D, Hq, Dh].
-    Softmax in fp32; the G = Hq / Hkv query heads of a KV head share one matmul.
+    q [D, Hq, Dh], k/v [D, L, Hkv, Dh] (gathered context, any strides), mask [D, L] bool
+    -> [D, Hq, Dh]. One SDPA call over all rows: K/V are read through transposed views
+    (no copy into a matmul layout) and the G = Hq / Hkv query heads of a KV head share
+    them (`enable_gqa`).
     """
-    d, hq, dh = q.shape
-    hkv = k.shape[2]
-    qg = q.view(d, hkv, hq // hkv, dh)
-    scores = torch.matmul(qg, k.permute(0, 2, 3, 1)).float() * scale  # [D, Hkv, G, L]
-    scores = scores.masked_fill(~mask[:, None, None, :], float("-inf"))
-    probs = torch.softmax(scores, dim=-1).to(v.dtype)
-    return torch.matmul(probs, v.permute(0, 2, 1, 3)).reshape(d, hq, dh)
+    res = F.scaled_dot_product_attention(
+        q[:, :, None], k.transpose(1, 2), v.transpose(1, 2), attn_mask=mask[:, None, None],
+        scale=scale, enable_gqa=True)
+    return res[:, :, 0]

@@ -34,6 +34,7 @@ import functools
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 
 from dataplane.kernels.errors import LoraShapeError
@@ -132,6 +133,10 @@ class LoraModuleWeights:
         addr_align: a power of two (<= 16) dividing every row address and
             every slice width; lets kernels use wide vector loads. 1 is
             always correct; a larger value is a promise the producer keeps.
+        slot_versions: optional host int64 ``[S]`` the producer bumps whenever
+            it rewrites a slot (publication, reclaim): a consumer may keep a copy
+            of a slot's factors while its version stands (the torch backend's
+            grouped path, kernels/torch_grouped.py). None: no such promise.
     """
 
     storage: torch.Tensor
@@ -144,6 +149,7 @@ class LoraModuleWeights:
     max_rank: int
     stacked: tuple[tuple[torch.Tensor, torch.Tensor], ...] | None = field(default=None)
     addr_align: int = 1
+    slot_versions: np.ndarray | None = field(default=None)
 
     @property
     def num_slices(self) -> int:

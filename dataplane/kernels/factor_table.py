@@ -18,6 +18,7 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Protocol
 
+import numpy as np
 import torch
 
 from dataplane.kernels.base import LoraModuleWeights
@@ -109,6 +110,7 @@ class LoraFactorTable:
             max_rank=max_rank,
             stacked=stacked,
             addr_align=power_of_two_divisor(math.gcd(in_features, *self.out_features), 16),
+            slot_versions=np.zeros(num_slots, dtype=np.int64),
         )
         self.weights.validate()
 
@@ -159,8 +161,14 @@ class LoraFactorTable:
             self.storage[self._row_index(self._b_rows_host[k, slot], width)] = 0
         self.ranks[:, slot] = 0
         self.scales[:, slot] = 0.0
+        self._bump(slot)
         if self.mirror is not None:
             self.mirror.clear(slot)
+
+    def _bump(self, slot: int) -> None:
+        """A slot's factors changed: consumers' copies of them are stale."""
+        assert self.weights.slot_versions is not None
+        self.weights.slot_versions[slot] += 1
 
     def _row_index(self, homes: torch.Tensor, width: int) -> torch.Tensor:
         """Flat storage indices of rows starting at ``homes``, built on the device."""

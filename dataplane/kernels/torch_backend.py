@@ -22,13 +22,28 @@ Two paths, same contract (:class:`dataplane.kernels.base.LoraBackend`):
   tensors depend only on (rows per slot, ranks): they are cached per backend,
   so all layers of a step share them.
 
-Rule (``path="auto"``, the default), per step: slots with at most
+* **grouped** (kernels/torch_grouped.py) — ``add_lora`` only, over tables that
+  carry ``slot_versions`` (the unified pool's, stacked tables): each slot's factors
+  stacked once per publication (every slice's ``A`` in one matrix, ``Bt``
+  block-diagonal over the slices), then per projection the step's slots in one padded
+  shrink ``bmm`` and one expand ``bmm`` (when padding them to the largest slot's rows
+  costs at most a quarter more rows; else the slots with at most
+  :data:`GROUPED_MAX_ROWS_PER_SLOT` rows in one such pair and each heavier slot in its
+  own). A projection is then ~6 ops for every slot together and reads every factor in
+  place, where the batched path gathers every active factor per call and multiplies
+  every row with every slot, and the loop path runs ~5 ops per slot and slice. This is
+  what ``"auto"`` runs in ``add_lora`` when the tables carry versions (the engine's
+  case); the rule below covers the rest.
+
+Rule (``path="auto"``, the default, and always for ``shrink`` / ``expand``), per step:
+slots with at most
 :data:`BATCHED_MAX_ROWS_PER_SLOT` rows (decode rows: each loop iteration would
 do little work for its fixed host cost) go through the batched path, provided
 there are at least two of them; the other slots (prefill chunks, where the
 ``L / r`` wasted products would dominate) go through the loop. A mixed step
 (one prefill chunk plus decode rows) uses both, on disjoint rows.
-``path="loop"`` / ``"batched"`` force one path for every slot (tests, benches).
+``path="loop"`` / ``"batched"`` / ``"grouped"`` force one path for every slot (tests,
+benches; ``"grouped"`` falls back to ``"auto"`` over tables without versions).
 Shrink and expand split from the same metadata, so they agree.
 
 Reads slot counts and ranks on the host, so on CUDA it syncs and is not
@@ -52,11 +67,16 @@ from dataplane.kernels.base import (
     gather_rank_rows,
 )
 from dataplane.kernels.errors import LoraShapeError
+from dataplane.kernels.torch_grouped import GroupPlan, SlotFactorCache, group_plans
 
 BATCHED_MAX_ROWS_PER_SLOT = 4
 """``path="auto"`` uses the batched path while active rows <= this × active slots."""
+GROUPED_MAX_ROWS_PER_SLOT = 16
+"""When a step's slots are too uneven to share one padded group, the grouped path pads
+the slots with at most this many rows (decode rows) into one group and gives each
+heavier slot (a prefill chunk) a group of its own, unpadded."""
 
-TORCH_PATHS = ("auto", "loop", "batched")
+TORCH_PATHS = ("auto", "loop", "batched", "grouped")
 _BLOCK_CACHE_SIZE = 256
 
 
@@ -103,6 +123,15 @@ class _SliceBlocks:
     keep: torch.Tensor | None  # int64 [m] row positions with rank > 0; None = all
 
 
+@dataclass(frozen=True)
+class _Grouping:
+    """One step's rows for the grouped path: its padded plans (`group_plans`) and the
+    slot range whose cached factors must be current."""
+
+    plans: list[GroupPlan]
+    slots: range
+
+
 class TorchLoraBackend(LoraBackend):
     """Torch LoRA branch: per-slot loop or one batched mm per slice (module docstring)."""
 
@@ -113,6 +142,8 @@ class TorchLoraBackend(LoraBackend):
             raise LoraShapeError(f"unknown torch LoRA path {path!r}, want one of {TORCH_PATHS}")
         self.path = path
         self._block_cache: dict[tuple[object, ...], _SliceBlocks] = {}
+        self._factor_caches: dict[int, tuple[LoraModuleWeights, SlotFactorCache]] = {}
+        self._grouping: tuple[LoraBatchMeta, _Grouping] | None = None
 
     def build_meta(self, row_slot: torch.Tensor, buffers: LoraMetaBuffers) -> LoraBatchMeta:
         return build_meta_torch(row_slot, buffers)
@@ -259,6 +290,48 @@ class TorchLoraBackend(LoraBackend):
             if bl.keep is not None:
                 rows, d = rows.index_select(0, bl.keep), d.index_select(0, bl.keep)
             y[:, offsets[k] : offsets[k] + width].index_add_(0, rows, d)
+
+    # -- grouped path (kernels/torch_grouped.py) -----------------------------
+
+    def add_lora(
+        self,
+        y: torch.Tensor,
+        x: torch.Tensor,
+        meta: LoraBatchMeta,
+        weights: LoraModuleWeights,
+        workspace: LoraWorkspace | None = None,
+    ) -> None:
+        if weights.slot_versions is None or self.path in ("loop", "batched"):
+            super().add_lora(y, x, meta, weights, workspace)
+            return
+        check_call(x, y, meta, weights)
+        step = self._step_grouping(meta)
+        if not step.plans:
+            return
+        cache = self._factor_cache(weights)
+        cache.refresh(weights, step.slots)
+        for plan in step.plans:
+            cache.add(y, x, plan)
+
+    def _factor_cache(self, weights: LoraModuleWeights) -> SlotFactorCache:
+        """The projection's stacked factors (the entry keeps `weights` alive, so its id
+        is not reused while cached)."""
+        hit = self._factor_caches.get(id(weights))
+        if hit is None:
+            hit = self._factor_caches[id(weights)] = (weights, SlotFactorCache(weights))
+        return hit[1]
+
+    def _step_grouping(self, meta: LoraBatchMeta) -> _Grouping:
+        """The step's grouping, built by its first projection and shared by the rest."""
+        if self._grouping is not None and self._grouping[0] is meta:
+            return self._grouping[1]
+        act = self._active(meta)
+        on = act.slots_on
+        light = meta.num_rows if self.path == "grouped" else GROUPED_MAX_ROWS_PER_SLOT
+        plans = group_plans(act.counts, act.rows, light) if on else []
+        grouping = _Grouping(plans, range(on[0], on[-1] + 1) if on else range(0))
+        self._grouping = (meta, grouping)
+        return grouping
 
     # -- contract ------------------------------------------------------------
 

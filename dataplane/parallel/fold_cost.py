@@ -15,8 +15,11 @@ and the fold pays when ``extra < saved``: with 8B-shaped TP=2 rank-16 adapters, 
 idle fold slots. Its copies of the fold slots' factors (`fold_resident_bytes`) must also
 fit the agent's per-rank budget for extra resident factor bytes, when one is set.
 
-On the CPU a step has no kernel launches to save, so the fold only widens the GEMMs: it is
-off there.
+On the CPU a step has no kernel launches to save, so the fold only widens the GEMMs (every
+row against every fold slot's ``A``) and gathers each row's ``B`` in its consumer op,
+where the torch backend's grouped path (dataplane/kernels/torch_grouped.py) reads each
+factor once: it is off there (`bench/cpu_serving_step.py --arms agent+lora
+agent+lora+fold` measures both).
 """
 
 from __future__ import annotations

@@ -70,6 +70,9 @@ class KernelTables:
         """Host copies of the published row offsets, and each slice's number of rank rows
         (physical rank; 0: slice absent): what a LoRA fold copies from
         (dataplane/pool/fold_source.py)."""
+        self.slot_versions = np.zeros(num_slots, dtype=np.int64)
+        """Bumped on every publication or reclaim of a slot (every group's
+        `LoraModuleWeights.slot_versions` is this array)."""
         self._weights: dict[tuple[int, str], LoraModuleWeights] = {}
         # Every rank row starts at page * page_elems + the widths of the rows before it in
         # its page (dataplane/pool/page_demand.py, plan_rows), and only rows of these
@@ -90,6 +93,7 @@ class KernelTables:
                 out_features=g.out_features,
                 max_rank=max_rank,
                 addr_align=align,
+                slot_versions=self.slot_versions,
             )
 
     def weights(self, layer: int, name: str) -> LoraModuleWeights:
@@ -155,6 +159,7 @@ class KernelTables:
                 ranks[base + k] = m.shape.rank
                 rows_n[base + k] = n
                 scales[base + k] = float(m.shape.scale)
+        self.slot_versions[slot] += 1
         self.host_a[:, slot], self.host_b[:, slot] = a_col.numpy(), b_col.numpy()
         self.host_rows[:, slot] = rows_n
         pinned = self._a.device.type == "cuda"
@@ -163,6 +168,7 @@ class KernelTables:
             dst[:, slot].copy_(src.pin_memory() if pinned else src, non_blocking=pinned)
 
     def on_unpublish(self, slot: int) -> None:
+        self.slot_versions[slot] += 1
         self.host_a[:, slot] = self.host_b[:, slot] = self.host_rows[:, slot] = 0
         self._ranks[:, slot] = 0
         self._scales[:, slot] = 0.0

@@ -38,10 +38,12 @@ eligibility), and KV writes to it are enqueued after that on the compute stream.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from fractions import Fraction
 
 from dataplane.attention.kv_cache import PagedKVCache
+from dataplane.models.config import ModelConfig
 from dataplane.pool.errors import LayoutError
-from dataplane.pool.page_demand import PageGeometry
+from dataplane.pool.page_demand import FactorShape, PageGeometry, adapter_page_demand
 from dataplane.pool.page_storage import PageStorage
 
 KV_SPARE_PAGES = 1
@@ -109,6 +111,21 @@ def unified_layout(total_pages: int, *, num_layers: int, block_size: int, num_kv
     page_elems = -(-max(kv, widest_row) // PAGE_ELEM_ALIGN) * PAGE_ELEM_ALIGN
     return UnifiedLayout(PageGeometry(page_elems, elem_bytes), total_pages,
                          KvDims(num_layers, block_size, num_kv_heads, head_dim))
+
+
+def adapter_room_pages(config: ModelConfig, *, block_size: int, elem_bytes: int, rank: int,
+                       slots: int) -> int:
+    """Pages `slots` adapters of `rank` on every adaptable projection of every layer take
+    in a pool of this model's pages: the most the adapters a pool of `slots` slots holds
+    can take from its KV blocks."""
+    widest = max(max(shape) for shape in config.module_shapes.values())
+    geometry = unified_layout(1, num_layers=config.num_layers, block_size=block_size,
+                              num_kv_heads=config.num_kv_heads, head_dim=config.head_dim,
+                              widest_row=widest, elem_bytes=elem_bytes).geometry
+    shapes = [FactorShape(layer, name, rank, d_in, d_out, rank, Fraction(1))
+              for layer in range(config.num_layers)
+              for name, (d_out, d_in) in config.module_shapes.items()]
+    return slots * adapter_page_demand(shapes, geometry)
 
 
 def kv_cache_on(storage: PageStorage, layout: UnifiedLayout) -> PagedKVCache:

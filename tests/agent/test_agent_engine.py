@@ -93,3 +93,28 @@ def test_piecewise_graphs_setting_reaches_the_engine(agent_assets: AgentAssets,
                                  AgentMetrics())
         assert engine.config.enable_piecewise_graphs is on
         assert engine.runner.piecewise is None  # CPU: no capture
+
+
+def test_default_cpu_pool_keeps_its_kv_blocks_beside_full_slots(
+        agent_assets: AgentAssets, tmp_path: Path) -> None:
+    """Left unset on the CPU, `num_kv_blocks` is the KV left when every slot holds a
+    worst-case adapter (max rank, every target); set, it is the pool's page count."""
+    from dataplane.assets import make_peft_adapter
+
+    worst = make_peft_adapter(agent_assets.base, tmp_path / "worst", seed=9,
+                              rank=AGENT_MAX_RANK, alpha=16,
+                              target_modules=["q_proj", "k_proj", "v_proj", "o_proj",
+                                              "gate_proj", "up_proj", "down_proj"])
+    settings = AgentSettings(model_dir=agent_assets.base, max_slots=3,
+                             max_rank=AGENT_MAX_RANK, cache_dir=tmp_path)
+    engine, _ = agent_engine(settings, AgentMetrics())
+    abi = engine.base_abi
+    assert abi is not None
+    adapter = load_peft_adapter(worst, abi, AGENT_MAX_RANK)
+    for i in range(settings.max_slots):
+        engine.register_loaded_adapter(adapter, key=f"worst-{i}", evictable=True)
+    counts = engine.pool.pool.pages.counts()
+    assert counts.adapter > 0 and counts.free == settings.num_kv_blocks == 512
+    del engine
+    explicit, _ = agent_engine(_settings(agent_assets, tmp_path / "explicit"), AgentMetrics())
+    assert explicit.pool.pool.pages.counts().total == 64

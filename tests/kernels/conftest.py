@@ -15,9 +15,9 @@ if not torch.cuda.is_available():
     # script sets this too); must happen before anything imports triton.
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
-# Both torch paths explicitly ("auto" picks between them per step, covered by
+# Every torch path explicitly ("auto" picks between them per step, covered by
 # test_torch_paths.py and tests/engine).
-CPU_BACKENDS = ["torch-loop", "torch-batched"]
+CPU_BACKENDS = ["torch-loop", "torch-batched", "torch-grouped"]
 if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
     CPU_BACKENDS.append("triton")
 

@@ -65,7 +65,7 @@ def test_unknown_path_is_rejected() -> None:
         TorchLoraBackend("fast")
 
 
-@pytest.mark.parametrize("path", ["loop", "batched", "auto"])
+@pytest.mark.parametrize("path", ["loop", "batched", "grouped", "auto"])
 @pytest.mark.parametrize("layout", ["stacked", "scattered"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_nan_past_the_rank_never_reaches_y(path: str, layout: str, dtype: torch.dtype) -> None:
@@ -90,3 +90,26 @@ def test_nan_past_the_rank_never_reaches_y(path: str, layout: str, dtype: torch.
                 for home in homes.tolist():
                     table.storage[home : home + w] = float("nan")
     check_case(case, TorchLoraBackend(path))
+
+
+@pytest.mark.parametrize("layout", ["stacked", "scattered"])
+def test_grouped_path_serves_a_slot_rewritten_after_its_copy(layout: str) -> None:
+    """The grouped path keeps its own copy of each slot's factors: a slot loaded anew
+    (another adapter, another rank, a slice dropped) or cleared must be served as it is
+    now by the same backend, never from the copy of its old contents."""
+    case = make_case(dtype=torch.float32, in_features=24, out_features=(16, 8, 8),
+                     ranks=[4, 8], num_rows=12, dist="uniform", none_share=0.1, seed=5,
+                     layout=layout)
+    grouped = TorchLoraBackend("grouped")
+    check_case(case, grouped)
+    gen = torch.Generator().manual_seed(6)
+    table, slot = case.table, case.row_slot[0] if case.row_slot[0] >= 0 else 1
+    new = {k: (torch.randn(2, 24, generator=gen), torch.randn(w, 2, generator=gen), 0.5)
+           for k, w in enumerate(case.out_features) if k != 1}
+    table.set_slot(slot, new)
+    case.factors[slot] = new
+    check_case(case, grouped)
+    cleared = next(s for s in range(table.num_slots) if s != slot and s in case.row_slot)
+    table.clear_slot(cleared)
+    case.factors[cleared] = {}
+    check_case(case, grouped)
