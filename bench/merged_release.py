@@ -16,6 +16,7 @@ rotated rounds, arms in rotating order; then decode steps at `--decode-batch` re
 merged / base and live / base (the release is served as a base: its target is 1.0).
 
     python bench/merged_release.py merge --shape llama3-8b --gate --out OUT
+    python bench/merged_release.py merge --shape llama3-8b --init-device host   # < 32 GiB RAM
     python bench/merged_release.py serve --shape llama3-8b --device cuda --rounds 3 --out OUT
 """
 
@@ -89,17 +90,77 @@ def write_adapter(config: dict[str, Any], dest: Path, dtype: torch.dtype, seed: 
     return dest
 
 
+def write_sharded_random(shape: dict[str, Any], dtype: torch.dtype, dest: Path,
+                         seed: int = 0) -> Path:
+    """A random-weights HF checkpoint written one layer per shard (with its index), drawn
+    tensor by tensor on the host: memory stays at one layer (or the embedding), so an
+    8B-shaped base can be made on a machine with less memory than the model."""
+    from safetensors.torch import save_file
+
+    hidden, inter = shape["hidden_size"], shape["intermediate_size"]
+    head_dim = hidden // shape["num_attention_heads"]
+    kv = shape["num_key_value_heads"] * head_dim
+    gen = torch.Generator().manual_seed(seed)
+
+    def normal(*size: int) -> torch.Tensor:
+        return (torch.randn(*size, generator=gen) * 0.02).to(dtype)
+
+    shards: list[dict[str, torch.Tensor]] = [
+        {"model.embed_tokens.weight": normal(shape["vocab_size"], hidden)},
+        {"lm_head.weight": normal(shape["vocab_size"], hidden),
+         "model.norm.weight": torch.ones(hidden, dtype=dtype)}]
+    dest.mkdir(parents=True, exist_ok=True)
+    weight_map: dict[str, str] = {}
+    total = 0
+    count = shape["num_hidden_layers"] + 2
+
+    def write(index: int, tensors: dict[str, torch.Tensor]) -> None:
+        nonlocal total
+        name = f"model-{index + 1:05d}-of-{count:05d}.safetensors"
+        save_file(tensors, str(dest / name), metadata={"format": "pt"})
+        for key, tensor in tensors.items():
+            weight_map[key] = name
+            total += tensor.numel() * tensor.element_size()
+
+    for i, tensors in enumerate(shards):
+        write(i, tensors)
+    del shards
+    for layer in range(shape["num_hidden_layers"]):
+        p = f"model.layers.{layer}"
+        write(layer + 2, {
+            f"{p}.self_attn.q_proj.weight": normal(hidden, hidden),
+            f"{p}.self_attn.k_proj.weight": normal(kv, hidden),
+            f"{p}.self_attn.v_proj.weight": normal(kv, hidden),
+            f"{p}.self_attn.o_proj.weight": normal(hidden, hidden),
+            f"{p}.mlp.gate_proj.weight": normal(inter, hidden),
+            f"{p}.mlp.up_proj.weight": normal(inter, hidden),
+            f"{p}.mlp.down_proj.weight": normal(hidden, inter),
+            f"{p}.input_layernorm.weight": torch.ones(hidden, dtype=dtype),
+            f"{p}.post_attention_layernorm.weight": torch.ones(hidden, dtype=dtype)})
+    (dest / "model.safetensors.index.json").write_text(json.dumps(
+        {"metadata": {"total_size": total}, "weight_map": weight_map}, indent=1))
+    (dest / "config.json").write_text(json.dumps(
+        {"architectures": ["LlamaForCausalLM"], **shape,
+         "torch_dtype": str(dtype).removeprefix("torch.")}, indent=1))
+    return dest
+
+
 def prepare(args: argparse.Namespace) -> tuple[Path, Path]:
-    """The base checkpoint and the adapter under `--workdir` (written once)."""
+    """The base checkpoint and the adapter under `--workdir` (written once): drawn on
+    `--init-device` and written as one file, or with `--init-device host` layer by layer
+    (`write_sharded_random`)."""
     work = Path(args.workdir)
     base_dir, adapter_dir = work / f"base-{args.shape}", work / f"adapter-{args.shape}"
     shape = SHAPES[args.shape]
     dtype = getattr(torch, args.dtype)
     if not (base_dir / "config.json").is_file():
         t0 = time.perf_counter()
-        base = random_base(shape, dtype, args.init_device)
-        write_checkpoint(base.model, shape, base_dir)
-        del base
+        if args.init_device == "host":
+            write_sharded_random(dict(shape), dtype, base_dir)
+        else:
+            base = random_base(shape, dtype, args.init_device)
+            write_checkpoint(base.model, shape, base_dir)
+            del base
         print(f"# base checkpoint written in {time.perf_counter() - t0:.1f} s", file=sys.stderr)
     if not (adapter_dir / "adapter_config.json").is_file():
         write_adapter(dict(shape), adapter_dir, dtype)
@@ -241,7 +302,8 @@ def main() -> None:
     p.add_argument("--shape", choices=sorted(SHAPES), default="tiny")
     p.add_argument("--dtype", choices=sorted(MERGE_DTYPES), default="bfloat16")
     p.add_argument("--workdir", default="/tmp/adapterplane-bench-merge")
-    p.add_argument("--init-device", default="cpu", help="where the random base is drawn")
+    p.add_argument("--init-device", default="cpu",
+                   help="where the random base is drawn (cpu, cuda), or host: layer by layer")
     p.add_argument("--gate", action="store_true", help="merge: run the exactness gate too")
     p.add_argument("--device", default="cpu")
     p.add_argument("--rounds", type=int, default=3)
