@@ -42,7 +42,8 @@ class AgentSettings(BaseSettings):
     registered (`adapterctl merges show` prints it as `merged base`). The checkpoint is
     downloaded from the registry into `cache_dir/bases/`, every file's SHA-256 checked, and
     the loaded model must re-derive this H_base. Aliases whose generation serves the
-    release are answered with no adapter."""
+    release are answered with no adapter. A release an operator assigns the agent's name
+    (`adapterctl agents assign`) takes precedence over this setting."""
     served_model_name: str = ""
     """`model` value that selects the base model alone; default: the name the base was
     registered under on the control plane (the model dir's name while it is not)."""

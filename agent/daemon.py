@@ -26,6 +26,16 @@ With `tp_degree > 1` the agent is rank 0 of its node's TP group; if a follower r
 the agent exits with status 70 at once (`EXIT_TP_RANK_LOST`) instead of hanging in its
 next collective, and its supervisor restarts the group.
 
+Base assignment: the base the agent serves is the merged release an operator assigned
+its name (`adapterctl agents assign`, looked up before the model loads), else
+`base_release`, else `model_dir`. When a heartbeat answer names another one
+(`release_base`), the agent drains itself (routers stop sending it requests), and once
+nothing is in flight (or after `shutdown_grace_s`) it stops and re-executes itself with
+the same command line, which loads the newly assigned base and registers again with its
+H_base. A release whose checkpoint cannot be fetched at start is logged and not retried
+by this process: it serves its configured base, and `adapterctl agents show` shows the
+assignment it is not serving.
+
 Nothing about adapters survives a restart except verified cache files: the new process
 re-derives its state from the control plane and re-checks every digest it reads.
 """
@@ -40,12 +50,13 @@ import signal
 import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 from pydantic import ValidationError
 
 from agent.artifacts import ArtifactFetcher
-from agent.base_release import check_served_base, fetch_base_release
+from agent.base_release import ReleaseUnavailable, check_served_base, fetch_base_release
 from agent.catalog import AgentCatalog, parse_desired_state, tenant_policy
 from agent.config import AgentSettings, command_line
 from agent.engine_factory import agent_engine
@@ -72,11 +83,29 @@ class AgentDaemon:
         self.client = ControlPlaneClient(settings.control_plane_url,
                                          settings.token.get_secret_value(),
                                          settings.auth_cache_s, settings.auth_stale_s)
-        if settings.base_release:
-            release_dir = fetch_base_release(self.client, settings.base_release,
-                                             settings.cache_dir)
+        self.release = settings.base_release
+        """H_base of the merged release served ("": `model_dir`)."""
+        self._unservable: str | None = None
+        """An assigned release that could not be fetched at start."""
+        assigned = self._assigned_release(settings.name)
+        release_dir: Path | None = None
+        if assigned and assigned != self.release:
+            try:
+                release_dir = fetch_base_release(self.client, assigned, settings.cache_dir)
+                self.release = assigned
+            except (ReleaseUnavailable, ControlPlaneError) as exc:
+                log.error("assigned merged release %s cannot be served (%s); serving the "
+                          "configured base", assigned, exc)
+                self._unservable = assigned
+        if self.release and release_dir is None:
+            release_dir = fetch_base_release(self.client, self.release, settings.cache_dir)
+        if release_dir is not None:
             settings = settings.model_copy(update={"model_dir": release_dir})
         self.settings = settings
+        self.restart = False
+        """Set when the process stops to re-execute itself onto a newly assigned base."""
+        self._moving_since: float | None = None
+        """monotonic time the agent began draining to move to another base."""
         self.metrics = AgentMetrics()
         self.faults = FaultInjector.from_env()
         """`ADAPTERPLANE_FAULTS` (off unless set): pool copy/validate/publish + download."""
@@ -89,8 +118,8 @@ class AgentDaemon:
         abi = self.engine.base_abi
         if abi is None:
             raise RuntimeError("the engine has no base ABI")
-        if settings.base_release:
-            check_served_base(abi.h_base, settings.base_release)
+        if self.release:
+            check_served_base(abi.h_base, self.release)
         self.abi = abi
         self.catalog = AgentCatalog()
         self.fetcher = ArtifactFetcher(settings.cache_dir, abi, settings.max_rank,
@@ -241,10 +270,41 @@ class AgentDaemon:
             raise ControlPlaneError(f"heartbeat report does not fit the contract: {exc}",
                                     422, "VALIDATION_ERROR") from exc
         answer = self.client.heartbeat(state["agent_id"], report, timeout)
-        if answer.drain != bool(state.get("draining")):
-            log.info("control plane: %s", "drain" if answer.drain else "drain lifted")
-            state["draining"] = answer.drain
+        self._follow_assignment(answer.release_base or self.settings.base_release)
+        draining = answer.drain or self._moving_since is not None
+        if draining != bool(state.get("draining")):
+            log.info("control plane: %s", "drain" if draining else "drain lifted")
+            state["draining"] = draining
         return drained
+
+    def _assigned_release(self, name: str) -> str:
+        """The merged release the control plane assigns this agent's name ("": none, or
+        the control plane cannot say now; a later heartbeat answer corrects it)."""
+        try:
+            return self.client.assigned_release(name) or ""
+        except ControlPlaneError as exc:
+            log.warning("cannot look up this agent's base assignment: %s", exc)
+            return ""
+
+    def _follow_assignment(self, wanted: str) -> None:
+        """Drain to move when the assigned base is not the served one; undrain when the
+        assignment returns to it before the move."""
+        agent_id = self.ctx.state["agent_id"]
+        moving = wanted != self.release and wanted != self._unservable
+        if moving and self._moving_since is None:
+            log.info("assigned base %s (serving %s): draining to restart onto it",
+                     wanted or "of model_dir", self.release or self.abi.h_base)
+            self._moving_since = time.monotonic()
+            self.client.drain(agent_id)  # routers skip it from now on
+        elif not moving and self._moving_since is not None:
+            log.info("the assignment is the served base again: undraining")
+            self._moving_since = None
+            self.client.undrain(agent_id)
+
+    def _restart_due(self, drained: bool | None) -> bool:
+        since = self._moving_since
+        return since is not None and (
+            bool(drained) or time.monotonic() - since >= self.settings.shutdown_grace_s)
 
     def _with_rates(self, slots: list[dict[str, Any]], requests: Mapping[str, int]
                     ) -> list[dict[str, Any]]:
@@ -275,6 +335,11 @@ class AgentDaemon:
             due = time.monotonic() + interval
             try:
                 sent = self.heartbeat_once()
+                if self._restart_due(sent):
+                    log.info("drained: restarting onto the assigned base")
+                    self.restart = True
+                    self._stop.set()
+                    return
             except ControlPlaneError as exc:
                 if exc.code == "STALE_EPOCH":
                     self._fenced()
@@ -379,6 +444,12 @@ class AgentDaemon:
             self.stop()
 
 
+GIL_SWITCH_INTERVAL_S = 0.0005
+"""The interpreter's thread switch interval in the agent (Python's default is 5 ms). The
+engine thread gives up the GIL at every torch call and needs it back to go on; while the
+server thread streams tokens, getting it back waits up to one switch interval."""
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the agent with settings from the environment (`ADAPTERPLANE_AGENT_*`).
 
@@ -387,12 +458,31 @@ def main(argv: Sequence[str] | None = None) -> int:
     settings = command_line(AgentSettings, argv or (), "agent")
     if settings is None:
         return 0
+    import sys
+
+    sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
     settings.cache_dir.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
     daemon = AgentDaemon(settings)
     log.info("engine ready in %.1fs", time.monotonic() - started)
     daemon.serve()
+    if daemon.restart:
+        restart_process()
     return 0
+
+
+def restart_process() -> None:
+    """Replace this process with a fresh run of the same command line (same pid, same
+    environment): the new process loads the base it is assigned now. Sockets are not
+    inherited (Python opens them non-inheritable), so the port is free again."""
+    import sys
+
+    argv = [sys.executable, *sys.orig_argv[1:]]
+    log.info("re-executing: %s", " ".join(argv))
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execv(sys.executable, argv)
 
 
 if __name__ == "__main__":

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import AsyncIterator, Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from agent.catalog import ServingError
@@ -173,13 +173,27 @@ def _by_text(top: Sequence[tuple[int, float]], text: Callable[[int], str]) -> di
     return out
 
 
+def sse(data: str) -> bytes:
+    """One server-sent event carrying `data` (a JSON document or `[DONE]`)."""
+    return b"data: " + data.encode() + b"\n\n"
+
+
+def coalesce(first: RequestOutput, later: RequestOutput) -> RequestOutput:
+    """`later` reporting the new tokens of both outputs of one sample (consecutive)."""
+    return replace(later, new_token_ids=first.new_token_ids + later.new_token_ids,
+                   new_text=first.new_text + later.new_text)
+
+
 async def stream_events(loop: EngineLoop, answer: Answer, kids: Sequence[Child],
                         n: int, started: Sequence[tuple[int, Event]],
                         events: asyncio.Queue[tuple[int, Event]], include_usage: bool
-                        ) -> AsyncIterator[dict[str, str]]:
+                        ) -> AsyncIterator[bytes]:
     """SSE events of one request's samples (`kids`, every one returned): a chunk per
     engine output with the sample's choice index, optional usage, [DONE]. `started` are
-    the events already received. A client that goes away aborts every sample."""
+    the events already received. Outputs of one sample that arrived while the previous
+    chunk was being sent go out as one chunk (a server behind its engine sends fewer,
+    larger chunks instead of falling further behind). A client that goes away aborts
+    every sample."""
     finals: dict[int, RequestOutput] = {}
     seen: set[int] = set()
     backlog = list(started)
@@ -187,14 +201,24 @@ async def stream_events(loop: EngineLoop, answer: Answer, kids: Sequence[Child],
         while len(finals) < len(kids):
             k, event = backlog.pop(0) if backlog else await events.get()
             if isinstance(event, ServingError):
-                yield {"data": json.dumps(error_body(event.status, event.code, event.message,
-                                                     detail=event.detail), default=str)}
+                yield sse(json.dumps(error_body(event.status, event.code, event.message,
+                                                detail=event.detail), default=str))
                 return
             kid = kids[k]
+            while not event.finished:  # take what else is here for this sample
+                while not events.empty():
+                    backlog.append(events.get_nowait())
+                at = next((i for i, (j, _) in enumerate(backlog) if j == k), None)
+                if at is None or not isinstance(later := backlog[at][1], RequestOutput):
+                    break
+                del backlog[at]
+                if answer.echo is not None and kid.sample == 0:
+                    answer.echo.learn(kid.prompt_index, event)
+                event = coalesce(event, later)
             if answer.echo is not None and kid.sample == 0:
                 answer.echo.learn(kid.prompt_index, event)
-            yield {"data": json.dumps(answer.chunk(kid.prompt_index * n + kid.sample, event,
-                                                   k not in seen, kid.prompt_index))}
+            yield sse(json.dumps(answer.chunk(kid.prompt_index * n + kid.sample, event,
+                                              k not in seen, kid.prompt_index)))
             seen.add(k)
             if event.finished:
                 finals[k] = event
@@ -203,9 +227,9 @@ async def stream_events(loop: EngineLoop, answer: Answer, kids: Sequence[Child],
             firsts = [finals[k] for k, kid in enumerate(kids) if kid.sample == 0]
             generated = () if answer.echo is not None and answer.echo.drop_completion else (
                 list(finals.values()))
-            yield {"data": json.dumps({**answer.head(obj), "choices": [],
-                                       "usage": Answer.usage(firsts, generated)})}
-        yield {"data": "[DONE]"}
+            yield sse(json.dumps({**answer.head(obj), "choices": [],
+                                  "usage": Answer.usage(firsts, generated)}))
+        yield sse("[DONE]")
     finally:  # a failed sample, or a client gone: no sample keeps generating
         for k, kid in enumerate(kids):
             if k not in finals:

@@ -59,6 +59,9 @@ class Resident:
     """Adapter pages its slot holds (set at placement)."""
     retry_at: float | None = None
     """monotonic time the next attempt is due, while one waits out its backoff."""
+    _sized: tuple[LoadedAdapter | NativeMember | None, int] = (None, 0)
+    """(`loaded` when its factor bytes were counted, that count): status and metrics
+    read `factor_bytes` of every resident often, and counting walks every module."""
 
     @property
     def state(self) -> ResidentState:
@@ -73,10 +76,14 @@ class Resident:
     def factor_bytes(self) -> int:
         """Bytes of the LoRA factors this resident places on the device (0 for a member
         served from a collection's tables: see `adapter_collection_resident_bytes`)."""
-        if self.loaded is None or isinstance(self.loaded, NativeMember):
+        loaded = self.loaded
+        if loaded is None or isinstance(loaded, NativeMember):
             return 0
-        return sum(m.a.numel() * m.a.element_size() + m.b.numel() * m.b.element_size()
-                   for m in self.loaded.modules)
+        if self._sized[0] is not loaded:
+            self._sized = (loaded, sum(m.a.numel() * m.a.element_size()
+                                       + m.b.numel() * m.b.element_size()
+                                       for m in loaded.modules))
+        return self._sized[1]
 
 
 class ResidentSet:

@@ -25,9 +25,8 @@ from typing import Any
 
 from fastapi import FastAPI, Query, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, PlainTextResponse, Response
+from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
-from sse_starlette import EventSourceResponse
 
 from agent.auth_gate import AuthGate
 from agent.catalog import (
@@ -43,6 +42,7 @@ from agent.catalog import (
     parse_generations,
 )
 from agent.error_handlers import install_error_handlers
+from agent.mailbox import Mailbox
 from agent.metrics import AgentMetrics
 from agent.openai_choices import children, returned
 from agent.openai_errors import ERROR_RESPONSES, error_body, error_response
@@ -63,6 +63,8 @@ READY: dict[str, Any] = {"type": "object", "required": ["status"],
 """Body of `/readyz`: ready (200), not ready yet or shutting down, or draining (503)."""
 DISCONNECT_POLL_S = 0.25
 """How often a waiting non-streaming request checks that its client is still there."""
+SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+"""Streamed answers are never cached, and proxies must not buffer them."""
 
 
 @dataclass
@@ -85,6 +87,13 @@ class ServingContext:
     """Largest `max_tokens` a request may ask for (None: the model's context)."""
     state: dict[str, Any] = field(default_factory=dict)
     """agent_id, worker_epoch, ready, draining (set by the daemon)."""
+    mailbox: Mailbox | None = None
+    """Engine events into the server's event loop (made by the first request)."""
+
+    def mailbox_for(self, loop: asyncio.AbstractEventLoop) -> Mailbox:
+        if self.mailbox is None or self.mailbox.loop is not loop:
+            self.mailbox = Mailbox(loop)
+        return self.mailbox
 
 
 def create_agent_app(ctx: ServingContext) -> FastAPI:
@@ -325,13 +334,13 @@ async def _serve(ctx: ServingContext, request: Request, model: str,
     except EngineError as exc:
         raise BadPrompt(str(exc), code=exc.code) from exc
     events: asyncio.Queue[tuple[int, Event]] = asyncio.Queue()
-    aio = asyncio.get_running_loop()
+    mailbox = ctx.mailbox_for(asyncio.get_running_loop())
     request_id = f"{'chatcmpl' if kind != 'text_completion' else 'cmpl'}-{uuid.uuid4().hex}"
     kids = children(request_id, prompts, params, body.samples, body.samples > body.n)
 
     def sink(k: int) -> Callable[[Event], None]:
         def put(event: Event) -> None:
-            aio.call_soon_threadsafe(events.put_nowait, (k, event))
+            mailbox.post(events, (k, event))
         return put
 
     def abort_all() -> None:
@@ -363,8 +372,9 @@ async def _serve(ctx: ServingContext, request: Request, model: str,
                     echo=_echo(ctx, body, prompts))
     if body.stream:
         include_usage = bool((body.stream_options or {}).get("include_usage"))
-        return EventSourceResponse(stream_events(ctx.loop, answer, kids, body.n, started,
-                                                 events, include_usage))
+        return StreamingResponse(stream_events(ctx.loop, answer, kids, body.n, started,
+                                               events, include_usage),
+                                 media_type="text/event-stream", headers=SSE_HEADERS)
     finals: dict[str, RequestOutput] = {}
     backlog = list(started)
     try:

@@ -1,8 +1,8 @@
 """HTTP client of the control plane (httpx), as the agent uses it.
 
 Agent-token calls: register (fresh worker epoch), heartbeat (slot report), desired
-state (long-poll), the registered name of the agent's base model, the download URLs of a
-merged base's checkpoint. Client-token calls:
+state (long-poll), the registered name of the agent's base model, the merged release
+the agent's name is assigned, the download URLs of a merged base's checkpoint. Client-token calls:
 `can_read` asks the control plane whether a client's bearer token may read a namespace,
 cached for `auth_cache_s` per (token digest, namespace) so the hot path does not hit the
 control plane on every request; a refusal is cached too, a revoked token stops working
@@ -28,7 +28,7 @@ import time
 from typing import Any, TypeVar
 
 import httpx
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel, RootModel, ValidationError
 
 from controlplane.contracts import (
     AgentOut,
@@ -53,6 +53,10 @@ class RegisteredBase(BaseModel):
     name the base model was registered under (what requests name it by)."""
 
     name: str
+
+
+class AgentList(RootModel[list[AgentOut]]):
+    """`GET /v1/agents?name=N`: the agent of that name, or none."""
 
 
 class ControlPlaneError(Exception):
@@ -147,6 +151,20 @@ class ControlPlaneClient:
     def drain(self, agent_id: int) -> AgentOut:
         return self._call(self._http, "POST", f"/v1/agents/{agent_id}/drain", AgentOut,
                           timeout=LEAVE_TIMEOUT_S)
+
+    def undrain(self, agent_id: int) -> AgentOut:
+        return self._call(self._http, "POST", f"/v1/agents/{agent_id}/undrain", AgentOut,
+                          timeout=LEAVE_TIMEOUT_S)
+
+    def assigned_release(self, name: str) -> str | None:
+        """H_base of the merged release agent `name` is assigned (None: none, or no agent
+        of that name is registered yet)."""
+        response = self._get(self._http, "/v1/agents", params={"name": name})
+        agents = _answer(response, AgentList, "agent list").root
+        for agent in agents:
+            if agent.name == name and agent.release is not None:
+                return agent.release.base
+        return None
 
     def desired_state(self, agent_id: int, worker_epoch: int, after: int,
                       wait_s: float, since: int = -1,

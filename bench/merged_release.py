@@ -58,9 +58,10 @@ ALPHA = 32
 MERGE_DTYPES = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}
 
 
-def write_adapter(config: dict[str, Any], dest: Path, dtype: torch.dtype, seed: int = 7) -> Path:
-    """A PEFT LoRA directory: rank `RANK` on every linear projection of every layer, random
-    factors from `seed` (B scaled so the delta is a small fraction of W)."""
+def write_adapter(config: dict[str, Any], dest: Path, dtype: torch.dtype, seed: int = 7,
+                  rank: int = RANK, targets: tuple[str, ...] = ALL_LINEAR) -> Path:
+    """A PEFT LoRA directory: rank `rank` (alpha 2 x rank) on `targets` of every layer,
+    random factors from `seed` (B scaled so the delta is a small fraction of W)."""
     from safetensors.torch import save_file
 
     hidden, inter = config["hidden_size"], config["intermediate_size"]
@@ -74,36 +75,38 @@ def write_adapter(config: dict[str, Any], dest: Path, dtype: torch.dtype, seed: 
     gen = torch.Generator().manual_seed(seed)
     tensors = {}
     for layer in range(config["num_hidden_layers"]):
-        for name in ALL_LINEAR:
+        for name in targets:
             d_out, d_in = shapes[name]
             prefix = f"base_model.model.model.layers.{layer}.{parents[name]}.{name}"
             tensors[f"{prefix}.lora_A.weight"] = (
-                torch.randn(RANK, d_in, generator=gen) / math.sqrt(d_in)).to(dtype)
+                torch.randn(rank, d_in, generator=gen) / math.sqrt(d_in)).to(dtype)
             tensors[f"{prefix}.lora_B.weight"] = (
-                torch.randn(d_out, RANK, generator=gen) * 0.01).to(dtype)
+                torch.randn(d_out, rank, generator=gen) * 0.01).to(dtype)
     dest.mkdir(parents=True, exist_ok=True)
     save_file(tensors, str(dest / "adapter_model.safetensors"))
     (dest / "adapter_config.json").write_text(json.dumps({
-        "peft_type": "LORA", "task_type": "CAUSAL_LM", "r": RANK, "lora_alpha": ALPHA,
-        "target_modules": list(ALL_LINEAR), "lora_dropout": 0.0, "bias": "none",
+        "peft_type": "LORA", "task_type": "CAUSAL_LM", "r": rank, "lora_alpha": 2 * rank,
+        "target_modules": list(targets), "lora_dropout": 0.0, "bias": "none",
         "use_rslora": False, "base_model_name_or_path": None}, indent=1))
     return dest
 
 
 def write_sharded_random(shape: dict[str, Any], dtype: torch.dtype, dest: Path,
-                         seed: int = 0) -> Path:
+                         seed: int = 0, device: str = "cpu") -> Path:
     """A random-weights HF checkpoint written one layer per shard (with its index), drawn
-    tensor by tensor on the host: memory stays at one layer (or the embedding), so an
-    8B-shaped base can be made on a machine with less memory than the model."""
+    tensor by tensor on `device` and moved to the host: memory stays at one layer (or the
+    embedding), so an 8B-shaped base can be made on a machine with less memory than the
+    model (on a GPU, the draws take no time)."""
     from safetensors.torch import save_file
 
     hidden, inter = shape["hidden_size"], shape["intermediate_size"]
     head_dim = hidden // shape["num_attention_heads"]
     kv = shape["num_key_value_heads"] * head_dim
-    gen = torch.Generator().manual_seed(seed)
+    gen = torch.Generator(device=device).manual_seed(seed)
 
     def normal(*size: int) -> torch.Tensor:
-        return (torch.randn(*size, generator=gen) * 0.02).to(dtype)
+        drawn = torch.randn(*size, generator=gen, device=device) * 0.02
+        return drawn.to(dtype).cpu()
 
     shards: list[dict[str, torch.Tensor]] = [
         {"model.embed_tokens.weight": normal(shape["vocab_size"], hidden)},

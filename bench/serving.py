@@ -5,15 +5,15 @@
         --dataset random --input-len 128 --output-len 64 --num-requests 32 \
         --max-concurrency 32 --request-rate inf --out result.json --save-tokens tokens.jsonl
 
-Every request streams (SSE), greedy (`temperature` 0), with `ignore_eos` and
-`min_tokens = max_tokens = output_len`, so each produces exactly its output length (both
-our agent and vLLM accept those fields; `--no-ignore-eos` leaves them out for servers that
-do not). Prompts are token-id lists (`"prompt": [ids]`), so no tokenizer is needed here
-and every server sees the same tokens. `return_token_ids` is asked for (vLLM's field; our
-agent always streams `token_ids` and ignores the field), so `--save-tokens` can compare
-servers token by token. Workloads: bench/serving_workload.py; metrics:
-bench/serving_metrics.py. `/proc/loadavg` before and after the run goes into the JSON,
-since on a shared machine the other load moves the numbers.
+Every request streams (SSE; `--no-stream` asks for whole answers), greedy (`temperature`
+0), with `ignore_eos` and `min_tokens = max_tokens = output_len`, so each produces exactly
+its output length (both our agent and vLLM accept those fields; `--no-ignore-eos` leaves
+them out for servers that do not). Prompts are token-id lists (`"prompt": [ids]`), so no
+tokenizer is needed here and every server sees the same tokens. `return_token_ids` is
+asked for (vLLM's field; our agent always streams `token_ids` and ignores the field), so
+`--save-tokens` can compare servers token by token. Workloads: bench/serving_workload.py;
+metrics: bench/serving_metrics.py. `/proc/loadavg` before and after the run goes into the
+JSON, since on a shared machine the other load moves the numbers.
 
 The event loop is one asyncio task per request on one aiohttp session (connections kept
 alive, as many as `--max-concurrency`): a request waits for its arrival time, then for a
@@ -63,6 +63,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--warmup-requests", type=int, default=0,
                    help="sent first (same shapes, other prompts), not measured")
+    p.add_argument("--no-stream", dest="stream", action="store_false",
+                   help="ask for whole answers (TTFT is then the whole latency)")
     p.add_argument("--no-ignore-eos", dest="ignore_eos", action="store_false",
                    help="leave out ignore_eos / min_tokens")
     p.add_argument("--extra-body", default="{}", help="JSON merged into every request body")
@@ -90,12 +92,13 @@ def workload_spec(args: argparse.Namespace, seed: int | None = None) -> Workload
                         seed=args.seed if seed is None else seed)
 
 
-def request_body(req: WorkloadRequest, ignore_eos: bool, extra: dict[str, Any]
-                 ) -> dict[str, Any]:
+def request_body(req: WorkloadRequest, ignore_eos: bool, extra: dict[str, Any],
+                 stream: bool = True) -> dict[str, Any]:
     body: dict[str, Any] = {"model": req.model, "prompt": req.prompt,
                             "max_tokens": req.output_len, "temperature": 0.0,
-                            "stream": True, "stream_options": {"include_usage": True},
-                            "return_token_ids": True}
+                            "stream": stream, "return_token_ids": True}
+    if stream:
+        body["stream_options"] = {"include_usage": True}
     if ignore_eos:
         body.update(ignore_eos=True, min_tokens=req.output_len)
     body.update(extra)
@@ -121,15 +124,7 @@ def _on_event(res: RequestResult, event: dict[str, Any], sent: float, now: float
         text = choice.get("text") or ""
         if not ids and not text:
             continue
-        at = now - sent
-        if res.ttft is None:
-            res.ttft = at
-        else:
-            res.itl.append(at - res.last_output_s)
-        res.last_output_s = at
-        res.chunks += 1
-        res.token_ids.extend(int(t) for t in ids)
-        res.text += text
+        res.add_chunk(now - sent, [int(t) for t in ids], text)
 
 
 async def send_one(http: aiohttp.ClientSession, url: str, body: dict[str, Any],
@@ -145,6 +140,10 @@ async def send_one(http: aiohttp.ClientSession, url: str, body: dict[str, Any],
                 except ValueError:
                     payload = None
                 res.error = _error_key(payload, f"http_{resp.status}")
+                return
+            if not body.get("stream"):
+                _on_event(res, await resp.json(), sent, time.perf_counter())
+                res.latency = time.perf_counter() - sent
                 return
             buffer = b""
             async for piece in resp.content.iter_any():
@@ -186,7 +185,7 @@ async def run_requests(args: argparse.Namespace, requests: list[WorkloadRequest]
             delay = t0 + req.arrival_s - time.perf_counter()
             if delay > 0:
                 await asyncio.sleep(delay)
-            body = request_body(req, args.ignore_eos, extra)
+            body = request_body(req, args.ignore_eos, extra, args.stream)
             if slots is None:
                 await send_one(http, url, body, res, t0)
                 return

@@ -94,19 +94,21 @@ def make_assets(work: Path) -> tuple[Path, list[Path]]:
     return base, dirs
 
 
-def publish_adapters(stack: EmbeddedStack, base: Path, adapters: list[Path]) -> None:
-    """Register the base, push + validate + publish `bench/bot-i` for adapter i."""
-    with ApiClient(stack.url, stack.token()) as client:
-        h_base = str(bases.register_base(client, BASE_NAME, base)["h_base"])
+def publish_adapters(url: str, token: str, base: Path, adapters: list[Path], *,
+                     base_name: str = BASE_NAME, prefix: str = "bot-") -> None:
+    """Register the base, push all adapters, then wait for each to validate and publish
+    it as `bench/<prefix>i`."""
+    with ApiClient(url, token) as client:
+        h_base = str(bases.register_base(client, base_name, base)["h_base"])
         namespaces.create_namespace(client, NAMESPACE)
-        for i, directory in enumerate(adapters):
-            art = artifacts.push_source(client, NAMESPACE, h_base, str(directory))
+        pushed = [artifacts.push_source(client, NAMESPACE, h_base, str(d)) for d in adapters]
+        for i, art in enumerate(pushed):
             art = artifacts.wait_for_validation(client, NAMESPACE, str(art["id"]),
-                                                timeout_s=600.0)
+                                                timeout_s=1800.0)
             rejected = artifacts.rejection_error(art)
             if rejected is not None:
                 raise rejected
-            catalog.publish(client, NAMESPACE, f"bot-{i}", str(art["id"]))
+            catalog.publish(client, NAMESPACE, f"{prefix}{i}", str(art["id"]))
 
 
 def warm(url: str, token: str, models: list[str]) -> None:
@@ -228,7 +230,7 @@ def main(argv: list[str] | None = None) -> None:
     agent: AgentProcess | None = None
     with EmbeddedStack(stack_dir / "cp", port=0, embedded_only=True) as stack:
         try:
-            publish_adapters(stack, base, adapters)
+            publish_adapters(stack.url, stack.token(), base, adapters)
             agent, token = start_demo_agent(stack.url, stack.token(), base, stack_dir,
                                             NAMESPACE, name="bench-agent")
             vllm.start()

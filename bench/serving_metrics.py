@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -46,6 +47,17 @@ class RequestResult:
     token_ids: list[int] = field(default_factory=list)
     text: str = ""
     error: str | None = None
+
+    def add_chunk(self, at: float, token_ids: Sequence[int], text: str) -> None:
+        """One output chunk that came `at` seconds after the request was sent."""
+        if self.ttft is None:
+            self.ttft = at
+        else:
+            self.itl.append(at - self.last_output_s)
+        self.last_output_s = at
+        self.chunks += 1
+        self.token_ids.extend(token_ids)
+        self.text += text
 
     @property
     def ok(self) -> bool:

@@ -1,7 +1,8 @@
-"""`adapterctl agents [list]|show|unbind|drain|undrain`: registered agents, their state,
-load and resident adapters; `unbind` releases a name from the token bound to it; `drain`
-asks an agent to take no new requests (`--wait`: until its in-flight ones finished) and
-`undrain` lifts that.
+"""`adapterctl agents [list]|show|unbind|drain|undrain|assign`: registered agents, their
+state, load and resident adapters; `unbind` releases a name from the token bound to it;
+`drain` asks an agent to take no new requests (`--wait`: until its in-flight ones
+finished) and `undrain` lifts that; `assign` places a merged release on an agent as its
+base (`--wait`: until the agent registered again serving it) or clears that.
 
 Reads `GET /v1/agents` and `GET /v1/agents/{id}` (global read); a name is resolved with
 `GET /v1/agents?name=NAME`. `state` is the control plane's: `live` when the agent was
@@ -48,6 +49,15 @@ def load_text(agent: dict[str, Any]) -> str:
     return text
 
 
+def release_text(agent: dict[str, Any]) -> str:
+    """`NS/name (merge 3), serving` / `..., not serving yet`, or `-` when unassigned."""
+    release = agent.get("release")
+    if not release:
+        return "-"
+    serving = "serving" if agent.get("base") == release.get("base") else "not serving yet"
+    return f"{release['namespace']}/{release['name']} (merge {release['id']}), {serving}"
+
+
 def render_agents(agents: list[dict[str, Any]]) -> None:
     table = Table(title="agents", header_style="bold")
     for column in ("id", "name", "state", "load", "last heartbeat", "epoch", "catalog",
@@ -70,6 +80,7 @@ def render_agent(agent: dict[str, Any]) -> None:
     for key in ("id", "state", "url", "base", "worker_epoch", "registered_at",
                 "last_heartbeat_at", "catalog_version", "drain", "drained"):
         head.add_row(key, str(agent.get(key) if agent.get(key) is not None else "-"))
+    head.add_row("release", release_text(agent))
     head.add_row("load", load_text(agent))
     head.add_row("capabilities", ", ".join(f"{k}={v}" for k, v in sorted(caps.items())))
     console = output.stdout_console()
@@ -185,3 +196,67 @@ def undrain_command(
     requests again."""
     call_and_emit(ctx, render_agent, lambda client: client.post(
         f"/v1/agents/{find_agent(client, ref)['id']}/undrain"))
+
+
+def _moves(before: dict[str, Any], after: dict[str, Any]) -> bool:
+    """Whether the assignment `after` carries makes the agent restart onto another base."""
+    release = after.get("release")
+    if release:
+        return bool(before.get("base") != release.get("base"))
+    was = before.get("release")
+    return bool(was and before.get("base") == was.get("base"))
+
+
+def wait_serving(client: ApiClient, agent: dict[str, Any], *, served: str, timeout_s: float,
+                 poll_s: float = DRAIN_POLL_S) -> dict[str, Any]:
+    """Poll until a process registered after `agent`'s is live and serves the assigned
+    base (the release's; with none assigned, any base other than `served`).
+    `CliError(WAIT_TIMEOUT)` (exit 9) after `timeout_s`."""
+    deadline = time.monotonic() + timeout_s
+    epoch = agent.get("worker_epoch")
+    while True:
+        release = agent.get("release")
+        base = agent.get("base")
+        if agent.get("worker_epoch") != epoch and agent.get("state") != "stale" and (
+                base == release.get("base") if release else base != served):
+            return agent
+        if time.monotonic() + poll_s > deadline:
+            raise CliError("WAIT_TIMEOUT", f"agent {agent.get('name')!r} does not serve its "
+                           f"assigned base after {timeout_s:g}s", detail={"agent": agent})
+        time.sleep(poll_s)
+        agent = client.get(f"/v1/agents/{agent['id']}")
+
+
+@app.command("assign")
+def assign_command(
+    ctx: typer.Context,
+    ref: str = typer.Argument(..., metavar="NAME_OR_ID", help="Agent name or id."),
+    release: str | None = typer.Option(None, "--release", metavar="NS/MERGE", help=(
+        "The merged release to serve: namespace / merge id or sha256:<H_merged>.")),
+    clear: bool = typer.Option(False, "--clear", help="Serve the configured base again."),
+    wait: bool = typer.Option(False, "--wait", help="Wait until the agent restarted and "
+                              "registered serving the assigned base."),
+    timeout: float = typer.Option(DEFAULT_DRAIN_TIMEOUT_S, "--timeout",
+                                  help="Seconds to wait with --wait (then exit 9)."),
+) -> None:
+    """Assign an agent a merged release to serve as its base, or --clear it (admin on
+    '*'). The agent drains, restarts itself and loads the release's checkpoint."""
+    if (release is None) == (not clear):
+        raise CliError("USAGE", "give --release NS/MERGE or --clear", exit_code=ExitCode.USAGE)
+    cli = current(ctx)
+    with cli.client() as client:
+        before = find_agent(client, ref)
+        path = f"/v1/agents/{before['id']}/release"
+        if release is None:
+            agent = client.delete(path)
+        else:
+            namespace, _, merge = release.partition("/")
+            if not namespace or not merge:
+                raise CliError("USAGE", f"--release wants NS/MERGE, got {release!r}",
+                               exit_code=ExitCode.USAGE)
+            agent = client.post(path, json={"namespace": namespace, "release": merge})
+        if wait and _moves(before, agent):
+            output.note(f"waiting for agent {agent.get('name')} to restart onto its base")
+            agent = wait_serving(client, agent, served=str(before.get("base")),
+                                 timeout_s=timeout)
+    output.emit(cli, agent, render_agent)

@@ -102,6 +102,16 @@ class AgentLoad(BaseModel):
     pool_pages: int = Field(default=0, ge=0, le=INT32)
 
 
+class AgentRelease(BaseModel):
+    """The merged release an agent is assigned to serve as its base."""
+
+    id: int = Field(description="The merge id.")
+    namespace: str
+    name: str
+    digest: str = Field(description="H_merged.")
+    base: str = Field(description="H_base of the merged checkpoint the agent serves.")
+
+
 class AgentOut(BaseModel):
     """A registered agent: the answer to registration, and what `GET /v1/agents` lists."""
 
@@ -127,6 +137,10 @@ class AgentOut(BaseModel):
                        "liveness window placement uses (60 s); draining: live, asked to "
                        "drain, requests still in flight; drained: live, drained, idle; "
                        "stale: not heard from within the window.")
+    release: AgentRelease | None = Field(
+        default=None, description="The merged release an operator assigned this agent "
+        "(`adapterctl agents assign`); it serves that checkpoint once `base` equals "
+        "`release.base`. Null: the base the agent is configured with.")
 
 
 # ---- heartbeat --------------------------------------------------------------------------
@@ -151,6 +165,10 @@ class HeartbeatOut(BaseModel):
     worker_epoch: int
     catalog_version: int
     drain: bool = Field(default=False, description="An operator asked this agent to drain.")
+    release_base: str | None = Field(
+        default=None, description="H_base of the merged release this agent is assigned to "
+        "serve; null: the base it is configured with. An agent serving another base drains "
+        "and restarts onto this one.")
 
 
 class AuthorizeOut(BaseModel):

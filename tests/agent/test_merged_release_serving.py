@@ -4,11 +4,14 @@ HF + PEFT as the reference.
 
 The alias moves live adapter -> merged release -> (rollback) live adapter, and each answer
 must carry the generation it ran on and the same greedy tokens as the reference (fp32: the
-merged weights are the base plus the adapter's delta, computed once in float32).
+merged weights are the base plus the adapter's delta, computed once in float32). Base
+placement moves an agent of the source base onto the release (`adapterctl agents assign`)
+and back, in the same process.
 """
 
 from __future__ import annotations
 
+import json
 import time
 import uuid
 from collections.abc import Iterator
@@ -19,8 +22,10 @@ from typing import Any
 import httpx
 import openai
 import pytest
+from typer.testing import CliRunner
 
 from agent.router.process import RouterProcess
+from cli.main import app
 from dataplane.artifacts import read_base_abi
 from dataplane.assets import make_peft_adapter, make_tiny_llama
 
@@ -45,6 +50,8 @@ class Release:
     merged: AgentProcess
     router: RouterProcess
     reader: str
+    root: Path
+    common_env: dict[str, str]
 
     @property
     def model(self) -> str:
@@ -126,7 +133,8 @@ def release(deployment: Deployment, tmp_path_factory: pytest.TempPathFactory
         for process in (live, merged, router):
             process.start()
         yield Release(deployment, namespace, "support", h_base, artifact, merge,
-                      GreedyReference(base, {"support": adapter}), live, merged, router, reader)
+                      GreedyReference(base, {"support": adapter}), live, merged, router, reader,
+                      root, common)
     finally:
         for process in (router, merged, live):
             process.stop()
@@ -203,3 +211,66 @@ def test_history_and_resolution_name_the_release(release: Release) -> None:
     assert {"tokenizer.json", "tokenizer_config.json"} <= set(checkpoint["files"])
     missing = admin.http.get(f"/v1/bases/{r.h_base}/checkpoint")
     assert (missing.status_code, missing.json()["code"]) == (404, "NOT_FOUND")
+
+
+def _assign(r: Release, name: str, *args: str) -> dict[str, Any]:
+    env = {"ADAPTERPLANE_URL": r.dep.cp.url, "ADAPTERPLANE_TOKEN": r.dep.cp.token()}
+    result = CliRunner().invoke(app, ["-o", "json", "agents", "assign", name, *args, "--wait",
+                                      "--timeout", "120"], env=env, catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    return dict(json.loads(result.stdout))
+
+
+def _ready(agent: AgentProcess, timeout_s: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            if httpx.get(f"{agent.url}/readyz", timeout=1.0).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        assert time.monotonic() < deadline, f"agent not ready again:\n{agent.tail()}"
+        time.sleep(0.1)
+
+
+def test_placement_moves_an_agent_onto_the_release_and_back(release: Release) -> None:
+    r = release
+    gens = r.dep.admin.call("GET", f"/v1/namespaces/{r.namespace}/aliases/{r.alias}/history")
+    of = {("release" if g["release"] else "artifact"): g["generation"]
+          for g in reversed(gens["items"]) if g["release"] or g["artifact"]}
+    if "release" not in of:  # run alone: give the alias a release generation
+        of["release"] = r.catalog("publish", release=str(r.merge["id"]))
+    name = f"{r.namespace}-moving"
+    mover = AgentProcess(r.root / "moving.log", {
+        **r.common_env, "ADAPTERPLANE_AGENT_NAME": name,
+        "ADAPTERPLANE_AGENT_CACHE_DIR": str(r.root / "cache-moving")})
+    mover.start()
+    try:
+        assert mover.proc is not None
+        pid = mover.proc.pid
+        p = prompt(7)
+        want = r.reference.greedy(p, MAX_TOKENS, "support")
+
+        moved = _assign(r, name, "--release", f"{r.namespace}/{r.merge['id']}")
+        assert moved["base"] == r.merge["merged_base"] and moved["state"] == "live"
+        assert moved["release"]["base"] == r.merge["merged_base"]
+        assert mover.proc.poll() is None and mover.proc.pid == pid  # re-executed in place
+        _ready(mover)
+        got = complete(r.client(mover.url), f"{r.model}@{of['release']}", p)
+        assert got.choices[0].model_extra["token_ids"] == want
+        assert got.model_extra["adapterplane"]["release_digest"] == r.merge["digest"]
+        assert mover.state()["slots"] == []
+        with pytest.raises(openai.APIStatusError) as refused:
+            complete(r.client(mover.url), f"{r.model}@{of['artifact']}", p)
+        assert refused.value.response.json()["error"]["code"] == "WRONG_BASE"
+
+        back = _assign(r, name, "--clear")
+        assert back["base"] == r.h_base and back["release"] is None
+        assert back["worker_epoch"] == moved["worker_epoch"] + 1
+        assert mover.proc.poll() is None
+        _ready(mover)
+        got = complete(r.client(mover.url), f"{r.model}@{of['artifact']}", p)
+        assert got.choices[0].model_extra["token_ids"] == want
+        assert got.model_extra["adapterplane"]["artifact_digest"] == r.artifact["digest"]
+    finally:
+        mover.stop()

@@ -2,7 +2,8 @@
 agent on a tiny random Llama with two published adapters (`bench.load_profile.seed`).
 
 The client must count what the server did: every request yields exactly `output_len`
-tokens (one streamed chunk each), TTFT comes before the end, the JSON result has the
+tokens (in at most that many streamed chunks: the agent coalesces tokens a stream's
+writer had not sent yet), TTFT comes before the end, the JSON result has the
 documented shape, greedy tokens repeat run to run, errors are counted by status and code,
 and constant arrivals are spaced by 1 / rate.
 """
@@ -74,7 +75,8 @@ def test_counts_and_metrics_match_what_the_agent_streamed(served: Served,
     assert s["ttft_ms"]["p99"] <= s["e2el_ms"]["p99"]
     for r in doc["requests"]:
         assert r["error"] is None and r["model"] in served.models
-        assert (r["prompt_len"], r["output_tokens"], r["chunks"]) == (12, 5, 5)
+        assert (r["prompt_len"], r["output_tokens"]) == (12, 5)
+        assert 1 <= r["chunks"] <= 5
         assert 0 < r["ttft_s"] <= r["latency_s"] <= s["duration_s"]
         assert r["tpot_s"] == pytest.approx((r["latency_s"] - r["ttft_s"]) / 4)
     rows = [json.loads(line) for line in (tmp_path / "a.tokens.jsonl").read_text().splitlines()]

@@ -10,13 +10,16 @@ transaction cannot isolate them.
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from cp_helpers import MAX_RANK, Api, Assets, bootstrap_token, close_app, make_settings
 from fastapi.testclient import TestClient
+from psycopg.errors import DeadlockDetected
 from sqlalchemy import text
+from sqlalchemy.exc import OperationalError
 
 from controlplane.app import create_app
 from controlplane.db import make_engine
@@ -30,12 +33,22 @@ def pg_migrated(postgres_url: str) -> str:
     return postgres_url
 
 
-def truncate_all(url: str) -> None:
+def truncate_all(url: str, attempts: int = 5) -> None:
+    """Empties every table. A live worker's reaper may be reading the same tables (it
+    runs at worker start), and Postgres can pick the TRUNCATE as a deadlock victim; the
+    victim's transaction is rolled back whole, so it is retried."""
     engine = make_engine(url, pool_size=1)
+    names = ", ".join(t.name for t in Base.metadata.sorted_tables)
     try:
-        with engine.begin() as conn:
-            names = ", ".join(t.name for t in Base.metadata.sorted_tables)
-            conn.execute(text(f"TRUNCATE {names} RESTART IDENTITY CASCADE"))
+        for attempt in range(attempts):
+            try:
+                with engine.begin() as conn:
+                    conn.execute(text(f"TRUNCATE {names} RESTART IDENTITY CASCADE"))
+                return
+            except OperationalError as exc:
+                if not isinstance(exc.orig, DeadlockDetected) or attempt == attempts - 1:
+                    raise
+                time.sleep(0.1 * (attempt + 1))
     finally:
         engine.dispose()
 

@@ -3,10 +3,15 @@ PEFT adapters covering rank_pattern / alpha_pattern, rsLoRA and an activated LoR
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
+
+if TYPE_CHECKING:
+    from tests.merges.registry import Registry
 
 
 @dataclass(frozen=True)
@@ -43,3 +48,12 @@ def merge_assets(tmp_path_factory: pytest.TempPathFactory) -> MergeAssets:
     other = make_peft_adapter(other_base, root / "other", seed=5, rank=2, alpha=4,
                               target_modules=["q_proj"])
     return MergeAssets(base, other_base, patterned, rslora, plain, alora, other)
+
+
+@pytest.fixture
+def registry(tmp_path: Path, merge_assets: MergeAssets) -> Iterator[Registry]:
+    """An embedded registry with a validated adapter and its fp32 merged release."""
+    from tests.merges.registry import open_registry
+
+    with open_registry(tmp_path, merge_assets) as reg:
+        yield reg

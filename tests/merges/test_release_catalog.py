@@ -4,80 +4,15 @@ nothing, and what agents of each base are sent."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import pytest
 from fastapi.testclient import TestClient
 
-from controlplane.app import create_app
-from controlplane.contracts import Capabilities
-from controlplane.migrate import upgrade_to_head
 from dataplane.artifacts import read_base_abi
-from tests.controlplane.cp_helpers import bootstrap_token, close_app, make_settings, push_dir
+from tests.controlplane.cp_helpers import push_dir
 from tests.merges.conftest import MergeAssets
-
-NS = "acme"
-
-
-@dataclass
-class Registry:
-    client: TestClient
-    store_root: Path
-    h_base: str
-    artifact: dict[str, Any]
-    merge: dict[str, Any]
-
-    def alias(self, action: str, alias: str = "support", **body: Any) -> Any:
-        return self.client.post(f"/v1/namespaces/{NS}/aliases/{alias}/{action}", json=body)
-
-    def history(self, alias: str = "support") -> list[dict[str, Any]]:
-        items = self.client.get(f"/v1/namespaces/{NS}/aliases/{alias}/history").json()["items"]
-        return list(items)
-
-
-def _merge(client: TestClient, h_base: str, base: Path, artifact_id: int,
-           **extra: Any) -> dict[str, Any]:
-    body = {"name": "support-merged", "base": h_base, "dtype": "fp32",
-            "base_uri": f"file://{base}", "adapters": [{"artifact": artifact_id}], **extra}
-    r = client.post(f"/v1/namespaces/{NS}/merges", json=body)
-    assert r.status_code in (200, 202), r.text
-    return dict(client.get(f"/v1/namespaces/{NS}/merges/{r.json()['id']}").json())
-
-
-@pytest.fixture
-def registry(tmp_path: Path, merge_assets: MergeAssets) -> Iterator[Registry]:
-    url = f"sqlite:///{tmp_path / 'registry.db'}"
-    upgrade_to_head(url)
-    settings = make_settings(url, tmp_path / "var", allow_file_uri_import=True,
-                             file_import_roots=[merge_assets.base.parent])
-    app = create_app(settings)
-    with TestClient(app) as client:
-        client.headers["Authorization"] = f"Bearer {bootstrap_token(settings)}"
-        abi = read_base_abi(merge_assets.base).to_record()
-        h_base = str(abi["h_base"])
-        assert client.post("/v1/bases", json={"name": "tiny", "abi": abi}).status_code == 201
-        assert client.post("/v1/namespaces", json={"name": NS}).status_code == 201
-        pushed = push_dir(client, dict(client.headers), NS, h_base, merge_assets.plain)
-        assert pushed.status_code == 202, pushed.text
-        artifact = client.get(f"/v1/namespaces/{NS}/artifacts/{pushed.json()['id']}").json()
-        assert artifact["state"] == "validated", artifact
-        merge = _merge(client, h_base, merge_assets.base, artifact["id"])
-        assert merge["state"] == "merged", merge
-        yield Registry(client, tmp_path / "var", h_base, artifact, merge)
-    close_app(app)
-
-
-def _register(client: TestClient, name: str, h_base: str) -> tuple[int, int, dict[str, str]]:
-    token = client.post("/v1/tokens", json={"name": name, "grants": [], "is_agent": True})
-    headers = {"Authorization": f"Bearer {token.json()['token']}"}
-    caps = Capabilities(base=h_base, dtypes=["float32"], max_rank=16, targets=["q_proj", "v_proj"],
-                        adapter_slots=2, pool_pages=100, page_bytes=4096, kv_reserve_pages=50)
-    me = client.post("/v1/agents/register", headers=headers, json={
-        "name": name, "url": "http://127.0.0.1:1", "capabilities": caps.model_dump()}).json()
-    return int(me["id"]), int(me["worker_epoch"]), headers
+from tests.merges.registry import NS, Registry, register, submit_merge
 
 
 def _desired(client: TestClient, agent: tuple[int, int, dict[str, str]]) -> dict[str, Any]:
@@ -120,7 +55,7 @@ def test_refusals_change_nothing(registry: Registry, merge_assets: MergeAssets) 
     for body in ({}, {"artifact": str(reg.artifact["id"]), "release": str(reg.merge["id"])}):
         r = reg.alias("publish", **body)
         assert (r.status_code, r.json()["code"]) == (422, "VALIDATION_ERROR")
-    inexact = _merge(reg.client, reg.h_base, merge_assets.base, reg.artifact["id"],
+    inexact = submit_merge(reg.client, reg.h_base, merge_assets.base, reg.artifact["id"],
                      max_relative_error="0")
     assert inexact["state"] == "rejected", inexact
     r = reg.alias("publish", release=str(inexact["id"]))
@@ -151,8 +86,8 @@ def test_agents_of_each_base_are_sent_the_release(registry: Registry) -> None:
     reg = registry
     assert reg.alias("publish", artifact=str(reg.artifact["id"])).status_code == 201
     assert reg.alias("publish", release=str(reg.merge["id"])).status_code == 201
-    source = _register(reg.client, "source-0", reg.h_base)
-    merged = _register(reg.client, "merged-0", str(reg.merge["merged_base"]))
+    source = register(reg.client, "source-0", reg.h_base)
+    merged = register(reg.client, "merged-0", str(reg.merge["merged_base"]))
     for agent in (source, merged):
         state = _desired(reg.client, agent)
         (alias,) = state["aliases"]
@@ -163,7 +98,7 @@ def test_agents_of_each_base_are_sent_the_release(registry: Registry) -> None:
                                       "base": reg.merge["merged_base"]}
         assert first["artifact"]["digest"] == reg.artifact["digest"] and "release" not in first
         assert state["prefetch"] == []  # a release loads no adapter anywhere
-    unrelated = _register(reg.client, "unrelated-0", "0" * 64)
+    unrelated = register(reg.client, "unrelated-0", "0" * 64)
     assert _desired(reg.client, unrelated)["aliases"] == []
     routing = reg.client.get("/v1/fleet/routing").json()
     (route,) = routing["aliases"]
