@@ -50,6 +50,8 @@ class Answer:
     show_logprobs: bool = True
     """False: the request asked for none (samples ranked by best_of compute them anyway)."""
     echo: Echo | None = None
+    _heads: dict[str, bytes] = field(default_factory=dict, repr=False)
+    """`object` -> the encoded head less its closing brace (chunks of a stream share it)."""
 
     def logprobs(self, lps: Sequence[TokenLogprobs] | None,
                  prompt: tuple[Sequence[int], Sequence[TokenLogprobs]] | None = None
@@ -145,23 +147,34 @@ class Answer:
         return {**self.head(self.kind),
                 "choices": [self.choice(i, out, p) for i, p, out in choices], "usage": usage}
 
+    def sse_chunk(self, obj: str, choices: Sequence[dict[str, Any]],
+                  usage: dict[str, Any] | None = None) -> bytes:
+        """One streamed chunk as a server-sent event: the head (encoded once per stream),
+        `choices`, and `usage` when given."""
+        head = self._heads.get(obj)
+        if head is None:
+            head = self._heads[obj] = json.dumps(self.head(obj)).encode()[:-1]
+        tail = {"choices": choices} if usage is None else {"choices": choices, "usage": usage}
+        return b"data: " + head + b"," + json.dumps(tail).encode()[1:] + b"\n\n"
+
     def chunk(self, index: int, out: RequestOutput, first: bool,
-              prompt_index: int = 0) -> dict[str, Any]:
+              prompt_index: int = 0) -> bytes:
+        """A sample's new tokens as one streamed chunk (`sse_chunk`)."""
         finish = out.finish_reason if out.finished else None
         new = None if out.logprobs is None else out.logprobs[
             len(out.logprobs) - len(out.new_token_ids):]
         if not self.is_chat:
             text, ids, lps = self._completion(out.new_text, out.new_token_ids, new)
             head, prompt = self._echoed(prompt_index, out, first)
-            return {**self.head("text_completion"), "choices": [{
+            return self.sse_chunk("text_completion", [{
                 "index": index, "text": head + text, "finish_reason": finish,
-                "logprobs": self.logprobs(lps, prompt), "token_ids": list(ids)}]}
+                "logprobs": self.logprobs(lps, prompt), "token_ids": list(ids)}])
         delta: dict[str, Any] = {"content": out.new_text}
         if first:
             delta["role"] = "assistant"
-        return {**self.head("chat.completion.chunk"), "choices": [{
+        return self.sse_chunk("chat.completion.chunk", [{
             "index": index, "delta": delta, "finish_reason": finish,
-            "logprobs": self.logprobs(new), "token_ids": list(out.new_token_ids)}]}
+            "logprobs": self.logprobs(new), "token_ids": list(out.new_token_ids)}])
 
 
 def _by_text(top: Sequence[tuple[int, float]], text: Callable[[int], str]) -> dict[str, float]:
@@ -217,8 +230,8 @@ async def stream_events(loop: EngineLoop, answer: Answer, kids: Sequence[Child],
                 event = coalesce(event, later)
             if answer.echo is not None and kid.sample == 0:
                 answer.echo.learn(kid.prompt_index, event)
-            yield sse(json.dumps(answer.chunk(kid.prompt_index * n + kid.sample, event,
-                                              k not in seen, kid.prompt_index)))
+            yield answer.chunk(kid.prompt_index * n + kid.sample, event, k not in seen,
+                               kid.prompt_index)
             seen.add(k)
             if event.finished:
                 finals[k] = event
@@ -227,8 +240,7 @@ async def stream_events(loop: EngineLoop, answer: Answer, kids: Sequence[Child],
             firsts = [finals[k] for k, kid in enumerate(kids) if kid.sample == 0]
             generated = () if answer.echo is not None and answer.echo.drop_completion else (
                 list(finals.values()))
-            yield sse(json.dumps({**answer.head(obj), "choices": [],
-                                  "usage": Answer.usage(firsts, generated)}))
+            yield answer.sse_chunk(obj, [], Answer.usage(firsts, generated))
         yield sse("[DONE]")
     finally:  # a failed sample, or a client gone: no sample keeps generating
         for k, kid in enumerate(kids):

@@ -4,24 +4,29 @@ For a group of slots (`group_plans`: usually all of a step's slots), per project
 
     xs = x[rows of slot lo..hi, padded to m per slot]        [G, m, d_in]
     z  = xs @ A[lo..hi]^T                                    [G, m, NS*R]
-    y[rows] += (z @ Bt[lo..hi]) * colscale[lo..hi]           [G, m, sum(w_k)]
+    y[rows] += z @ Bt[lo..hi]                                [G, m, sum(w_k)]
 
 ``A[s]`` stacks every slice's rank rows (slice k at rows ``k*R``, zero past its rank) and
-``Bt[s]`` is block-diagonal over the slices (slice k's rank rows in slice k's columns), so
-one shrink and one expand serve all fused slices and all slots of the group: a fixed
-handful of ops per projection, whatever the slot count (on a shared CPU every op is also
-a thread fork/join), and ``m*NS*R`` products per row against the batched path's
-every-row-meets-every-slot ``L``; the block-diagonal ``Bt`` costs ``NS`` times the
-expand's useful products, a few percent of the base GEMM's. Rows are padded per slot to
-the group's largest count ``m`` over its slot range ``lo..hi``; padded rows are dropped
-before the scatter, so only a slot's own rows are written.
+``Bt[s]`` is block-diagonal over the slices (slice k's rank rows, times the slice's
+scale, in slice k's columns), so one shrink and one expand serve all fused slices and
+all slots of the group: a fixed handful of ops per projection, whatever the slot count
+(on a shared CPU every op is also a thread fork/join), and ``m*NS*R`` products per row
+against the batched path's every-row-meets-every-slot ``L``; the block-diagonal ``Bt``
+costs ``NS`` times the expand's useful products, a few percent of the base GEMM's. Rows
+are padded per slot to the group's largest count ``m`` over its slot range ``lo..hi``;
+padded rows are dropped before the scatter, so only a slot's own rows are written.
+
+A plan whose rows are one contiguous run of the batch with no padding (a prefill chunk
+of one slot, or a decode batch already in slot order with equal counts) reads ``x`` and
+accumulates into ``y`` in place: two ops (``bmm``, ``baddbmm_``), no gather and no scatter.
 
 The stacked copies live in a :class:`SlotFactorCache` per projection, filled from the
 tables (the unified pool's pages through the row-address tables, or a stacked table's
 views) the first time a slot is used at a publication version
 (``LoraModuleWeights.slot_versions``): unlike a gather per step, a step reads each live
 factor once, in place. Only live rank rows are copied (whatever a page holds past a
-slot's rank is never read) and a slice of rank 0 has a zero ``A``, ``Bt`` and scale.
+slot's rank is never read) and a slice of rank 0 has a zero ``A`` and ``Bt``. The scale
+is applied to ``Bt`` in float32 when it is copied, rounded once to the factors' dtype.
 """
 
 from __future__ import annotations
@@ -43,6 +48,7 @@ class GroupPlan:
     gather: torch.Tensor  # int64 [G*m]: the row of x each padded position reads
     live: torch.Tensor | None  # int64 [n]: positions that are real rows; None: all are
     rows: torch.Tensor  # int64 [n]: the row each live position writes
+    run: int | None  # first row when the rows are one unpadded contiguous run, else None
 
 
 def group_plans(counts: list[int], rows: torch.Tensor, light_rows: int,
@@ -88,20 +94,28 @@ def group_plan(counts: list[int], rows: torch.Tensor) -> GroupPlan:
     index = torch.tensor(gather, dtype=torch.int64, device=rows.device)
     padded = len(live) < len(gather)
     pos = torch.tensor(live, dtype=torch.int64, device=rows.device) if padded else None
-    return GroupPlan(lo, hi - lo + 1, m, rows.index_select(0, index), pos, rows)
+    return GroupPlan(lo, hi - lo + 1, m, rows.index_select(0, index), pos, rows,
+                     None if padded else _run_start(rows))
+
+
+def _run_start(rows: torch.Tensor) -> int | None:
+    """`rows[0]` when `rows` are consecutive ascending rows, else None."""
+    first, last = int(rows[0]), int(rows[-1])
+    if last - first + 1 != rows.numel():
+        return None
+    steps = rows[1:] - rows[:-1]
+    return first if bool((steps == 1).all()) else None
 
 
 class SlotFactorCache:
     """One projection's factors per slot, stacked for the grouped path (module docstring):
-    ``a [S, NS*R, d_in]``, ``bt [S, NS*R, sum(w_k)]`` and float32 ``colscale [S,
-    sum(w_k)]`` (each output column's slice scale), each slot tagged with the
-    publication version it was copied at."""
+    ``a [S, NS*R, d_in]`` and ``bt [S, NS*R, sum(w_k)]`` (scaled), each slot tagged with
+    the publication version it was copied at."""
 
     def __init__(self, w: LoraModuleWeights) -> None:
         s, c, dev = w.num_slots, w.num_slices * w.max_rank, w.storage.device
         self.a = torch.zeros(s, c, w.in_features, dtype=w.storage.dtype, device=dev)
         self.bt = torch.zeros(s, c, w.total_out, dtype=w.storage.dtype, device=dev)
-        self.colscale = torch.zeros(s, w.total_out, dtype=torch.float32, device=dev)
         self.versions = [-1] * s
 
     def refresh(self, w: LoraModuleWeights, slots: range) -> None:
@@ -116,25 +130,27 @@ class SlotFactorCache:
             for s in stale:
                 self.a[s].zero_()
                 self.bt[s].zero_()
-                self.colscale[s].zero_()
                 for k, width in enumerate(w.out_features):
                     r, lo, col = ranks[k][s], k * big_r, offsets[k]
                     if r == 0:
                         continue
                     self.a[s, lo:lo + r] = _rows(w, k, 0, s, r)
-                    self.bt[s, lo:lo + r, col:col + width] = _rows(w, k, 1, s, r)
-                    self.colscale[s, col:col + width] = scales[k][s]
+                    bt = _rows(w, k, 1, s, r).float() * scales[k][s]
+                    self.bt[s, lo:lo + r, col:col + width] = bt.to(self.bt.dtype)
                 self.versions[s] = int(w.slot_versions[s])
 
     def add(self, y: torch.Tensor, x: torch.Tensor, plan: GroupPlan) -> None:
         """``y[rows] += delta`` of the plan's rows (module docstring)."""
         sl = slice(plan.lo, plan.lo + plan.groups)
-        xs = x.index_select(0, plan.gather).view(plan.groups, plan.m, x.shape[1])
-        z = torch.bmm(xs, self.a[sl].transpose(1, 2))
-        d = torch.bmm(z, self.bt[sl])
-        scale = self.colscale[sl, None, :]
-        d = d.mul_(scale) if d.dtype == torch.float32 else (d.float() * scale).to(d.dtype)
-        d = d.view(plan.groups * plan.m, -1)
+        shape = (plan.groups, plan.m)
+        at = self.a[sl].transpose(1, 2)
+        if plan.run is not None and x.is_contiguous() and y.is_contiguous():
+            end = plan.run + plan.groups * plan.m
+            z = torch.bmm(x[plan.run:end].view(*shape, x.shape[1]), at)
+            y[plan.run:end].view(*shape, y.shape[1]).baddbmm_(z, self.bt[sl])
+            return
+        z = torch.bmm(x.index_select(0, plan.gather).view(*shape, x.shape[1]), at)
+        d = torch.bmm(z, self.bt[sl]).view(plan.groups * plan.m, -1)
         if plan.live is not None:
             d = d.index_select(0, plan.live)
         y.index_add_(0, plan.rows, d)

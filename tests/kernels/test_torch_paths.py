@@ -14,7 +14,12 @@ import torch
 
 from dataplane.kernels import LoraBatchMeta, LoraMetaBuffers
 from dataplane.kernels.errors import LoraShapeError
-from dataplane.kernels.torch_backend import BATCHED_MAX_ROWS_PER_SLOT, TorchLoraBackend
+from dataplane.kernels.torch_backend import (
+    BATCHED_MAX_ROWS_PER_SLOT,
+    GROUPED_MAX_ROWS_PER_SLOT,
+    TorchLoraBackend,
+)
+from dataplane.kernels.torch_grouped import group_plans
 
 from .lora_cases import check_case, make_case
 
@@ -113,3 +118,27 @@ def test_grouped_path_serves_a_slot_rewritten_after_its_copy(layout: str) -> Non
     table.clear_slot(cleared)
     case.factors[cleared] = {}
     check_case(case, grouped)
+
+
+@pytest.mark.parametrize("layout", ["stacked", "scattered"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_grouped_path_adds_contiguous_runs_in_place(layout: str, dtype: torch.dtype) -> None:
+    """Rows already in slot order with equal counts (one unpadded group), and a prefill
+    chunk's contiguous rows beside other slots' rows: those plans read ``x`` and add into
+    ``y`` in place, and must match the reference with every other row untouched."""
+    case = make_case(dtype=dtype, in_features=24, out_features=(16, 8, 8), ranks=[2, 8, 5],
+                     num_rows=24, dist="uniform", none_share=0.0, seed=7, layout=layout,
+                     absent_every=2)
+    heavy = GROUPED_MAX_ROWS_PER_SLOT + 4
+    layouts = {
+        "slot order": ([s for s in range(4) for _ in range(6)], [0]),
+        "chunk beside decode rows": ([-1, -1] + [3] * heavy + [0, 5], [2]),
+    }
+    for row_slot, runs in layouts.values():
+        case.row_slot = row_slot
+        on = [t for t, s in enumerate(row_slot) if s >= 0]
+        rows = torch.tensor(sorted(on, key=lambda t: row_slot[t]), dtype=torch.int64)
+        counts = [row_slot.count(s) for s in range(case.table.num_slots)]
+        plans = group_plans(counts, rows, GROUPED_MAX_ROWS_PER_SLOT)
+        assert [p.run for p in plans if p.run is not None] == runs
+        check_case(case, TorchLoraBackend("auto"))
