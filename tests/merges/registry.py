@@ -48,8 +48,9 @@ def submit_merge(client: TestClient, h_base: str, base: Path, artifact_id: int,
 
 
 @contextmanager
-def open_registry(tmp_path: Path, merge_assets: MergeAssets) -> Iterator[Registry]:
-    """The registry; its app is closed on exit."""
+def registry_client(tmp_path: Path, merge_assets: MergeAssets) -> Iterator[TestClient]:
+    """An empty embedded registry's admin client (file:// imports from the assets'
+    folder); its app is closed on exit."""
     url = f"sqlite:///{tmp_path / 'registry.db'}"
     upgrade_to_head(url)
     settings = make_settings(url, tmp_path / "var", allow_file_uri_import=True,
@@ -57,6 +58,14 @@ def open_registry(tmp_path: Path, merge_assets: MergeAssets) -> Iterator[Registr
     app = create_app(settings)
     with TestClient(app) as client:
         client.headers["Authorization"] = f"Bearer {bootstrap_token(settings)}"
+        yield client
+    close_app(app)
+
+
+@contextmanager
+def open_registry(tmp_path: Path, merge_assets: MergeAssets) -> Iterator[Registry]:
+    """The registry holding the validated adapter and its merged release."""
+    with registry_client(tmp_path, merge_assets) as client:
         abi = read_base_abi(merge_assets.base).to_record()
         h_base = str(abi["h_base"])
         assert client.post("/v1/bases", json={"name": "tiny", "abi": abi}).status_code == 201
@@ -68,7 +77,6 @@ def open_registry(tmp_path: Path, merge_assets: MergeAssets) -> Iterator[Registr
         merge = submit_merge(client, h_base, merge_assets.base, artifact["id"])
         assert merge["state"] == "merged", merge
         yield Registry(client, tmp_path / "var", h_base, artifact, merge)
-    close_app(app)
 
 
 def register(client: TestClient, name: str, h_base: str) -> tuple[int, int, dict[str, str]]:

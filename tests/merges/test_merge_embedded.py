@@ -9,24 +9,16 @@ from pathlib import Path
 import pytest
 from fastapi.testclient import TestClient
 
-from controlplane.app import create_app
-from controlplane.migrate import upgrade_to_head
 from dataplane.artifacts import read_base_abi
-from tests.controlplane.cp_helpers import bootstrap_token, close_app, make_settings, push_dir
+from tests.controlplane.cp_helpers import push_dir
 from tests.merges.conftest import MergeAssets
+from tests.merges.registry import registry_client
 
 
 @pytest.fixture
 def client(tmp_path: Path, merge_assets: MergeAssets) -> Iterator[TestClient]:
-    url = f"sqlite:///{tmp_path / 'registry.db'}"
-    upgrade_to_head(url)
-    settings = make_settings(url, tmp_path / "var", allow_file_uri_import=True,
-                             file_import_roots=[merge_assets.base.parent])
-    app = create_app(settings)
-    with TestClient(app) as test_client:
-        test_client.headers["Authorization"] = f"Bearer {bootstrap_token(settings)}"
+    with registry_client(tmp_path, merge_assets) as test_client:
         yield test_client
-    close_app(app)
 
 
 def test_fp32_release_on_sqlite(client: TestClient, merge_assets: MergeAssets) -> None:
