@@ -14,16 +14,22 @@
    the adapters as LoRA modules `bot-0..7`, the base served as `smollm2` (the name the
    base is registered under on our side, so the base arm names the same model);
 4. both servers up at once; each warmed with one short request per model; then
-   `--rounds` rounds of four arms (agent LoRA, vLLM LoRA, agent base, vLLM base; the
-   order reversed every other round), each a run of bench/serving.py (`--num-requests`
+   `--rounds` rounds of the arms (agent LoRA, vLLM LoRA, agent base, vLLM base, HF +
+   PEFT; the order reversed every other round), each server arm a run of bench/serving.py
+   (`--num-requests`
    requests of `--input-len` random prompt ids and `--output-len` tokens, all at once,
    at most `--concurrency` in flight, adapters uniform over the 8). The other server is
    frozen (SIGSTOP to its process group, SIGCONT after) during each run, since idle
    servers still poll (vLLM's engine core, the agent's catalog and heartbeat loops) and
    2 cores have no room to spare; its CPU time during the run is recorded (0 when
    frozen; `--no-freeze` keeps it running);
-5. greedy tokens: each arm's tokens against the other server's (bench/serving_compare.py),
-   and `--hf-requests` requests of the LoRA and base arms against HF + PEFT.
+5. the `hf-peft` arm: HF transformers + PEFT `generate` on the same workload (same prompt
+   ids, same request -> adapter assignment) in static batches of `--concurrency`, a mixed
+   batch through `adapter_names`, in a subprocess (bench/serving_hf.py) with both servers
+   frozen; only `generate` is timed;
+6. greedy tokens: each arm's tokens against the other server's (bench/serving_compare.py),
+   the agent's LoRA arm against the batched HF + PEFT arm, and `--hf-requests` requests
+   of the LoRA and base arms against HF + PEFT one request at a time.
 
 Writes `<out-dir>/<arm>-r<round>.json` (bench/serving.py results), `...tokens.jsonl`, and
 `<out-dir>/summary.json`; prints a markdown table. Nothing of the agent is tuned here.
@@ -36,6 +42,8 @@ import json
 import os
 import signal
 import statistics
+import subprocess
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -55,7 +63,7 @@ from cli.stack import EmbeddedStack
 NAMESPACE = "bench"
 BASE_NAME = "smollm2"
 N_ADAPTERS = 8
-ARMS = ("agent-lora", "vllm-lora", "agent-base", "vllm-base")
+ARMS = ("agent-lora", "vllm-lora", "agent-base", "vllm-base", "hf-peft")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -172,11 +180,37 @@ def run_arm(args: argparse.Namespace, arm: str, rnd: int, url: str, token: str,
             "tokens": f"{stem}.tokens.jsonl"}
 
 
+def run_hf_arm(args: argparse.Namespace, rnd: int, base: Path, adapters: list[Path],
+               groups: list[int | None]) -> dict[str, Any]:
+    stem = args.out_dir / f"hf-peft-r{rnd}"
+    argv = [sys.executable, "-m", "bench.serving_hf", "--model-dir", str(base),
+            *[a for d in adapters for a in ("--adapter", str(d))],
+            "--num-requests", str(args.num_requests), "--input-len", str(args.input_len),
+            "--output-len", str(args.output_len), "--batch", str(args.concurrency),
+            "--seed", str(args.seed), "--out", f"{stem}.json"]
+    for g in groups:
+        signal_group(g, signal.SIGSTOP)
+    try:
+        subprocess.run(argv, check=True)
+    finally:
+        for g in groups:
+            signal_group(g, signal.SIGCONT)
+    doc = json.loads(Path(f"{stem}.json").read_text())
+    with open(f"{stem}.tokens.jsonl", "w") as f:
+        f.writelines(json.dumps(row) + "\n" for row in doc["rows"])
+    return {"arm": "hf-peft", "round": rnd, "summary": doc["summary"],
+            "tokens": f"{stem}.tokens.jsonl"}
+
+
 def token_checks(args: argparse.Namespace, runs: list[dict[str, Any]], base: Path,
                  adapters: list[Path]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     by = {(r["arm"], r["round"]): read_tokens(Path(r["tokens"])) for r in runs}
     rounds = sorted({r["round"] for r in runs})
+    for rnd in rounds:
+        if ("agent-lora", rnd) in by and ("hf-peft", rnd) in by:
+            out[f"agent-lora vs hf-peft batched r{rnd}"] = compare_rows(
+                by[("agent-lora", rnd)], by[("hf-peft", rnd)])
     for kind in ("lora", "base"):
         a, v = f"agent-{kind}", f"vllm-{kind}"
         for rnd in rounds:
@@ -206,6 +240,11 @@ def markdown(runs: list[dict[str, Any]]) -> str:
     for arm in ARMS:
         mine = [r["summary"] for r in runs if r["arm"] == arm]
         if not mine:
+            continue
+        if arm == "hf-peft":  # no server: throughput only
+            lines.append(f"| {arm} | {len(mine)} "
+                         f"| {_column(mine, lambda s: s['output_throughput'], '.2f')} "
+                         "| | | | | 0 |")
             continue
         lines.append(f"| {arm} | {len(mine)} "
                      f"| {_column(mine, lambda s: s['output_throughput'], '.2f')} "
@@ -241,7 +280,10 @@ def main(argv: list[str] | None = None) -> None:
             vllm_pid = vllm.proc.pid if vllm.proc else None
             for rnd in range(args.rounds):
                 for arm in (arms if rnd % 2 == 0 else arms[::-1]):
-                    if arm.startswith("agent"):
+                    if arm == "hf-peft":
+                        runs.append(run_hf_arm(args, rnd, base, adapters,
+                                               [agent_pid, vllm_pid]))
+                    elif arm.startswith("agent"):
                         runs.append(run_arm(args, arm, rnd, agent.url, token, vllm.pids,
                                             vllm_pid))
                     else:

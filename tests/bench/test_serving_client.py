@@ -19,9 +19,9 @@ from pathlib import Path
 
 import pytest
 
-from bench import serving
+from bench import serving, serving_hf
 from bench.load_profile import seed
-from bench.serving_compare import compare_runs
+from bench.serving_compare import compare_rows, compare_runs, read_tokens
 from bench.serving_workload import SHAREGPT, WorkloadSpec, make_workload, popularity_weights
 from cli.stack import EmbeddedStack
 
@@ -31,6 +31,7 @@ class Served:
     url: str
     token: str
     models: list[str]
+    work: Path
 
 
 @pytest.fixture(scope="module")
@@ -41,7 +42,7 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
         try:
             names = json.loads(env["LOAD_ALIASES"])
             yield Served(agent.url, env["LOAD_READER_TOKEN"],
-                         [f"{env['LOAD_NAMESPACE']}/{n}" for n in names])
+                         [f"{env['LOAD_NAMESPACE']}/{n}" for n in names], work)
         finally:
             agent.stop()
 
@@ -124,3 +125,19 @@ def test_workloads_are_fixed_by_the_seed() -> None:
     assert sum(gaps) / len(gaps) == pytest.approx(0.25, rel=0.2)  # Poisson, mean 1 / rate
     assert math.isinf(WorkloadSpec().request_rate)
     assert all(r.arrival_s == 0 for r in make_workload(WorkloadSpec(models=("a",))))
+
+
+def test_hf_peft_arm_runs_the_same_workload_and_matches_the_agent(served: Served,
+                                                                  tmp_path: Path) -> None:
+    """bench/serving_hf.py (HF + PEFT, mixed batches) on the workload the client sent:
+    the same prompts and adapter per request, and the agent's greedy tokens equal it."""
+    run(served, tmp_path, "agent")
+    serving_hf.main(["--model-dir", str(served.work / "base"),
+                     "--adapter", str(served.work / "a0"), "--adapter", str(served.work / "a1"),
+                     "--vocab-size", "256", "--min-token-id", "3", "--input-len", "12",
+                     "--output-len", "5", "--num-requests", "6", "--batch", "4",
+                     "--out", str(tmp_path / "hf.json")])
+    doc = json.loads((tmp_path / "hf.json").read_text())
+    assert doc["summary"]["output_tokens"] == 6 * 5 and doc["summary"]["output_throughput"] > 0
+    check = compare_rows(read_tokens(tmp_path / "agent.tokens.jsonl"), doc["rows"])
+    assert check["compared"] == 6 and check["identical"] == 6, check
