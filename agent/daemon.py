@@ -60,6 +60,7 @@ from agent.base_release import ReleaseUnavailable, check_served_base, fetch_base
 from agent.catalog import AgentCatalog, parse_desired_state, tenant_policy
 from agent.config import AgentSettings, command_line
 from agent.engine_factory import agent_engine
+from agent.engine_thread import EngineThread
 from agent.metrics import AgentMetrics
 from agent.server import ServingContext, create_agent_app
 from agent.serving import EngineLoop
@@ -109,7 +110,10 @@ class AgentDaemon:
         self.metrics = AgentMetrics()
         self.faults = FaultInjector.from_env()
         """`ADAPTERPLANE_FAULTS` (off unless set): pool copy/validate/publish + download."""
-        self.engine, self.tp_ranks = agent_engine(settings, self.metrics, self.faults)
+        self.engine_thread = EngineThread()
+        """Builds the engine, then runs its loop: steps run where the engine was made."""
+        self.engine, self.tp_ranks = self.engine_thread.call(agent_engine, settings,
+                                                             self.metrics, self.faults)
         self._rates_at = time.monotonic()
         self._rates_seen: dict[str, int] = {}
         """Admitted requests per digest at the last heartbeat (for `rate`)."""
@@ -130,7 +134,8 @@ class AgentDaemon:
                                settings.max_slots, settings.max_queued_requests,
                                settings.fault_step_delay_s,
                                load_attempts=settings.load_attempts,
-                               cold_reserve_after_s=settings.cold_reserve_after_ms / 1000)
+                               cold_reserve_after_s=settings.cold_reserve_after_ms / 1000,
+                               thread=self.engine_thread)
         every = ADAPTABLE_MODULES
         self.targets = frozenset(settings.adapter_targets) & every or every
         self.ctx = ServingContext(

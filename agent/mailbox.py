@@ -11,6 +11,7 @@ callback.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 from collections import deque
 from typing import Any
@@ -32,7 +33,8 @@ class Mailbox:
             if self._scheduled:
                 return
             self._scheduled = True
-        self.loop.call_soon_threadsafe(self._drain)
+        with contextlib.suppress(RuntimeError):  # the loop has closed (shutdown): no reader
+            self.loop.call_soon_threadsafe(self._drain)
 
     def _drain(self) -> None:
         with self._lock:

@@ -26,13 +26,15 @@ import threading
 import time
 from collections import Counter, deque
 from collections.abc import Callable, Mapping
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any
 
 from agent.adapter_loading import PREFETCH_RETRY_S
 from agent.admission import Admission
 from agent.artifacts import ArtifactFetcher
 from agent.catalog import AgentCatalog, ServingError
+from agent.engine_thread import EngineThread
 from agent.event_ledger import EventLedger
 from agent.metrics import AgentMetrics
 from agent.residents import ResidentSet
@@ -66,7 +68,8 @@ class EngineLoop(Admission, EngineObserver):
     def __init__(self, engine: Engine, fetcher: ArtifactFetcher, catalog: AgentCatalog,
                  metrics: AgentMetrics, max_slots: int, max_live: int,
                  step_delay_s: float = 0.0, *, load_attempts: int,
-                 cold_reserve_after_s: float = 0.2) -> None:
+                 cold_reserve_after_s: float = 0.2,
+                 thread: EngineThread | None = None) -> None:
         self.engine = engine
         self.fetcher = fetcher
         self.catalog = catalog
@@ -97,16 +100,25 @@ class EngineLoop(Admission, EngineObserver):
         self._admission: dict[str, int] = {}
         """The engine's offered / admitted / expired counts, as of the last iteration."""
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="engine-loop", daemon=True)
+        self._thread = thread or EngineThread()
+        """Where the loop runs: the thread that built `engine` (agent/engine_thread.py)."""
+        self._running: Future[None] | None = None
         engine.observers.append(self)  # `adapter_evicted`: the pool evicted an idle adapter
 
     # ---- thread-safe API -------------------------------------------------------------
     def start(self) -> None:
-        self._thread.start()
+        self._running = self._thread.submit(self._run)
 
     def stop(self) -> None:
         self._stop.set()
-        self._thread.join(timeout=10)
+        if self._running is not None:
+            try:
+                self._running.result(timeout=10)
+            except FutureTimeout:
+                log.warning("the engine loop did not stop within 10 s")
+            except Exception:
+                log.exception("the engine loop ended with an error")
+        self._thread.shutdown()
         self._loader.shutdown(wait=False, cancel_futures=True)
 
     def submit(self, ticket: Ticket) -> None:

@@ -3,7 +3,9 @@
 Workload (the CPU serving case of docs/PERFORMANCE.md): SmolLM2-135M fp32 on the CPU,
 `--adapters` PEFT adapters of rank `--rank` on `--targets`, `--requests` requests of
 `--prompt` random-id prompt tokens and `--output` greedy output tokens (EOS ignored), all
-submitted at once; request i uses adapter i mod N.
+submitted at once; request i uses adapter i mod N (`--assign round-robin`), or one drawn
+uniformly per request with a fixed seed (`--assign uniform`, as bench/serving.py draws
+them: unequal rows per adapter in every step).
 
 Arms, each built once and then run in A/B-interleaved rounds (round r runs the arms in
 a rotated order, on prompts of its own so no round hits the prefix cache of an earlier
@@ -33,6 +35,7 @@ import argparse
 import dataclasses
 import json
 import os
+import random
 import statistics
 import sys
 import time
@@ -108,6 +111,15 @@ def run_hf(model: Any, prompts: Prompts, names: list[str] | None, new: int) -> T
     return [row[ids.shape[1]:].tolist() for row in out]
 
 
+def per_request(args: argparse.Namespace, items: list[Any]) -> list[Any]:
+    """`items` (one per adapter) as `run_engine` / `run_hf` index them: as they are for
+    round-robin, else one drawn per request (seeded)."""
+    if args.assign == "round-robin" or not items:
+        return items
+    rng = random.Random(args.seed)
+    return [items[rng.randrange(len(items))] for _ in range(args.requests)]
+
+
 def build_arms(args: argparse.Namespace, base_dir: Path, dirs: list[Path]
                ) -> dict[str, Callable[[Prompts], Tokens]]:
     """Each arm as `prompts -> tokens`, built and (engines) warmed up."""
@@ -130,7 +142,8 @@ def build_arms(args: argparse.Namespace, base_dir: Path, dirs: list[Path]
               f"{engine.config.max_slots}, pool pages {counts.total} ({counts.adapter} "
               f"adapter pages), torch threads {torch.get_num_threads()}",
               file=sys.stderr, flush=True)
-        arms["agent+lora"] = partial(run_engine, engine, handles=handles, new=args.output)
+        arms["agent+lora"] = partial(run_engine, engine, handles=per_request(args, handles),
+                                     new=args.output)
         arms["agent-base"] = partial(run_engine, engine, handles=[], new=args.output)
     if "agent+lora+fold" in args.arms:
         folded = build_engine(dataclasses.replace(spec, lora_fold="on"))
@@ -138,7 +151,8 @@ def build_arms(args: argparse.Namespace, base_dir: Path, dirs: list[Path]
         fold_handles = [folded.register_loaded_adapter(
             load_peft_adapter(d, folded.base_abi, settings.max_rank)) for d in dirs]
         run_engine(folded, warm, fold_handles, 2)
-        arms["agent+lora+fold"] = partial(run_engine, folded, handles=fold_handles,
+        arms["agent+lora+fold"] = partial(run_engine, folded,
+                                          handles=per_request(args, fold_handles),
                                           new=args.output)
     if "engine-nolora" in args.arms:
         plain = build_engine(dataclasses.replace(
@@ -159,7 +173,8 @@ def build_arms(args: argparse.Namespace, base_dir: Path, dirs: list[Path]
                 peft.load_adapter(d, adapter_name=f"a{i}")
             peft.eval()
             names = [f"a{i}" for i in range(len(dirs))]
-            arms["hf+peft"] = partial(run_hf, peft, names=names, new=args.output)
+            arms["hf+peft"] = partial(run_hf, peft, names=per_request(args, names),
+                                      new=args.output)
     return {name: arms[name] for name in args.arms}
 
 
@@ -211,6 +226,8 @@ def main() -> None:
     p.add_argument("--rank", type=int, default=16)
     p.add_argument("--targets", nargs="+", default=list(ALL_LINEAR))
     p.add_argument("--requests", type=int, default=32)
+    p.add_argument("--assign", choices=("round-robin", "uniform"), default="round-robin",
+                   help="which adapter each request uses")
     p.add_argument("--prompt", type=int, default=128)
     p.add_argument("--output", type=int, default=64)
     p.add_argument("--threads", type=int, nargs="+", default=None,

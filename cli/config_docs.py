@@ -124,9 +124,15 @@ OTHER_VARIABLES = (
 TEST_VARIABLES = (
     EnvVar("ADAPTERPLANE_TEST_DATABASE_URL", ("tests/conftest.py", "scripts/test.sh"),
            "`postgresql+psycopg://adapterplane:adapterplane@127.0.0.1:5432/adapterplane_test`",
-           "PostgreSQL of the `postgres`-marked tests; `scripts/test.sh` migrates it."),
+           "PostgreSQL of the `postgres`-marked tests; `scripts/test.sh` migrates it. "
+           "pytest-xdist worker `gwK` uses the database of the same name plus `_gwK` "
+           "(`scripts/services.sh` creates them for K < 4; each worker migrates its own)."),
     EnvVar("ADAPTERPLANE_TEST_REDIS_URL", ("tests/conftest.py", "scripts/test.sh"),
-           "`redis://127.0.0.1:6379/15`", "Redis of the `redis`-marked tests."),
+           "`redis://127.0.0.1:6379/15`", "Redis of the `redis`-marked tests; xdist worker "
+           "`gwK` uses the database number minus K."),
+    EnvVar("ADAPTERPLANE_TEST_WORKERS", ("scripts/test.sh",), "`2`",
+           "pytest-xdist workers of `scripts/test.sh` (`--dist loadfile`: one test file per "
+           "worker at a time); `0` runs the suite in one process."),
     EnvVar("ADAPTERPLANE_ASSET_CACHE", ("tests/conftest.py",),
            "`adapterplane-assets` beside pytest's temporary directories",
            "Cache of the test model assets (SmolLM2-135M converted from the packaged GGUF)."),

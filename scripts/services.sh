@@ -16,7 +16,8 @@ psql_admin() { psql -h 127.0.0.1 -U postgres -v ON_ERROR_STOP=1 -qtAc "$1"; }
 if [ "$(psql_admin "SELECT 1 FROM pg_roles WHERE rolname='adapterplane'")" != "1" ]; then
   psql_admin "CREATE ROLE adapterplane LOGIN PASSWORD 'adapterplane'"
 fi
-for db in adapterplane adapterplane_test; do
+# adapterplane_test_gw0..3: one per pytest-xdist worker (tests/conftest.py)
+for db in adapterplane adapterplane_test adapterplane_test_gw{0..3}; do
   if [ "$(psql_admin "SELECT 1 FROM pg_database WHERE datname='$db'")" != "1" ]; then
     psql_admin "CREATE DATABASE $db OWNER adapterplane"
   fi

@@ -3,6 +3,11 @@
 Services are real: PostgreSQL and Redis are started by `scripts/services.sh`
 (the README's test command); moto's S3 server is started here as a real HTTP
 server subprocess on a free loopback port.
+
+Under pytest-xdist (`-n N`, as scripts/test.sh runs the suite) each worker `gwK` gets its
+own Postgres database (`<test database>_gwK`, created by scripts/services.sh for K < 4)
+and its own Redis database (the test database's number minus K), so one worker's
+TRUNCATEs and queues never meet another's.
 """
 
 from __future__ import annotations
@@ -36,15 +41,34 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def xdist_worker() -> int | None:
+    """This process's pytest-xdist worker number (`gw3` -> 3), or None outside xdist."""
+    name = os.environ.get("PYTEST_XDIST_WORKER", "")
+    return int(name[2:]) if name.startswith("gw") else None
+
+
 @pytest.fixture(scope="session")
 def postgres_url() -> str:
-    """SQLAlchemy URL of the migrated Postgres test database."""
-    return os.environ.get("ADAPTERPLANE_TEST_DATABASE_URL", DEFAULT_DATABASE_URL)
+    """SQLAlchemy URL of the Postgres test database (this xdist worker's own)."""
+    from sqlalchemy.engine import make_url
+
+    url = make_url(os.environ.get("ADAPTERPLANE_TEST_DATABASE_URL", DEFAULT_DATABASE_URL))
+    worker = xdist_worker()
+    if worker is not None:
+        url = url.set(database=f"{url.database}_gw{worker}")
+    return url.render_as_string(hide_password=False)
 
 
 @pytest.fixture(scope="session")
 def redis_url() -> str:
-    return os.environ.get("ADAPTERPLANE_TEST_REDIS_URL", DEFAULT_REDIS_URL)
+    """Redis URL of the test database (this xdist worker's own: one number lower per
+    worker)."""
+    url = os.environ.get("ADAPTERPLANE_TEST_REDIS_URL", DEFAULT_REDIS_URL)
+    worker = xdist_worker()
+    if worker is None:
+        return url
+    root, _, db = url.rpartition("/")
+    return f"{root}/{int(db or 0) - worker}"
 
 
 @pytest.fixture(scope="session")

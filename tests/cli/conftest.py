@@ -112,6 +112,7 @@ def adapterctl(control_plane: EmbeddedStack) -> Invoke:
         env = {
             "ADAPTERPLANE_URL": control_plane.url,
             "ADAPTERPLANE_TOKEN": admin if token is None else token,
+            "COLUMNS": "200",  # tables as a wide pipe prints them, whatever the runner's
         }
         return runner.invoke(app, list(args), env=env, catch_exceptions=False)
 
