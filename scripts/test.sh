@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The test command: install, start services, migrate, run the whole suite.
 # Extra arguments go to pytest (e.g. `bash scripts/test.sh tests/identity -x`).
-# The suite runs on ADAPTERPLANE_TEST_WORKERS pytest-xdist workers (default 2; 0 runs it
+# ADAPTERPLANE_TEST_WORKERS=N runs the suite on N pytest-xdist workers (default 0: it runs
 # in this process), one test file per worker at a time (`--dist loadfile`: a module's
 # agents and servers are started once); each worker has its own databases.
 set -euo pipefail
@@ -17,7 +17,7 @@ ADAPTERPLANE_DATABASE_URL="$ADAPTERPLANE_TEST_DATABASE_URL" .venv/bin/adapterpla
 .venv/bin/mypy controlplane agent dataplane cli
 .venv/bin/lint-imports
 .venv/bin/python -m cli.config_docs --check
-workers=${ADAPTERPLANE_TEST_WORKERS:-2}
+workers=${ADAPTERPLANE_TEST_WORKERS:-0}
 if [ "$workers" -gt 0 ]; then
   exec .venv/bin/python -m pytest -n "$workers" --dist loadfile "$@"
 fi
