@@ -113,11 +113,12 @@ class EngineLoop(Admission, EngineObserver):
         self._stop.set()
         if self._running is not None:
             try:
-                self._running.result(timeout=10)
+                failed = self._running.exception(timeout=10)
             except FutureTimeout:
                 log.warning("the engine loop did not stop within 10 s")
-            except Exception:
-                log.exception("the engine loop ended with an error")
+            else:
+                if failed is not None:
+                    log.error("the engine loop ended with an error", exc_info=failed)
         self._thread.shutdown()
         self._loader.shutdown(wait=False, cancel_futures=True)
 
