@@ -5,7 +5,8 @@ re-queued when a worker dies mid-task, one prefetched task per process, a hard t
 limit of `job_time_limit_s` per attempt). The broker's visibility timeout (Redis) is
 that limit plus `job_visibility_margin_s`: a message taken by a worker that died is
 delivered again after it, while no live attempt can still hold it. Worker start/stop
-hooks (scratch dirs, the reaper) are in `lifecycle.py`; the beat schedule (blob garbage
+hooks (scratch dirs, the reaper) are in `lifecycle.py`; a Redis broker goes through
+`redis_broker.py` (a dropped connection never kills the worker); the beat schedule (blob garbage
 collection, `beat_schedule`) runs only in a worker started with `--beat`. The
 module-level `celery_app` (alias `app`) is built lazily from the environment
 (`ADAPTERPLANE_*`) on first access.
@@ -19,6 +20,7 @@ from typing import Any
 from celery import Celery
 
 from controlplane.config import Settings
+from controlplane.worker import redis_broker
 
 TASK_MODULES = ("controlplane.artifacts.tasks", "controlplane.collections.tasks",
                 "controlplane.retention.tasks", "controlplane.merges.tasks")
@@ -26,6 +28,7 @@ GC_TASK = "adapterplane.collect_garbage"
 
 
 def make_celery(settings: Settings) -> Celery:
+    redis_broker.install()
     if settings.celery_broker_url.startswith("sqla+sqlite") or (
         settings.celery_result_backend.startswith("db+sqlite")
     ):
