@@ -130,10 +130,10 @@ TEST_VARIABLES = (
     EnvVar("ADAPTERPLANE_TEST_REDIS_URL", ("tests/conftest.py", "scripts/test.sh"),
            "`redis://127.0.0.1:6379/15`", "Redis of the `redis`-marked tests; xdist worker "
            "`gwK` uses the database number minus K."),
-    EnvVar("ADAPTERPLANE_TEST_WORKERS", ("scripts/test.sh",), "`0` (one process)",
+    EnvVar("ADAPTERPLANE_TEST_WORKERS", ("scripts/test.sh",), "`2`",
            "pytest-xdist workers of `scripts/test.sh` (`--dist loadfile`: one test file per "
-           "worker at a time); 2 takes the suite from 16 to 11 minutes on 2 cores, but a few "
-           "timing-bound tests (heartbeat liveness) can fail under the load."),
+           "worker at a time); 2 runs the suite in 13 minutes on 2 cores, one process (`0`) "
+           "in 19."),
     EnvVar("ADAPTERPLANE_ASSET_CACHE", ("tests/conftest.py",),
            "`adapterplane-assets` beside pytest's temporary directories",
            "Cache of the test model assets (SmolLM2-135M converted from the packaged GGUF)."),

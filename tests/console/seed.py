@@ -46,6 +46,18 @@ class Seeded:
     metrics_server: Any
     assets_root: Path
     """Holds `base/` (the tiny Llama the artifacts adapt), `a/`, `b/`, `nan/`."""
+    agent_token: str
+    beats: dict[str, dict[str, Any]]
+    """Each agent's seeded heartbeat, by name."""
+
+    def heartbeat(self) -> None:
+        """Send every agent's seeded heartbeat again: an agent not heard from within the
+        liveness window shows as stale, and a session's console tests can outlast it."""
+        with httpx.Client(base_url=self.url, timeout=10,
+                          headers={"Authorization": f"Bearer {self.agent_token}"}) as http:
+            for name, beat in self.beats.items():
+                http.post(f"/v1/agents/{self.agents[name]}/heartbeat",
+                          json=beat).raise_for_status()
 
 
 def adapterctl(url: str, token: str, *args: str, check: bool = True) -> Any:
@@ -96,7 +108,8 @@ def observed_metrics() -> AgentMetrics:
 
 
 def _register_agent(http: httpx.Client, name: str, url: str, h_base: str,
-                    slots: list[dict[str, Any]], failures: list[dict[str, Any]]) -> int:
+                    slots: list[dict[str, Any]], failures: list[dict[str, Any]]
+                    ) -> tuple[int, dict[str, Any]]:
     caps = {"base": h_base, "dtypes": ["float16"], "max_rank": 16,
             "targets": ["q_proj", "k_proj", "v_proj", "o_proj"], "adapter_slots": 4,
             "pool_pages": 256, "page_bytes": 65536, "kv_reserve_pages": 64}
@@ -104,12 +117,11 @@ def _register_agent(http: httpx.Client, name: str, url: str, h_base: str,
                                                  "capabilities": caps})
     reg.raise_for_status()
     agent = reg.json()
-    beat = http.post(f"/v1/agents/{agent['id']}/heartbeat", json={
-        "worker_epoch": agent["worker_epoch"], "catalog_version": 2, "live_requests": 3,
-        "waiting_requests": 1, "free_pages": 116, "pool_pages": 256, "slots": slots,
-        "load_failures": failures})
-    beat.raise_for_status()
-    return int(agent["id"])
+    beat = {"worker_epoch": agent["worker_epoch"], "catalog_version": 2, "live_requests": 3,
+            "waiting_requests": 1, "free_pages": 116, "pool_pages": 256, "slots": slots,
+            "load_failures": failures}
+    http.post(f"/v1/agents/{agent['id']}/heartbeat", json=beat).raise_for_status()
+    return int(agent["id"]), beat
 
 
 def seed(url: str, admin: str, root: Path, free_port: int, dead_port: int) -> Seeded:
@@ -147,10 +159,12 @@ def seed(url: str, admin: str, root: Path, free_port: int, dead_port: int) -> Se
                  "stage": "copy", "at": time.time() - 90}]
     with httpx.Client(base_url=url, headers={"Authorization": f"Bearer {agent_token}"},
                       timeout=10) as http:
-        agents = {
+        registered = {
             "gpu-a": _register_agent(http, "gpu-a", f"http://127.0.0.1:{free_port}", h_base,
                                      slots, failures),
             "gpu-b": _register_agent(http, "gpu-b", f"http://127.0.0.1:{dead_port}", h_base,
                                      [], []),
         }
-    return Seeded(url, admin, reader, pushed, agents, metrics, server, root)
+    return Seeded(url, admin, reader, pushed, {n: r[0] for n, r in registered.items()},
+                  metrics, server, root, agent_token,
+                  {n: r[1] for n, r in registered.items()})

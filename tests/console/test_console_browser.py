@@ -119,6 +119,7 @@ def test_keyboard_reaches_the_skip_link_first(seeded: Seeded, context: BrowserCo
 
 def test_agents_live_numbers_load_and_poll_under_the_csp(
         seeded: Seeded, context: BrowserContext) -> None:
+    seeded.heartbeat()
     page = context.new_page()
     problems: list[str] = []
     page.on("console", lambda msg: problems.append(msg.text) if msg.type == "error" else None)

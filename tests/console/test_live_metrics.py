@@ -70,6 +70,7 @@ def _live_row(html: str, name: str) -> str:
 
 
 def test_live_fragment_scrapes_agents(seeded: Seeded) -> None:
+    seeded.heartbeat()
     client = login(seeded.url, seeded.admin)
     try:
         first = client.get("/ui/agents/live")
