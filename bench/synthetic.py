@@ -184,11 +184,14 @@ def add_serving_args(p: argparse.ArgumentParser, kv_help: str | None = None) -> 
 def make_trace(args: argparse.Namespace, vocab: int, n_adapters: int) -> list[Request]:
     """`--requests` requests: Poisson arrivals at `--rate` (inf: all at t = 0), prompt and
     output lengths uniform in their `--prompt-*` / `--output-*` ranges, adapter drawn from
-    Zipf(1.0) popularity over `n_adapters` (None without)."""
+    `--popularity` over `n_adapters` (None without): Zipf(1.0) (adapter i's weight
+    1 / (i + 1); the default) or uniform."""
     gen = torch.Generator().manual_seed(args.seed)
     # Adapters drawn from their own stream: every N gets the same arrivals and prompts.
     pick = torch.Generator().manual_seed(args.seed + 1)
-    weights = torch.tensor([1.0 / (i + 1) for i in range(max(n_adapters, 1))])
+    uniform = getattr(args, "popularity", "zipf") == "uniform"
+    weights = torch.tensor([1.0 if uniform else 1.0 / (i + 1)
+                            for i in range(max(n_adapters, 1))])
     t, out = 0.0, []
     for _ in range(args.requests):
         if math.isfinite(args.rate):

@@ -1,9 +1,10 @@
 """End-to-end engine benchmark on a synthetic S-LoRA-style trace.
 
 Trace (bench/synthetic.py `make_trace`): `--requests` requests; adapter of each request
-drawn from N adapters with Zipf(1.0) popularity; arrivals Poisson at `--rate` req/s (`inf`:
-all at t=0, offline); prompt lengths uniform in [--prompt-min, --prompt-max] tokens
-(random ids); output lengths uniform in [--output-min, --output-max] (EOS ignored). Greedy.
+drawn from N adapters with Zipf(1.0) popularity (`--popularity uniform`: uniform);
+arrivals Poisson at `--rate` req/s (`inf`: all at t=0, offline); prompt lengths uniform in
+[--prompt-min, --prompt-max] tokens (random ids); output lengths uniform in
+[--output-min, --output-max] (EOS ignored). Greedy.
 
 Systems, measured in the same run on the same trace:
   engine+lora   the engine, every request on its adapter (factors pinned in the engine's
@@ -270,6 +271,8 @@ def main() -> None:
     p.add_argument("--adapters", type=int, nargs="+", default=None)
     p.add_argument("--requests", type=int, default=32)
     p.add_argument("--rate", type=float, default=float("inf"), help="req/s; inf = offline")
+    p.add_argument("--popularity", choices=("zipf", "uniform"), default="zipf",
+                   help="adapter popularity: Zipf(1.0) or uniform")
     p.add_argument("--prompt-min", type=int, default=128)
     p.add_argument("--prompt-max", type=int, default=128)
     p.add_argument("--output-min", type=int, default=64)

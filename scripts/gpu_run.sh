@@ -11,6 +11,8 @@
 #   trace      random-weights Llama-3-8B trace, 256 requests, LoRA vs no-LoRA engine in
 #              alternating A/B rounds, median throughput ratio; 128 then 16 adapters
 #              (bench/trace.py)
+#   many       the trace with 1,000 adapters, Zipf(1.0) and uniform popularity, 1,024
+#              requests, LoRA vs no-LoRA in A/B rounds (bench/trace.py --popularity)
 #   decode     one decode step (64 requests at context 512) vs its HBM floor, 0/16/128
 #              adapters, sync and async loops (bench/decode_step.py)
 #   coldload   cold adapter load through the pool vs its H2D floor; a Zipf working set of
@@ -77,6 +79,11 @@ for s in "$@"; do
              --adapters $n --requests 256 --rate inf --prompt-min 64 --prompt-max 512 \
              --output-min 64 --output-max 128 --max-num-seqs 128 --max-batched-tokens 4096 \
              --kv-blocks 8192 --skip-hf --rounds 5 --out "$OUT/trace/n$n"; done' ;;
+    many) section many 600 bash -c 'for pop in zipf uniform; do python3 bench/trace.py \
+             --mode cuda --adapters 1000 --popularity $pop --requests 1024 --rate inf \
+             --prompt-min 64 --prompt-max 512 --output-min 64 --output-max 128 \
+             --max-num-seqs 128 --max-batched-tokens 4096 --kv-blocks 8192 --skip-hf \
+             --rounds 3 --out "$OUT/many/$pop"; done' ;;
     decode) section decode 420 python3 bench/decode_step.py --max-num-seqs 64 --prompt-max 512 \
               --adapters 16 128 --kv-blocks 4096 --steps 20 --scheduling sync async \
               --out "$OUT/decode" ;;
