@@ -1,7 +1,8 @@
 """`adapterplane agent`: the per-device daemon.
 
-Start-up: load the base model into the engine, start the engine loop, serve HTTP
-(uvicorn) and run two background threads:
+Start-up: load the base model into the engine, start the engine loop, serve HTTP (a
+front process holds the port and relays requests to this process's app over a Unix
+socket: agent/http_bridge.py) and run two background threads:
 
 * **sync**: register with the control plane (capabilities + a fresh worker epoch,
   assigned by the control plane at each registration), then long-poll desired state
@@ -42,14 +43,17 @@ re-derives its state from the control plane and re-checks every digest it reads.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import math
 import os
 import signal
+import sys
+import tempfile
 import threading
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -61,6 +65,7 @@ from agent.catalog import AgentCatalog, parse_desired_state, tenant_policy
 from agent.config import AgentSettings, command_line
 from agent.engine_factory import agent_engine
 from agent.engine_thread import EngineThread
+from agent.http_bridge import serve_bridge
 from agent.metrics import AgentMetrics
 from agent.server import ServingContext, create_agent_app
 from agent.serving import EngineLoop
@@ -403,50 +408,61 @@ class AgentDaemon:
         self.client.close()
 
     def serve(self) -> None:
-        import uvicorn
-
+        """Serve HTTP until a signal, a fence or a restart: the front process
+        (agent/http_frontend.py) holds the port and relays requests to this process's app
+        over a Unix socket (agent/http_bridge.py). SIGTERM / SIGINT drain: `/readyz`
+        turns 503 and requests in flight get `shutdown_grace_s` to finish. Raises
+        SystemExit when the front process failed on its own (e.g. the port was taken)."""
         self.start_background()
-        config = uvicorn.Config(self.app, host=self.settings.host, port=self.settings.port,
-                                log_level="info", access_log=False,
-                                timeout_graceful_shutdown=math.ceil(self.settings.shutdown_grace_s))
-        ctx = self.ctx
-
-        class Server(uvicorn.Server):
-            @contextlib.contextmanager
-            def capture_signals(self) -> Iterator[None]:
-                # uvicorn's own re-raises the signal after the drain, which would kill
-                # the process before `stop()`; a drained agent exits 0 instead
-                if threading.current_thread() is not threading.main_thread():
-                    yield
-                    return
-                signals = (signal.SIGINT, signal.SIGTERM)
-                previous = {s: signal.signal(s, self.handle_exit) for s in signals}
-                try:
-                    yield
-                finally:
-                    for s, handler in previous.items():
-                        signal.signal(s, handler)
-
-            def handle_exit(self, sig: int, frame: Any) -> None:
-                # a load balancer sees 503 on /readyz while in-flight requests finish
-                ctx.state["ready"] = False
-                log.info("signal %s: draining (at most %.0fs)", sig,
-                         config.timeout_graceful_shutdown or 0)
-                super().handle_exit(sig, frame)
-
-        server = Server(config)
-
-        def watch_fence() -> None:
-            while not self._stop.wait(0.2):
-                pass
-            server.should_exit = True
-
-        threading.Thread(target=watch_fence, daemon=True).start()
         try:
-            server.run()
+            with tempfile.TemporaryDirectory(prefix="adapterplane-agent-") as private:
+                failed = asyncio.run(self._serve_http(os.path.join(private, "http.sock")))
+            if failed is not None:
+                raise SystemExit(failed)
             self.leave()
         finally:
             self.stop()
+
+    async def _serve_http(self, socket_path: str) -> int | None:
+        """Run the bridge and the front process until the front exits; its exit status
+        when nobody asked it to stop, else None."""
+        loop = asyncio.get_running_loop()
+        bridge = await serve_bridge(self.app, socket_path)
+        grace = math.ceil(self.settings.shutdown_grace_s)
+        front = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "agent.http_frontend", "--socket", socket_path,
+            "--host", self.settings.host, "--port", str(self.settings.port),
+            "--grace", str(grace))
+        asked = False
+
+        def drain(reason: str) -> None:
+            nonlocal asked
+            if not asked:
+                asked = True
+                # a load balancer sees 503 on /readyz while in-flight requests finish
+                self.ctx.state["ready"] = False
+                log.info("%s: draining (at most %ds)", reason, grace)
+                with contextlib.suppress(ProcessLookupError):
+                    front.terminate()
+
+        in_main = threading.current_thread() is threading.main_thread()
+        if in_main:
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                loop.add_signal_handler(sig, drain, f"signal {sig.name}")
+        fence = loop.run_in_executor(None, self._stop.wait)
+        fence.add_done_callback(lambda _: drain("stopping") if front.returncode is None else None)
+        try:
+            rc = await front.wait()
+        finally:
+            self._stop.set()  # ends the fence watch
+            if in_main:
+                for sig in (signal.SIGINT, signal.SIGTERM):
+                    loop.remove_signal_handler(sig)
+            bridge.close()
+        if asked:
+            return None
+        log.error("the HTTP front process exited with status %s", rc)
+        return 1
 
 
 GIL_SWITCH_INTERVAL_S = 0.0005
@@ -463,8 +479,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     settings = command_line(AgentSettings, argv or (), "agent")
     if settings is None:
         return 0
-    import sys
-
     sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
     settings.cache_dir.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
@@ -480,8 +494,6 @@ def restart_process() -> None:
     """Replace this process with a fresh run of the same command line (same pid, same
     environment): the new process loads the base it is assigned now. Sockets are not
     inherited (Python opens them non-inheritable), so the port is free again."""
-    import sys
-
     argv = [sys.executable, *sys.orig_argv[1:]]
     log.info("re-executing: %s", " ".join(argv))
     logging.shutdown()
@@ -491,6 +503,4 @@ def restart_process() -> None:
 
 
 if __name__ == "__main__":
-    import sys
-
     raise SystemExit(main(sys.argv[1:]))

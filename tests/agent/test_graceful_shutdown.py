@@ -8,9 +8,11 @@ the process exits 0 soon after the grace, without a SIGKILL.
 
 from __future__ import annotations
 
+import os
 import signal
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -63,3 +65,27 @@ def test_sigterm_finishes_short_requests_and_aborts_the_rest_in_time(
     assert out["short"] == 200
     assert out["long"] != 200  # cut off by the grace, not run to its end
     assert out["long_at"] - sent < GRACE_S + 10
+
+
+def _children(pid: int) -> list[int]:
+    """Child processes of `pid` (any of its threads may have started them)."""
+    kids: list[int] = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        kids += [int(k) for k in (task / "children").read_text().split()]
+    return kids
+
+
+def test_the_agent_exits_non_zero_when_its_http_front_dies(
+        deployment: Deployment, tmp_path_factory: pytest.TempPathFactory) -> None:
+    """The front process holds the port; without it nothing reaches the engine, so the
+    agent stops (status 1) for its supervisor to restart it, rather than stay registered
+    and unreachable."""
+    with extra_agent(deployment, tmp_path_factory, "agent-front-killed", {}) as agent:
+        assert agent.proc is not None
+        r = httpx.get(f"{agent.url}/healthz", timeout=10)
+        assert r.status_code == 200
+        fronts = _children(agent.proc.pid)
+        assert len(fronts) == 1, fronts
+        os.kill(fronts[0], signal.SIGKILL)
+        code = agent.proc.wait(timeout=30)
+    assert code == 1, agent.tail()
