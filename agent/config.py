@@ -72,6 +72,11 @@ class AgentSettings(BaseSettings):
     adapters never shrink the 512 KV blocks into preempting running requests."""
     block_size: int = Field(default=16, ge=1)
     """Tokens per KV block (one pool page)."""
+    host_tier_mib: int = Field(default=1024, ge=1)
+    """Host memory (pinned on a GPU) for the packed images of adapters this agent loaded,
+    least recently used evicted first: an adapter evicted from its slot and loaded again
+    is copied from its image instead of packed again (its files are still read and
+    verified). An 8B rank-16 adapter on all seven projections is 84 MB."""
     max_num_seqs: int = Field(default=32, ge=1)
     """Sequences scheduled in one engine step (decode batch size)."""
     max_num_batched_tokens: int = Field(default=1024, ge=1)

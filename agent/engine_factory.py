@@ -45,7 +45,8 @@ def engine_config(settings: AgentSettings) -> EngineConfig:
                         scheduling_policy=settings.scheduling_policy,
                         enable_piecewise_graphs=settings.piecewise_graphs,
                         collection_blocks=settings.collection_blocks,
-                        collection_rank=settings.collection_rank)
+                        collection_rank=settings.collection_rank,
+                        host_tier_bytes=settings.host_tier_mib << 20)
 
 
 def engine_spec(settings: AgentSettings, faults: FaultInjector | None = None) -> EngineSpec:

@@ -346,7 +346,8 @@ def build_engine_for(args: argparse.Namespace, base: BaseModel, sample: Path,
         base, dtype=args.dtype, device=args.device, max_slots=args.slots, max_rank=args.rank,
         num_kv_blocks=pages, block_size=BLOCK_SIZE, max_num_seqs=args.max_num_seqs,
         max_num_batched_tokens=args.max_batched_tokens,
-        enable_prefix_caching=not args.no_prefix_caching))
+        enable_prefix_caching=not args.no_prefix_caching,
+        host_tier_bytes=max(1, int(args.host_mib * (1 << 20)))))
     # untimed, before the loop owns the engine: compile what the run's steps launch
     handle = engine.register_loaded_adapter(shape)
     warm = [Offer(f"warm-{i}", 0.0, a.prompt, 2, handle, "")
@@ -431,6 +432,7 @@ def summarize(args: argparse.Namespace, loop: EngineLoop, metrics: AgentMetrics,
                       for d, w in watch.longest.items() if w > args.starve_s),
                      key=lambda s: -s["longest_load_wait_s"])
     evictions = metrics.registry.get_sample_value("adapter_evictions_total") or 0.0
+    host = loop.engine.pool.host
     failed_attempts = (metrics.registry.get_sample_value(
         "adapter_load_attempts_total", {"result": "failed"}) or 0.0)
     return {
@@ -453,6 +455,10 @@ def summarize(args: argparse.Namespace, loop: EngineLoop, metrics: AgentMetrics,
         "loads_started": events.counts[LedgerEvent.ADAPTER_LOAD_STARTED],
         "loads_published": events.counts[LedgerEvent.ADAPTER_GENERATION_PUBLISHED],
         "load_attempts_failed": int(failed_attempts), "evictions": int(evictions),
+        "loads_per_s": events.counts[LedgerEvent.ADAPTER_GENERATION_PUBLISHED] / (last - start)
+        if last > start else None,
+        "host_tier_mib": args.host_mib, "host_images_packed": loop.engine.pool.images_packed,
+        "host_evictions": host.evictions, "host_images": len(host),
         "prefetch_published": events.prefetch_published,
         "load_amplification": events.load_amplification(),
         "prefetch_precision": events.prefetch_precision(),
@@ -502,6 +508,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--adapters", type=int, default=None,
                    help="published adapters (default 1000 on cuda, 200 otherwise)")
     p.add_argument("--slots", type=int, default=128, help="adapter slots (engine and loop)")
+    p.add_argument("--host-mib", type=float, default=1024.0,
+                   help="the engine's host tier of packed adapter images (the agent's "
+                   "host_tier_mib; fractions allowed)")
     p.add_argument("--rank", type=int, default=8, help="every adapter's rank (= max rank)")
     p.add_argument("--targets", nargs="+", default=["q_proj", "v_proj"], choices=ALL_LINEAR)
     p.add_argument("--tenants", type=int, default=4, help="namespaces; alias i in ns{i mod T}")

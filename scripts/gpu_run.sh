@@ -34,6 +34,9 @@
 #              (bench/sampling.py; LLAMA3_TOKENIZER=<tokenizer.json> for the grammar rows)
 #   zipf       adapter residency: Zipf(1.2) over 1,000 adapters and 128 slots through the
 #              agent's engine loop (bench/zipf_residency.py)
+#   zipf10k    10,000 registered rank-4 q adapters, Zipf(1.0), 128 slots, a 256 MiB host tier
+#              (bounded below the working set): throughput, cold loads per second, load
+#              amplification, images packed again (bench/zipf_residency.py --host-mib)
 #   http       the agent over HTTP vs its own engine.step() on one workload: 8B shape, 128
 #              rank-16 q/k/v/o adapters, 1,024 requests of 256 / 128 tokens at 256 streams,
 #              then Poisson at 80% of the engine's peak; the arms run one after the other in
@@ -120,6 +123,12 @@ for s in "$@"; do
             --rate 16 --duration-s 60 --prompt-min 64 --prompt-max 512 --output-min 64 \
             --output-max 128 --max-num-seqs 128 --max-batched-tokens 4096 --kv-blocks 8192 \
             --prefetch 32 --out "$OUT/zipf" ;;
+    zipf10k) section zipf10k 560 python3 bench/zipf_residency.py --shape llama3-8b \
+               --device cuda --dtype bfloat16 --adapters 10000 --slots 128 --rank 4 \
+               --targets q_proj --host-mib 256 --zipf 1.0 --rate 16 --duration-s 60 \
+               --prompt-min 64 --prompt-max 512 --output-min 64 --output-max 128 \
+               --max-num-seqs 128 --max-batched-tokens 4096 --kv-blocks 8192 --prefetch 32 \
+               --out "$OUT/zipf10k" ;;
     http) section http 560 bash -c 'set -e; common="--shape llama3-8b --dtype bfloat16 \
             --device cuda --adapters 128 --rank 16 --concurrency 256 --num-requests 1024 \
             --poisson-requests 512 --input-len 256 --output-len 128 --workdir /tmp/hve-work \

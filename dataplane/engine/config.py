@@ -10,6 +10,9 @@ from dataclasses import dataclass
 from dataplane.core import InvalidRequest
 from dataplane.engine.fairness import POLICIES
 
+DEFAULT_HOST_TIER_BYTES = 1 << 30
+"""`EngineConfig.host_tier_bytes` unless set: 1 GiB."""
+
 
 @dataclass(frozen=True)
 class EngineConfig:
@@ -52,6 +55,10 @@ class EngineConfig:
     async_scheduling: bool | None = None
     """Launch the next decode-only step before syncing on this one's tokens (None: on
     exactly when CUDA graphs are in use; True also runs the same control flow on CPU)."""
+    host_tier_bytes: int = DEFAULT_HOST_TIER_BYTES
+    """Host memory (pinned on CUDA) for the packed images of adapters loaded before (pool
+    page layout), least recently used evicted first: loading an adapter whose image is
+    here again copies it to the device as it is, without packing its factors again."""
     scheduling_policy: str = "fair"
     """Which waiting request is admitted first: "fair" (the priority class, then the tenant
     with the least completed service per weight, then age; engine/fairness.py) or "fcfs"
@@ -60,7 +67,7 @@ class EngineConfig:
     def __post_init__(self) -> None:
         minimum = {"max_num_seqs": 1, "max_num_batched_tokens": 1, "num_kv_blocks": 1,
                    "block_size": 1, "max_slots": 0, "max_rank": 0, "max_graph_context": 1,
-                   "collection_blocks": 0, "collection_rank": 1}
+                   "collection_blocks": 0, "collection_rank": 1, "host_tier_bytes": 1}
         for name, low in minimum.items():
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < low:

@@ -91,12 +91,12 @@ class Engine(StepLoop):
 
     def __init__(self, model: LlamaForCausalLM, config: EngineConfig, base_digest: str,
                  base_abi: BaseModelABI | None = None, tokenizer: Tokenizer | None = None,
-                 *, faults: FaultInjector | None = None,
-                 host_bytes: int | None = None) -> None:
+                 *, faults: FaultInjector | None = None) -> None:
         """`base_digest` is H_base (keys the prefix cache); `base_abi` validates PEFT dirs
         (None: only pre-loaded adapters via `register_loaded_adapter`). The unified pool
         has `num_kv_blocks` pages for KV blocks and adapter factors; `faults` injects
-        failures into its load transactions (tests); `host_bytes` caps its host tier.
+        failures into its load transactions (tests); `config.host_tier_bytes` caps its
+        host tier.
 
         A tensor-parallel rank's model (`model.tp_group` set, dataplane/parallel/
         shard_model.py) keeps its shard of every adapter in its own pool; the ranks run in
@@ -117,8 +117,7 @@ class Engine(StepLoop):
         self.pool = PoolSlots.for_model(
             model, num_pages=config.num_kv_blocks, block_size=config.block_size,
             max_slots=lora_slots, max_rank=config.max_rank, faults=faults,
-            member_slots=member_slots,
-            **({} if host_bytes is None else {"host_bytes": host_bytes}))
+            member_slots=member_slots, host_bytes=config.host_tier_bytes)
         """KV blocks and adapter factors in one device buffer (engine/pool_slots.py)."""
         self.runner = ModelRunner(model, config.num_kv_blocks, config.block_size,
                                   max_rows=max(config.max_num_batched_tokens, config.max_num_seqs),

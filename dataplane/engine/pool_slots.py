@@ -49,6 +49,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from dataplane.engine.adapters import AdapterError, AdapterHandle, LoadedAdapter
+from dataplane.engine.config import DEFAULT_HOST_TIER_BYTES
 from dataplane.engine.native_members import NativeSlots
 from dataplane.kernels.base import LoraModuleWeights
 from dataplane.layers.lora_fold_slots import FoldSlots
@@ -69,9 +70,6 @@ from dataplane.pool.unified import KV_SPARE_PAGES, UnifiedLayout, kv_cache_on, u
 
 if TYPE_CHECKING:
     from dataplane.engine.engine import Engine
-
-DEFAULT_HOST_BYTES = 1 << 30
-"""Host tier capacity (verified packed images kept for reloads)."""
 
 
 @dataclass(frozen=True)
@@ -102,7 +100,7 @@ class PoolSlots:
     """
 
     def __init__(self, model: LlamaForCausalLM, layout: UnifiedLayout, max_slots: int,
-                 max_rank: int, host_bytes: int = DEFAULT_HOST_BYTES, *, kv_growth: int = 1,
+                 max_rank: int, host_bytes: int = DEFAULT_HOST_TIER_BYTES, *, kv_growth: int = 1,
                  guard: int = 0, faults: FaultInjector | None = None,
                  member_slots: int = 0) -> None:
         self.model, self.layout = model, layout
@@ -110,6 +108,8 @@ class PoolSlots:
         self.max_rank = max_rank
         self.kv_growth, self.guard = kv_growth, guard
         self.host = HostTier(host_bytes)
+        self.images_packed = 0
+        """Loads that packed the adapter's image (the others found it in the host tier)."""
         self.pool = DevicePool(layout.geometry, layout.total_pages, max_slots, self.dtype,
                                model.embed_tokens.weight.device, host_tier=self.host,
                                faults=faults, rehash_on_load=False, full_audit=False,
@@ -215,11 +215,12 @@ class PoolSlots:
         if self.max_slots == 0 or self.max_rank == 0:
             raise AdapterError("this engine has LoRA disabled (no slots or max_rank=0)")
         self.engine.adapters.check_fits(adapter)
-        packed = self.host.peek(key)
+        packed = self.host.peek(key)  # the copy stage touches it (least recent go first)
         if packed is None:
             packed = pack_adapter(key, factors_from_modules(adapter.modules),
                                   self.layout.geometry, self.dtype)
             self.host.put(packed)
+            self.images_packed += 1
         self._make_room(key, (0 if self.pool.visible(key) else packed.num_pages)
                         + kv_pages + growth + self.guard)
         try:

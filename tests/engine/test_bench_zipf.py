@@ -27,7 +27,8 @@ KEYS = {"requests_offered", "requests_completed", "requests_failed", "failures_b
         "queue_wait_p99_ms", "queue_wait_max_ms", "lookups", "cache_hit_rate",
         "loads_started", "loads_published", "load_attempts_failed", "evictions",
         "prefetch_published", "load_amplification", "prefetch_precision",
-        "longest_load_wait_s", "starve_s", "load_starved"}
+        "longest_load_wait_s", "starve_s", "load_starved", "loads_per_s", "host_tier_mib",
+        "host_images_packed", "host_evictions", "host_images"}
 
 
 def bench(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
@@ -38,7 +39,8 @@ def bench(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
 
 
 def test_zipf_residency_accounts_for_every_request_and_load(tmp_path: Path) -> None:
-    done = bench(tmp_path, *TINY, "--starve-s", "30")
+    # a host tier of 0.02 MiB holds a few of the tiny adapters' images, not all of them
+    done = bench(tmp_path, *TINY, "--starve-s", "30", "--host-mib", "0.02")
     assert done.returncode == 0, done.stdout + done.stderr
     saved = json.loads((tmp_path / "out" / "zipf_residency.json").read_text())
     r: dict[str, Any] = saved["results"]
@@ -65,6 +67,10 @@ def test_zipf_residency_accounts_for_every_request_and_load(tmp_path: Path) -> N
     assert r["load_amplification"] >= 1.0
     assert r["output_tokens"] > 0 and r["queue_wait_max_ms"] >= r["queue_wait_p99_ms"]
     assert r["load_starved"] == [] and r["longest_load_wait_s"] <= r["starve_s"]
+    # a load packs its image unless the host tier kept it; the tier kept only a few
+    assert 0 < r["host_images_packed"] <= r["loads_started"] + 1  # + the warm-up's
+    assert r["host_evictions"] > 0 and r["host_images"] < r["distinct_adapters_requested"]
+    assert r["host_images_packed"] - r["host_evictions"] == r["host_images"]
 
 
 def test_an_open_ended_burst_is_refused(tmp_path: Path) -> None:
