@@ -12,8 +12,9 @@
 #              alternating A/B rounds, median throughput ratio; 128 then 16 adapters
 #              (bench/trace.py)
 #   many       the trace with 1,000 adapters, 1,024 requests, LoRA vs no-LoRA in A/B rounds,
-#              for each popularity:policy in MANY_RUNS (default: Zipf(1.0) under the agent's
-#              fair policy and under fcfs, uniform under fair; bench/trace.py --popularity)
+#              for each popularity:policy:fold in MANY_RUNS (default: Zipf(1.0) at the agent's
+#              defaults, fair and the fold cost model; Zipf under fcfs, fold off: the same
+#              plans in both arms; uniform at the defaults; bench/trace.py --popularity)
 #   decode     one decode step (64 requests at context 512) vs its HBM floor, 0/16/128
 #              adapters, sync and async loops (bench/decode_step.py)
 #   coldload   cold adapter load through the pool vs its H2D floor; a Zipf working set of
@@ -84,11 +85,13 @@ for s in "$@"; do
              --adapters $n --requests 256 --rate inf --prompt-min 64 --prompt-max 512 \
              --output-min 64 --output-max 128 --max-num-seqs 128 --max-batched-tokens 4096 \
              --kv-blocks 8192 --skip-hf --rounds 5 --out "$OUT/trace/n$n"; done' ;;
-    many) section many 600 bash -c 'for run in ${MANY_RUNS:-zipf:fair zipf:fcfs uniform:fair}; do
-             python3 bench/trace.py --mode cuda --adapters 1000 --popularity ${run%%:*} \
-             --policy ${run##*:} --requests 1024 --rate inf --prompt-min 64 --prompt-max 512 \
-             --output-min 64 --output-max 128 --max-num-seqs 128 --max-batched-tokens 4096 \
-             --kv-blocks 8192 --skip-hf --rounds 3 --out "$OUT/many/${run/:/-}"; done' ;;
+    many) section many 600 bash -c 'for run in ${MANY_RUNS:-zipf:fair:auto zipf:fcfs:off uniform:fair:auto}; do
+             IFS=: read -r pop policy fold <<< "$run"
+             python3 bench/trace.py --mode cuda --adapters 1000 --popularity $pop \
+             --policy $policy --fold ${fold:-off} --requests 1024 --rate inf --prompt-min 64 \
+             --prompt-max 512 --output-min 64 --output-max 128 --max-num-seqs 128 \
+             --max-batched-tokens 4096 --kv-blocks 8192 --skip-hf --rounds 3 \
+             --out "$OUT/many/${run//:/-}"; done' ;;
     decode) section decode 420 python3 bench/decode_step.py --max-num-seqs 64 --prompt-max 512 \
               --adapters 16 128 --kv-blocks 4096 --steps 20 --scheduling sync async \
               --out "$OUT/decode" ;;
