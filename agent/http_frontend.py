@@ -18,20 +18,7 @@ import os
 from collections.abc import Awaitable, Callable, MutableMapping, Sequence
 from typing import Any
 
-from agent.bridge_frames import (
-    BODY_END,
-    BODY_MORE,
-    CHUNK_END,
-    CHUNK_MORE,
-    DISCONNECT,
-    RECEIVE,
-    REQUEST,
-    START,
-    FrameReader,
-    decode_start,
-    encode_scope,
-    frame,
-)
+from agent import bridge_frames as bf
 
 log = logging.getLogger("adapterplane.agent.http_frontend")
 
@@ -48,7 +35,7 @@ class _Link(asyncio.Protocol):
 
     def __init__(self, relay: Relay) -> None:
         self.relay = relay
-        self.frames = FrameReader()
+        self.frames = bf.FrameReader()
 
     def data_received(self, data: bytes) -> None:
         queues = self.relay.queues
@@ -92,7 +79,7 @@ class Relay:
 
     def _write(self, sid: int, kind: int, payload: bytes = b"") -> None:
         assert self.transport is not None
-        self.transport.write(frame(sid, kind, payload))
+        self.transport.write(bf.frame(sid, kind, payload))
 
     async def __call__(self, scope: Message, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":
@@ -104,20 +91,20 @@ class Relay:
         sid = self._next
         queue: asyncio.Queue[tuple[int, bytes]] = asyncio.Queue()
         self.queues[sid] = queue
-        self._write(sid, REQUEST, encode_scope(scope))
+        self._write(sid, bf.REQUEST, bf.encode_scope(scope))
         pump: asyncio.Task[None] | None = None
         complete = False
         try:
             while True:
                 kind, payload = await queue.get()
-                if kind == RECEIVE:  # in order: each answer after the one before
+                if kind == bf.RECEIVE:  # in order: each answer after the one before
                     pump = asyncio.create_task(self._answer(sid, receive, pump))
-                elif kind == START:
-                    await send(decode_start(payload))
-                elif kind in (CHUNK_MORE, CHUNK_END):
+                elif kind == bf.START:
+                    await send(bf.decode_start(payload))
+                elif kind in (bf.CHUNK_MORE, bf.CHUNK_END):
                     await send({"type": "http.response.body", "body": payload,
-                                "more_body": kind == CHUNK_MORE})
-                    if kind == CHUNK_END:
+                                "more_body": kind == bf.CHUNK_MORE})
+                    if kind == bf.CHUNK_END:
                         complete = True
                         return
         finally:
@@ -125,7 +112,7 @@ class Relay:
             if pump is not None:
                 pump.cancel()
             if not complete:  # cancelled (the server stops): the engine stops too
-                self._write(sid, DISCONNECT)
+                self._write(sid, bf.DISCONNECT)
 
     async def _answer(self, sid: int, receive: Receive,
                       before: asyncio.Task[None] | None) -> None:
@@ -134,9 +121,9 @@ class Relay:
         message = await receive()
         if message["type"] == "http.request":
             more = bool(message.get("more_body", False))
-            self._write(sid, BODY_MORE if more else BODY_END, bytes(message.get("body", b"")))
+            self._write(sid, bf.BODY_MORE if more else bf.BODY_END, bytes(message.get("body", b"")))
         else:
-            self._write(sid, DISCONNECT)
+            self._write(sid, bf.DISCONNECT)
 
     async def _lifespan(self, receive: Receive, send: Send) -> None:
         while True:
