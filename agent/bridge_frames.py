@@ -9,6 +9,13 @@ the request body, answering a RECEIVE), DISCONNECT (the client is gone, answerin
 RECEIVE or unasked when the front gives the request up).
 Engine -> front: RECEIVE (the app awaits the next request message), START (status and
 headers, JSON), CHUNK_MORE / CHUNK_END (a piece of the response body; END completes it).
+
+A streamed answer's body is rendered by the front (agent/sse_chunks.py): after START,
+STREAM_OPEN (the stream's spec, JSON), then its token records inside TOKENS frames, then
+STREAM_END (`{"usage": ...}`, `{}` or `{"error": ...}`; it completes the response). A
+TOKENS frame carries stream 0 and the records of many streams, each record led by its
+stream id (JSON `[[sid, index, text, ids, finish, logprobs], ...]`): the records of one
+event-loop iteration are one frame.
 """
 
 from __future__ import annotations
@@ -23,6 +30,7 @@ HEADER = struct.Struct("!IIB")
 
 REQUEST, BODY_MORE, BODY_END, DISCONNECT = 1, 2, 3, 4
 RECEIVE, START, CHUNK_MORE, CHUNK_END = 11, 12, 13, 14
+STREAM_OPEN, TOKENS, STREAM_END = 15, 16, 17
 MAX_PAYLOAD = 1 << 30
 
 

@@ -12,11 +12,16 @@ ASGI semantics are kept end to end: the app's `receive()` asks the front for the
 request message (so a request body is read only when the app reads it, after
 authentication), and a client that goes away is an `http.disconnect` the app sees as it
 would under any ASGI server.
+
+Streamed answers go further: the scope's `TOKEN_PIPE` extension lets the app hand a
+stream's token records to the front, which renders the SSE chunks (agent/sse_chunks.py);
+the records of one loop iteration, of every stream, leave as one TOKENS frame.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any, cast
@@ -30,6 +35,9 @@ from agent.bridge_frames import (
     RECEIVE,
     REQUEST,
     START,
+    STREAM_END,
+    STREAM_OPEN,
+    TOKENS,
     FrameReader,
     decode_scope,
     encode_start,
@@ -43,6 +51,8 @@ ASGIApp = Callable[[Message, Callable[[], Awaitable[Message]],
                     Callable[[Message], Awaitable[None]]], Awaitable[None]]
 DISCONNECTED: Message = {"type": "http.disconnect"}
 _ERROR_BODY = b"Internal Server Error"
+TOKEN_PIPE = "adapterplane.token_pipe"
+"""The scope extension holding the request's :class:`TokenPipe`."""
 
 
 class _Stream:
@@ -55,6 +65,34 @@ class _Stream:
         self.task: asyncio.Task[None] | None = None
 
 
+class TokenPipe:
+    """One streamed answer's way to the front's chunk renderer: `open` (after the
+    response start) with the stream's spec, a record per sample output, `end` once.
+
+    The pipe writes beside the app's `send`, so the response start must have reached the
+    bridge first: pure ASGI middleware only (a BaseHTTPMiddleware holds the start back
+    and `open` refuses)."""
+
+    __slots__ = ("_bridge", "_sid", "_stream")
+
+    def __init__(self, bridge: BridgeProtocol, sid: int, stream: _Stream) -> None:
+        self._bridge, self._sid, self._stream = bridge, sid, stream
+
+    def open(self, spec: dict[str, Any]) -> None:
+        if not self._stream.started:
+            raise RuntimeError("a token stream opens after its response start was sent")
+        self._bridge._write(self._sid, STREAM_OPEN, json.dumps(spec).encode())
+
+    def tokens(self, record: list[Any]) -> None:
+        if not self._stream.disconnected:
+            self._bridge._record(self._sid, record)
+
+    def end(self, final: dict[str, Any]) -> None:
+        if not self._stream.disconnected:
+            self._bridge._write(self._sid, STREAM_END,
+                                json.dumps(final, default=str).encode())
+
+
 class BridgeProtocol(asyncio.Protocol):
     """One front process's connection; a task per request runs `app`."""
 
@@ -65,6 +103,8 @@ class BridgeProtocol(asyncio.Protocol):
         self.streams: dict[int, _Stream] = {}
         self.transport: asyncio.Transport | None = None
         self._out = bytearray()
+        self._records: list[list[Any]] = []
+        """Token records not yet framed (each led by its stream id)."""
         self._flush_due = False
         self._paused: asyncio.Future[None] | None = None
 
@@ -108,13 +148,27 @@ class BridgeProtocol(asyncio.Protocol):
 
     # ---- frames out: one write per event-loop iteration ----------------------------------
     def _write(self, sid: int, kind: int, payload: bytes = b"") -> None:
+        self._frame_records()  # frames stay in the order they were written
         self._out += frame(sid, kind, payload)
+        self._schedule()
+
+    def _record(self, sid: int, record: list[Any]) -> None:
+        self._records.append([sid, *record])
+        self._schedule()
+
+    def _frame_records(self) -> None:
+        if self._records:
+            self._out += frame(0, TOKENS, json.dumps(self._records).encode())
+            self._records = []
+
+    def _schedule(self) -> None:
         if not self._flush_due:
             self._flush_due = True
             self.loop.call_soon(self._flush)
 
     def _flush(self) -> None:
         self._flush_due = False
+        self._frame_records()
         if self.transport is not None and not self.transport.is_closing():
             self.transport.write(bytes(self._out))
         self._out.clear()
@@ -143,6 +197,7 @@ class BridgeProtocol(asyncio.Protocol):
             if self._paused is not None:
                 await asyncio.shield(self._paused)
 
+        scope["extensions"] = {TOKEN_PIPE: TokenPipe(self, sid, stream)}
         try:
             await self.app(scope, receive, send)
         except Exception:  # an ASGI server answers the app's failure, as uvicorn does

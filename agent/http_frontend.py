@@ -1,6 +1,7 @@
 """The agent's HTTP front process: terminates client connections (uvicorn) and relays
 each request's ASGI messages to the engine process over the bridge socket
-(agent/http_bridge.py explains why; agent/bridge_frames.py the frames).
+(agent/http_bridge.py explains why; agent/bridge_frames.py the frames), and renders
+streamed answers' SSE chunks from the engine's token records (agent/sse_chunks.py).
 
 Started by the agent daemon (`python -m agent.http_frontend --socket PATH --host H --port
 P --grace S`); it imports no engine code and holds no state of its own. SIGTERM drains it
@@ -13,12 +14,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import logging
 import os
 from collections.abc import Awaitable, Callable, MutableMapping, Sequence
 from typing import Any
 
 from agent import bridge_frames as bf
+from agent.sse_chunks import ChunkWriter
 
 log = logging.getLogger("adapterplane.agent.http_frontend")
 
@@ -28,6 +31,10 @@ Send = Callable[[Message], Awaitable[None]]
 EXIT_ENGINE_GONE = 3
 """Exit status when the engine process's end of the bridge closed under the front."""
 CONNECT_TIMEOUT_S = 30.0
+
+
+def _body(data: bytes, more: bool) -> Message:
+    return {"type": "http.response.body", "body": data, "more_body": more}
 
 
 class _Link(asyncio.Protocol):
@@ -40,6 +47,12 @@ class _Link(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         queues = self.relay.queues
         for sid, kind, payload in self.frames.feed(data):
+            if kind == bf.TOKENS:  # records of many streams, each led by its stream id
+                for record in json.loads(payload):
+                    queue = queues.get(record[0])
+                    if queue is not None:
+                        queue.put_nowait((kind, record))
+                continue
             queue = queues.get(sid)
             if queue is not None:
                 queue.put_nowait((kind, payload))
@@ -57,7 +70,8 @@ class Relay:
 
     def __init__(self, socket_path: str) -> None:
         self.socket_path = socket_path
-        self.queues: dict[int, asyncio.Queue[tuple[int, bytes]]] = {}
+        self.queues: dict[int, asyncio.Queue[tuple[int, Any]]] = {}
+        """Stream id -> its frames (kind, payload bytes; a TOKENS record: its list)."""
         self.transport: asyncio.Transport | None = None
         self.closing = False
         self._next = 0
@@ -89,24 +103,45 @@ class Relay:
             return
         self._next += 1
         sid = self._next
-        queue: asyncio.Queue[tuple[int, bytes]] = asyncio.Queue()
+        queue: asyncio.Queue[tuple[int, Any]] = asyncio.Queue()
         self.queues[sid] = queue
         self._write(sid, bf.REQUEST, bf.encode_scope(scope))
         pump: asyncio.Task[None] | None = None
         complete = False
+        writer: ChunkWriter | None = None
         try:
-            while True:
-                kind, payload = await queue.get()
-                if kind == bf.RECEIVE:  # in order: each answer after the one before
-                    pump = asyncio.create_task(self._answer(sid, receive, pump))
-                elif kind == bf.START:
-                    await send(bf.decode_start(payload))
-                elif kind in (bf.CHUNK_MORE, bf.CHUNK_END):
-                    await send({"type": "http.response.body", "body": payload,
-                                "more_body": kind == bf.CHUNK_MORE})
-                    if kind == bf.CHUNK_END:
+            while not complete:
+                frames = [await queue.get()]
+                while not queue.empty():  # what else arrived: token records go out as one
+                    frames.append(queue.get_nowait())
+                rendered: list[bytes] = []
+                for kind, payload in frames:
+                    if kind == bf.TOKENS and writer is not None:
+                        rendered.append(writer.tokens(payload[1:]))
+                        continue
+                    if rendered:
+                        await send(_body(b"".join(rendered), True))
+                        rendered = []
+                    if kind == bf.RECEIVE:  # in order: each answer after the one before
+                        pump = asyncio.create_task(self._answer(sid, receive, pump))
+                    elif kind == bf.DISCONNECT:  # the client went away (the engine knows)
                         complete = True
-                        return
+                        break
+                    elif kind == bf.START:
+                        await send(bf.decode_start(payload))
+                    elif kind == bf.STREAM_OPEN:
+                        writer = ChunkWriter(json.loads(payload))
+                    elif kind == bf.STREAM_END and writer is not None:
+                        await send(_body(writer.end(json.loads(payload)), False))
+                        complete = True
+                        break
+                    elif kind in (bf.CHUNK_MORE, bf.CHUNK_END):
+                        await send(_body(payload, kind == bf.CHUNK_MORE))
+                        if kind == bf.CHUNK_END:
+                            complete = True
+                            break
+                if rendered:
+                    await send(_body(b"".join(rendered), True))
         finally:
             self.queues.pop(sid, None)
             if pump is not None:
@@ -124,6 +159,9 @@ class Relay:
             self._write(sid, bf.BODY_MORE if more else bf.BODY_END, bytes(message.get("body", b"")))
         else:
             self._write(sid, bf.DISCONNECT)
+            queue = self.queues.get(sid)
+            if queue is not None:  # and this request's relay ends
+                queue.put_nowait((bf.DISCONNECT, b""))
 
     async def _lifespan(self, receive: Receive, send: Send) -> None:
         while True:

@@ -14,19 +14,25 @@ import asyncio
 import contextlib
 import threading
 from collections import deque
-from typing import Any
+from typing import Any, Protocol
+
+
+class Receiver(Protocol):
+    """What a mailbox delivers to (an asyncio.Queue, agent/openai_stream.py's Inbox)."""
+
+    def put_nowait(self, item: Any, /) -> None: ...
 
 
 class Mailbox:
-    """Thread-safe hand-off of `(queue, item)` pairs into one asyncio loop."""
+    """Thread-safe hand-off of `(receiver, item)` pairs into one asyncio loop."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self.loop = loop
-        self._items: deque[tuple[asyncio.Queue[Any], Any]] = deque()
+        self._items: deque[tuple[Receiver, Any]] = deque()
         self._lock = threading.Lock()
         self._scheduled = False
 
-    def post(self, queue: asyncio.Queue[Any], item: Any) -> None:
+    def post(self, queue: Receiver, item: Any) -> None:
         """Deliver `item` to `queue` soon (any thread); at most one drain is pending."""
         with self._lock:
             self._items.append((queue, item))

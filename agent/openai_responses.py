@@ -1,4 +1,5 @@
-"""OpenAI response bodies: full completions, streaming chunks, and the SSE generator.
+"""OpenAI response bodies: full completions, and a streamed sample's token records
+(agent/openai_stream.py streams them; the front renders them, agent/sse_chunks.py).
 
 Every body carries `adapterplane: {namespace, alias, generation, artifact_digest}` (null
 for the base model) and each choice carries the `token_ids` it produced, so clients can
@@ -7,16 +8,10 @@ tell exactly what a response ran on.
 
 from __future__ import annotations
 
-import asyncio
-import json
-from collections.abc import AsyncIterator, Callable, Sequence
-from dataclasses import dataclass, field, replace
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
-from agent.catalog import ServingError
-from agent.openai_choices import Child
-from agent.openai_errors import error_body
-from agent.serving import EngineLoop, Event
 from dataplane.engine.engine import RequestOutput
 from dataplane.engine.request_output import TokenLogprobs
 
@@ -50,8 +45,6 @@ class Answer:
     show_logprobs: bool = True
     """False: the request asked for none (samples ranked by best_of compute them anyway)."""
     echo: Echo | None = None
-    _heads: dict[str, bytes] = field(default_factory=dict, repr=False)
-    """`object` -> the encoded head less its closing brace (chunks of a stream share it)."""
 
     def logprobs(self, lps: Sequence[TokenLogprobs] | None,
                  prompt: tuple[Sequence[int], Sequence[TokenLogprobs]] | None = None
@@ -147,34 +140,18 @@ class Answer:
         return {**self.head(self.kind),
                 "choices": [self.choice(i, out, p) for i, p, out in choices], "usage": usage}
 
-    def sse_chunk(self, obj: str, choices: Sequence[dict[str, Any]],
-                  usage: dict[str, Any] | None = None) -> bytes:
-        """One streamed chunk as a server-sent event: the head (encoded once per stream),
-        `choices`, and `usage` when given."""
-        head = self._heads.get(obj)
-        if head is None:
-            head = self._heads[obj] = json.dumps(self.head(obj)).encode()[:-1]
-        tail = {"choices": choices} if usage is None else {"choices": choices, "usage": usage}
-        return b"data: " + head + b"," + json.dumps(tail).encode()[1:] + b"\n\n"
-
-    def chunk(self, index: int, out: RequestOutput, first: bool,
-              prompt_index: int = 0) -> bytes:
-        """A sample's new tokens as one streamed chunk (`sse_chunk`)."""
+    def record(self, index: int, out: RequestOutput, first: bool,
+               prompt_index: int = 0) -> list[Any]:
+        """A sample's new tokens as a token record for the front's chunk renderer
+        (agent/sse_chunks.py): choice index, text, token ids, finish reason, logprobs."""
         finish = out.finish_reason if out.finished else None
         new = None if out.logprobs is None else out.logprobs[
             len(out.logprobs) - len(out.new_token_ids):]
-        if not self.is_chat:
-            text, ids, lps = self._completion(out.new_text, out.new_token_ids, new)
-            head, prompt = self._echoed(prompt_index, out, first)
-            return self.sse_chunk("text_completion", [{
-                "index": index, "text": head + text, "finish_reason": finish,
-                "logprobs": self.logprobs(lps, prompt), "token_ids": list(ids)}])
-        delta: dict[str, Any] = {"content": out.new_text}
-        if first:
-            delta["role"] = "assistant"
-        return self.sse_chunk("chat.completion.chunk", [{
-            "index": index, "delta": delta, "finish_reason": finish,
-            "logprobs": self.logprobs(new), "token_ids": list(out.new_token_ids)}])
+        if self.is_chat:
+            return [index, out.new_text, out.new_token_ids, finish, self.logprobs(new)]
+        text, ids, lps = self._completion(out.new_text, out.new_token_ids, new)
+        head, prompt = self._echoed(prompt_index, out, first)
+        return [index, head + text, ids, finish, self.logprobs(lps, prompt)]
 
 
 def _by_text(top: Sequence[tuple[int, float]], text: Callable[[int], str]) -> dict[str, float]:
@@ -184,65 +161,3 @@ def _by_text(top: Sequence[tuple[int, float]], text: Callable[[int], str]) -> di
     for token_id, value in top:
         out.setdefault(text(token_id), value)
     return out
-
-
-def sse(data: str) -> bytes:
-    """One server-sent event carrying `data` (a JSON document or `[DONE]`)."""
-    return b"data: " + data.encode() + b"\n\n"
-
-
-def coalesce(first: RequestOutput, later: RequestOutput) -> RequestOutput:
-    """`later` reporting the new tokens of both outputs of one sample (consecutive)."""
-    return replace(later, new_token_ids=first.new_token_ids + later.new_token_ids,
-                   new_text=first.new_text + later.new_text)
-
-
-async def stream_events(loop: EngineLoop, answer: Answer, kids: Sequence[Child],
-                        n: int, started: Sequence[tuple[int, Event]],
-                        events: asyncio.Queue[tuple[int, Event]], include_usage: bool
-                        ) -> AsyncIterator[bytes]:
-    """SSE events of one request's samples (`kids`, every one returned): a chunk per
-    engine output with the sample's choice index, optional usage, [DONE]. `started` are
-    the events already received. Outputs of one sample that arrived while the previous
-    chunk was being sent go out as one chunk (a server behind its engine sends fewer,
-    larger chunks instead of falling further behind). A client that goes away aborts
-    every sample."""
-    finals: dict[int, RequestOutput] = {}
-    seen: set[int] = set()
-    backlog = list(started)
-    try:
-        while len(finals) < len(kids):
-            k, event = backlog.pop(0) if backlog else await events.get()
-            if isinstance(event, ServingError):
-                yield sse(json.dumps(error_body(event.status, event.code, event.message,
-                                                detail=event.detail), default=str))
-                return
-            kid = kids[k]
-            while not event.finished:  # take what else is here for this sample
-                while not events.empty():
-                    backlog.append(events.get_nowait())
-                at = next((i for i, (j, _) in enumerate(backlog) if j == k), None)
-                if at is None or not isinstance(later := backlog[at][1], RequestOutput):
-                    break
-                del backlog[at]
-                if answer.echo is not None and kid.sample == 0:
-                    answer.echo.learn(kid.prompt_index, event)
-                event = coalesce(event, later)
-            if answer.echo is not None and kid.sample == 0:
-                answer.echo.learn(kid.prompt_index, event)
-            yield answer.chunk(kid.prompt_index * n + kid.sample, event, k not in seen,
-                               kid.prompt_index)
-            seen.add(k)
-            if event.finished:
-                finals[k] = event
-        if include_usage:
-            obj = "chat.completion.chunk" if answer.is_chat else "text_completion"
-            firsts = [finals[k] for k, kid in enumerate(kids) if kid.sample == 0]
-            generated = () if answer.echo is not None and answer.echo.drop_completion else (
-                list(finals.values()))
-            yield answer.sse_chunk(obj, [], Answer.usage(firsts, generated))
-        yield sse("[DONE]")
-    finally:  # a failed sample, or a client gone: no sample keeps generating
-        for k, kid in enumerate(kids):
-            if k not in finals:
-                loop.abort(kid.request_id)

@@ -25,7 +25,7 @@ from typing import Any
 
 from fastapi import FastAPI, Query, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from agent.auth_gate import AuthGate
@@ -46,8 +46,9 @@ from agent.mailbox import Mailbox
 from agent.metrics import AgentMetrics
 from agent.openai_choices import children, returned
 from agent.openai_errors import ERROR_RESPONSES, error_body, error_response
-from agent.openai_responses import Answer, Echo, stream_events
+from agent.openai_responses import Answer, Echo
 from agent.openai_schemas import ChatCompletionRequest, CompletionRequest
+from agent.openai_stream import Inbox, TokenStream
 from agent.serving import BadPrompt, EngineLoop, Event, Ticket
 from agent.sync import ControlPlaneClient
 from agent.tickets import BadResponseFormat, NotInvoked, UnsupportedParameter
@@ -63,8 +64,6 @@ READY: dict[str, Any] = {"type": "object", "required": ["status"],
 """Body of `/readyz`: ready (200), not ready yet or shutting down, or draining (503)."""
 DISCONNECT_POLL_S = 0.25
 """How often a waiting non-streaming request checks that its client is still there."""
-SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
-"""Streamed answers are never cached, and proxies must not buffer them."""
 
 
 @dataclass
@@ -333,14 +332,15 @@ async def _serve(ctx: ServingContext, request: Request, model: str,
         raise
     except EngineError as exc:
         raise BadPrompt(str(exc), code=exc.code) from exc
-    events: asyncio.Queue[tuple[int, Event]] = asyncio.Queue()
+    inbox = Inbox()
+    events = inbox.queue
     mailbox = ctx.mailbox_for(asyncio.get_running_loop())
     request_id = f"{'chatcmpl' if kind != 'text_completion' else 'cmpl'}-{uuid.uuid4().hex}"
     kids = children(request_id, prompts, params, body.samples, body.samples > body.n)
 
     def sink(k: int) -> Callable[[Event], None]:
         def put(event: Event) -> None:
-            mailbox.post(events, (k, event))
+            mailbox.post(inbox, (k, event))
         return put
 
     def abort_all() -> None:
@@ -372,9 +372,7 @@ async def _serve(ctx: ServingContext, request: Request, model: str,
                     echo=_echo(ctx, body, prompts))
     if body.stream:
         include_usage = bool((body.stream_options or {}).get("include_usage"))
-        return StreamingResponse(stream_events(ctx.loop, answer, kids, body.n, started,
-                                               events, include_usage),
-                                 media_type="text/event-stream", headers=SSE_HEADERS)
+        return TokenStream(ctx.loop, answer, kids, body.n, started, inbox, include_usage)
     finals: dict[str, RequestOutput] = {}
     backlog = list(started)
     try:

@@ -1,10 +1,13 @@
 """The HTTP bridge: a real front process (`python -m agent.http_frontend`, uvicorn) relays
 real HTTP requests to an ASGI app served by `BridgeProtocol` on a Unix socket (as
-`serve_bridge` serves it, the connections kept so a test can close them)."""
+`serve_bridge` serves it, the connections kept so a test can close them), and renders
+the SSE chunks of streams the app hands it as token records (the expected events are
+written out here in OpenAI's chunk format)."""
 
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 import subprocess
@@ -20,12 +23,27 @@ import httpx
 import pytest
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.types import Receive, Scope, Send
 
-from agent.http_bridge import BridgeProtocol
+from agent.http_bridge import TOKEN_PIPE, BridgeProtocol
 from agent.http_frontend import EXIT_ENGINE_GONE
 from tests.conftest import free_port
 
 REPO = Path(__file__).resolve().parents[2]
+
+
+class Gate:
+    """Authentication before the body, as pure ASGI middleware (as the agent's)."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and (b"authorization", b"Bearer ok") not in scope["headers"]:
+            await JSONResponse({"error": "unauthenticated"}, status_code=401)(
+                scope, receive, send)
+            return
+        await self.app(scope, receive, send)
 
 
 class Seen:
@@ -37,12 +55,7 @@ class Seen:
 
 def make_app(seen: Seen) -> FastAPI:
     app = FastAPI()
-
-    @app.middleware("http")
-    async def gate(request: Request, call_next: Any) -> Response:
-        if request.headers.get("authorization") != "Bearer ok":
-            return JSONResponse({"error": "unauthenticated"}, status_code=401)
-        return await call_next(request)
+    app.add_middleware(Gate)
 
     @app.get("/hello")
     async def hello(request: Request) -> Response:
@@ -89,7 +102,83 @@ def make_app(seen: Seen) -> FastAPI:
     async def boom() -> Response:
         raise RuntimeError("the app failed")
 
+    @app.get("/tokens")
+    async def tokens(chat: bool = False, tag: str = "", end: str = "usage") -> Response:
+        return TokenRecords(chat, tag, end)
+
     return app
+
+
+def head(chat: bool) -> dict[str, Any]:
+    return {"id": "x-1", "object": "chat.completion.chunk" if chat else "text_completion",
+            "created": 7, "model": "m", "adapterplane": {"alias": "a", "generation": 2}}
+
+
+def batches(tag: str) -> list[list[list[Any]]]:
+    """Token records by event-loop iteration (two choices; a batch's records share a
+    frame): [index, text, token ids, finish reason, logprobs]."""
+    return [[[0, f"{tag}hé", [5, 6], None, None], [1, f"{tag}b", [7], None, None]],
+            [[0, " ✓", [8], None, {"content": [{"token": " ✓", "logprob": -0.5}]}]],
+            [[1, "", [9], "length", None], [0, "!", [2], "stop", None]]]
+
+
+USAGE = {"prompt_tokens": 3, "completion_tokens": 5, "total_tokens": 8}
+
+
+class TokenRecords(Response):
+    """A stream handed to the front as token records (as agent/openai_stream.py does)."""
+
+    def __init__(self, chat: bool, tag: str, end: str) -> None:
+        self.chat, self.tag, self.end = chat, tag, end
+        self.background = None
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        pipe = scope["extensions"][TOKEN_PIPE]
+        await send({"type": "http.response.start", "status": 200,
+                    "headers": [(b"content-type", b"text/event-stream; charset=utf-8")]})
+        pipe.open({"head": head(self.chat), "chat": self.chat})
+        for batch in batches(self.tag):
+            for record in batch:
+                pipe.tokens(record)
+            await asyncio.sleep(0.005)
+        if self.end == "error":
+            pipe.end({"error": {"error": {"message": "it failed", "code": "BOOM"}}})
+        else:
+            pipe.end({"usage": USAGE} if self.end == "usage" else {})
+
+
+def expected_events(chat: bool, tag: str, end: str) -> list[Any]:
+    """The SSE events a client must read, in OpenAI's chunk format."""
+    events: list[Any] = []
+    roles: set[int] = set()
+    for batch in batches(tag):
+        for index, text, ids, finish, logprobs in batch:
+            if chat:
+                delta: dict[str, Any] = {"content": text}
+                if index not in roles:
+                    roles.add(index)
+                    delta["role"] = "assistant"
+                choice = {"index": index, "delta": delta, "finish_reason": finish,
+                          "logprobs": logprobs, "token_ids": ids}
+            else:
+                choice = {"index": index, "text": text, "finish_reason": finish,
+                          "logprobs": logprobs, "token_ids": ids}
+            events.append({**head(chat), "choices": [choice]})
+    if end == "error":
+        return [*events, {"error": {"message": "it failed", "code": "BOOM"}}]
+    if end == "usage":
+        events.append({**head(chat), "choices": [], "usage": USAGE})
+    return [*events, "[DONE]"]
+
+
+def read_events(text: str) -> list[Any]:
+    assert text.endswith("\n\n")
+    out: list[Any] = []
+    for event in text.split("\n\n")[:-1]:
+        assert event.startswith("data: ")
+        data = event[len("data: "):]
+        out.append(data if data == "[DONE]" else json.loads(data))
+    return out
 
 
 class Bridge:
@@ -223,3 +312,26 @@ def test_sigterm_lets_the_stream_in_flight_finish(bridge: Bridge, seen: Seen) ->
 def test_the_front_exits_when_the_engine_end_closes(bridge: Bridge, seen: Seen) -> None:
     bridge.close_engine_end()
     assert bridge.front.wait(10) == EXIT_ENGINE_GONE
+
+
+@pytest.mark.parametrize("chat", [True, False])
+@pytest.mark.parametrize("end", ["usage", "plain", "error"])
+def test_the_front_renders_a_streams_token_records(bridge: Bridge, chat: bool,
+                                                   end: str) -> None:
+    r = httpx.get(bridge.url + "/tokens", params={"chat": chat, "end": end}, headers=AUTH)
+    assert r.status_code == 200
+    assert r.headers["content-type"] == "text/event-stream; charset=utf-8"
+    assert read_events(r.text) == expected_events(chat, "", end)
+    assert list(json.loads(r.text.split("\n\n")[0][6:])) == [  # OpenAI's key order
+        "id", "object", "created", "model", "adapterplane", "choices"]
+
+
+def test_concurrent_token_streams_each_get_their_own_records(bridge: Bridge) -> None:
+    async def many() -> list[str]:
+        async with httpx.AsyncClient(base_url=bridge.url, headers=AUTH) as client:
+            async def one(i: int) -> str:
+                r = await client.get("/tokens", params={"chat": True, "tag": f"s{i}:"})
+                return r.text
+            return list(await asyncio.gather(*(one(i) for i in range(32))))
+    for i, text in enumerate(asyncio.run(many())):
+        assert read_events(text) == expected_events(True, f"s{i}:", "usage")
