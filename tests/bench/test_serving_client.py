@@ -2,8 +2,8 @@
 agent on a tiny random Llama with two published adapters (`bench.load_profile.seed`).
 
 The client must count what the server did: every request yields exactly `output_len`
-tokens (in at most that many streamed chunks: the agent coalesces tokens a stream's
-writer had not sent yet), TTFT comes before the end, the JSON result has the
+tokens (in at most that many streamed chunks: one per engine output of the sample,
+which may carry more than one token), TTFT comes before the end, the JSON result has the
 documented shape, greedy tokens repeat run to run, errors are counted by status and code,
 and constant arrivals are spaced by 1 / rate.
 """
