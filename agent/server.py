@@ -210,6 +210,9 @@ async def _require_operator(ctx: ServingContext, request: Request) -> None:
 async def _status(ctx: ServingContext, token: str, namespace: str) -> int:
     if ctx.client is None:
         return 200
+    cached = ctx.client.cached_read(token, namespace)  # the hot path: no thread hop
+    if cached is not None:
+        return cached
     return await asyncio.to_thread(ctx.client.can_read, token, namespace)
 
 
