@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import logging
 import math
 import os
@@ -414,6 +415,7 @@ class AgentDaemon:
         turns 503 and requests in flight get `shutdown_grace_s` to finish. Raises
         SystemExit when the front process failed on its own (e.g. the port was taken)."""
         self.start_background()
+        freeze_startup_heap()
         try:
             with tempfile.TemporaryDirectory(prefix="adapterplane-agent-") as private:
                 failed = asyncio.run(self._serve_http(os.path.join(private, "http.sock")))
@@ -469,6 +471,15 @@ GIL_SWITCH_INTERVAL_S = 0.0005
 """The interpreter's thread switch interval in the agent (Python's default is 5 ms). The
 engine thread gives up the GIL at every torch call and needs it back to go on; while the
 server thread streams tokens, getting it back waits up to one switch interval."""
+
+
+def freeze_startup_heap() -> None:
+    """Move what startup built (model modules, app, catalog, tokenizer: hundreds of
+    thousands of objects) out of the cyclic collector's reach before serving. A full
+    collection otherwise scans all of it, a pause of ~100 ms on the CPU during which
+    every stream stalls; after the freeze it scans only what serving allocates."""
+    gc.collect()
+    gc.freeze()
 
 
 def main(argv: Sequence[str] | None = None) -> int:
