@@ -19,8 +19,9 @@
    same seed, same prompts, request i on adapter i's alias), fed to `engine.step()` with
    at most `--concurrency` requests in flight; then the same requests again with Poisson
    arrivals at `--load-fraction` of the request rate just measured. Times are taken as
-   the HTTP client takes them: from when a request is admitted to when its tokens are
-   back on the host.
+   the HTTP client takes them: from a request's arrival (or the freeing of its
+   concurrency slot), so the wait for the next step boundary counts, to when its tokens
+   are back on the host.
 3. `http`: one agent process with the same settings on that control plane, every alias
    warmed once; then bench/serving.py against it with the same two workloads (the
    Poisson one at the engine's rate, so both see the same load).
@@ -42,6 +43,7 @@ import shutil
 import subprocess
 import sys
 import time
+from collections import deque
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -179,19 +181,22 @@ def workload(args: argparse.Namespace, vocab: int, n: int, rate: float) -> list[
 def drive_engine(engine: Any, handles: list[Any], requests: list[WorkloadRequest],
                  concurrency: int) -> tuple[list[RequestResult], float]:
     """Feed `requests` at their arrival times, at most `concurrency` in flight (0: no
-    bound); per-request times from admission, as bench/serving.py takes them."""
+    bound), between steps. Each request's clock starts as bench/serving.py starts it: at
+    its arrival time or when a concurrency slot freed, whichever is later, so the wait for
+    the next step boundary counts as it does over HTTP."""
     results = [RequestResult(r.index, r.model, len(r.prompt), r.output_len) for r in requests]
     sent: dict[str, float] = {}
-    pending = list(requests)
-    live = 0
+    pending = deque(requests)
     t0 = time.perf_counter()
+    free = deque([t0] * concurrency)  # when each free slot freed (bounded runs)
+    live = 0
     while pending or engine.has_unfinished():
         now = time.perf_counter()
         while pending and pending[0].arrival_s <= now - t0 and (
                 concurrency <= 0 or live < concurrency):
-            r = pending.pop(0)
+            r = pending.popleft()
             rid = str(r.index)
-            sent[rid] = time.perf_counter()
+            sent[rid] = max(t0 + r.arrival_s, free.popleft() if concurrency > 0 else t0)
             results[r.index].sent_s = sent[rid] - t0
             engine.add_request(rid, r.prompt, SamplingParams(
                 temperature=0.0, max_tokens=r.output_len, ignore_eos=True),
@@ -211,6 +216,8 @@ def drive_engine(engine: Any, handles: list[Any], requests: list[WorkloadRequest
             if o.finished:
                 res.latency = at
                 live -= 1
+                if concurrency > 0:
+                    free.append(stamp)
     return results, time.perf_counter() - t0
 
 
@@ -338,6 +345,8 @@ class Report:
                 self.tokens[arm] = [r.token_ids for r in results]
         print(table(summary, f"{arm} {run}"), flush=True)
         self.runs.append({"arm": arm, "run": run, "rate": rate, "summary": summary})
+        if isinstance(results, dict):
+            self.runs[-1]["client_cpu_share"] = results.get("client_cpu_share")
         self.write()
         return dict(summary)
 

@@ -13,7 +13,9 @@ tokenizer is needed here and every server sees the same tokens. `return_token_id
 asked for (vLLM's field; our agent always streams `token_ids` and ignores the field), so
 `--save-tokens` can compare servers token by token. Workloads: bench/serving_workload.py;
 metrics: bench/serving_metrics.py. `/proc/loadavg` before and after the run goes into the
-JSON, since on a shared machine the other load moves the numbers.
+JSON, since on a shared machine the other load moves the numbers, and so does
+`client_cpu_share`, this process's CPU time over the run's wall time: near 1 the client
+itself is what limits the run.
 
 The event loop is one asyncio task per request on one aiohttp session (connections kept
 alive, as many as `--max-concurrency`): a request waits for its arrival time, then for a
@@ -213,15 +215,16 @@ def benchmark(args: argparse.Namespace) -> dict[str, Any]:
                                              "num_requests": args.warmup_requests,
                                              "request_rate": math.inf}))
         asyncio.run(run_requests(args, warm))
-    before = loadavg()
+    before, cpu = loadavg(), time.process_time()
     results, duration = asyncio.run(run_requests(args, requests))
-    after = loadavg()
+    after, cpu = loadavg(), time.process_time() - cpu
     summary = summarize(results, duration)
     config = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()
               if k not in ("api_key",)}
     config["request_rate"] = str(args.request_rate)
     doc = {"schema": SCHEMA, "label": args.label, "config": config,
            "models": list(spec.models), "loadavg_before": before, "loadavg_after": after,
+           "client_cpu_share": cpu / duration if duration > 0 else None,
            "summary": summary, "requests": [r.record() for r in results]}
     if args.out is not None:
         args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -35,9 +35,10 @@ class ScheduleOutput:
         return sum(n for _, n in self.prefills) + len(self.decodes)
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class StepUpdate:
-    """What one sampled token did to its request; `text` is the new streamable text."""
+    """What one sampled token did to its request; `text` is the new streamable text.
+    One per row per step: a plain slotted class (cheaper to build than a frozen one)."""
 
     seq: Sequence
     token_id: int

@@ -512,11 +512,11 @@ class Scheduler:
             if seq.token_ids[-1] != PLACEHOLDER_TOKEN:
                 raise SchedulerError("apply_tokens without reserve_tokens",
                                      request_id=seq.request_id)
-            seq.token_ids[-1] = int(token)
+            token = int(token)
+            seq.token_ids[-1] = token
             self.tenants.credit(seq.tenant, output_tokens=1)
-            stop = self._stops[seq.request_id]
-            text = stop.on_token(int(token))
-            updates.append(StepUpdate(seq, int(token), text, seq.is_finished))
+            text = self._stops[seq.request_id].on_token(token)
+            updates.append(StepUpdate(seq, token, text, seq.is_finished))
             if seq.is_finished:
                 del self._stops[seq.request_id]
                 self.running.remove(seq)
