@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
-from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -114,8 +113,12 @@ class Tokenizer:
     def detokenizer(self, prompt_ids: Sequence[int], *, skip_special_tokens: bool = True
                     ) -> IncrementalDetokenizer:
         """A streaming detokenizer for the tokens generated after `prompt_ids`."""
-        return IncrementalDetokenizer(
-            partial(self.decode, skip_special_tokens=skip_special_tokens), prompt_ids)
+        hf_decode = self.hf.decode  # called per generated token: no wrapper in between
+
+        def decode(ids: Sequence[int]) -> str:
+            return str(hf_decode(ids, skip_special_tokens=skip_special_tokens))
+
+        return IncrementalDetokenizer(decode, prompt_ids)
 
     # ----- chat ---------------------------------------------------------------------------------
     def apply_chat_template(self, messages: list[Mapping[str, Any]], *,
