@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import random
 import shutil
 from pathlib import Path
 from typing import Any
@@ -151,6 +152,21 @@ def test_incremental_detok_equals_full_decode(tiny_dir: Path, smol_dir: Path) ->
         prompt = tok.encode("prompt: ")
         for text in TEXTS:
             out = tok.encode(text, add_special_tokens=False)
+            for skip in (True, False):
+                assert _stream(tok, prompt, out, skip) == tok.decode(out, skip_special_tokens=skip)
+
+
+def test_long_streams_equal_full_decode_across_window_restarts(tiny_dir: Path,
+                                                               smol_dir: Path) -> None:
+    """Outputs many times the detokenizer's window (random ids: split characters, special
+    tokens, spaces anywhere) stream exactly the full decode."""
+    rng = random.Random(7)
+    for d in (tiny_dir, smol_dir):
+        tok = Tokenizer.from_dir(d)
+        vocab = tok.vocab_size
+        prompt = [rng.randrange(vocab) for _ in range(40)]
+        for _ in range(8):
+            out = [rng.randrange(vocab) for _ in range(rng.randrange(30, 200))]
             for skip in (True, False):
                 assert _stream(tok, prompt, out, skip) == tok.decode(out, skip_special_tokens=skip)
 
