@@ -147,8 +147,10 @@ class SamplingParams:
 
     @property
     def adjusts_logits(self) -> bool:
-        """The request changes logits before sampling (logit bias, min_tokens, penalties)."""
-        return bool(self.logit_bias or self.min_tokens or self.penalized)
+        """The request changes logits before sampling (logit bias, penalties, min_tokens
+        while it has a token to hold back: a stop token id, or eos unless ignored)."""
+        return bool(self.logit_bias or self.penalized or (
+            self.min_tokens and (self.stop_token_ids or not self.ignore_eos)))
 
     @property
     def penalized(self) -> bool:

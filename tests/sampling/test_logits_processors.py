@@ -123,3 +123,20 @@ def test_logit_bias_is_normalised_sorted() -> None:
     assert p.logit_bias == ((2, 0.5), (9, -1)) and p.adjusts_logits
     assert p == SamplingParams(logit_bias=[(9, -1), (2, 0.5)])  # type: ignore[arg-type]
     assert not SamplingParams().adjusts_logits
+
+
+def test_min_tokens_with_nothing_to_hold_back_leaves_logits_alone() -> None:
+    """`min_tokens` with eos ignored and no stop token ids (how load generators ask for
+    fixed-length outputs) suppresses nothing, so the row takes the unadjusted path; with
+    eos kept or a stop token id it adjusts."""
+    logits = torch.randn(1, V, generator=torch.Generator().manual_seed(1))
+    fixed = SamplingParams(max_tokens=8, min_tokens=8, ignore_eos=True)
+    assert not fixed.adjusts_logits
+    got = logits.clone()
+    assert LogitsAdjuster({EOS}).adjust(got, [_seq("r", [1], [], fixed)]) is False
+    assert torch.equal(got, logits)
+    for p in (SamplingParams(max_tokens=8, min_tokens=8),
+              SamplingParams(max_tokens=8, min_tokens=8, ignore_eos=True, stop_token_ids=[5])):
+        got = logits.clone()
+        assert LogitsAdjuster({EOS}).adjust(got, [_seq("r", [1], [], p)]) is True
+        assert got[0, EOS if not p.ignore_eos else 5] == -math.inf
