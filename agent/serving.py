@@ -173,9 +173,11 @@ class EngineLoop(Admission, EngineObserver):
     # ---- the loop ----------------------------------------------------------------------
     def _run(self) -> None:
         while not self._stop.is_set():
-            busy = bool(self._live)
             try:
-                cmd = self._cmds.get(timeout=0.0005 if busy else 0.05)
+                if self._live and self.engine.has_unfinished():
+                    cmd = self._cmds.get_nowait()  # a step to run: never wait for commands
+                else:  # waiting for adapter loads (short) or idle
+                    cmd = self._cmds.get(timeout=0.0005 if self._live else 0.05)
                 cmd()
                 while True:
                     self._cmds.get_nowait()()
