@@ -27,12 +27,14 @@ the LoRA arm's pool gets its adapters' pages on top (bench/synthetic.py `pool_pa
     python bench/trace.py --mode cuda --adapters 1 16 128   # Llama-3-8B-shaped random bf16
     python bench/trace.py --mode cuda --shape tiny --device cpu --dtype float32  # smoke
     python bench/trace.py --mode cuda --adapters 128 --rounds 5   # A/B rounds, median ratio
+    python bench/trace.py --mode cuda --adapters 128 --rounds 3 --sequential --fold auto  # 80 GB
     python bench/trace.py --mode cuda --adapters 128 --fold on    # decode steps folded
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import os
 import statistics
 import sys
@@ -215,21 +217,19 @@ def ab_rounds(args: argparse.Namespace, base: BaseModel, max_len: int) -> list[d
     carries its round."""
     n, config, dev = args.adapters[0], base.model.config, args.device
     trace = make_trace(args, config.vocab_size, n)
-    lora, handles = lora_arm(args, base, adapters_for(config, n, base.model.dtype,
-                                                      "random-adapter"), max_len)
-    # A model of its own (same seed, same weights): one model serves one engine.
-    twin = random_base(SHAPES[args.shape], base.model.dtype, dev)
-    arms = {"engine+lora": (lora, handles, n), "engine-base": (base_arm(args, twin, max_len),
-                                                               [], 0)}
+    adapters = adapters_for(config, n, base.model.dtype, "random-adapter")
+    if args.sequential:
+        rounds = sequential_rounds(args, base, adapters, trace, max_len)
+    else:
+        lora, handles = lora_arm(args, base, adapters, max_len)
+        # A model of its own (same seed, same weights): one model serves one engine.
+        twin = random_base(SHAPES[args.shape], base.model.dtype, dev)
+        rounds = alternating_rounds(args, {
+            "engine+lora": (lora, handles, n),
+            "engine-base": (base_arm(args, twin, max_len), [], 0)}, trace)
     results, ratios = [], []
-    for i in range(args.rounds):
-        order = list(arms) if i % 2 == 0 else list(reversed(arms))
-        got = {}
-        for name in order:
-            engine, hs, adapters = arms[name]
-            got[name] = described(run_engine(name, engine, rotated(trace, i), hs, dev), engine,
-                                  adapters, round=i)
-        results += [got[name] for name in arms]
+    for i, (got, order) in enumerate(rounds):
+        results += [got["engine+lora"], got["engine-base"]]
         ratios.append(got["engine+lora"]["output_tok_s"] / got["engine-base"]["output_tok_s"])
         print(f"# round {i} ({' then '.join(order)}): ratio {ratios[-1]:.3f}",
               file=sys.stderr, flush=True)
@@ -237,6 +237,48 @@ def ab_rounds(args: argparse.Namespace, base: BaseModel, max_len: int) -> list[d
     print(f"# ratio per round {[round(r, 3) for r in ratios]}, median "
           f"{statistics.median(ratios):.3f}", file=sys.stderr, flush=True)
     return results
+
+
+Round = tuple[dict[str, dict], list[str]]
+"""One A/B round: each arm's result, and the order the arms ran in."""
+
+
+def alternating_rounds(args: argparse.Namespace, arms: dict[str, tuple[Engine, list, int]],
+                       trace: list) -> list[Round]:
+    """Both engines resident; the arms' order alternates per round."""
+    rounds = []
+    for i in range(args.rounds):
+        order = list(arms) if i % 2 == 0 else list(reversed(arms))
+        got = {}
+        for name in order:
+            engine, hs, adapters = arms[name]
+            got[name] = described(run_engine(name, engine, rotated(trace, i), hs, args.device),
+                                  engine, adapters, round=i)
+        rounds.append((got, order))
+    return rounds
+
+
+def sequential_rounds(args: argparse.Namespace, base: BaseModel, adapters: list,
+                      trace: list, max_len: int) -> list[Round]:
+    """``--sequential``: every LoRA round, then the LoRA engine released (its pool and the
+    model's factor sources) and every no-LoRA round on the same model, for a card that
+    cannot hold both engines (an 80 GB one with the 8B shape, 128 adapters and the fold).
+    Round i of each arm sees the same rotated prompts; GPU drift is not cancelled here."""
+    n, dev = len(adapters), args.device
+    lora, handles = lora_arm(args, base, adapters, max_len)
+    runs = [described(run_engine("engine+lora", lora, rotated(trace, i), handles, dev), lora,
+                      n, round=i) for i in range(args.rounds)]
+    del lora, handles
+    for _layer, _attr, linear in base.model.lora_linears():
+        linear.attach_factors(None)
+    gc.collect()
+    if dev == "cuda":
+        torch.cuda.empty_cache()
+    plain = base_arm(args, base, max_len)
+    order = ["engine+lora", "engine-base"]
+    return [({"engine+lora": got, "engine-base": described(
+        run_engine("engine-base", plain, rotated(trace, i), [], dev), plain, 0, round=i)},
+        order) for i, got in enumerate(runs)]
 
 
 def random_hf(args: argparse.Namespace, config: Any, shape: dict, dev: str,
@@ -287,6 +329,9 @@ def main() -> None:
                    help="mixed steps as piecewise CUDA graphs (both engines; the default)")
     p.add_argument("--policy", choices=POLICIES, default="fcfs",
                    help="scheduling policy of both engines")
+    p.add_argument("--sequential", action="store_true",
+                   help="with --rounds: the LoRA rounds, then the no-LoRA rounds on the same "
+                        "model (both engines need not fit at once)")
     p.add_argument("--rounds", type=int, default=1,
                    help="cuda mode: >1 = both engines side by side, R alternating rounds")
     p.add_argument("--split-eager", action="store_true",

@@ -11,6 +11,9 @@
 #   trace      random-weights Llama-3-8B trace, 256 requests, LoRA vs no-LoRA engine in
 #              alternating A/B rounds, median throughput ratio; 128 then 16 adapters
 #              (bench/trace.py)
+#   traceauto  the trace's 128 adapters at 128 seqs / 4,096 tokens with the agent's default
+#              fold (the cost model), LoRA rounds then no-LoRA rounds on one model
+#              (--sequential: fits an 80 GB card)
 #   many       the trace with 1,000 adapters, 1,024 requests, LoRA vs no-LoRA in A/B rounds,
 #              for each popularity:policy:fold in MANY_RUNS (default: Zipf(1.0) at the agent's
 #              defaults, fair and the fold cost model; Zipf under fcfs, fold off: the same
@@ -85,6 +88,10 @@ for s in "$@"; do
              --adapters $n --requests 256 --rate inf --prompt-min 64 --prompt-max 512 \
              --output-min 64 --output-max 128 --max-num-seqs 128 --max-batched-tokens 4096 \
              --kv-blocks 8192 --skip-hf --rounds 5 --out "$OUT/trace/n$n"; done' ;;
+    traceauto) section traceauto 560 python3 bench/trace.py --mode cuda --adapters 128 \
+             --requests 256 --rate inf --prompt-min 64 --prompt-max 512 --output-min 64 \
+             --output-max 128 --max-num-seqs 128 --max-batched-tokens 4096 --kv-blocks 8192 \
+             --skip-hf --rounds 3 --fold auto --sequential --out "$OUT/traceauto" ;;
     many) section many 600 bash -c 'for run in ${MANY_RUNS:-zipf:fair:auto zipf:fcfs:off uniform:fair:auto}; do
              IFS=: read -r pop policy fold <<< "$run"
              python3 bench/trace.py --mode cuda --adapters 1000 --popularity $pop \
