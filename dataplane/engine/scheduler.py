@@ -516,8 +516,9 @@ class Scheduler:
             seq.token_ids[-1] = token
             self.tenants.credit(seq.tenant, output_tokens=1)
             text = self._stops[seq.request_id].on_token(token)
-            updates.append(StepUpdate(seq, token, text, seq.is_finished))
-            if seq.is_finished:
+            finished = seq.status is SequenceStatus.FINISHED
+            updates.append(StepUpdate(seq, token, text, finished))
+            if finished:
                 del self._stops[seq.request_id]
                 self.running.remove(seq)
                 self.block_manager.deallocate(seq)

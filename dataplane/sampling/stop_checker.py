@@ -45,24 +45,28 @@ class StopChecker:
         self._finish(FinishReason.DEADLINE)
 
     def on_token(self, token_id: int) -> str:
-        """The token was appended to seq.token_ids; update text and status, return new text."""
+        """The token was appended to seq.token_ids; update text and status, return new text.
+        (Runs for every row of every step: the sequence's counts are read once.)"""
         seq, sp = self.seq, self.seq.sampling
-        stops = seq.num_output_tokens >= sp.min_tokens
+        num_tokens = len(seq.token_ids)
+        stops = num_tokens - len(seq.prompt_token_ids) >= sp.min_tokens
         if stops and ((token_id in self.eos_token_ids and not sp.ignore_eos)
                       or token_id in sp.stop_token_ids):
             self._finish(FinishReason.STOP, token_id)
         else:
             piece = self.detokenizer.push(token_id) if self.detokenizer else ""
-            seq.output_text += piece
-            if stops and sp.stop and piece:
-                self._check_stop_strings(len(piece))
-        if not seq.is_finished and (
-            seq.num_output_tokens >= sp.max_tokens or seq.num_tokens >= self.max_len
-        ):
+            if piece:
+                seq.output_text += piece
+                if stops and sp.stop:
+                    self._check_stop_strings(len(piece))
+        finished = seq.status is SequenceStatus.FINISHED
+        if not finished and (num_tokens - len(seq.prompt_token_ids) >= sp.max_tokens
+                             or num_tokens >= self.max_len):
             self._finish(FinishReason.LENGTH)
-        if seq.is_finished and self.detokenizer and not isinstance(seq.stop_reason, str):
+            finished = True
+        if finished and self.detokenizer and not isinstance(seq.stop_reason, str):
             seq.output_text += self.detokenizer.flush()  # held-back incomplete text
-        return self._emit()
+        return self._emit(finished)
 
     def _check_stop_strings(self, new_chars: int) -> None:
         text = self.seq.output_text
@@ -76,9 +80,9 @@ class StopChecker:
             self.seq.output_text = text[: best[0]]
             self._finish(FinishReason.STOP, best[1])
 
-    def _emit(self) -> str:
+    def _emit(self, finished: bool) -> str:
         text = self.seq.output_text
-        end = len(text) if self.seq.is_finished else len(text) - self._holdback
+        end = len(text) if finished else len(text) - self._holdback
         if end <= self._emitted:
             return ""
         delta = text[self._emitted:end]
