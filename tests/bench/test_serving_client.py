@@ -107,7 +107,9 @@ def test_constant_arrivals_are_spaced_by_one_over_the_rate(served: Served,
     doc = run(served, tmp_path, "rate", "--request-rate", "10", "--arrival", "constant",
               "--max-concurrency", "0")
     sent = [r["sent_s"] for r in doc["requests"]]
-    assert all(later - earlier >= 0.1 - 0.01 for earlier, later in itertools.pairwise(sent))
+    # request i arrives at i / rate: none is sent before it (a loaded host may send one
+    # late, so single gaps are not bounded) and none long after it
+    assert all(i * 0.1 - 0.002 <= s < i * 0.1 + 0.25 for i, s in enumerate(sent))
     assert doc["summary"]["completed"] == 6
 
 
