@@ -49,7 +49,8 @@ class StopChecker:
         (Runs for every row of every step: the sequence's counts are read once.)"""
         seq, sp = self.seq, self.seq.sampling
         num_tokens = len(seq.token_ids)
-        stops = num_tokens - len(seq.prompt_token_ids) >= sp.min_tokens
+        num_output = num_tokens - len(seq.prompt_token_ids)
+        stops = num_output >= sp.min_tokens
         if stops and ((token_id in self.eos_token_ids and not sp.ignore_eos)
                       or token_id in sp.stop_token_ids):
             self._finish(FinishReason.STOP, token_id)
@@ -60,8 +61,7 @@ class StopChecker:
                 if stops and sp.stop:
                     self._check_stop_strings(len(piece))
         finished = seq.status is SequenceStatus.FINISHED
-        if not finished and (num_tokens - len(seq.prompt_token_ids) >= sp.max_tokens
-                             or num_tokens >= self.max_len):
+        if not finished and (num_output >= sp.max_tokens or num_tokens >= self.max_len):
             self._finish(FinishReason.LENGTH)
             finished = True
         if finished and self.detokenizer and not isinstance(seq.stop_reason, str):
