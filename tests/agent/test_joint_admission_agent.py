@@ -16,8 +16,12 @@ from .conftest import Deployment, extra_agent
 from .stack import AgentProcess
 from .test_hotswap_and_faults import wait_generation
 
-PAGES = 18
-"""Pool pages (= KV blocks of 16 tokens): the long request takes 15-16 of them."""
+PAGES = 17
+"""Pool pages (= KV blocks of 16 tokens): the long request takes 15-16 of them. The 2 left
+after its prefill, less the 1 page it may still grow into, cannot hold adapter d's 2 pages:
+neither placement's prefetch (which leaves running requests' growth free) nor the
+request can load d while it runs. With one page more the prefetch fits, and the request
+then finds d resident and runs beside the long one."""
 LONG_PROMPT = [(11 * i) % 250 + 3 for i in range(225)]
 
 
@@ -41,7 +45,7 @@ def test_cold_adapter_waits_for_kv_then_serves(deployment: Deployment,
                                      temperature=0, stream=True,
                                      extra_body={"ignore_eos": True})
     assert next(iter(long)).choices  # prefilled: 15 of 18 pages are its KV
-    # published only now, so neither placement's prefetch nor the request can load it yet
+    # published only now: neither placement's prefetch nor the request can load it (PAGES)
     deployment.admin.publish(ns, "joint", arts["d"]["id"])
     wait_generation(small_pool_agent, token, f"{ns}/joint", 1)
     digest = arts["d"]["digest"]
