@@ -135,6 +135,8 @@ class Engine(StepLoop):
             self.pool.kv_view,
             CacheABI(base_digest=base_digest, kv_dtype=kv_dtype, block_size=config.block_size),
             enable_prefix_caching=config.enable_prefix_caching)
+        if tokenizer is not None and tokenizer.is_byte_level:
+            tokenizer.byte_pieces()  # the streaming table, built now, not at the first token
         self.scheduler = Scheduler(
             SchedulerConfig(max_num_batched_tokens=config.max_num_batched_tokens,
                             max_num_seqs=config.max_num_seqs, max_model_len=max_len,

@@ -18,6 +18,7 @@ from typing import Any
 from tokenizers import Tokenizer as HFTokenizer
 
 from dataplane.core import EngineError
+from dataplane.tokenizer.byte_level import ByteLevelDetokenizer, byte_pieces, is_byte_level
 from dataplane.tokenizer.chat_template import ChatTemplateError, render_chat_template
 from dataplane.tokenizer.detokenizer import IncrementalDetokenizer
 
@@ -68,6 +69,8 @@ class Tokenizer:
         self.special_tokens = dict(special_tokens)
         self.eos_token_ids = frozenset(eos_token_ids)
         self.chat_template = chat_template
+        self._byte_level = is_byte_level(tokenizer)
+        self._pieces: dict[bool, tuple[bytes, ...]] = {}
 
     @classmethod
     def from_dir(cls, model_dir: str | Path) -> Tokenizer:
@@ -111,14 +114,34 @@ class Tokenizer:
         return str(self.hf.decode(list(ids), skip_special_tokens=skip_special_tokens))
 
     def detokenizer(self, prompt_ids: Sequence[int], *, skip_special_tokens: bool = True
-                    ) -> IncrementalDetokenizer:
-        """A streaming detokenizer for the tokens generated after `prompt_ids`."""
+                    ) -> ByteLevelDetokenizer | IncrementalDetokenizer:
+        """A streaming detokenizer for the tokens generated after `prompt_ids`: a byte table
+        lookup per token for byte-level tokenizers (tokenizer/byte_level.py), else the
+        prefix-offset method (tokenizer/detokenizer.py)."""
+        if self._byte_level:
+            return ByteLevelDetokenizer(self.byte_pieces(skip_special_tokens))
         hf_decode = self.hf.decode  # called per generated token: no wrapper in between
 
         def decode(ids: Sequence[int]) -> str:
             return str(hf_decode(ids, skip_special_tokens=skip_special_tokens))
 
         return IncrementalDetokenizer(decode, prompt_ids)
+
+    def byte_pieces(self, skip_special_tokens: bool = True) -> tuple[bytes, ...]:
+        """Each token id's bytes for a byte-level tokenizer, built once per flag (~0.1 s per
+        50,000 tokens: the engine builds the table it streams with when it starts)."""
+        if not self._byte_level:
+            raise TokenizerLoadError("the tokenizer's decoder is not byte-level")
+        pieces = self._pieces.get(skip_special_tokens)
+        if pieces is None:
+            pieces = byte_pieces(self.hf, skip_special_tokens=skip_special_tokens)
+            self._pieces[skip_special_tokens] = pieces
+        return pieces
+
+    @property
+    def is_byte_level(self) -> bool:
+        """Whether streaming uses the byte table (the decoder is exactly ByteLevel)."""
+        return self._byte_level
 
     # ----- chat ---------------------------------------------------------------------------------
     def apply_chat_template(self, messages: list[Mapping[str, Any]], *,

@@ -15,7 +15,13 @@ from transformers import AutoTokenizer
 
 from dataplane.core import FinishReason, SamplingParams, Sequence
 from dataplane.sampling import StopChecker
-from dataplane.tokenizer import ChatTemplateError, Tokenizer, TokenizerLoadError
+from dataplane.tokenizer import (
+    ByteLevelDetokenizer,
+    ChatTemplateError,
+    IncrementalDetokenizer,
+    Tokenizer,
+    TokenizerLoadError,
+)
 
 TEXTS = [
     "Hello, world! How are you?",
@@ -90,6 +96,24 @@ def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
         "unk_token": "<unk>",
         "chat_template": template,
     }))
+    return dest
+
+
+@pytest.fixture(scope="module")
+def metaspace_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A SentencePiece-style BPE (Metaspace, byte fallback): not byte-level, so it streams
+    with the prefix-offset method; a token's leading space depends on its context."""
+    tok = HFTokenizer(models.BPE(unk_token="<unk>", byte_fallback=True))
+    tok.pre_tokenizer = pre_tokenizers.Metaspace()
+    tok.decoder = decoders.Sequence([decoders.Metaspace(), decoders.ByteFallback(),
+                                     decoders.Fuse()])
+    trainer = trainers.BpeTrainer(
+        vocab_size=400, special_tokens=["<unk>", "<s>", "</s>",
+                                        *(f"<0x{b:02X}>" for b in range(256))])
+    tok.train_from_iterator(TEXTS * 3 + ["the quick brown fox jumps over the lazy dog"] * 5,
+                            trainer=trainer)
+    dest = tmp_path_factory.mktemp("metaspace-tok")
+    tok.save(str(dest / "tokenizer.json"))
     return dest
 
 
@@ -168,6 +192,55 @@ def test_long_random_streams_equal_full_decode(tiny_dir: Path, smol_dir: Path) -
             out = [rng.randrange(vocab) for _ in range(rng.randrange(30, 200))]
             for skip in (True, False):
                 assert _stream(tok, prompt, out, skip) == tok.decode(out, skip_special_tokens=skip)
+
+
+def test_byte_level_tokenizers_stream_by_table(tiny_dir: Path, smol_dir: Path,
+                                               metaspace_dir: Path) -> None:
+    for d in (tiny_dir, smol_dir):
+        tok = Tokenizer.from_dir(d)
+        assert tok.is_byte_level and isinstance(tok.detokenizer([1]), ByteLevelDetokenizer)
+        assert len(tok.byte_pieces()) == tok.vocab_size
+        # an id the tokenizer does not have decodes to nothing, as its own decode
+        out = [*tok.encode("ok 🚀", add_special_tokens=False), tok.vocab_size + 3, 5]
+        for skip in (True, False):
+            assert _stream(tok, [1], out, skip) == tok.decode(out, skip_special_tokens=skip)
+    tok = Tokenizer.from_dir(metaspace_dir)
+    assert not tok.is_byte_level and isinstance(tok.detokenizer([1]), IncrementalDetokenizer)
+    with pytest.raises(TokenizerLoadError):
+        tok.byte_pieces()
+
+
+def test_prefix_offset_streams_equal_decode_in_context(tiny_dir: Path, smol_dir: Path,
+                                                      metaspace_dir: Path) -> None:
+    """The prefix-offset method (any tokenizer) streams decode(prompt + output) past
+    decode(prompt): exactly decode(output) for byte-level ones, random ids included; for
+    SentencePiece-style ones the first token's space comes from its context (checked on
+    text: random byte-fallback ids make invalid UTF-8, whose U+FFFD count depends on
+    where a decode window starts)."""
+    rng = random.Random(11)
+    for d in (tiny_dir, smol_dir, metaspace_dir):
+        tok = Tokenizer.from_dir(d)
+        vocab = tok.vocab_size
+        streams = [tok.encode(t, add_special_tokens=False) for t in TEXTS]
+        if tok.is_byte_level:
+            streams += [[rng.randrange(vocab) for _ in range(rng.randrange(30, 120))]
+                        for _ in range(6)]
+        prompt = tok.encode("the quick brown fox", add_special_tokens=False)
+        for out in streams:
+            for skip in (True, False):
+                detok = IncrementalDetokenizer(
+                    lambda ids, s=skip, k=tok: k.decode(ids, skip_special_tokens=s), prompt)
+                got = "".join(detok.push(t) for t in out) + detok.flush()
+                full = tok.decode(prompt + out, skip_special_tokens=skip)
+                before = tok.decode(prompt, skip_special_tokens=skip)
+                assert full.startswith(before)
+                assert got == full[len(before):]
+                if tok.is_byte_level:
+                    assert got == tok.decode(out, skip_special_tokens=skip)
+    # the engine's streams for the SentencePiece-style tokenizer take the same path
+    tok = Tokenizer.from_dir(metaspace_dir)
+    out = tok.encode("jumps over the lazy dog", add_special_tokens=False)
+    assert _stream(tok, prompt, out) == (tok.decode(prompt + out)[len(tok.decode(prompt)):])
 
 
 def test_incremental_detok_never_emits_partial_characters(tiny_dir: Path) -> None:
