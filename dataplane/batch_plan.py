@@ -17,7 +17,7 @@ from typing import Any
 
 from dataplane.errors import InvalidBatchPlan
 from dataplane.errors import is_int as _is_int
-from dataplane.sequence import Sequence
+from dataplane.sequence import Sequence, SequenceStatus
 
 
 @dataclass(frozen=True)
@@ -130,11 +130,7 @@ def build_batch_plan(
         if not _is_int(n) or n < 1 or start + n > seq.num_tokens:
             raise InvalidBatchPlan("prefill chunk out of range", request_id=seq.request_id,
                                    start=start, num_new_tokens=n, num_tokens=seq.num_tokens)
-    for seq in decodes:
-        if seq.num_computed_tokens != seq.num_tokens - 1:
-            raise InvalidBatchPlan("decode request must have exactly one uncomputed token",
-                                   request_id=seq.request_id)
-    for seq in [s for s, _ in prefills] + list(decodes):
+    for seq, _ in prefills:
         if seq.is_finished:
             raise InvalidBatchPlan("finished request in batch", request_id=seq.request_id)
 
@@ -168,20 +164,50 @@ def build_batch_plan(
         request_ids.append(seq.request_id)
         context_lens.append(end)
         tables.append(table)
-        for pos in range(start, end):
-            input_ids.append(seq.token_ids[pos])
-            positions.append(pos)
-            row_request.append(r)
-            row_slot.append(seq.adapter_slot if pos >= seq.active_from else -1)
-            slot_mapping.append(table[pos // block_size] * block_size + pos % block_size)
+        input_ids.extend(seq.token_ids[start:end])
+        positions.extend(range(start, end))
+        row_request.extend([r] * n)
+        base_rows = min(max(seq.active_from - start, 0), n)  # before the activation offset
+        row_slot.extend([-1] * base_rows)
+        row_slot.extend([seq.adapter_slot] * (n - base_rows))
+        pos = start
+        while pos < end:  # one run of cache slots per KV block
+            block, offset = divmod(pos, block_size)
+            run = min(end - pos, block_size - offset)
+            first = table[block] * block_size + offset
+            slot_mapping.extend(range(first, first + run))
+            pos += run
 
     for i in order:
         seq, n = prefills[i]
         add_rows(seq, seq.num_computed_tokens, n)
         indptr.append(len(input_ids))
     doff = len(input_ids)
-    for seq in decodes:
-        add_rows(seq, seq.num_tokens - 1, 1)
+    first_decode = len(request_ids)
+    finished = SequenceStatus.FINISHED
+    for seq in decodes:  # add_rows for one row, inline: it runs for every decode row
+        rid, token_ids = seq.request_id, seq.token_ids
+        pos = len(token_ids) - 1
+        if seq.num_computed_tokens != pos:
+            raise InvalidBatchPlan("decode request must have exactly one uncomputed token",
+                                   request_id=rid)
+        if seq.status is finished:
+            raise InvalidBatchPlan("finished request in batch", request_id=rid)
+        if rid in packed_index:
+            raise InvalidBatchPlan("request appears twice in one plan", request_id=rid)
+        packed_index[rid] = len(request_ids)
+        table = tuple(seq.block_table)
+        if len(table) * block_size <= pos:
+            raise InvalidBatchPlan("block table does not cover the context", request_id=rid,
+                                   context_len=pos + 1, num_blocks=len(table))
+        request_ids.append(rid)
+        context_lens.append(pos + 1)
+        tables.append(table)
+        input_ids.append(token_ids[pos])
+        positions.append(pos)
+        row_slot.append(seq.adapter_slot if pos >= seq.active_from else -1)
+        slot_mapping.append(table[pos // block_size] * block_size + pos % block_size)
+    row_request.extend(range(first_decode, len(request_ids)))
 
     prompt_rows: list[int] = []
     for k, i in enumerate(order):
@@ -197,9 +223,8 @@ def build_batch_plan(
             u = packed_index[seq.request_id]
             sample_rows.append(indptr[u + 1] - 1)
             sample_ids.append(seq.request_id)
-    for seq in decodes:
-        sample_rows.append(doff + packed_index[seq.request_id] - len(prefills))
-        sample_ids.append(seq.request_id)
+    sample_rows.extend(range(doff, doff + len(decodes)))  # every decode row, in order
+    sample_ids.extend(request_ids[first_decode:])
 
     plan = BatchPlan(
         generation=generation, input_ids=tuple(input_ids), positions=tuple(positions),
@@ -252,22 +277,26 @@ def check_batch_plan(plan: BatchPlan) -> None:
         fail("row_request disagrees with prefill_indptr / decode rows")
     first_row = [ind[u] for u in range(p)] + list(range(plan.doff, t))
     last_row = [ind[u + 1] - 1 for u in range(p)] + list(range(plan.doff, t))
-    for q in range(r):
-        ctx, table = plan.context_lens[q], plan.block_tables[q]
+    positions, row_slot, mapping = plan.positions, plan.row_slot, plan.slot_mapping
+    for q, (ctx, table) in enumerate(zip(plan.context_lens, plan.block_tables, strict=True)):
+        lo, hi = first_row[q], last_row[q]
         if len(table) * bs < ctx:
             fail("block table does not cover context", request=plan.request_ids[q])
-        if plan.positions[last_row[q]] != ctx - 1:
+        if positions[hi] != ctx - 1:
             fail("last row of a request must sit at position context_len - 1",
                  request=plan.request_ids[q])
-        for i in range(first_row[q], last_row[q] + 1):
-            pos = plan.positions[i]
-            if i > first_row[q] and pos != plan.positions[i - 1] + 1:
+        pos, slot = positions[lo], row_slot[lo]
+        if mapping[lo] != table[pos // bs] * bs + pos % bs:
+            fail("slot_mapping disagrees with block table", row=lo)
+        for i in range(lo + 1, hi + 1):  # a prefill chunk's later rows
+            pos += 1
+            if positions[i] != pos:
                 fail("prefill positions must be consecutive", row=i)
-            prev = plan.row_slot[i - 1] if i > first_row[q] else None
-            if prev is not None and plan.row_slot[i] != prev and prev != -1:
+            if row_slot[i] != slot and slot != -1:
                 fail("a request's rows are base rows, then rows of one adapter slot",
                      row=i)
-            if plan.slot_mapping[i] != table[pos // bs] * bs + pos % bs:
+            slot = row_slot[i]
+            if mapping[i] != table[pos // bs] * bs + pos % bs:
                 fail("slot_mapping disagrees with block table", row=i)
     if len(plan.sample_rows) != len(plan.sample_request_ids):
         fail("sample_rows and sample_request_ids differ in length")
