@@ -506,21 +506,28 @@ class Scheduler:
         order), apply stop rules, free finished requests; aborted sequences are skipped."""
         self._check_count(out, token_ids)
         updates: list[StepUpdate] = []
-        for seq, token in zip(out.sampled, token_ids, strict=True):
-            if seq.status is not SequenceStatus.RUNNING:
-                continue
-            if seq.token_ids[-1] != PLACEHOLDER_TOKEN:
-                raise SchedulerError("apply_tokens without reserve_tokens",
-                                     request_id=seq.request_id)
-            token = int(token)
-            seq.token_ids[-1] = token
-            self.tenants.credit(seq.tenant, output_tokens=1)
-            text = self._stops[seq.request_id].on_token(token)
-            finished = seq.status is SequenceStatus.FINISHED
-            updates.append(StepUpdate(seq, token, text, finished))
-            if finished:
-                del self._stops[seq.request_id]
-                self.running.remove(seq)
-                self.block_manager.deallocate(seq)
-                self._ended(seq)
+        running, done, stops = SequenceStatus.RUNNING, SequenceStatus.FINISHED, self._stops
+        generated: dict[str, int] = {}  # tenant -> tokens: credited once per step
+        try:
+            for seq, token in zip(out.sampled, token_ids, strict=True):
+                if seq.status is not running:
+                    continue
+                ids = seq.token_ids
+                if ids[-1] != PLACEHOLDER_TOKEN:
+                    raise SchedulerError("apply_tokens without reserve_tokens",
+                                         request_id=seq.request_id)
+                token = int(token)
+                ids[-1] = token
+                generated[seq.tenant] = generated.get(seq.tenant, 0) + 1
+                text = stops[seq.request_id].on_token(token)
+                finished = seq.status is done
+                updates.append(StepUpdate(seq, token, text, finished))
+                if finished:
+                    del stops[seq.request_id]
+                    self.running.remove(seq)
+                    self.block_manager.deallocate(seq)
+                    self._ended(seq)
+        finally:
+            for tenant, n in generated.items():
+                self.tenants.credit(tenant, output_tokens=n)
         return updates

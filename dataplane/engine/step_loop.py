@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from dataplane.core import BatchPlan, InvalidRequest, Sequence
+from dataplane.core import BatchPlan, InvalidRequest, Sequence, SequenceStatus
 from dataplane.engine.async_steps import Launched, deferred_inputs, has_live_rows, retire
 from dataplane.engine.deferred import DeferredTokens
 from dataplane.engine.model_runner import ModelRunner
@@ -244,15 +244,18 @@ class StepLoop:
             self.num_discarded_rows += sum(s.is_finished for s in self._inflight.out.decodes)
             if not has_live_rows(self._inflight):
                 self._drop_inflight()
-        by_id = {s.request_id: lp
-                 for s, lp in zip(cur.out.sampled, result.logprobs, strict=True)}
+        by_id = ({s.request_id: lp
+                  for s, lp in zip(cur.out.sampled, result.logprobs, strict=True)}
+                 if any(lp is not None for lp in result.logprobs) else None)
         outputs = []
+        output = self._output
         for u in updates:
             seq = u.seq
-            lp = by_id.get(seq.request_id)
-            if lp is not None:
-                self._logprobs[seq.request_id].append(lp)
-            outputs.append(self._output(seq, (u.token_id,), u.text))
+            if by_id is not None:
+                lp = by_id.get(seq.request_id)
+                if lp is not None:
+                    self._logprobs[seq.request_id].append(lp)
+            outputs.append(output(seq, (u.token_id,), u.text))
             if u.finished:
                 self._forget(seq.request_id)
         for rid in refused:
@@ -262,17 +265,21 @@ class StepLoop:
         return outputs
 
     def _output(self, seq: Sequence, new_ids: tuple[int, ...], new_text: str) -> RequestOutput:
-        lps = self._logprobs.get(seq.request_id, [])
+        """The request's output after this step (built for every row of every step, so its
+        fields are passed positionally, in RequestOutput's field order: binding twelve
+        keywords costs about three times the construction)."""
+        rid, sampling, reason, prompt = (seq.request_id, seq.sampling, seq.finish_reason,
+                                         seq.prompt_token_ids)
         return RequestOutput(
-            request_id=seq.request_id, prompt_token_ids=seq.prompt_token_ids,
-            token_ids=tuple(seq.output_token_ids), new_token_ids=new_ids,
-            text=seq.output_text, new_text=new_text, finished=seq.is_finished,
-            finish_reason=seq.finish_reason.value if seq.finish_reason else None,
-            logprobs=tuple(lps) if seq.sampling.logprobs is not None else None,
-            prompt_logprobs=(None if seq.sampling.prompt_logprobs is None
-                             else tuple(self._prompt_logprobs.get(seq.request_id, ()))),
-            num_cached_tokens=seq.num_cached_tokens,
-            num_cached_base_tokens=self._cached_base_tokens(seq))
+            rid, prompt, tuple(seq.token_ids[len(prompt):]), new_ids, seq.output_text,
+            new_text, seq.status is SequenceStatus.FINISHED,
+            None if reason is None else reason.value,
+            None if sampling.logprobs is None else tuple(self._logprobs.get(rid, ())),
+            seq.num_cached_tokens,
+            0 if seq.adapter_digest is None or seq.active_from == 0
+            else self._cached_base_tokens(seq),
+            None if sampling.prompt_logprobs is None
+            else tuple(self._prompt_logprobs.get(rid, ())))
 
     def _cached_base_tokens(self, seq: Sequence) -> int:
         """Cached prompt tokens of an adapter request in blocks keyed by base execution:
