@@ -207,8 +207,10 @@ class EngineLoop(Admission, EngineObserver):
                 self._finish(failed, InternalError(f"engine step failed: {exc}"))
             return
         now = time.monotonic()
+        gaps: list[float] = []
+        live = self._live
         for out in outputs:
-            ticket = self._live.get(out.request_id)
+            ticket = live.get(out.request_id)
             if ticket is None:
                 continue
             if out.finish_reason == "deadline":  # dropped unstarted by the scheduler
@@ -221,11 +223,12 @@ class EngineLoop(Admission, EngineObserver):
                 self.metrics.ttft.labels(ticket.residency).observe(now - ticket.created)
                 self.metrics.observe_prompt(out)
             else:
-                self.metrics.token_latency.observe(now - ticket.last_token_at)
+                gaps.append(now - ticket.last_token_at)
             ticket.last_token_at = now
             ticket.sink(out)
             if out.finished:
                 self._finish(ticket, None)
+        self.metrics.token_latency.observe_many(gaps)
 
     def plan_launched(self, plan: BatchPlan, slot_ranks: dict[int, int]) -> None:
         """An engine observer event: the plan's requests were selected (the first time
