@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from dataplane.sampling.sampler import TokenLogprobs
 
@@ -13,12 +13,18 @@ __all__ = ["RequestOutput", "TokenLogprobs"]
 class RequestOutput:
     """A request's state after a step. `new_*` is what this step added (for streaming).
 
-    A snapshot the caller owns (built per row per step, so a plain slotted class: a frozen
-    dataclass's field-by-field `object.__setattr__` costs about three times as much)."""
+    A snapshot (built per row per step, so a plain slotted class: a frozen dataclass's
+    field-by-field `object.__setattr__` costs about three times as much). `token_ids` is
+    read from the request's token list as it was at this step (`_tokens[prompt:_end]`):
+    the engine only appends to that list past `_end`, so the snapshot holds without
+    copying every generated token into every step's output."""
 
     request_id: str
     prompt_token_ids: tuple[int, ...]
-    token_ids: tuple[int, ...]
+    _tokens: list[int] = field(repr=False)
+    """The request's prompt + generated tokens (the engine's list, appended to later)."""
+    _end: int = field(repr=False)
+    """len(_tokens) at this step."""
     new_token_ids: tuple[int, ...]
     text: str
     new_text: str
@@ -33,3 +39,8 @@ class RequestOutput:
     prompt_logprobs: tuple[TokenLogprobs, ...] | None = None
     """With SamplingParams.prompt_logprobs: entry j scores prompt token j + 1 (the first
     prompt token has none), as far as the prompt has been computed; else None."""
+
+    @property
+    def token_ids(self) -> tuple[int, ...]:
+        """The tokens generated up to this step."""
+        return tuple(self._tokens[len(self.prompt_token_ids):self._end])

@@ -268,10 +268,10 @@ class StepLoop:
         """The request's output after this step (built for every row of every step, so its
         fields are passed positionally, in RequestOutput's field order: binding twelve
         keywords costs about three times the construction)."""
-        rid, sampling, reason, prompt = (seq.request_id, seq.sampling, seq.finish_reason,
-                                         seq.prompt_token_ids)
+        rid, sampling, reason, tokens = (seq.request_id, seq.sampling, seq.finish_reason,
+                                         seq.token_ids)
         return RequestOutput(
-            rid, prompt, tuple(seq.token_ids[len(prompt):]), new_ids, seq.output_text,
+            rid, seq.prompt_token_ids, tokens, len(tokens), new_ids, seq.output_text,
             new_text, seq.status is SequenceStatus.FINISHED,
             None if reason is None else reason.value,
             None if sampling.logprobs is None else tuple(self._logprobs.get(rid, ())),
