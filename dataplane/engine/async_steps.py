@@ -2,12 +2,17 @@
 
 Control flow (Engine.step, async): launch step N (plan -> forward -> sampling enqueued,
 no host sync); commit N's computed K/V and reserve one placeholder token per sampled
-sequence (lengths +1); schedule and launch the decode-only step N+1 while N still runs —
-its placeholder rows' input ids come from N's sampled-token device tensor; only then wait
-for N's tokens, replace the placeholders, apply stop rules and return N's outputs. N+1
-stays in flight across the call. When N+1 cannot be decided yet (a prefill is due, a
-request could be admitted, preemption would be needed) nothing is launched early and the
-next call schedules synchronously after N is applied.
+sequence (lengths +1); schedule and launch step N+1 while N still runs — decodes, next
+prefill chunks and newly admitted requests (Scheduler.schedule_continuation); its
+placeholder rows' input ids come from N's sampled-token device tensor, every other row's
+ids are known; only then wait for N's tokens, replace the placeholders, apply stop rules
+and return N's outputs. N+1 stays in flight across the call. When N+1 cannot be decided
+yet (preemption would be needed, nothing continues with a row, a constrained request's
+next mask needs N's token) nothing is launched early and the next call schedules
+synchronously after N is applied.
+
+K/V that N+1 reads and N writes (a prefill's earlier chunk, prefix-cache blocks N
+completed) is ordered by the stream: N+1's work is enqueued after N's.
 
 Correctness of a row whose request N finishes (stop token / string) or that is aborted
 while in flight: its N+1 result is discarded (the scheduler skips finished sequences) and

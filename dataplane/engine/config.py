@@ -53,7 +53,7 @@ class EngineConfig:
     """The shared rank R of every basis block (a collection fitted at a smaller R fits)."""
     sampler_seed: int | None = 0
     async_scheduling: bool | None = None
-    """Launch the next decode-only step before syncing on this one's tokens (None: on
+    """Launch the next step before syncing on this one's tokens (None: on
     exactly when CUDA graphs are in use; True also runs the same control flow on CPU)."""
     host_tier_bytes: int = DEFAULT_HOST_TIER_BYTES
     """Host memory (pinned on CUDA) for the packed images of adapters loaded before (pool

@@ -3,8 +3,8 @@
 One step = scheduler.schedule() -> build_batch_plan -> ModelRunner.execute (logits of the
 sampled rows) -> Sampler -> scheduler.postprocess (docs/ARCHITECTURE.md, "The step"); the
 stepping lives in engine/step_loop.py. With async scheduling (engine/async_steps.py) the next
-decode-only step is launched before this one's tokens reach the host, so host work hides
-behind the device. Adapter factors and KV blocks live in one unified page pool
+step is launched before this one's tokens reach the host, so host work hides behind the
+device. Adapter factors and KV blocks live in one unified page pool
 (engine/pool_slots.py); requests bind to an adapter by handle, and the scheduler gives model
 rows only to requests whose adapter slot is published. Build engines with
 `dataplane.engine.build_engine` (engine/builder.py). A tensor-parallel rank is this same

@@ -39,9 +39,10 @@ samples, then calls `postprocess` with one token per `ScheduleOutput.sampled` se
 Async scheduling (engine/step_loop.py) splits `postprocess` into its three phases so that
 the next step can be scheduled while this one still runs: `commit_computed` (K/V of the
 step's rows counts as computed), `reserve_tokens` (a PLACEHOLDER_TOKEN per sampled
-sequence: lengths +1), then `schedule_continuation` (a decode-only next step, or None when
-only the synchronous scheduler can decide it), and finally `apply_tokens` once the tokens
-are on the host (placeholders replaced, stop rules, finished requests freed).
+sequence: lengths +1), then `schedule_continuation` (the next step: decodes, prefill
+chunks and admissions, or None when only the synchronous scheduler can decide it), and
+finally `apply_tokens` once the tokens are on the host (placeholders replaced, stop rules,
+finished requests freed).
 """
 
 from __future__ import annotations
@@ -335,13 +336,17 @@ class Scheduler:
                 continue
             ahead += seq.num_tokens - seq.num_computed_tokens
 
-    def schedule(self) -> ScheduleOutput:
-        out = ScheduleOutput()
-        now = self.clock()
+    def _begin_step(self, now: float, out: ScheduleOutput) -> None:
+        """What every scheduled step starts with: a round, the step clock, expiries."""
         self.rounds += 1
         self._active = {s.adapter_slot for s in self.running}
         self._note_step(now)
         self._expire(now, out)
+
+    def schedule(self) -> ScheduleOutput:
+        out = ScheduleOutput()
+        now = self.clock()
+        self._begin_step(now, out)
         budget = self.config.max_num_batched_tokens
         bm = self.block_manager
         # 1. decodes, preempting from the back of `running` when blocks run out
@@ -365,27 +370,7 @@ class Scheduler:
                 out.decodes.append(seq)
                 budget -= 1
                 i += 1
-        # 2. next chunks of running prefills
-        for seq in self.running:
-            if budget == 0:
-                break
-            if seq.in_prefill and self.adapter_ready(seq):
-                n = min(seq.num_tokens - seq.num_computed_tokens, budget)
-                out.prefills.append((seq, n))
-                budget -= n
-        # 3. admit waiting requests in the policy's order among the ready ones (none in a
-        # step that preempted)
-        skipped: list[Sequence] = []
-        fair = self._candidates(now) if (
-            self._fair and self.waiting and budget > 0 and not out.preempted
-            and len(self.running) < self.config.max_num_seqs) else None
-        while (self.waiting and budget > 0 and not out.preempted
-               and len(self.running) < self.config.max_num_seqs):
-            nxt = fair.pop() if fair is not None else self._next_fcfs(skipped)
-            if nxt is None or not bm.can_allocate(nxt, keep=self.load_reservation):
-                break
-            budget -= self._admit(nxt, out, budget, now, fair)
-        self.waiting.extendleft(reversed(skipped))
+        self._prefill_and_admit(out, budget, now, ending=0)
         if not self.running and self.waiting and budget > 0 and not out.preempted:
             # Liveness: nothing runs (so nothing will free blocks) and the first request
             # in order does not fit, e.g. pool pages held by the adapters of requests that
@@ -395,10 +380,90 @@ class Scheduler:
                          and bm.can_allocate(s, keep=self.load_reservation)), None)
             if fits is not None:
                 self._admit(fits, out, budget, now, None)
+        return self._sampled(out, now)
+
+    def _prefill_and_admit(self, out: ScheduleOutput, budget: int, now: float,
+                           ending: int) -> None:
+        """Steps 2 and 3 of a step, after its decodes: the next chunks of running
+        prefills, then waiting requests admitted in the policy's order among the ready
+        ones (none in a step that preempted). `ending`: running requests that will have
+        finished before this step runs (their seats count as free)."""
+        bm = self.block_manager
+        # 2. next chunks of running prefills
+        for seq in self.running:
+            if budget == 0:
+                break
+            if seq.in_prefill and self.adapter_ready(seq):
+                n = min(seq.num_tokens - seq.num_computed_tokens, budget)
+                out.prefills.append((seq, n))
+                budget -= n
+        # 3. admissions
+        seats = self.config.max_num_seqs + ending
+        skipped: list[Sequence] = []
+        fair = self._candidates(now) if (
+            self._fair and self.waiting and budget > 0 and not out.preempted
+            and len(self.running) < seats) else None
+        while (self.waiting and budget > 0 and not out.preempted
+               and len(self.running) < seats):
+            nxt = fair.pop() if fair is not None else self._next_fcfs(skipped)
+            if nxt is None or not bm.can_allocate(nxt, keep=self.load_reservation):
+                break
+            budget -= self._admit(nxt, out, budget, now, fair)
+        self.waiting.extendleft(reversed(skipped))
+
+    def _sampled(self, out: ScheduleOutput, now: float) -> ScheduleOutput:
+        """`out` with its sampled sequences: prefills that reach their end, then decodes."""
         out.sampled = [s for s, n in out.prefills if s.num_computed_tokens + n == s.num_tokens]
         out.sampled.extend(out.decodes)
         self._last_step = None if out.is_empty else now
         return out
+
+    def schedule_continuation(self, prev: ScheduleOutput) -> ScheduleOutput | None:
+        """The step after `prev`, scheduled while `prev` still runs on the device.
+
+        Call after `commit_computed(prev)` and `reserve_tokens(prev)` (each sequence `prev`
+        samples holds a placeholder, its input in this step). Mirrors `schedule()`
+        assuming every sampled sequence continues, except those that `prev` finishes by
+        length (known now): no row, and their seats count as free. Decodes, the next
+        chunks of running prefills and admissions of waiting requests, as `schedule()`
+        orders them; an admission fits in the blocks free now (the finishing requests'
+        blocks are still `prev`'s), so it may wait a step longer than the synchronous
+        scheduler would let it. Returns None and changes nothing when the synchronous
+        scheduler must decide: too few free KV blocks for every decode (preemption), or no
+        running request continues with a row. A sequence that `prev` finishes by a stop
+        token / string keeps its row; its result is discarded (`postprocess` /
+        `apply_tokens` skip finished sequences) and its blocks, the one appended here
+        included, are freed when it finishes."""
+        running = SequenceStatus.RUNNING
+        if any(s.status is running and s.token_ids[-1] != PLACEHOLDER_TOKEN
+               for s in prev.sampled):
+            raise SchedulerError("schedule_continuation needs reserve_tokens(prev) first")
+        budget = self.config.max_num_batched_tokens
+        bm = self.block_manager
+        decodes: list[Sequence] = []
+        ending, prefill_due = 0, False
+        for seq in self.running:
+            if self._finishes_by_length(seq):
+                ending += 1
+            elif not self.adapter_ready(seq):
+                continue
+            elif seq.in_prefill:
+                prefill_due = True
+            elif len(decodes) < budget:
+                decodes.append(seq)
+        if not decodes and not prefill_due:
+            return None  # nothing continues with a row: the synchronous step decides
+        if not bm.can_take(sum(bm.blocks_needed(s) for s in decodes)):
+            return None  # the synchronous step would preempt
+        out = ScheduleOutput()
+        now = self.clock()
+        self._begin_step(now, out)
+        for seq in decodes:
+            if bm.blocks_needed(seq):
+                bm.may_append(seq)
+        out.decodes = decodes
+        self._prefill_and_admit(out, budget - len(decodes), now, ending)
+        return self._sampled(out, now)
 
     def _admit(self, seq: Sequence, out: ScheduleOutput, budget: int, now: float,
                fair: _Candidates | None) -> int:
@@ -418,47 +483,6 @@ class Scheduler:
         n = min(seq.num_tokens - seq.num_computed_tokens, budget)
         out.prefills.append((seq, n))
         return n
-
-    def schedule_continuation(self, prev: ScheduleOutput) -> ScheduleOutput | None:
-        """The decode-only step after `prev`, scheduled while `prev` still runs on the device.
-
-        Call after `commit_computed(prev)` and `reserve_tokens(prev)` (each sequence `prev`
-        samples holds a placeholder). Mirrors step 1 of `schedule()` assuming every sampled
-        sequence continues; those that `prev` will finish by length (known now) get no row.
-        Returns None and changes nothing when the synchronous scheduler could decide this
-        step differently for a reason known now: a running request still in prefill, a
-        waiting request that could be admitted, or too few free KV blocks for every decode
-        (preemption). A sequence that `prev` finishes by a stop token / string keeps its row;
-        its result is discarded (`postprocess` / `apply_tokens` skip finished sequences) and
-        its blocks, the one appended here included, are freed when it finishes."""
-        running = SequenceStatus.RUNNING
-        if any(s.status is running and s.token_ids[-1] != PLACEHOLDER_TOKEN
-               for s in prev.sampled):
-            raise SchedulerError("schedule_continuation needs reserve_tokens(prev) first")
-        budget = self.config.max_num_batched_tokens
-        bm = self.block_manager
-        decodes: list[Sequence] = []
-        continuing, prefill_due = 0, False
-        for seq in self.running:
-            if self._finishes_by_length(seq):
-                continue
-            continuing += 1
-            if seq.in_prefill or not self.adapter_ready(seq):
-                prefill_due = prefill_due or (seq.in_prefill and self.adapter_ready(seq))
-            elif len(decodes) < budget:
-                decodes.append(seq)
-        left = budget - len(decodes)
-        if not decodes or (left > 0 and (prefill_due or (
-                continuing < self.config.max_num_seqs
-                and any(self.adapter_ready(s) for s in self.waiting)))):
-            return None
-        if not bm.can_take(sum(bm.blocks_needed(s) for s in decodes)):
-            return None  # the synchronous step would preempt
-        for seq in decodes:
-            if bm.blocks_needed(seq):
-                bm.may_append(seq)
-        self.rounds += 1  # a step like schedule()'s: ages count it the same way
-        return ScheduleOutput(decodes=decodes, sampled=list(decodes))
 
     def _finishes_by_length(self, seq: Sequence) -> bool:
         """True when the sequence's last (reserved) token is its last by max_tokens or

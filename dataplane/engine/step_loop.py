@@ -3,9 +3,9 @@
 `StepLoop` is the stepping half of `Engine` (engine.py holds construction, adapters and
 requests). One step = scheduler.schedule() -> build_plan -> ModelRunner.execute (logits of
 the sampled rows) -> Sampler -> scheduler commit/reserve/apply (docs/ENGINE_CONTRACT.md).
-With async scheduling the next decode-only step is launched before this one's tokens reach
-the host; async_steps.py describes that control flow, its correctness argument and the plan
-hook (`on_plan_launched` / `on_plan_retired`) contract.
+With async scheduling the next step is launched before this one's tokens reach the host;
+async_steps.py describes that control flow, its correctness argument and the plan hook
+(`on_plan_launched` / `on_plan_retired`) contract.
 """
 
 from __future__ import annotations
@@ -105,8 +105,8 @@ class StepLoop:
         "deadline", no tokens).
 
         Async scheduling: the returned outputs are those of the oldest launched step; before
-        waiting for its tokens the next decode-only step is launched (when the scheduler can
-        decide it now), and it stays in flight across this call."""
+        waiting for its tokens the next step is launched (when the scheduler can decide it
+        now), and it stays in flight across this call."""
         expired: list[RequestOutput] = []
         outputs = self._step(expired)
         return [*expired, *outputs] if expired else outputs
@@ -129,12 +129,16 @@ class StepLoop:
 
     def _schedule_and_launch(self) -> Launched | None:
         out = self.scheduler.schedule()
-        for seq in out.expired:
-            self._expired.append(self._output(seq, (), ""))
-            self._forget(seq.request_id)
+        self._report_expired(out)
         self.num_preemptions += len(out.preempted)
         self.last_step_idle = out.is_empty
         return None if out.is_empty else self._launch_step(out, None)
+
+    def _report_expired(self, out: ScheduleOutput) -> None:
+        """Outputs (no tokens, reason "deadline") of the requests the step dropped unstarted."""
+        for seq in out.expired:
+            self._expired.append(self._output(seq, (), ""))
+            self._forget(seq.request_id)
 
     def _launch_step(self, out: ScheduleOutput, prev: Launched | None) -> Launched:
         """Build the plan, enqueue the forward and the sampling; no host sync. With `prev`
@@ -210,6 +214,7 @@ class StepLoop:
             return
         nxt = self.scheduler.schedule_continuation(cur.out)
         if nxt is not None:
+            self._report_expired(nxt)
             self._inflight = self._launch_step(nxt, cur)
             self.num_overlapped_steps += 1
 

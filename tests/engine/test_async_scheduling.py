@@ -1,12 +1,14 @@
-"""Async scheduling (the next decode step launched before this step's tokens reach the host)
+"""Async scheduling (the next step launched before this step's tokens reach the host)
 gives exactly the synchronous engine's outputs and block accounting, on CPU.
 
 The workload mixes staggered arrivals, adapters, greedy with logprobs, seeded sampling,
 stop tokens and stop strings that hit mid-batch (chosen from an unstopped reference run so
 they really fire), max_tokens, an abort while a step is in flight, and a KV pool small
-enough to preempt. Both runs use the same engine; only `async_scheduling` differs. The
-second variant runs decode steps through `CudaGraphRunner`'s static buffers (eagerly on
-CPU) so the staging + device-to-device input-id path is exercised too.
+enough to preempt; requests arriving mid-run are admitted into continuation steps beside
+decodes whose input is the previous step's placeholder. Both runs use the same engine;
+only `async_scheduling` differs. The second variant runs decode steps through
+`CudaGraphRunner`'s static buffers (eagerly on CPU) so the staging + device-to-device
+input-id path is exercised too.
 """
 
 from __future__ import annotations
@@ -21,9 +23,10 @@ from tokenizers import Tokenizer as HFTokenizer
 from tokenizers.models import WordLevel
 
 from dataplane.artifacts import read_base_abi
-from dataplane.core import SamplingParams
+from dataplane.core import PLACEHOLDER_TOKEN, BatchPlan, SamplingParams
 from dataplane.engine.cuda_graphs import CudaGraphRunner
 from dataplane.engine.engine import Engine, EngineConfig, RequestOutput
+from dataplane.engine.observer import EngineObserver
 from dataplane.models import load_model
 from dataplane.tokenizer import Tokenizer
 
@@ -72,11 +75,24 @@ class Run:
     preemptions: int = 0
     overlapped: int = 0
     discarded: int = 0
+    mixed_continuations: int = 0
+    """Plans with prefill rows and placeholder decode rows (launched before the previous
+    step's tokens reached the host)."""
+
+
+class MixedCounter(EngineObserver):
+    def __init__(self) -> None:
+        self.plans = 0
+
+    def plan_launched(self, plan: BatchPlan, slot_ranks: dict[int, int]) -> None:
+        self.plans += plan.doff > 0 and PLACEHOLDER_TOKEN in plan.input_ids[plan.doff:]
 
 
 def _drive(engine: Engine, handles: dict[str, object], reqs: list[Req],
            abort: tuple[str, int] | None) -> Run:
     run = Run()
+    mixed = MixedCounter()
+    engine.observers.append(mixed)
     free_at_start = engine.block_manager.num_free_blocks
     call = 0
     while call <= max(r.arrive for r in reqs) or engine.has_unfinished():
@@ -98,6 +114,7 @@ def _drive(engine: Engine, handles: dict[str, object], reqs: list[Req],
     assert bm.num_held_blocks == bm.cache.num_evictable
     run.preemptions, run.overlapped = engine.num_preemptions, engine.num_overlapped_steps
     run.discarded = engine.num_discarded_rows
+    run.mixed_continuations = mixed.plans
     return run
 
 
@@ -148,6 +165,7 @@ def test_async_matches_sync(tiny_llama: Path, tiny_adapters: dict[str, Path],
     # The scenario really exercises what it claims to.
     assert sync.preemptions > 0 and asyn.preemptions > 0
     assert asyn.overlapped > 0 and asyn.discarded > 0 and sync.overlapped == 0
+    assert asyn.mixed_continuations > 0 and sync.mixed_continuations == 0
     assert sync.finals["stoptok"].finish_reason == "stop"
     assert sync.finals["stoptok"].token_ids[-1] == stop_token
     assert sync.finals["stopstr"].finish_reason == "stop"

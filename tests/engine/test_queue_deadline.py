@@ -91,10 +91,13 @@ def test_preempted_requests_are_never_expired() -> None:
     assert not out.expired and any(x.request_id == "started" for x, _ in out.prefills)
 
 
-def test_engine_reports_a_dropped_request_and_refuses_bad_deadlines(tiny_llama: Path) -> None:
+@pytest.mark.parametrize("async_on", [False, True], ids=["sync", "async"])
+def test_engine_reports_a_dropped_request_and_refuses_bad_deadlines(tiny_llama: Path,
+                                                                    async_on: bool) -> None:
+    """Async: the drop is decided by the continuation step launched while "long" runs."""
     engine = build_engine(EngineSpec.of(tiny_llama, max_slots=0, max_rank=16,
                                         num_kv_blocks=64, block_size=4, max_num_seqs=1,
-                                        max_num_batched_tokens=64))
+                                        max_num_batched_tokens=64, async_scheduling=async_on))
     clock = Clock()
     engine.scheduler.clock = clock
     params = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
@@ -115,6 +118,7 @@ def test_engine_reports_a_dropped_request_and_refuses_bad_deadlines(tiny_llama: 
     while engine.has_unfinished():
         engine.step()
     assert engine.admission_counts()["offered"] == 2
+    assert (engine.num_overlapped_steps > 0) is async_on
 
 
 def test_overload_choice_serves_the_newest_feasible_requests() -> None:
