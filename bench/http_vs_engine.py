@@ -55,7 +55,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from agent.config import AgentSettings
 from agent.engine_factory import engine_spec
 from agent.supervisor import AgentProcess
-from bench import serving
+from bench import gil_profile, serving
 from bench.merged_release import write_adapter, write_sharded_random
 from bench.serving_cpu import publish_adapters
 from bench.serving_metrics import RequestResult, summarize, table
@@ -98,7 +98,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="run the max-concurrency workload once more with whole answers")
     p.add_argument("--profile-agent", type=float, default=0.0, metavar="SECONDS",
                    help="sample the agent's GIL holder with py-spy (if on PATH) for this "
-                   "long during the streamed max-concurrency run: <out-dir>/agent-gil.prof")
+                   "long during the streamed max-concurrency run: <out-dir>/agent-gil.prof, "
+                   "summarized in summary.json's agent_gil (bench/gil_profile.py)")
     return p.parse_args(argv)
 
 
@@ -311,6 +312,9 @@ def http_arm(args: argparse.Namespace, stack: Any, base: Path, vocab: int,
             str(args.out_dir / "http-max-concurrency.tokens.jsonl")]))
         if spy is not None:
             spy.wait()
+            prof = args.out_dir / "agent-gil.prof"
+            if prof.is_file():
+                record.gil = gil_profile.summarize(prof, top=40)
         peak = record("http", "max-concurrency", doc, None)
         if args.also_no_stream:  # the same, answers not streamed
             doc = serving.benchmark(serving.parse_args([
@@ -334,6 +338,8 @@ class Report:
         self.args = args
         self.runs: list[dict[str, Any]] = []
         self.tokens: dict[str, list[list[int]]] = {}
+        self.gil: dict[str, Any] | None = None
+        """The agent's interpreter-lock profile summary (bench/gil_profile.py)."""
 
     def __call__(self, arm: str, run: str, results: Any, duration: float | None,
                  rate: float | None = None) -> dict[str, Any]:
@@ -376,7 +382,7 @@ class Report:
         self.args.out_dir.mkdir(parents=True, exist_ok=True)
         (self.args.out_dir / "summary.json").write_text(json.dumps({
             "args": {k: str(v) for k, v in vars(self.args).items()}, "runs": self.runs,
-            "ratios": self.ratios()}, indent=1) + "\n")
+            "ratios": self.ratios(), "agent_gil": self.gil}, indent=1) + "\n")
 
 
 def main(argv: list[str] | None = None) -> None:
