@@ -124,11 +124,13 @@ def base_arm(args: argparse.Namespace, base: BaseModel, max_len: int | None) -> 
 
 def described(result: dict, engine: Engine, adapters: int, **extra: Any) -> dict:
     """`result` with the arm's adapters, fold (and the steps it folded so far, warm-ups
-    included) and pool pages (all, and the adapters')."""
+    included), the steps async scheduling launched before the previous step's tokens
+    reached the host (so far, warm-ups included) and pool pages (all, and the adapters')."""
     counts = engine.pool.pool.pages.counts()
     fold = engine.model.lora_fold_slots
     return {**result, "adapters": adapters, "fold": engine.config.lora_fold,
             "folded_steps": sum(fold.width_steps.values()) if fold is not None else 0,
+            "overlapped_steps": engine.num_overlapped_steps,
             "pool_pages": counts.total, "adapter_pages": counts.adapter, **extra}
 
 

@@ -25,6 +25,7 @@ def test_sequential_rounds_run_both_arms_on_one_model(tmp_path: Path) -> None:
     assert [(r["round"], r["adapters"]) for r in rows] == [(0, 4), (0, 0), (1, 4), (1, 0)]
     lora, base = rows[0], rows[1]
     assert lora["fold"] and lora["folded_steps"] > 0 and not base["fold"]
+    assert lora["overlapped_steps"] == base["overlapped_steps"] == 0  # CPU: synchronous
     expected = sum(r["output_tokens"] for r in rows) // 4
     assert all(r["output_tokens"] == expected > 0 for r in rows)
     assert "ratio per round" in done.stderr
