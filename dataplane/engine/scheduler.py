@@ -383,14 +383,15 @@ class Scheduler:
         return self._sampled(out, now)
 
     def _prefill_and_admit(self, out: ScheduleOutput, budget: int, now: float,
-                           ending: int) -> None:
+                           ending: int, prefill_due: bool = True) -> None:
         """Steps 2 and 3 of a step, after its decodes: the next chunks of running
-        prefills, then waiting requests admitted in the policy's order among the ready
-        ones (none in a step that preempted). `ending`: running requests that will have
-        finished before this step runs (their seats count as free)."""
+        prefills (none when not `prefill_due`), then waiting requests admitted in the
+        policy's order among the ready ones (none in a step that preempted). `ending`:
+        running requests that will have finished before this step runs (their seats
+        count as free)."""
         bm = self.block_manager
         # 2. next chunks of running prefills
-        for seq in self.running:
+        for seq in self.running if prefill_due else ():
             if budget == 0:
                 break
             if seq.in_prefill and self.adapter_ready(seq):
@@ -441,28 +442,37 @@ class Scheduler:
         budget = self.config.max_num_batched_tokens
         bm = self.block_manager
         decodes: list[Sequence] = []
-        ending, prefill_due = 0, False
+        growing: list[Sequence] = []  # decodes whose table needs a block
+        ending, prefill_due, need = 0, False, 0
+        # per running request, every step, so its counts are read once: its length rule
+        # (StopChecker's: max_tokens or the model length), in_prefill, blocks_needed
+        limit, ready, blocks_for = self.config.max_model_len, self.adapter_ready, bm.blocks_for
         for seq in self.running:
-            if self._finishes_by_length(seq):
-                ending += 1
-            elif not self.adapter_ready(seq):
+            n = len(seq.token_ids)
+            last = len(seq.prompt_token_ids) + seq.sampling.max_tokens
+            if n >= (last if limit is None else min(last, limit)):
+                ending += 1  # `prev` finishes it by length
+            elif not ready(seq):
                 continue
-            elif seq.in_prefill:
+            elif seq.num_computed_tokens < n - 1:
                 prefill_due = True
             elif len(decodes) < budget:
                 decodes.append(seq)
+                grow = blocks_for(n) - len(seq.block_table)
+                if grow > 0:
+                    growing.append(seq)
+                    need += grow
         if not decodes and not prefill_due:
             return None  # nothing continues with a row: the synchronous step decides
-        if not bm.can_take(sum(bm.blocks_needed(s) for s in decodes)):
+        if not bm.can_take(need):
             return None  # the synchronous step would preempt
         out = ScheduleOutput()
         now = self.clock()
         self._begin_step(now, out)
-        for seq in decodes:
-            if bm.blocks_needed(seq):
-                bm.may_append(seq)
+        for seq in growing:
+            bm.may_append(seq)
         out.decodes = decodes
-        self._prefill_and_admit(out, budget - len(decodes), now, ending)
+        self._prefill_and_admit(out, budget - len(decodes), now, ending, prefill_due)
         return self._sampled(out, now)
 
     def _admit(self, seq: Sequence, out: ScheduleOutput, budget: int, now: float,
@@ -483,12 +493,6 @@ class Scheduler:
         n = min(seq.num_tokens - seq.num_computed_tokens, budget)
         out.prefills.append((seq, n))
         return n
-
-    def _finishes_by_length(self, seq: Sequence) -> bool:
-        """True when the sequence's last (reserved) token is its last by max_tokens or
-        the model length (StopChecker's length rule)."""
-        return (seq.num_output_tokens >= seq.sampling.max_tokens
-                or seq.num_tokens >= self._max_len(seq))
 
     # ----- after the model ran --------------------------------------------------------------
     def postprocess(self, out: ScheduleOutput, token_ids: SequenceOf[int]) -> list[StepUpdate]:
